@@ -1,0 +1,3 @@
+"""gearhorn: broadcast (fanout) for Gearman."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,3 @@
+from gearhorn.cli import main
+
+raise SystemExit(main())

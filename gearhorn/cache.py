@@ -1,0 +1,117 @@
+"""The worker-local subscriber cache and its invalidation.
+
+Correctness comes from the version token: every lookup sends the cached
+token to Redis (one round trip, ``lua/members.lua``) and gets the member list
+back only when it changed. So a fanout that starts after a subscribe
+completed always sees it, on every worker, even if the matchmaking message
+has not arrived yet. The matchmaking listener drops entries eagerly, which
+keeps memory to live topics and costs nothing on the hot path.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections import OrderedDict
+
+import redis
+
+from gearhorn.messages import PREFIX_WILDCARD
+from gearhorn.registry import Members, Recipient, Registry
+
+log = logging.getLogger(__name__)
+
+
+class SubscriberCache:
+    """LRU cache of topic -> recipients, validated against Redis on every use."""
+
+    def __init__(self, registry: Registry, max_entries: int = 10_000) -> None:
+        self.registry = registry
+        self.max_entries = max_entries
+        self._entries: OrderedDict[str, Members] = OrderedDict()
+        self._lock = threading.Lock()
+        self.hits = 0
+        self.misses = 0
+
+    def recipients(self, topic: str) -> tuple[Recipient, ...]:
+        """The current recipients of ``topic``."""
+        with self._lock:
+            cached = self._entries.get(topic)
+        fresh = self.registry.members(topic, cached.token if cached else "")
+        with self._lock:
+            if fresh is None:
+                self.hits += 1
+                self._entries[topic] = cached
+                self._entries.move_to_end(topic)
+                return cached.recipients
+            self.misses += 1
+            self._entries[topic] = fresh
+            while len(self._entries) > self.max_entries:
+                self._entries.popitem(last=False)
+        return fresh.recipients
+
+    def invalidate(self, topic: str | None = None) -> None:
+        """Forget ``topic``, or everything when ``topic`` is None."""
+        with self._lock:
+            if topic is None:
+                self._entries.clear()
+            else:
+                self._entries.pop(topic, None)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def handle_announcement(self, data: bytes | str) -> None:
+        """Apply one matchmaking message (see ``gearhorn.keys``)."""
+        try:
+            topic = json.loads(data)["topic"]
+        except (ValueError, KeyError, TypeError):
+            log.warning("ignoring malformed matchmaking message %r", data[:200])
+            return
+        # A prefix change may touch any topic: drop them all.
+        self.invalidate(None if str(topic).endswith(PREFIX_WILDCARD) else topic)
+
+
+class InvalidationListener(threading.Thread):
+    """Follows the matchmaking channel and invalidates ``cache``.
+
+    While disconnected it cannot know what changed, so it clears the cache
+    on every (re)connect; it retries with capped exponential backoff.
+    """
+
+    def __init__(self, client: redis.Redis, channel: str, cache: SubscriberCache) -> None:
+        super().__init__(name="gearhorn-invalidation", daemon=True)
+        self.client = client
+        self.channel = channel
+        self.cache = cache
+        self.subscribed = threading.Event()
+        self._stopping = threading.Event()
+
+    def run(self) -> None:
+        delay = 0.1
+        while not self._stopping.is_set():
+            try:
+                self._listen()
+                delay = 0.1
+            except redis.RedisError as exc:
+                self.subscribed.clear()
+                log.warning("matchmaking channel lost (%s); retrying in %.1fs", exc, delay)
+                self._stopping.wait(delay)
+                delay = min(delay * 2, 5.0)
+
+    def _listen(self) -> None:
+        pubsub = self.client.pubsub(ignore_subscribe_messages=True)
+        try:
+            pubsub.subscribe(self.channel)
+            self.cache.invalidate()
+            self.subscribed.set()
+            while not self._stopping.is_set():
+                message = pubsub.get_message(timeout=1.0)
+                if message and message["type"] == "message":
+                    self.cache.handle_announcement(message["data"])
+        finally:
+            pubsub.close()
+
+    def stop(self) -> None:
+        self._stopping.set()

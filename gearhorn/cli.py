@@ -1,0 +1,182 @@
+"""The ``gearhorn`` command. Parses arguments and calls the modules that do the work."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+
+from gearhorn import config as configuration
+from gearhorn.config import Config, ConfigError
+from gearhorn.logs import setup_logging
+
+log = logging.getLogger(__name__)
+
+
+def _common() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--config", metavar="FILE",
+                        help="INI file with a [gearhorn] section (env GEARHORN_CONFIG)")
+    common.add_argument("--gearman", metavar="HOST:PORT", action="append",
+                        type=configuration.parse_server,
+                        help="a gearmand server; repeat for several (env GEARHORN_GEARMAN, "
+                             "comma-separated; default 127.0.0.1:4730)")
+    common.add_argument("--redis-url", metavar="URL",
+                        help="Redis for the registry (env GEARHORN_REDIS_URL; "
+                             "default redis://127.0.0.1:6379/0)")
+    common.add_argument("--log-level", metavar="LEVEL", help="DEBUG, INFO, WARNING (env "
+                        "GEARHORN_LOG_LEVEL)")
+    return common
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = _common()
+    parser = argparse.ArgumentParser(prog="gearhorn", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    worker = sub.add_parser("worker", parents=[common], help="run the fanout worker pool")
+    worker.add_argument("--processes", type=int, metavar="N",
+                        help="worker processes (default: number of cores)")
+
+    up = sub.add_parser("up", parents=[common],
+                        help="start Redis, a Gearman server and the worker pool on loopback")
+    up.add_argument("--processes", type=int, metavar="N")
+    up.add_argument("--data-dir", metavar="DIR",
+                    help="where the started Redis and gearmand keep data (default .gearhorn)")
+
+    for name, text in (("subscribe", "subscribe CLIENT_ID to TOPIC"),
+                       ("unsubscribe", "unsubscribe CLIENT_ID from TOPIC")):
+        p = sub.add_parser(name, parents=[common], help=text)
+        p.add_argument("topic")
+        p.add_argument("client_id")
+
+    publish = sub.add_parser("publish", parents=[common], help="broadcast PAYLOAD to TOPIC")
+    publish.add_argument("topic")
+    publish.add_argument("payload", help="sent as text; with --json, parsed as a JSON value")
+    publish.add_argument("--json", action="store_true", help="PAYLOAD is JSON")
+    publish.add_argument("--background", action="store_true",
+                         help="return once gearmand accepted every copy")
+    publish.add_argument("--unique", help="Gearman unique key (coalesces repeats)")
+
+    consume = sub.add_parser("consume", parents=[common],
+                             help="print the copies sent to CLIENT_ID for TOPIC")
+    consume.add_argument("topic")
+    consume.add_argument("client_id")
+    consume.add_argument("--count", type=int, help="stop after N copies")
+    consume.add_argument("--timeout", type=float, help="stop after waiting this many seconds")
+
+    status = sub.add_parser("status", parents=[common],
+                            help="topics, subscribers, live workers and queue depths")
+    status.add_argument("--json", action="store_true", help="machine-readable output")
+    return parser
+
+
+def load_config(args: argparse.Namespace) -> Config:
+    servers = tuple(args.gearman) if args.gearman else None
+    flags = {"gearman_servers": servers, "redis_url": args.redis_url,
+             "log_level": args.log_level, "processes": getattr(args, "processes", None),
+             "data_dir": getattr(args, "data_dir", None)}
+    return configuration.load(flags, args.config)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        config = load_config(args)
+    except ConfigError as exc:
+        print(f"gearhorn: {exc}", file=sys.stderr)
+        return 2
+    setup_logging(config.log_level)
+    handler = globals()[f"cmd_{args.command}"]
+    try:
+        return handler(config, args) or 0
+    except CommandError as exc:
+        print(f"gearhorn {args.command}: {exc}", file=sys.stderr)
+        return 1
+
+
+class CommandError(Exception):
+    """Ends a command with a one-line message and exit status 1."""
+
+
+def cmd_worker(config: Config, args: argparse.Namespace) -> int:
+    from gearhorn.pool import Pool
+
+    return Pool(config).run()
+
+
+def cmd_up(config: Config, args: argparse.Namespace) -> int:
+    from gearhorn.embedded import Embedded
+    from gearhorn.servers import ServerError
+
+    try:
+        return Embedded(config).run()
+    except ServerError as exc:
+        raise CommandError(str(exc)) from None
+
+
+def _producer(config: Config):
+    from gearhorn.client import Producer
+
+    return Producer(config.gearman_servers)
+
+
+def _run_job(config: Config, method: str, *args, **kwargs) -> int:
+    from gearhorn.client import JobFailed
+    from gearhorn.gearman import GearmanError
+
+    with _producer(config) as producer:
+        try:
+            result = getattr(producer, method)(*args, **kwargs)
+        except (JobFailed, GearmanError) as exc:
+            raise CommandError(str(exc)) from None
+    print(json.dumps(result))
+    return 0
+
+
+def cmd_subscribe(config: Config, args: argparse.Namespace) -> int:
+    return _run_job(config, "subscribe", args.topic, args.client_id)
+
+
+def cmd_unsubscribe(config: Config, args: argparse.Namespace) -> int:
+    return _run_job(config, "unsubscribe", args.topic, args.client_id)
+
+
+def cmd_publish(config: Config, args: argparse.Namespace) -> int:
+    payload = args.payload
+    if args.json:
+        try:
+            payload = json.loads(payload)
+        except ValueError as exc:
+            raise CommandError(f"PAYLOAD is not JSON: {exc}") from None
+    return _run_job(config, "publish", args.topic, payload,
+                    background=args.background, unique=args.unique)
+
+
+def cmd_consume(config: Config, args: argparse.Namespace) -> int:
+    from gearhorn.client import Consumer
+    from gearhorn.messages import BadRequest
+
+    try:
+        consumer = Consumer(config.gearman_servers, args.topic, args.client_id)
+    except BadRequest as exc:
+        raise CommandError(str(exc)) from None
+    received = 0
+    with consumer:
+        while args.count is None or received < args.count:
+            data = consumer.get(args.timeout)
+            if data is None:
+                break
+            sys.stdout.buffer.write(data + b"\n")
+            sys.stdout.flush()
+            received += 1
+    return 0
+
+
+def cmd_status(config: Config, args: argparse.Namespace) -> int:
+    from gearhorn.status import collect, render
+
+    report = collect(config)
+    print(json.dumps(report, indent=2) if args.json else render(report))
+    return 0

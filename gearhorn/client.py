@@ -1,0 +1,134 @@
+"""A small Python helper for producers and consumers.
+
+Producer side: subscribe, unsubscribe and publish through gearhorn's
+Gearman functions::
+
+    >>> from gearhorn.client import Producer
+    >>> producer = Producer([("127.0.0.1", 4730)])            # doctest: +SKIP
+    >>> producer.subscribe("news", "alice")                    # doctest: +SKIP
+    {'topic': 'news', 'client_id': 'alice', 'subscribers': 1}
+    >>> producer.publish("news", "hello", background=True)     # doctest: +SKIP
+    {'topic': 'news', 'message_id': '...', 'copies': 1, 'background': True}
+
+Consumer side: receive your copies from ``<topic>_<client_id>``::
+
+    >>> from gearhorn.client import Consumer
+    >>> with Consumer([("127.0.0.1", 4730)], "news", "alice") as inbox:  # doctest: +SKIP
+    ...     inbox.get(timeout=5)
+    b'hello'
+
+Any other Gearman worker of ``news_alice`` (``gearman -w -f news_alice``)
+receives the same copies; this class is a convenience, not a requirement.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Callable, Sequence
+
+import gear
+
+from gearhorn import gearman
+from gearhorn.messages import queue_name, validate_client_id, validate_topic
+
+Servers = Sequence[tuple[str, int]]
+
+
+class JobFailed(RuntimeError):
+    """A gearhorn job failed; the message is the worker's one-line reason."""
+
+
+class Producer:
+    """Calls ``subscribe_fanout``, ``unsubscribe_fanout`` and ``fanout``."""
+
+    def __init__(self, servers: Servers, timeout: float = 60.0) -> None:
+        self.client = gearman.Client(servers)
+        self.timeout = timeout
+
+    def subscribe(self, topic: str, client_id: str) -> dict:
+        return self._call("subscribe_fanout", {"topic": topic, "client_id": client_id})
+
+    def unsubscribe(self, topic: str, client_id: str) -> dict:
+        return self._call("unsubscribe_fanout", {"topic": topic, "client_id": client_id})
+
+    def publish(self, topic: str, payload: object, *, background: bool = False,
+                unique: str | None = None) -> dict:
+        """Broadcast ``payload`` (str travels as UTF-8, anything else as JSON)."""
+        job: dict[str, object] = {"topic": topic, "payload": payload, "background": background}
+        if unique is not None:
+            job["unique"] = unique
+        return self._call("fanout", job)
+
+    def _call(self, function: str, job: dict) -> dict:
+        outcome = self.client.call(function, json.dumps(job).encode(), self.timeout)
+        if not outcome.ok:
+            raise JobFailed(f"{function}: {outcome.reason}")
+        return json.loads(outcome.data)
+
+    def close(self) -> None:
+        self.client.close()
+
+    def __enter__(self) -> Producer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class Consumer:
+    """Works ``<topic>_<client_id>``: one call returns one copy."""
+
+    def __init__(self, servers: Servers, topic: str, client_id: str) -> None:
+        self.queue = queue_name(validate_topic(topic, allow_prefix=True),
+                                validate_client_id(client_id))
+        self.worker = gearman.NoDelayWorker(client_id=f"gearhorn-consumer-{client_id}")
+        for host, port in servers:
+            self.worker.addServer(host, port)
+        self.worker.registerFunction(self.queue)
+
+    def get(self, timeout: float | None = None) -> bytes | None:
+        """The next copy (completed at once), or None after ``timeout`` seconds."""
+        job = self._next_job(timeout)
+        if job is None:
+            return None
+        job.sendWorkComplete()
+        return job.arguments
+
+    def serve(self, handler: Callable[[bytes], object], count: int | None = None) -> None:
+        """Call ``handler`` per copy; the job completes only after it returns,
+        and fails (gearmand's client sees WORK_FAIL) if it raises."""
+        done = 0
+        while count is None or done < count:
+            job = self._next_job(None)
+            try:
+                handler(job.arguments)
+            except Exception as exc:
+                job.sendWorkWarning(str(exc).encode())
+                job.sendWorkFail()
+            else:
+                job.sendWorkComplete()
+            done += 1
+
+    def _next_job(self, timeout: float | None) -> gear.WorkerJob | None:
+        timer = None
+        if timeout is not None:
+            timer = threading.Timer(timeout, self.worker.stopWaitingForJobs)
+            timer.daemon = True
+            timer.start()
+        try:
+            return self.worker.getJob()
+        except gear.InterruptedError:
+            return None
+        finally:
+            if timer:
+                timer.cancel()
+
+    def close(self) -> None:
+        self.worker.shutdown()
+
+    def __enter__(self) -> Consumer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,136 @@
+"""One typed configuration object.
+
+Sources, lowest precedence first: built-in defaults, the config file
+(``--config`` / ``GEARHORN_CONFIG``, INI section ``[gearhorn]``), ``GEARHORN_*``
+environment variables, command-line flags. This is the only module that
+reads the environment.
+"""
+
+from __future__ import annotations
+
+import configparser
+import dataclasses
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+
+from gearhorn.messages import DEFAULT_MAX_PAYLOAD
+
+ENV_PREFIX = "GEARHORN_"
+# Environment names that are not simply GEARHORN_<FIELD>.
+_ENV_ALIASES = {"gearman_servers": "GEARHORN_GEARMAN"}
+
+
+class ConfigError(ValueError):
+    """A setting that cannot be used; the message names the setting and source."""
+
+
+Server = tuple[str, int]
+
+
+@dataclass(frozen=True)
+class Config:
+    """Every setting gearhorn has, with its default."""
+
+    gearman_servers: tuple[Server, ...] = (("127.0.0.1", 4730),)
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    key_prefix: str = "gearhorn:"
+    matchmaking_channel: str = "__matchmaking"
+    processes: int = field(default_factory=lambda: os.cpu_count() or 1)
+    max_payload_bytes: int = DEFAULT_MAX_PAYLOAD
+    fanout_timeout: float = 30.0
+    submit_batch: int = 1000
+    heartbeat_interval: float = 2.0
+    # A worker silent for this long is dead: it leaves the live set.
+    worker_ttl: float = 6.0
+    cache_size: int = 10_000
+    log_level: str = "INFO"
+    # Used by `gearhorn up`: where the Redis and gearmand it starts keep data.
+    data_dir: str = ".gearhorn"
+
+    def replace(self, **changes: object) -> Config:
+        return dataclasses.replace(self, **changes)
+
+
+def parse_server(text: str) -> Server:
+    """``"host:port"`` or ``"host"`` (port 4730) -> ``(host, port)``."""
+    text = text.strip()
+    host, sep, port = text.rpartition(":")
+    if not sep:
+        host, port = text, "4730"
+    host = host.strip("[]")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ConfigError(f"invalid gearman server {text!r}: expected HOST:PORT")
+    return host, int(port)
+
+
+def parse_servers(text: str) -> tuple[Server, ...]:
+    servers = tuple(parse_server(part) for part in text.split(",") if part.strip())
+    if not servers:
+        raise ConfigError("no gearman server given")
+    return servers
+
+
+def _convert(name: str, raw: str, source: str) -> object:
+    kind = {f.name: f.type for f in fields(Config)}[name]
+    try:
+        if name == "gearman_servers":
+            return parse_servers(raw)
+        if kind == "int":
+            value = int(raw)
+        elif kind == "float":
+            value = float(raw)
+        else:
+            return raw
+    except ValueError as exc:
+        raise ConfigError(f"{source}: {name}={raw!r}: {exc}") from None
+    if value <= 0:
+        raise ConfigError(f"{source}: {name} must be positive, got {raw!r}")
+    return value
+
+
+def _from_file(path: str) -> dict[str, object]:
+    parser = configparser.ConfigParser()
+    try:
+        with open(path, encoding="utf-8") as fp:
+            parser.read_file(fp)
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from None
+    except configparser.Error as exc:
+        raise ConfigError(f"config file {path}: {exc}") from None
+    if not parser.has_section("gearhorn"):
+        return {}
+    known = {f.name for f in fields(Config)}
+    values = {}
+    for key, raw in parser.items("gearhorn"):
+        if key not in known:
+            raise ConfigError(f"config file {path}: unknown setting {key!r}")
+        values[key] = _convert(key, raw, f"config file {path}")
+    return values
+
+
+def _from_env(env: Mapping[str, str]) -> dict[str, object]:
+    values = {}
+    for f in fields(Config):
+        name = _ENV_ALIASES.get(f.name, ENV_PREFIX + f.name.upper())
+        if env.get(name):
+            values[f.name] = _convert(f.name, env[name], f"environment {name}")
+    return values
+
+
+def load(
+    flags: Mapping[str, object] | None = None,
+    config_file: str | None = None,
+    env: Mapping[str, str] | None = None,
+) -> Config:
+    """Build the Config: defaults < file < environment < flags.
+
+    ``flags`` holds already-typed values from the command line; ``None``
+    values mean "not given". The file is ``config_file`` or ``GEARHORN_CONFIG``.
+    """
+    env = os.environ if env is None else env
+    path = config_file or env.get(ENV_PREFIX + "CONFIG")
+    values: dict[str, object] = _from_file(path) if path else {}
+    values.update(_from_env(env))
+    values.update({k: v for k, v in (flags or {}).items() if v is not None})
+    return Config(**values)

@@ -1,0 +1,57 @@
+"""Every Redis key and channel gearhorn uses, in one place.
+
+All keys start with the configured prefix (default ``gearhorn:``):
+
+==============================  ====================================================
+``<p>topics``                   set: topics with at least one direct subscriber
+``<p>topic:<T>``                set: client ids subscribed to topic T
+``<p>prefixes``                 set: prefix subscriptions (``news.*``) with subscribers
+``<p>prefix:<P*>``              set: client ids subscribed to prefix P
+``<p>versions``                 hash: T -> change counter of topic T; field ``*``
+                                counts changes of any prefix subscription
+``<p>workers``                  sorted set: worker id scored by the epoch second at
+                                which it is dead unless it sends a heartbeat
+``<p>worker:<id>``              hash: pid, host, started, jobs; expires with the worker
+==============================  ====================================================
+
+The matchmaking channel (default ``__matchmaking``, not prefixed so other
+tools find it) carries one JSON message per change:
+``{"op": "subscribe"|"unsubscribe", "topic": T, "client_id": C, "version": "tv.pv"}``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+PREFIX_VERSION_FIELD = "*"
+
+
+@dataclass(frozen=True)
+class Keys:
+    prefix: str = "gearhorn:"
+    channel: str = "__matchmaking"
+
+    @property
+    def topics(self) -> str:
+        return self.prefix + "topics"
+
+    @property
+    def prefixes(self) -> str:
+        return self.prefix + "prefixes"
+
+    @property
+    def versions(self) -> str:
+        return self.prefix + "versions"
+
+    @property
+    def workers(self) -> str:
+        return self.prefix + "workers"
+
+    def topic(self, topic: str) -> str:
+        return f"{self.prefix}topic:{topic}"
+
+    def prefix_set(self, pattern: str) -> str:
+        return f"{self.prefix}prefix:{pattern}"
+
+    def worker(self, worker_id: str) -> str:
+        return f"{self.prefix}worker:{worker_id}"

@@ -1,0 +1,168 @@
+"""Starting the servers gearhorn needs, on loopback, as children that die with us.
+
+Used by ``gearhorn up``, by the integration tests and by the benchmarks.
+Every child gets PR_SET_PDEATHSIG, so it stops by itself if its parent dies
+(even by SIGKILL), and listens on 127.0.0.1 only.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+
+HOST = "127.0.0.1"
+_SBIN = ("/usr/sbin", "/usr/local/sbin", "/sbin")
+_PR_SET_PDEATHSIG = 1
+
+
+class ServerError(RuntimeError):
+    """A server could not be started; the message says why and what to install."""
+
+
+def find_binary(name: str) -> str | None:
+    """``name`` on PATH or in an sbin directory (gearmand lives in /usr/sbin)."""
+    found = shutil.which(name)
+    if found:
+        return found
+    for folder in _SBIN:
+        path = os.path.join(folder, name)
+        if os.access(path, os.X_OK):
+            return path
+    return None
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind((HOST, 0))
+        return sock.getsockname()[1]
+
+
+def is_listening(host: str, port: int, timeout: float = 0.5) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def _die_with_parent() -> None:
+    libc = ctypes.CDLL("libc.so.6", use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+@dataclass
+class Managed:
+    """A child server process."""
+
+    name: str
+    process: subprocess.Popen
+    port: int
+    host: str = HOST
+    log_path: str | None = None
+    details: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    def stop(self, timeout: float = 10.0) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+    def kill(self) -> None:
+        self.process.kill()
+        self.process.wait()
+
+    def log_tail(self, lines: int = 20) -> str:
+        if not self.log_path or not os.path.exists(self.log_path):
+            return ""
+        with open(self.log_path, errors="replace") as fp:
+            return "".join(fp.readlines()[-lines:])
+
+
+def _spawn(name: str, argv: list[str], port: int, log_path: str | None) -> Managed:
+    out = open(log_path, "ab") if log_path else subprocess.DEVNULL  # noqa: SIM115
+    try:
+        process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out,
+                                   stderr=subprocess.STDOUT, preexec_fn=_die_with_parent)
+    finally:
+        if log_path:
+            out.close()
+    server = Managed(name, process, port, log_path=log_path)
+    _wait_until_listening(server)
+    return server
+
+
+def _wait_until_listening(server: Managed, timeout: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if server.process.poll() is not None:
+            raise ServerError(f"{server.name} exited with {server.process.returncode} "
+                              f"before listening on {server.address}\n{server.log_tail()}")
+        if is_listening(server.host, server.port, timeout=0.2):
+            return
+        time.sleep(0.02)
+    server.kill()
+    raise ServerError(f"{server.name} did not listen on {server.address} within {timeout}s")
+
+
+def start_redis(port: int | None = None, data_dir: str | None = None,
+                appendonly: bool = False) -> Managed:
+    """redis-server on 127.0.0.1; with ``data_dir`` its data persists there."""
+    binary = find_binary("redis-server")
+    if binary is None:
+        raise ServerError("redis-server not found: apt-get install redis-server")
+    port = port or free_port()
+    argv = [binary, "--bind", HOST, "--port", str(port), "--protected-mode", "yes",
+            "--daemonize", "no", "--save", "", "--appendonly", "yes" if appendonly else "no"]
+    log_path = None
+    if data_dir:
+        os.makedirs(data_dir, exist_ok=True)
+        argv += ["--dir", os.path.abspath(data_dir), "--save", "60 1"]
+        log_path = os.path.join(data_dir, "redis.log")
+    server = _spawn("redis-server", argv, port, log_path)
+    server.details["url"] = f"redis://{HOST}:{port}/0"
+    return server
+
+
+def start_gearmand(port: int | None = None, data_dir: str | None = None,
+                   sqlite_queue: bool = False, threads: int = 0) -> Managed:
+    """The C gearmand on 127.0.0.1; ``sqlite_queue`` persists background jobs."""
+    binary = find_binary("gearmand")
+    if binary is None:
+        raise ServerError("gearmand not found: apt-get install gearman-job-server")
+    port = port or free_port()
+    argv = [binary, "--listen", HOST, "--port", str(port), "--threads", str(threads),
+            "--log-file", "stderr", "--verbose", "WARNING"]
+    log_path = None
+    if data_dir:
+        os.makedirs(data_dir, exist_ok=True)
+        log_path = os.path.join(data_dir, "gearmand.log")
+        if sqlite_queue:
+            db = os.path.join(os.path.abspath(data_dir), "gearmand.sqlite")
+            argv += ["--queue-type", "libsqlite3", "--libsqlite3-db", db]
+    elif sqlite_queue:
+        raise ServerError("a sqlite queue needs a data_dir")
+    return _spawn("gearmand", argv, port, log_path)
+
+
+def start_gear_server(port: int | None = None, data_dir: str | None = None) -> Managed:
+    """The pure-Python ``gear.Server`` in its own process (tests, no gearmand)."""
+    port = port or free_port()
+    argv = [sys.executable, "-m", "gearhorn.gearserver", "--host", HOST, "--port", str(port)]
+    log_path = os.path.join(data_dir, "gear-server.log") if data_dir else None
+    if data_dir:
+        os.makedirs(data_dir, exist_ok=True)
+    return _spawn("gear.Server", argv, port, log_path)

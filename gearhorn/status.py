@@ -1,0 +1,53 @@
+"""``gearhorn status``: what the registry and every gearmand say right now."""
+
+from __future__ import annotations
+
+import redis
+
+from gearhorn import gearman
+from gearhorn.config import Config
+from gearhorn.keys import Keys
+from gearhorn.registry import Registry
+
+
+def collect(config: Config) -> dict:
+    """A JSON-ready snapshot; an unreachable server is reported, not raised."""
+    report: dict = {"redis": config.redis_url, "topics": {}, "workers": {}, "gearman": []}
+    try:
+        registry = Registry(redis.Redis.from_url(config.redis_url, socket_timeout=5),
+                            Keys(config.key_prefix, config.matchmaking_channel))
+        report["topics"] = registry.topics()
+        report["workers"] = registry.live_workers()
+    except redis.RedisError as exc:
+        report["redis_error"] = str(exc)
+    for host, port in config.gearman_servers:
+        entry: dict = {"server": f"{host}:{port}"}
+        try:
+            entry["functions"] = [
+                {"name": f.name, "queued": f.queued, "running": f.running, "workers": f.workers}
+                for f in sorted(gearman.status(host, port), key=lambda f: f.name)]
+        except OSError as exc:
+            entry["error"] = str(exc)
+        report["gearman"].append(entry)
+    return report
+
+
+def render(report: dict) -> str:
+    lines = [f"redis {report['redis']}"]
+    if "redis_error" in report:
+        lines.append(f"  unreachable: {report['redis_error']}")
+    lines.append(f"topics ({len(report['topics'])}):")
+    lines += [f"  {name:40} {count:>8} subscribers"
+              for name, count in sorted(report["topics"].items())]
+    lines.append(f"live workers ({len(report['workers'])}):")
+    lines += [f"  {wid:40} pid {info.get('pid', '?'):>7} jobs {info.get('jobs', '?')}"
+              for wid, info in sorted(report["workers"].items())]
+    for server in report["gearman"]:
+        lines.append(f"gearmand {server['server']}:")
+        if "error" in server:
+            lines.append(f"  unreachable: {server['error']}")
+            continue
+        lines.append(f"  {'function':40} {'queued':>8} {'running':>8} {'workers':>8}")
+        lines += [f"  {f['name']:40} {f['queued']:>8} {f['running']:>8} {f['workers']:>8}"
+                  for f in server["functions"]]
+    return "\n".join(lines)
