@@ -160,7 +160,7 @@ def _load_object(data: bytes, *, limit: int) -> dict:
     if len(data) > limit:
         raise BadRequest(f"job is {len(data)} bytes, over the limit of {limit} bytes")
     try:
-        obj = json.loads(data)
+        obj = json.loads(data.decode("utf-8"))
     except UnicodeDecodeError as exc:
         raise BadRequest(f"job is not UTF-8: {exc.reason} at byte {exc.start}") from None
     except json.JSONDecodeError as exc:

@@ -1,0 +1,51 @@
+import json
+
+from gearhorn.cache import SubscriberCache
+from gearhorn.messages import Subscription
+
+
+def names(recipients):
+    return sorted(r.client_id for r in recipients)
+
+
+def test_cache_hits_until_a_change_then_sees_it(registry):
+    cache = SubscriberCache(registry)
+    registry.subscribe(Subscription("news", "alice"))
+    assert names(cache.recipients("news")) == ["alice"]
+    assert names(cache.recipients("news")) == ["alice"]
+    assert (cache.hits, cache.misses) == (1, 1)
+    # No invalidation message is delivered here: the token alone keeps it right.
+    registry.subscribe(Subscription("news", "bob"))
+    assert names(cache.recipients("news")) == ["alice", "bob"]
+    registry.unsubscribe(Subscription("news", "alice"))
+    assert names(cache.recipients("news")) == ["bob"]
+
+
+def test_two_caches_agree_after_every_change(registry):
+    a, b = SubscriberCache(registry), SubscriberCache(registry)
+    for i in range(50):
+        registry.subscribe(Subscription("t", f"c{i}"))
+        assert names(b.recipients("t")) == names(a.recipients("t"))
+        assert len(a.recipients("t")) == i + 1
+
+
+def test_announcements_invalidate(registry):
+    cache = SubscriberCache(registry)
+    registry.subscribe(Subscription("news", "alice"))
+    registry.subscribe(Subscription("sport", "alice"))
+    cache.recipients("news")
+    cache.recipients("sport")
+    cache.handle_announcement(json.dumps({"op": "subscribe", "topic": "news"}))
+    assert len(cache) == 1
+    cache.handle_announcement(json.dumps({"op": "subscribe", "topic": "n*"}))
+    assert len(cache) == 0
+    cache.recipients("news")
+    cache.handle_announcement(b"garbage")
+    assert len(cache) == 1
+
+
+def test_cache_is_bounded(registry):
+    cache = SubscriberCache(registry, max_entries=3)
+    for i in range(10):
+        cache.recipients(f"t{i}")
+    assert len(cache) == 3

@@ -1,0 +1,74 @@
+import pytest
+
+from gearhorn import config as c
+
+
+def write(tmp_path, text):
+    path = tmp_path / "gearhorn.conf"
+    path.write_text(text)
+    return str(path)
+
+
+def test_defaults():
+    cfg = c.load({}, env={})
+    assert cfg.gearman_servers == (("127.0.0.1", 4730),)
+    assert cfg.redis_url == "redis://127.0.0.1:6379/0"
+    assert cfg.max_payload_bytes == 1024 * 1024
+
+
+def test_flags_win_over_env_and_env_over_file(tmp_path):
+    path = write(tmp_path, "[gearhorn]\ngearman_servers = f1:1, f2:2\nredis_url = redis://file\n"
+                           "processes = 3\n")
+    cfg = c.load({}, env={"GEARHORN_CONFIG": path})
+    assert cfg.gearman_servers == (("f1", 1), ("f2", 2))
+    assert cfg.processes == 3
+    env = {"GEARHORN_CONFIG": path, "GEARHORN_GEARMAN": "e1:10", "GEARHORN_REDIS_URL": "redis://env"}
+    cfg = c.load({}, env=env)
+    assert cfg.gearman_servers == (("e1", 10),)
+    assert cfg.redis_url == "redis://env"
+    assert cfg.processes == 3
+    cfg = c.load({"redis_url": "redis://flag", "gearman_servers": None}, env=env)
+    assert cfg.redis_url == "redis://flag"
+    assert cfg.gearman_servers == (("e1", 10),)
+
+
+def test_explicit_config_file_wins_over_env_path(tmp_path):
+    a = write(tmp_path, "[gearhorn]\nprocesses = 5\n")
+    cfg = c.load({}, config_file=a, env={"GEARHORN_CONFIG": "/nonexistent"})
+    assert cfg.processes == 5
+
+
+@pytest.mark.parametrize("text, reason", [
+    ("[gearhorn]\nprocesses = many\n", "processes='many'"),
+    ("[gearhorn]\nprocesses = 0\n", "must be positive"),
+    ("[gearhorn]\nno_such_setting = 1\n", "unknown setting 'no_such_setting'"),
+    ("[gearhorn]\ngearman_servers = host:notaport\n", "expected HOST:PORT"),
+    ("not an ini file", "config file"),
+])
+def test_bad_file_values_name_the_setting(tmp_path, text, reason):
+    with pytest.raises(c.ConfigError, match=reason):
+        c.load({}, config_file=write(tmp_path, text), env={})
+
+
+def test_missing_file_is_an_error_not_a_silent_default():
+    with pytest.raises(c.ConfigError, match="cannot read config file"):
+        c.load({}, config_file="/nonexistent/gearhorn.conf", env={})
+
+
+def test_bad_env_value():
+    with pytest.raises(c.ConfigError, match="GEARHORN_FANOUT_TIMEOUT"):
+        c.load({}, env={"GEARHORN_FANOUT_TIMEOUT": "soon"})
+
+
+def test_parse_server():
+    assert c.parse_server("h:1") == ("h", 1)
+    assert c.parse_server("h") == ("h", 4730)
+    assert c.parse_server("[::1]:4731") == ("::1", 4731)
+    with pytest.raises(c.ConfigError):
+        c.parse_server(":0")
+
+
+def test_sample_config_file_loads_and_matches_defaults():
+    import pathlib
+    sample = pathlib.Path(__file__).parents[2] / "etc" / "gearhorn.conf"
+    assert c.load({}, config_file=str(sample), env={}) == c.Config()

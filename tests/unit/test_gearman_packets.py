@@ -1,0 +1,62 @@
+import random
+
+import pytest
+
+from gearhorn import gearman as g
+
+
+def stream():
+    packets = [
+        g.Packet(g.P.JOB_CREATED, (b"H:host:1",)),
+        g.Packet(g.P.WORK_COMPLETE, (b"H:host:1", b"data\0with\0nuls")),
+        g.Packet(g.P.WORK_FAIL, (b"H:host:2",)),
+        g.Packet(g.P.NOOP, ()),
+        g.Packet(g.P.WORK_WARNING, (b"H:host:3", b"")),
+        g.Packet(g.P.ERROR, (b"ARGUMENT_TOO_LARGE", b"Unique value too large")),
+    ]
+    wire = b"".join(g.encode(p.type, *p.args, magic=g.RES) for p in packets)
+    return packets, wire
+
+
+def chunkings(wire):
+    yield [wire]
+    yield [wire[i:i + 1] for i in range(len(wire))]
+    rng = random.Random(7)
+    for _ in range(50):
+        cuts = sorted(rng.sample(range(1, len(wire)), rng.randint(1, 10)))
+        yield [wire[a:b] for a, b in zip([0] + cuts, cuts + [len(wire)], strict=True)]
+
+
+def test_reader_decodes_every_chunking():
+    packets, wire = stream()
+    for chunks in chunkings(wire):
+        reader = g.PacketReader()
+        out = [p for chunk in chunks for p in reader.feed(chunk)]
+        assert out == packets
+
+
+def test_last_argument_keeps_its_nul_bytes():
+    (packet,) = g.PacketReader().feed(g.encode(g.P.WORK_COMPLETE, b"h", b"a\0b", magic=g.RES))
+    assert packet.args == (b"h", b"a\0b")
+
+
+def test_encode_header():
+    assert g.encode(g.P.SUBMIT_JOB_BG, b"f", b"u", b"x") == (
+        b"\0REQ" + (18).to_bytes(4, "big") + (5).to_bytes(4, "big") + b"f\0u\0x")
+
+
+@pytest.mark.parametrize("wire", [
+    b"HTTP/1.1 200 OK\r\n",
+    b"\0RES" + (8).to_bytes(4, "big") + (2**31).to_bytes(4, "big"),
+])
+def test_reader_rejects_garbage(wire):
+    with pytest.raises(g.ProtocolError):
+        g.PacketReader().feed(wire)
+
+
+def test_outcomes_carry_the_warning_as_reason():
+    warnings = {}
+    assert g._outcome(g.Packet(g.P.WORK_WARNING, (b"h", b"bad topic")), warnings) is None
+    fail = g._outcome(g.Packet(g.P.WORK_FAIL, (b"h",)), warnings)
+    assert (fail.status, fail.reason) == ("failed", "bad topic")
+    assert g._outcome(g.Packet(g.P.WORK_COMPLETE, (b"h", b"ok")), warnings).ok

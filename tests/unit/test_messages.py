@@ -1,0 +1,134 @@
+import json
+
+import pytest
+
+from gearhorn import messages as m
+
+
+@pytest.mark.parametrize("topic", ["news", "a", "news.sports_eu", "x" * 128, "!~"])
+def test_valid_topics(topic):
+    assert m.validate_topic(topic) == topic
+
+
+@pytest.mark.parametrize("topic, reason", [
+    ("", "invalid topic"),
+    ("x" * 129, "invalid topic"),
+    ("has space", "invalid topic"),
+    ("tab\there", "invalid topic"),
+    ("caf\u00e9", "invalid topic"),
+    ("nul\0", "invalid topic"),
+    ("news*", "'*' is allowed in a topic"),
+    (5, "topic must be a string, not a number"),
+    (None, "topic must be a string, not null"),
+    (["a"], "topic must be a string, not an array"),
+])
+def test_invalid_topics(topic, reason):
+    with pytest.raises(m.BadRequest, match=reason.replace("*", r"\*")):
+        m.validate_topic(topic)
+
+
+def test_prefix_wildcard_only_at_the_end_of_a_subscription():
+    assert m.validate_topic("news.*", allow_prefix=True) == "news.*"
+    assert m.validate_topic("*", allow_prefix=True) == "*"
+    with pytest.raises(m.BadRequest, match="last character"):
+        m.validate_topic("ne*ws", allow_prefix=True)
+
+
+@pytest.mark.parametrize("client_id, reason", [
+    ("with_underscore", "'_' is not allowed"),
+    ("", "invalid client_id"),
+    ("a b", "invalid client_id"),
+    (7, "client_id must be a string"),
+])
+def test_invalid_client_ids(client_id, reason):
+    with pytest.raises(m.BadRequest, match=reason):
+        m.validate_client_id(client_id)
+
+
+def test_queue_name_splits_at_the_last_underscore():
+    name = m.queue_name("news_eu", "alice")
+    assert name == "news_eu_alice"
+    assert m.split_queue_name(name) == ("news_eu", "alice")
+    with pytest.raises(m.BadRequest):
+        m.split_queue_name("nounderscore")
+
+
+def test_parse_subscription():
+    sub = m.parse_subscription(b'{"topic": "news", "client_id": "alice"}')
+    assert sub == m.Subscription("news", "alice")
+    assert not sub.is_prefix
+    assert m.parse_subscription(b'{"topic": "news.*", "client_id": "a"}').is_prefix
+
+
+@pytest.mark.parametrize("data, reason", [
+    (b"not json", "job is not JSON"),
+    (b"", "job is not JSON"),
+    (b"\xff\xfe", "job is not UTF-8"),
+    (b"[1, 2]", "job must be a JSON object, not an array"),
+    (b'"text"', "job must be a JSON object, not a string"),
+    (b'{"client_id": "a"}', "missing key 'topic'"),
+    (b'{"topic": "t"}', "missing key 'client_id'"),
+    (b'{"topic": 1, "client_id": "a"}', "topic must be a string"),
+    (b'{"topic": "t", "client_id": "a_b"}', "'_' is not allowed"),
+    (b"[" * 100000 + b"]" * 100000, "job is"),
+])
+def test_parse_subscription_rejects(data, reason):
+    with pytest.raises(m.BadRequest, match=reason):
+        m.parse_subscription(data)
+
+
+def test_parse_fanout_payload_encoding():
+    text = m.parse_fanout(json.dumps({"topic": "t", "payload": "h\u00e9llo"}).encode())
+    assert text.data == "h\u00e9llo".encode()
+    obj = m.parse_fanout(b'{"topic": "t", "payload": {"a": [1, 2]}}')
+    assert obj.data == b'{"a":[1,2]}'
+    assert m.parse_fanout(b'{"topic": "t", "payload": null}').data == b"null"
+    assert m.parse_fanout(b'{"topic": "t", "payload": 3}').data == b"3"
+
+
+def test_parse_fanout_options():
+    req = m.parse_fanout(b'{"topic": "t", "payload": "", "unique": "u1", "background": 1}')
+    assert (req.unique, req.background) == ("u1", True)
+    req = m.parse_fanout(b'{"topic": "t", "payload": "x", "background": false}')
+    assert (req.unique, req.background) == (None, False)
+
+
+@pytest.mark.parametrize("data, reason", [
+    (b'{"topic": "t"}', "missing key 'payload'"),
+    (b'{"payload": "x"}', "missing key 'topic'"),
+    (b'{"topic": "a*", "payload": "x"}', "invalid topic"),
+    (b'{"topic": "t", "payload": "x", "unique": 5}', "unique must be a string"),
+    (b'{"topic": "t", "payload": "x", "unique": "' + b"u" * 65 + b'"}', "invalid unique"),
+    (b'{"topic": "t", "payload": "x", "unique": "a b"}', "invalid unique"),
+    (b'{"topic": "t", "payload": ' + b"[" * 50000 + b"]" * 50000 + b"}", "nested too deeply"),
+    (b'{"topic": "t", "payload": "\xc3\x28"}', "job is not UTF-8"),
+])
+def test_parse_fanout_rejects(data, reason):
+    with pytest.raises(m.BadRequest, match=reason):
+        m.parse_fanout(data)
+
+
+def test_payload_limit_counts_the_bytes_sent():
+    at_limit = json.dumps({"topic": "t", "payload": "x" * 100}).encode()
+    assert len(m.parse_fanout(at_limit, max_payload=100).data) == 100
+    over = json.dumps({"topic": "t", "payload": "x" * 101}).encode()
+    with pytest.raises(m.BadRequest, match="payload is 101 bytes, over the limit of 100"):
+        m.parse_fanout(over, max_payload=100)
+
+
+def test_huge_job_is_refused_before_parsing():
+    huge = b'{"topic": "t", "payload": "' + b"x" * 20000 + b'"}'
+    with pytest.raises(m.BadRequest, match="job is .* bytes, over the limit"):
+        m.parse_fanout(huge, max_payload=1000)
+
+
+def test_copy_unique_stays_within_gearmand_limit_and_is_deterministic():
+    assert m.copy_unique("msg1", "alice") == "msg1:alice"
+    long = m.copy_unique("m" * 32, "c" * 128)
+    assert len(long) <= m.MAX_UNIQUE_BYTES
+    assert long == m.copy_unique("m" * 32, "c" * 128)
+    assert long != m.copy_unique("m" * 32, "c" * 127 + "d")
+
+
+def test_message_ids_are_unique():
+    assert len({m.new_message_id() for _ in range(1000)}) == 1000

@@ -1,0 +1,98 @@
+import json
+
+from gearhorn.messages import Subscription
+from gearhorn.registry import Recipient
+
+
+def queues(members):
+    return sorted(r.queue for r in members.recipients)
+
+
+def test_subscribe_counts_and_is_idempotent(registry):
+    assert registry.subscribe(Subscription("news", "alice")) == 1
+    assert registry.subscribe(Subscription("news", "bob")) == 2
+    assert registry.subscribe(Subscription("news", "bob")) == 2
+    assert registry.subscribers("news") == {"alice", "bob"}
+    assert registry.topics() == {"news": 2}
+
+
+def test_unsubscribe_removes_and_drops_empty_topics(registry, fake_redis):
+    registry.subscribe(Subscription("news", "alice"))
+    assert registry.unsubscribe(Subscription("news", "alice")) == 0
+    assert registry.unsubscribe(Subscription("news", "alice")) == 0
+    assert registry.topics() == {}
+    assert not fake_redis.exists("t:topic:news")
+
+
+def test_members_returns_none_while_the_token_is_current(registry):
+    registry.subscribe(Subscription("news", "alice"))
+    first = registry.members("news")
+    assert queues(first) == ["news_alice"]
+    assert registry.members("news", first.token) is None
+    registry.subscribe(Subscription("news", "bob"))
+    second = registry.members("news", first.token)
+    assert second.token != first.token
+    assert queues(second) == ["news_alice", "news_bob"]
+
+
+def test_no_op_changes_keep_the_token(registry):
+    registry.subscribe(Subscription("news", "alice"))
+    token = registry.members("news").token
+    registry.subscribe(Subscription("news", "alice"))
+    registry.unsubscribe(Subscription("news", "nobody"))
+    assert registry.members("news", token) is None
+
+
+def test_other_topics_do_not_change_the_token(registry):
+    registry.subscribe(Subscription("news", "alice"))
+    token = registry.members("news").token
+    registry.subscribe(Subscription("sport", "bob"))
+    assert registry.members("news", token) is None
+
+
+def test_prefix_subscribers_receive_matching_topics(registry):
+    registry.subscribe(Subscription("news.*", "carol"))
+    registry.subscribe(Subscription("news.sports", "alice"))
+    members = registry.members("news.sports")
+    assert set(members.recipients) == {
+        Recipient("news.sports_alice", "alice"),
+        Recipient("news.*_carol", "carol", "news.*"),
+    }
+    assert queues(registry.members("weather")) == []
+    assert registry.topics() == {"news.*": 1, "news.sports": 1}
+
+
+def test_prefix_change_invalidates_every_topic_token(registry):
+    registry.subscribe(Subscription("news.sports", "alice"))
+    token = registry.members("news.sports").token
+    registry.subscribe(Subscription("n*", "dave"))
+    assert queues(registry.members("news.sports", token)) == ["n*_dave", "news.sports_alice"]
+
+
+def test_every_change_is_announced(registry, fake_redis):
+    pubsub = fake_redis.pubsub(ignore_subscribe_messages=True)
+    pubsub.subscribe("chan")
+    pubsub.get_message(timeout=1)
+    registry.subscribe(Subscription("news", "alice"))
+    registry.unsubscribe(Subscription("news", "alice"))
+    notes = []
+    for _ in range(10):
+        message = pubsub.get_message(timeout=1)
+        if message:
+            notes.append(json.loads(message["data"]))
+        if len(notes) == 2:
+            break
+    assert [(n["op"], n["topic"], n["client_id"]) for n in notes] == [
+        ("subscribe", "news", "alice"), ("unsubscribe", "news", "alice")]
+    assert notes[0]["version"] == "1" and notes[1]["version"] == "2"
+
+
+def test_liveness_expires_without_anyone_removing_the_worker(registry):
+    registry.heartbeat("w1", ttl=5, info={"pid": 1}, now=1000)
+    registry.heartbeat("w2", ttl=5, now=1000)
+    assert set(registry.live_workers(now=1004)) == {"w1", "w2"}
+    assert registry.live_workers(now=1004)["w1"]["pid"] == "1"
+    registry.heartbeat("w2", ttl=5, now=1004)
+    assert set(registry.live_workers(now=1006)) == {"w2"}
+    registry.retire("w2")
+    assert registry.live_workers(now=1006) == {}
