@@ -1,0 +1,157 @@
+"""Driving real servers from tests: a worker pool process, gear and CLI clients."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+
+import gear
+import redis
+
+from gearhorn import gearman, servers
+from gearhorn.keys import Keys
+from gearhorn.registry import Registry
+
+
+def wait_for(predicate, timeout=20.0, interval=0.02, message="condition"):
+    """Poll ``predicate`` until it returns a true value; fail after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {message}")
+        time.sleep(interval)
+
+
+def unique_topic(stem="t"):
+    return f"{stem}{uuid.uuid4().hex[:10]}"
+
+
+class PoolProcess:
+    """``gearhorn worker`` as a real child process."""
+
+    def __init__(self, gearman_servers, redis_url, processes=2, log_dir=None, extra=()):
+        self.gearman_servers = list(gearman_servers)
+        self.redis_url = redis_url
+        self.processes = processes
+        self.registry = Registry(redis.Redis.from_url(redis_url), Keys())
+        argv = [sys.executable, "-m", "gearhorn", "worker", "--processes", str(processes),
+                "--redis-url", redis_url]
+        for server in self.gearman_servers:
+            argv += ["--gearman", server.address]
+        self.log_path = os.path.join(log_dir, "pool.log") if log_dir else os.devnull
+        env = dict(os.environ, GEARHORN_HEARTBEAT_INTERVAL="0.3", GEARHORN_WORKER_TTL="1.5",
+                   GEARHORN_FANOUT_TIMEOUT="3")
+        with open(self.log_path, "ab") as log:
+            self.process = subprocess.Popen(list(argv) + list(extra), stdout=log,
+                                            stderr=subprocess.STDOUT, env=env,
+                                            preexec_fn=servers._die_with_parent)
+
+    def live(self):
+        return self.registry.live_workers()
+
+    def wait_ready(self, timeout=30.0):
+        def ready():
+            if self.process.poll() is not None:
+                raise AssertionError(f"pool exited early:\n{self.log()}")
+            if len(self.live()) < self.processes:
+                return False
+            for server in self.gearman_servers:
+                table = {f.name: f for f in gearman.status(server.host, server.port)}
+                if "fanout" not in table or table["fanout"].workers < self.processes:
+                    return False
+            return True
+        wait_for(ready, timeout, message="worker pool ready")
+        return self
+
+    def log(self):
+        if self.log_path == os.devnull:
+            return ""
+        with open(self.log_path, errors="replace") as fp:
+            return fp.read()[-4000:]
+
+    def stop(self, timeout=20.0):
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        return self.process.returncode
+
+
+class GearClient:
+    """The real ``gear.Client`` submitting jobs and waiting for them."""
+
+    def __init__(self, server):
+        self.client = gear.Client("gearhorn-tests")
+        self.client.addServer(server.host, server.port)
+        self.client.waitForServer(10)
+
+    def submit(self, function, data, background=False, timeout=20.0):
+        if not isinstance(data, bytes):
+            data = json.dumps(data).encode()
+        job = gear.Job(function, data)
+        self.client.submitJob(job, background=background, timeout=timeout)
+        if not background:
+            wait_for(lambda: job.complete, timeout, message=f"{function} job")
+        return job
+
+    def call(self, function, payload, timeout=20.0):
+        job = self.submit(function, payload, timeout=timeout)
+        assert not job.failure, f"{function} failed: {b''.join(job.data)!r}"
+        return json.loads(b"".join(job.data))
+
+    def close(self):
+        self.client.shutdown()
+
+
+def gearman_cli(server, *args, data=None, timeout=20.0):
+    """Run the ``gearman`` command-line tool against ``server``."""
+    argv = ["gearman", "-h", server.host, "-p", str(server.port), *args]
+    return subprocess.run(argv, input=data, capture_output=True, timeout=timeout)
+
+
+def drain_queue(server, function, timeout=2.0):
+    """Every job waiting in ``function``, consumed with a gear worker."""
+    worker = gearman.NoDelayWorker("gearhorn-tests-drain")
+    worker.addServer(server.host, server.port)
+    worker.registerFunction(function)
+    worker.waitForServer(10)
+    received = []
+    try:
+        while True:
+            job = _get_job(worker, timeout)
+            if job is None:
+                return received
+            received.append(job.arguments)
+            job.sendWorkComplete()
+    finally:
+        worker.shutdown()
+
+
+def _get_job(worker, timeout):
+    import threading
+    timer = threading.Timer(timeout, worker.stopWaitingForJobs)
+    timer.start()
+    try:
+        return worker.getJob()
+    except gear.InterruptedError:
+        return None
+    finally:
+        timer.cancel()
+
+
+def queue_depth(server, function):
+    for f in gearman.status(server.host, server.port):
+        if f.name == function:
+            return f.queued
+    return 0

@@ -1,0 +1,196 @@
+"""The worker pool on real redis-server and real Gearman servers."""
+
+import json
+import os
+import signal
+import threading
+
+import gear
+import pytest
+
+from .helpers import (
+    GearClient,
+    drain_queue,
+    gearman_cli,
+    queue_depth,
+    unique_topic,
+    wait_for,
+)
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+
+
+def test_broadcast_with_the_gear_client(gearman_server, start_pool):
+    start_pool([gearman_server])
+    client = GearClient(gearman_server)
+    topic = unique_topic()
+    try:
+        for n, who in enumerate(["alice", "bob"], 1):
+            assert client.call("subscribe_fanout", {"topic": topic, "client_id": who}) == {
+                "topic": topic, "client_id": who, "subscribers": n}
+        result = client.call("fanout", {"topic": topic, "payload": {"n": 1}, "background": True})
+        assert result["copies"] == 2 and result["background"] is True
+        assert drain_queue(gearman_server, f"{topic}_alice") == [b'{"n":1}']
+        assert drain_queue(gearman_server, f"{topic}_bob") == [b'{"n":1}']
+    finally:
+        client.close()
+
+
+def test_foreground_fanout_completes_when_every_receiver_answered(gearman_server, start_pool):
+    start_pool([gearman_server])
+    client = GearClient(gearman_server)
+    topic = unique_topic()
+    got = {}
+    try:
+        for who in ("alice", "bob"):
+            client.call("subscribe_fanout", {"topic": topic, "client_id": who})
+        consumers = [threading.Thread(target=lambda w=who: got.__setitem__(
+            w, drain_queue(gearman_server, f"{topic}_{w}", timeout=3))) for who in ("alice", "bob")]
+        for thread in consumers:
+            thread.start()
+        result = client.call("fanout", {"topic": topic, "payload": "hello"})
+        for thread in consumers:
+            thread.join()
+        assert result["completed"] == 2 and result["failed"] == []
+        assert got == {"alice": [b"hello"], "bob": [b"hello"]}
+    finally:
+        client.close()
+
+
+def test_foreground_fanout_reports_a_receiver_that_never_answers(gearmand, start_pool):
+    start_pool([gearmand])
+    client = GearClient(gearmand)
+    topic = unique_topic()
+    try:
+        client.call("subscribe_fanout", {"topic": topic, "client_id": "ghost"})
+        result = client.call("fanout", {"topic": topic, "payload": "x"})
+        assert result["completed"] == 0
+        assert result["failed"] == [{"client_id": "ghost", "queue": f"{topic}_ghost",
+                                     "status": "timeout", "reason": "no answer within 3s"}]
+    finally:
+        client.close()
+
+
+def test_broadcast_with_the_gearman_command_line_tool(gearmand, gearman_cli_tool, start_pool):
+    # C gearmand only: libgearman's worker (gearman -w) hangs on gear.Server,
+    # which does not implement every grab packet libgearman sends.
+    gearman_server = gearmand
+    start_pool([gearman_server])
+    topic = unique_topic()
+    for who in ("alice", "bob"):
+        out = gearman_cli(gearman_server, "-f", "subscribe_fanout",
+                          json.dumps({"topic": topic, "client_id": who}))
+        assert out.returncode == 0, out.stderr
+        assert json.loads(out.stdout)["client_id"] == who
+    out = gearman_cli(gearman_server, "-f", "fanout",
+                      json.dumps({"topic": topic, "payload": "first", "background": True}))
+    assert json.loads(out.stdout)["copies"] == 2
+    for who in ("alice", "bob"):
+        copy = gearman_cli(gearman_server, "-w", "-c", "1", "-f", f"{topic}_{who}")
+        assert copy.returncode == 0 and copy.stdout == b"first"
+
+    out = gearman_cli(gearman_server, "-f", "unsubscribe_fanout",
+                      json.dumps({"topic": topic, "client_id": "alice"}))
+    assert json.loads(out.stdout)["subscribers"] == 1
+    out = gearman_cli(gearman_server, "-f", "fanout",
+                      json.dumps({"topic": topic, "payload": "second", "background": True}))
+    assert json.loads(out.stdout)["copies"] == 1
+    copy = gearman_cli(gearman_server, "-w", "-c", "1", "-f", f"{topic}_bob")
+    assert copy.stdout == b"second"
+    assert queue_depth(gearman_server, f"{topic}_alice") == 0
+
+
+BAD_JOBS = [
+    ("fanout", b"not json", "job is not JSON"),
+    ("fanout", b"[1]", "job must be a JSON object, not an array"),
+    ("fanout", b'{"payload": 1}', "missing key 'topic'"),
+    ("fanout", b'{"topic": 1, "payload": 1}', "topic must be a string, not a number"),
+    ("fanout", b'{"topic": "bad topic", "payload": 1}', "invalid topic 'bad topic'"),
+    ("subscribe_fanout", b'{"topic": "t", "client_id": "a_b"}', "'_' is not allowed"),
+    ("subscribe_fanout", b'{"topic": "t"}', "missing key 'client_id'"),
+    ("fanout", b'{"topic": "t", "payload": "' + b"x" * (1024 * 1024 + 1) + b'"}',
+     "payload is 1048577 bytes, over the limit of 1048576 bytes"),
+]
+
+
+def test_bad_input_fails_with_its_reason_and_nothing_accepted_is_lost(
+        gearman_server, gearman_cli_tool, start_pool):
+    start_pool([gearman_server])
+    client = GearClient(gearman_server)
+    topic = unique_topic()
+    try:
+        client.call("subscribe_fanout", {"topic": topic, "client_id": "alice"})
+        client.call("fanout", {"topic": topic, "payload": "kept", "background": True})
+        for function, data, reason in BAD_JOBS:
+            job = client.submit(function, data)
+            assert job.failure, (function, data[:50])
+            assert reason in b"".join(job.data).decode()
+            if len(data) < 4096:  # the CLI takes the job as an argument
+                out = gearman_cli(gearman_server, "-f", function, data.decode())
+                assert out.returncode == 1
+                assert reason in (out.stdout + out.stderr).decode()
+        # The workers still serve, and what was accepted before is intact.
+        assert client.call("subscribe_fanout", {"topic": topic, "client_id": "bob"}
+                           )["subscribers"] == 2
+        assert drain_queue(gearman_server, f"{topic}_alice") == [b"kept"]
+    finally:
+        client.close()
+
+
+def test_fanout_right_after_a_subscribe_always_includes_it(gearmand, start_pool):
+    """The consistency promise, across worker processes, many times over."""
+    pool = start_pool([gearmand], processes=2)
+    client = GearClient(gearmand)
+    topic = unique_topic()
+    try:
+        for i in range(1, 151):
+            client.call("subscribe_fanout", {"topic": topic, "client_id": f"c{i}"})
+            result = client.call("fanout", {"topic": topic, "payload": i, "background": True})
+            assert result["copies"] == i, f"fanout after subscribe #{i} missed a subscriber"
+        for i in range(150, 100, -1):
+            client.call("unsubscribe_fanout", {"topic": topic, "client_id": f"c{i}"})
+            result = client.call("fanout", {"topic": topic, "payload": i, "background": True})
+            assert result["copies"] == i - 1
+        jobs = {info["pid"]: int(info["jobs"]) for info in pool.live().values()}
+        assert len(jobs) == 2
+    finally:
+        client.close()
+
+
+def test_a_killed_worker_leaves_the_live_set_and_is_restarted(gearmand, start_pool):
+    pool = start_pool([gearmand], processes=2)
+    before = pool.live()
+    victim_id, victim = next(iter(before.items()))
+    os.kill(int(victim["pid"]), signal.SIGKILL)
+    wait_for(lambda: victim_id not in pool.live(), timeout=10, message="dead worker to expire")
+    after = wait_for(lambda: len(pool.live()) == 2 and pool.live(), timeout=20,
+                     message="pool to restart the worker")
+    assert victim_id not in after
+    assert victim["pid"] not in {info["pid"] for info in after.values()}
+    client = GearClient(gearmand)
+    try:
+        topic = unique_topic()
+        assert client.call("subscribe_fanout", {"topic": topic, "client_id": "a"})[
+            "subscribers"] == 1
+    finally:
+        client.close()
+
+
+def test_sigterm_drains_the_job_in_hand(gearmand, start_pool):
+    pool = start_pool([gearmand], processes=1)
+    client = GearClient(gearmand)
+    topic = unique_topic()
+    try:
+        client.call("subscribe_fanout", {"topic": topic, "client_id": "slow"})
+        # Nobody consumes topic_slow: the worker waits its 3 s fanout timeout.
+        job = gear.Job("fanout", json.dumps({"topic": topic, "payload": "x"}).encode())
+        client.client.submitJob(job)
+        wait_for(lambda: queue_depth(gearmand, f"{topic}_slow") == 1, message="copy queued")
+        pool.process.send_signal(signal.SIGTERM)
+        wait_for(lambda: job.complete, timeout=15, message="drained job to complete")
+        assert not job.failure
+        assert json.loads(b"".join(job.data))["failed"][0]["status"] == "timeout"
+        assert pool.process.wait(15) == 0
+        assert pool.live() == {}
+    finally:
+        client.close()
