@@ -194,3 +194,31 @@ def test_sigterm_drains_the_job_in_hand(gearmand, start_pool):
         assert pool.live() == {}
     finally:
         client.close()
+
+
+def test_several_gearmand_servers_share_the_work_and_survive_losing_one(
+        gearmand, tmp_path, start_pool):
+    from gearhorn import servers
+
+    second = servers.start_gearmand(data_dir=str(tmp_path / "second"))
+    try:
+        start_pool([gearmand, second], processes=2)
+        client = GearClient(second)
+        topic = unique_topic()
+        client.call("subscribe_fanout", {"topic": topic, "client_id": "a"})
+        for i in range(6):
+            assert client.call("fanout", {"topic": topic, "payload": i, "background": True}
+                               )["copies"] == 1
+        copies = drain_queue(gearmand, f"{topic}_a") + drain_queue(second, f"{topic}_a")
+        assert sorted(copies) == [str(i).encode() for i in range(6)]
+        client.close()
+
+        second.kill()  # copies must now all go to the first server
+        client = GearClient(gearmand)
+        for i in range(4):
+            assert client.call("fanout", {"topic": topic, "payload": i, "background": True}
+                               )["copies"] == 1
+        assert len(drain_queue(gearmand, f"{topic}_a")) == 4
+        client.close()
+    finally:
+        second.stop()
