@@ -238,18 +238,19 @@ class Connection:
         wire = b"".join(encode(ptype, c.function.encode(), c.unique.encode(), c.data)
                         for c in copies)
         handles: list[bytes] = []
+        early: list[Packet] = []  # results of jobs done before all JOB_CREATED came
         try:
             self.send(wire)
             while len(handles) < len(copies):
                 packet = self._read_reply()
                 if packet.type == P.JOB_CREATED:
                     handles.append(packet.args[0])
-                else:  # a foreground result that overtook a JOB_CREATED
-                    self._pending.append(packet)
-                    if len(self._pending) > len(copies) * 8:
-                        raise ProtocolError("gearmand sent results without JOB_CREATED")
+                else:
+                    early.append(packet)
         except GearmanError as exc:
             raise PartialSubmit(len(handles), str(exc)) from exc
+        finally:
+            self._pending.extendleft(reversed(early))  # read them next, in order
         return handles
 
 
@@ -391,13 +392,17 @@ class Client:
                           f"accepted): {'; '.join(errors)}")
 
 
+# Admin commands answered with several lines ending in ".\n"; the others answer one line.
+_MULTI_LINE_ADMIN = {"status", "workers", "show", "prioritystatus"}
+
+
 def admin(host: str, port: int, command: str, timeout: float = 5.0) -> list[str]:
     """Run a text admin command (``status``, ``workers``, ``version``)."""
     with connect(host, port, timeout) as sock:
         sock.settimeout(timeout)
         sock.sendall(command.encode() + b"\n")
         data = b""
-        single = command in ("version", "getpid")
+        single = command.split(" ", 1)[0] not in _MULTI_LINE_ADMIN
         while not (data.endswith(b"\n.\n") or data == b".\n" or (single and b"\n" in data)):
             chunk = sock.recv(65536)
             if not chunk:

@@ -60,3 +60,49 @@ def test_outcomes_carry_the_warning_as_reason():
     fail = g._outcome(g.Packet(g.P.WORK_FAIL, (b"h",)), warnings)
     assert (fail.status, fail.reason) == ("failed", "bad topic")
     assert g._outcome(g.Packet(g.P.WORK_COMPLETE, (b"h", b"ok")), warnings).ok
+
+
+class FakeGearmand:
+    """The far end of a socketpair, answering with scripted packets."""
+
+    def __init__(self, monkeypatch):
+        import socket
+        ours, self.theirs = socket.socketpair()
+        monkeypatch.setattr(g, "connect", lambda host, port, timeout=5.0: ours)
+        self.conn = g.Connection("fake", 1)
+
+    def reply(self, *packets):
+        self.theirs.sendall(b"".join(g.encode(t, *a, magic=g.RES) for t, a in packets))
+
+
+def test_results_that_overtake_job_created_are_kept(monkeypatch):
+    fake = FakeGearmand(monkeypatch)
+    fake.reply((g.P.JOB_CREATED, (b"H:1",)), (g.P.WORK_COMPLETE, (b"H:1", b"one")),
+               (g.P.WORK_WARNING, (b"H:2", b"bad")), (g.P.JOB_CREATED, (b"H:2",)),
+               (g.P.WORK_FAIL, (b"H:2",)))
+    copies = [g.Copy("f", "u1", b"a"), g.Copy("f", "u2", b"b")]
+    handles = fake.conn.submit(copies, background=False)
+    assert handles == [b"H:1", b"H:2"]
+    outcomes = g.wait_for_results(fake.conn, handles, timeout=2)
+    assert [(o.status, o.data, o.reason) for o in outcomes] == [
+        ("complete", b"one", ""), ("failed", b"", "bad")]
+
+
+def test_wait_for_results_times_out_without_spinning(monkeypatch):
+    import time
+    fake = FakeGearmand(monkeypatch)
+    fake.reply((g.P.JOB_CREATED, (b"H:1",)))
+    handles = fake.conn.submit([g.Copy("f", "u", b"")], background=False)
+    start, cpu = time.monotonic(), time.process_time()
+    (outcome,) = g.wait_for_results(fake.conn, handles, timeout=0.3)
+    assert outcome.status == "timeout"
+    assert time.monotonic() - start >= 0.3
+    assert time.process_time() - cpu < 0.1
+
+
+def test_error_reply_reports_how_many_were_accepted(monkeypatch):
+    fake = FakeGearmand(monkeypatch)
+    fake.reply((g.P.JOB_CREATED, (b"H:1",)), (g.P.ERROR, (b"ARGUMENT_TOO_LARGE", b"too big")))
+    with pytest.raises(g.PartialSubmit, match="too big") as info:
+        fake.conn.submit([g.Copy("f", "u", b""), g.Copy("f", "v" * 99, b"")])
+    assert info.value.accepted == 1

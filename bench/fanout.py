@@ -1,0 +1,207 @@
+"""Fanout throughput and Redis memory, with the peer measured in the same run.
+
+    python bench/fanout.py            # everything (about 2 minutes on 2 cores)
+    python bench/fanout.py --quick    # smaller counts, for a smoke run
+
+Starts its own redis-server and gearmand on free loopback ports (they stop
+with this process) and a ``gearhorn worker`` pool, then measures:
+
+1. copies per second accepted by gearmand for 1 topic x 10 / 100 / 1,000
+   subscribers: background ``fanout`` jobs through the pool, against a plain
+   ``gear.Client`` (TCP_NODELAY on) submitting the same copies one by one;
+2. worker memory (RSS) while the pool pushes a million copies;
+3. Redis memory per subscription, 1M subscriptions over 10,000 topics.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+import gear
+import redis
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+from gearhorn import gearman, servers  # noqa: E402
+from gearhorn.keys import Keys  # noqa: E402
+from gearhorn.messages import Subscription  # noqa: E402
+from gearhorn.registry import Registry  # noqa: E402
+
+
+def start_pool(gm: servers.Managed, redis_url: str, processes: int) -> subprocess.Popen:
+    pool = subprocess.Popen(
+        [sys.executable, "-m", "gearhorn", "worker", "--processes", str(processes),
+         "--gearman", gm.address, "--redis-url", redis_url, "--log-level", "WARNING"],
+        preexec_fn=servers._die_with_parent)
+    registry = Registry(redis.Redis.from_url(redis_url), Keys())
+    deadline = time.monotonic() + 60
+    while len(registry.live_workers()) < processes:
+        if time.monotonic() > deadline or pool.poll() is not None:
+            raise SystemExit("worker pool did not start")
+        time.sleep(0.1)
+    return pool
+
+
+def subscribe_many(registry: Registry, topic: str, count: int) -> None:
+    for i in range(count):
+        registry.subscribe(Subscription(topic, f"c{i}"))
+
+
+def gearhorn_rate(gm: servers.Managed, topic: str, fanouts: int, width: int) -> float:
+    """Copies/s: ``fanouts`` background fanout jobs, all in flight at once."""
+    client = gearman.Client([(gm.host, gm.port)])
+    jobs = [gearman.Copy("fanout", f"bench:{topic}:{i}",
+                         json.dumps({"topic": topic, "payload": f"m{i}",
+                                     "background": True}).encode())
+            for i in range(fanouts)]
+    start = time.perf_counter()
+    outcomes = client.submit_foreground(jobs, timeout=600)
+    elapsed = time.perf_counter() - start
+    client.close()
+    bad = [o for o in outcomes if not o.ok or json.loads(o.data)["copies"] != width]
+    if bad:
+        raise SystemExit(f"fanout failed: {bad[0]}")
+    return fanouts * width / elapsed
+
+
+def gear_client_rate(gm: servers.Managed, topic: str, fanouts: int, width: int) -> float:
+    """Copies/s: the same copies submitted one by one with gear.Client."""
+    client = gear.Client("bench-peer")
+    client.addServer(gm.host, gm.port)
+    client.waitForServer(10)
+    for conn in client.active_connections:
+        conn.conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    start = time.perf_counter()
+    for i in range(fanouts):
+        for c in range(width):
+            job = gear.Job(f"{topic}_c{c}", f"m{i}".encode(), unique=f"p{i}:c{c}")
+            client.submitJob(job, background=True)
+        for conn in client.active_connections:
+            conn.related_jobs.clear()  # gear never frees these; don't bill it
+    elapsed = time.perf_counter() - start
+    client.shutdown()
+    return fanouts * width / elapsed
+
+
+def rss_kib(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as fp:
+        for line in fp:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    return 0
+
+
+def worker_pids(pool: subprocess.Popen) -> list[int]:
+    out = subprocess.run(["pgrep", "-P", str(pool.pid)], capture_output=True, text=True)
+    return [int(p) for p in out.stdout.split()]
+
+
+def bench_throughput(gm, registry, redis_url, quick: bool) -> list[tuple]:
+    rows = []
+    budget = 20_000 if quick else 100_000  # copies per measurement
+    for width in (10, 100, 1000):
+        topic = f"bench{width}"
+        subscribe_many(registry, topic, width)
+        fanouts = max(1, budget // width)
+        gearhorn_rate(gm, topic, max(1, fanouts // 10), width)  # warm up caches
+        ours = gearhorn_rate(gm, topic, fanouts, width)
+        peer = gear_client_rate(gm, topic, max(1, fanouts // 5), width)
+        rows.append((width, fanouts * width, ours, peer, ours / peer))
+        print(f"  1 topic x {width:>5} subscribers: gearhorn {ours:>9,.0f} copies/s   "
+              f"gear.Client one by one {peer:>8,.0f} copies/s   ratio {ours / peer:5.1f}",
+              flush=True)
+        restart_gearmand_queue(gm)
+    return rows
+
+
+def restart_gearmand_queue(gm: servers.Managed) -> None:
+    """Empty the copy queues so later phases don't pay for earlier ones."""
+    for f in gearman.status(gm.host, gm.port):
+        if f.queued and f.name.startswith("bench"):
+            # No worker is attached to these; dropping them is what a reset does.
+            gearman.admin(gm.host, gm.port, f"drop function {f.name}")
+
+
+def bench_worker_memory(gm, registry, pool, total: int) -> list[tuple[int, int]]:
+    topic = "benchmem"
+    subscribe_many(registry, topic, 1000)
+    pids = worker_pids(pool)
+    samples = [(0, sum(rss_kib(p) for p in pids))]
+    print(f"  before any copy:      workers' RSS {samples[0][1] / 1024:7.1f} MiB", flush=True)
+    step = total // 4
+    for done in range(step, total + 1, step):
+        gearhorn_rate(gm, topic, step // 1000, 1000)
+        samples.append((done, sum(rss_kib(p) for p in pids)))
+        restart_gearmand_queue(gm)
+        print(f"  after {done:>9,} copies: workers' RSS {samples[-1][1] / 1024:7.1f} MiB",
+              flush=True)
+    return samples
+
+
+def bench_redis_memory(quick: bool) -> float:
+    r_server = servers.start_redis()
+    try:
+        client = redis.Redis.from_url(r_server.details["url"])
+        registry = Registry(client, Keys())
+        subscriptions = 100_000 if quick else 1_000_000
+        topics = 10_000
+        base = client.info("memory")["used_memory"]
+        per_topic = subscriptions // topics
+        script = registry._subscribe
+        pipe = client.pipeline(transaction=False)
+        for t in range(topics):
+            topic = f"topic.{t:05d}"
+            for c in range(per_topic):
+                keys = [registry.keys.topic(topic), registry.keys.topics, registry.keys.versions]
+                script(keys=keys, args=["1", topic, f"client-{c:06d}", topic,
+                                        registry.keys.channel, "{}"], client=pipe)
+            if t % 100 == 99:
+                pipe.execute()
+        pipe.execute()
+        used = client.info("memory")["used_memory"] - base
+        per = used / subscriptions
+        print(f"  {subscriptions:,} subscriptions over {topics:,} topics: "
+              f"{used / 2**20:.1f} MiB, {per:.0f} bytes per subscription", flush=True)
+        return per
+    finally:
+        r_server.stop()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--processes", type=int, default=2)
+    args = parser.parse_args()
+    print(f"gearhorn fanout benchmark ({os.cpu_count()} cores, {args.processes} worker "
+          f"processes, {'quick' if args.quick else 'full'} run)", flush=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        r_server = servers.start_redis()
+        gm = servers.start_gearmand(data_dir=tmp)
+        print("  gearmand", " ".join(gearman.admin(gm.host, gm.port, "version")))
+        redis_url = r_server.details["url"]
+        registry = Registry(redis.Redis.from_url(redis_url), Keys())
+        pool = start_pool(gm, redis_url, args.processes)
+        try:
+            print("throughput (copies accepted by gearmand):")
+            bench_throughput(gm, registry, redis_url, args.quick)
+            print("worker memory while fanning out:")
+            bench_worker_memory(gm, registry, pool, 200_000 if args.quick else 1_000_000)
+        finally:
+            pool.send_signal(signal.SIGTERM)
+            pool.wait(30)
+            gm.stop()
+            r_server.stop()
+    print("redis memory:")
+    bench_redis_memory(args.quick)
+
+
+if __name__ == "__main__":
+    main()
