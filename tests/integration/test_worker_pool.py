@@ -222,3 +222,26 @@ def test_several_gearmand_servers_share_the_work_and_survive_losing_one(
         client.close()
     finally:
         second.stop()
+
+
+def test_a_second_sigterm_stops_at_once(gearmand, start_pool):
+    import time
+
+    pool = start_pool([gearmand], processes=1)
+    client = GearClient(gearmand)
+    topic = unique_topic()
+    try:
+        client.call("subscribe_fanout", {"topic": topic, "client_id": "slow"})
+        job = gear.Job("fanout", json.dumps({"topic": topic, "payload": "x"}).encode())
+        client.client.submitJob(job)
+        wait_for(lambda: queue_depth(gearmand, f"{topic}_slow") == 1, message="copy queued")
+        start = time.monotonic()
+        pool.process.send_signal(signal.SIGTERM)
+        # Two signals sent at once may merge into one: wait for the first.
+        wait_for(lambda: "stopping:" in pool.log(), timeout=2, message="first SIGTERM")
+        pool.process.send_signal(signal.SIGTERM)
+        pool.process.wait(10)
+        # The worker did not wait out its 3 s fanout timeout.
+        assert time.monotonic() - start < 2.5
+    finally:
+        client.close()

@@ -49,3 +49,26 @@ def test_cache_is_bounded(registry):
     for i in range(10):
         cache.recipients(f"t{i}")
     assert len(cache) == 3
+
+
+def test_listener_drops_entries_announced_on_the_channel(registry, fake_redis):
+    import time
+
+    from gearhorn.cache import InvalidationListener
+
+    cache = SubscriberCache(registry)
+    listener = InvalidationListener(fake_redis, "chan", cache)
+    listener.start()
+    try:
+        assert listener.subscribed.wait(5)
+        registry.subscribe(Subscription("news", "alice"))
+        cache.recipients("news")
+        assert len(cache) == 1
+        registry.subscribe(Subscription("news", "bob"))
+        deadline = time.monotonic() + 5
+        while len(cache) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert len(cache) == 0
+    finally:
+        listener.stop()
+        listener.join(5)
