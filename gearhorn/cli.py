@@ -45,6 +45,10 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--data-dir", metavar="DIR",
                     help="where the started Redis and gearmand keep data (default .gearhorn)")
 
+    bridge = sub.add_parser("bridge", parents=[common], help="run the STOMP bridge")
+    bridge.add_argument("--host", help="address to listen on (default 127.0.0.1)")
+    bridge.add_argument("--port", type=int, help="port to listen on (default 61613)")
+
     for name, text in (("subscribe", "subscribe CLIENT_ID to TOPIC"),
                        ("unsubscribe", "unsubscribe CLIENT_ID from TOPIC")):
         p = sub.add_parser(name, parents=[common], help=text)
@@ -76,12 +80,15 @@ def load_config(args: argparse.Namespace) -> Config:
     servers = tuple(args.gearman) if args.gearman else None
     flags = {"gearman_servers": servers, "redis_url": args.redis_url,
              "log_level": args.log_level, "processes": getattr(args, "processes", None),
-             "data_dir": getattr(args, "data_dir", None)}
+             "data_dir": getattr(args, "data_dir", None),
+             "bridge_host": getattr(args, "host", None), "bridge_port": getattr(args, "port", None)}
     return configuration.load(flags, args.config)
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
     args = build_parser().parse_args(argv)
+    args.argv = argv
     try:
         config = load_config(args)
     except ConfigError as exc:
@@ -104,6 +111,19 @@ def cmd_worker(config: Config, args: argparse.Namespace) -> int:
     from gearhorn.pool import Pool
 
     return Pool(config).run()
+
+
+def cmd_bridge(config: Config, args: argparse.Namespace) -> int:
+    from gevent import monkey
+
+    if not monkey.is_module_patched("socket"):
+        # Patch before anything imports the standard library: a fresh process.
+        import os
+
+        os.execv(sys.executable, [sys.executable, "-m", "gearhorn.stomp", *args.argv[1:]])
+    from gearhorn.stomp.app import run_bridge
+
+    return run_bridge(config)
 
 
 def cmd_up(config: Config, args: argparse.Namespace) -> int:

@@ -47,6 +47,19 @@ class Config:
     log_level: str = "INFO"
     # Used by `gearhorn up`: where the Redis and gearmand it starts keep data.
     data_dir: str = ".gearhorn"
+    # The STOMP bridge.
+    bridge_host: str = "127.0.0.1"
+    bridge_port: int = 61613
+    stomp_max_frame_bytes: int = DEFAULT_MAX_PAYLOAD + 64 * 1024
+    stomp_max_headers: int = 64
+    stomp_max_header_length: int = 8192
+    stomp_max_connections: int = 10_000
+    stomp_max_subscriptions: int = 100
+    stomp_heartbeat_ms: int = 10_000
+    stomp_connect_timeout: float = 10.0
+    stomp_max_backlog_bytes: int = 1024 * 1024
+    stomp_tls_cert: str = ""
+    stomp_tls_key: str = ""
 
     def replace(self, **changes: object) -> Config:
         return dataclasses.replace(self, **changes)

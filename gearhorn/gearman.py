@@ -428,3 +428,77 @@ def status(host: str, port: int, timeout: float = 5.0) -> list[FunctionStatus]:
         if len(parts) == 4 and all(p.isdigit() for p in parts[1:]):
             result.append(FunctionStatus(parts[0], *map(int, parts[1:])))
     return result
+
+
+@dataclass(frozen=True, slots=True)
+class GrabbedJob:
+    handle: bytes
+    function: str
+    unique: str
+    data: bytes
+
+
+class WorkerConnection:
+    """A worker-side connection that grabs jobs only when told to.
+
+    The STOMP bridge uses one per queue and server: it grabs as many jobs as
+    its subscribers have credit for (several GRAB_JOB_UNIQ in one write) and
+    completes each only when the STOMP client acknowledged it. A job held
+    here and never completed goes back to the queue when the connection
+    closes (C gearmand requeues the jobs of a worker that disconnects).
+    """
+
+    def __init__(self, host: str, port: int, functions: Sequence[str],
+                 client_id: str = "gearhorn") -> None:
+        import threading
+
+        self.conn = Connection(host, port)
+        self.functions = tuple(functions)
+        self.client_id = client_id
+        self._send_lock = threading.Lock()
+
+    def open(self) -> None:
+        self.conn.open()
+        wire = encode(22, self.client_id.encode())  # SET_CLIENT_ID
+        wire += b"".join(encode(P.CAN_DO, f.encode()) for f in self.functions)
+        self.conn.send(wire)
+
+    def grab(self, count: int) -> list[GrabbedJob]:
+        """Ask for up to ``count`` jobs at once; returns those gearmand had."""
+        with self._send_lock:
+            self.conn.send(encode(P.GRAB_JOB_UNIQ) * count)
+        jobs, answers = [], 0
+        while answers < count:
+            packet = self.conn.read()
+            if packet.type == P.JOB_ASSIGN_UNIQ:
+                handle, function, unique, data = packet.args
+                jobs.append(GrabbedJob(handle, function.decode(), unique.decode(), data))
+            elif packet.type == P.ERROR:
+                raise GearmanError(f"gearmand error: {b' '.join(packet.args).decode()}")
+            elif packet.type != P.NO_JOB:
+                continue  # a NOOP from an earlier sleep
+            answers += 1
+        return jobs
+
+    def sleep(self, timeout: float) -> bool:
+        """PRE_SLEEP and wait up to ``timeout`` for gearmand's NOOP (work arrived)."""
+        with self._send_lock:
+            self.conn.send(encode(P.PRE_SLEEP))
+        deadline = time.monotonic() + timeout
+        while True:
+            packet = self.conn.read(deadline)
+            if packet is None:
+                return False
+            if packet.type == P.NOOP:
+                return True
+
+    def complete(self, handle: bytes, data: bytes = b"") -> None:
+        with self._send_lock:
+            self.conn.send(encode(P.WORK_COMPLETE, handle, data))
+
+    def fail(self, handle: bytes) -> None:
+        with self._send_lock:
+            self.conn.send(encode(P.WORK_FAIL, handle))
+
+    def close(self) -> None:
+        self.conn.close()

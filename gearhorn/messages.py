@@ -11,6 +11,7 @@ Naming rules (DESIGN.md):
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import re
@@ -28,6 +29,7 @@ _RAW_FACTOR = 6
 _RAW_SLACK = 4096
 
 _NAME = re.compile(rf"[!-~]{{1,{MAX_NAME_BYTES}}}")  # printable, no space
+_QUEUE = re.compile(rf"[!-~]{{1,{2 * MAX_NAME_BYTES + 1}}}")
 PREFIX_WILDCARD = "*"
 
 
@@ -89,6 +91,14 @@ def _validate_name(field: str, value: object) -> str:
     return value
 
 
+def validate_queue(name: object) -> str:
+    """A Gearman function name a STOMP client may send to or work (``/queue/Q``)."""
+    if not isinstance(name, str) or not _QUEUE.fullmatch(name):
+        raise BadRequest(f"invalid queue name {_shorten(str(name))}: use 1 to "
+                         f"{2 * MAX_NAME_BYTES + 1} printable ASCII characters without whitespace")
+    return name
+
+
 def queue_name(topic: str, client_id: str) -> str:
     """The Gearman function that receives ``client_id``'s copies of ``topic``."""
     return f"{topic}_{client_id}"
@@ -127,13 +137,32 @@ def parse_subscription(data: bytes) -> Subscription:
 
 
 def parse_fanout(data: bytes, max_payload: int = DEFAULT_MAX_PAYLOAD) -> Fanout:
-    """Parse a ``{"topic": T, "payload": P, "unique"?: U, "background"?: B}`` payload."""
+    """Parse a ``{"topic": T, "payload": P, "unique"?: U, "background"?: B}`` payload.
+
+    ``"payload_base64": B64`` may stand instead of ``payload`` to send bytes
+    that are not UTF-8 text (the STOMP bridge does, for binary bodies).
+    """
     obj = _load_object(data, limit=max_payload * _RAW_FACTOR + _RAW_SLACK)
     topic = validate_topic(_require(obj, "topic"))
-    body = encode_payload(_require(obj, "payload"))
+    body = _payload_bytes(obj)
     if len(body) > max_payload:
         raise BadRequest(f"payload is {len(body)} bytes, over the limit of {max_payload} bytes")
     return Fanout(topic, body, _parse_unique(obj.get("unique")), bool(obj.get("background")))
+
+
+def _payload_bytes(obj: dict) -> bytes:
+    """``payload``, or ``payload_base64`` for bytes that are not UTF-8 text."""
+    if "payload_base64" in obj:
+        if "payload" in obj:
+            raise BadRequest("give either payload or payload_base64, not both")
+        encoded = obj["payload_base64"]
+        if not isinstance(encoded, str):
+            raise BadRequest(f"payload_base64 must be a string, not {_json_type(encoded)}")
+        try:
+            return base64.b64decode(encoded, validate=True)
+        except ValueError:
+            raise BadRequest("payload_base64 is not valid base64") from None
+    return encode_payload(_require(obj, "payload"))
 
 
 def encode_payload(payload: object) -> bytes:

@@ -60,3 +60,35 @@ def start_pool(redis_url, tmp_path):
     yield start
     for pool in pools:
         pool.stop()
+
+
+@pytest.fixture
+def start_bridge(redis_url, tmp_path):
+    from .stomp_helpers import BridgeProcess
+
+    bridges = []
+
+    def start(gearman_servers, env=None):
+        bridge = BridgeProcess(gearman_servers, redis_url, str(tmp_path), env)
+        bridges.append(bridge)
+        return bridge
+
+    yield start
+    for bridge in bridges:
+        bridge.stop()
+
+
+@pytest.fixture
+def stomp_clients():
+    from .stomp_helpers import StompClient
+
+    clients = []
+
+    def make(port, **kwargs):
+        client = StompClient(port, **kwargs)
+        clients.append(client)
+        return client
+
+    yield make
+    for client in clients:
+        client.close()

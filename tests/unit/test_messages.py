@@ -132,3 +132,14 @@ def test_copy_unique_stays_within_gearmand_limit_and_is_deterministic():
 
 def test_message_ids_are_unique():
     assert len({m.new_message_id() for _ in range(1000)}) == 1000
+
+
+def test_payload_base64_carries_binary_bytes():
+    req = m.parse_fanout(b'{"topic": "t", "payload_base64": "AP8A"}')
+    assert req.data == b"\x00\xff\x00"
+    with pytest.raises(m.BadRequest, match="not both"):
+        m.parse_fanout(b'{"topic": "t", "payload": "x", "payload_base64": "AA=="}')
+    with pytest.raises(m.BadRequest, match="not valid base64"):
+        m.parse_fanout(b'{"topic": "t", "payload_base64": "***"}')
+    with pytest.raises(m.BadRequest, match="must be a string"):
+        m.parse_fanout(b'{"topic": "t", "payload_base64": 1}')

@@ -1,0 +1,53 @@
+"""Running the bridge: wire the broker, the server and the signals together."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+
+import gevent
+import gevent.event
+import redis
+
+from gearhorn.config import Config
+from gearhorn.keys import Keys
+from gearhorn.registry import Registry
+from gearhorn.stomp.broker import Broker
+from gearhorn.stomp.frames import Limits
+from gearhorn.stomp.server import BridgeServer
+from gearhorn.stomp.session import SessionSettings
+
+log = logging.getLogger(__name__)
+
+
+def build_server(config: Config) -> BridgeServer:
+    registry = Registry(redis.Redis.from_url(config.redis_url, socket_timeout=10,
+                                             socket_connect_timeout=5),
+                        Keys(config.key_prefix, config.matchmaking_channel))
+    broker = Broker(config, registry, bridge_id=f"{os.getpid()}")
+    limits = Limits(config.stomp_max_frame_bytes, config.stomp_max_headers,
+                    config.stomp_max_header_length)
+    settings = SessionSettings(heartbeat_send_ms=config.stomp_heartbeat_ms,
+                               heartbeat_receive_ms=config.stomp_heartbeat_ms,
+                               max_subscriptions=config.stomp_max_subscriptions,
+                               max_backlog=config.stomp_max_backlog_bytes)
+    return BridgeServer(broker, config.bridge_host, config.bridge_port, limits=limits,
+                        settings=settings, max_connections=config.stomp_max_connections,
+                        connect_timeout=config.stomp_connect_timeout,
+                        certfile=config.stomp_tls_cert or None,
+                        keyfile=config.stomp_tls_key or None)
+
+
+def run_bridge(config: Config) -> int:
+    """Serve until SIGTERM or SIGINT; then close every connection (unacked
+    messages go back to gearmand) and exit."""
+    server = build_server(config)
+    stop = gevent.event.Event()
+    gevent.signal_handler(signal.SIGTERM, stop.set)
+    gevent.signal_handler(signal.SIGINT, stop.set)
+    server.start()
+    stop.wait()
+    log.info("bridge stopping")
+    server.stop(timeout=5)
+    return 0

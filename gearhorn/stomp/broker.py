@@ -1,0 +1,337 @@
+"""The bridge's side of Gearman and Redis (runs under gevent).
+
+A :class:`QueueDispatcher` works one Gearman function for every STOMP
+subscription of it in this bridge: it grabs only as many jobs as its
+subscribers have credit for, hands them out round-robin, and completes a job
+only when its STOMP client acknowledged it. NACK, an ack timeout or a
+subscriber that leaves gives the job to another subscriber; when the last
+one leaves, the dispatcher closes its Gearman connections and gearmand
+requeues every job it still held. So a message is never completed before
+its ack and never vanishes.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import logging
+import re
+from collections import deque
+from collections.abc import Callable
+from typing import Protocol
+
+import gevent
+import gevent.event
+
+from gearhorn import gearman
+from gearhorn.config import Config
+from gearhorn.messages import BadRequest, Subscription, validate_topic
+from gearhorn.registry import Registry
+
+log = logging.getLogger(__name__)
+
+# Jobs grabbed per GRAB burst at most; credit beyond it is used next round.
+_GRAB_BURST = 64
+
+
+class Consumer(Protocol):
+    """What a dispatcher needs from a STOMP subscription."""
+
+    ack_timeout: float | None
+
+    def credit(self) -> int: ...
+
+    def deliver(self, delivery: Delivery) -> None: ...
+
+    def forget(self, delivery: Delivery) -> None: ...
+
+
+class Delivery:
+    """One grabbed Gearman job on its way to (or at) a STOMP subscriber."""
+
+    __slots__ = ("job", "worker", "dispatcher", "consumer", "redelivered", "deliveries",
+                 "timer", "done", "message_id")
+
+    def __init__(self, job: gearman.GrabbedJob, worker: gearman.WorkerConnection,
+                 dispatcher: QueueDispatcher) -> None:
+        self.job = job
+        self.worker = worker
+        self.dispatcher = dispatcher
+        self.consumer: Consumer | None = None
+        self.redelivered = False
+        self.deliveries = 0
+        self.timer: gevent.Greenlet | None = None
+        self.done = False
+        self.message_id = ""  # set by the session at each delivery
+
+    @property
+    def body(self) -> bytes:
+        return self.job.data
+
+    def ack(self) -> None:
+        self.dispatcher.ack(self)
+
+    def nack(self) -> None:
+        self.dispatcher.give_back(self)
+
+
+class QueueDispatcher:
+    """Hands the jobs of one Gearman function to this bridge's subscribers."""
+
+    def __init__(self, function: str, servers: tuple[tuple[str, int], ...],
+                 client_id: str, on_empty: Callable[[QueueDispatcher], None]) -> None:
+        self.function = function
+        self.consumers: list[Consumer] = []
+        self.waiting: deque[Delivery] = deque()
+        self._next = 0
+        self._wake = gevent.event.Event()
+        self._closed = False
+        self._on_empty = on_empty
+        self._workers: list[gearman.WorkerConnection] = []
+        self._loops = [gevent.spawn(self._grab_loop, host, port, client_id)
+                       for host, port in servers]
+
+    # -- consumers -------------------------------------------------------------
+
+    def add(self, consumer: Consumer) -> None:
+        self.consumers.append(consumer)
+        self.credit_changed()
+
+    def remove(self, consumer: Consumer, unacked: list[Delivery]) -> None:
+        """``consumer`` leaves; its ``unacked`` deliveries go to the others."""
+        if consumer in self.consumers:
+            self.consumers.remove(consumer)
+        for delivery in reversed(unacked):
+            self._requeue(delivery, front=True)
+        if not self.consumers:
+            self.close()
+            self._on_empty(self)
+        else:
+            self.dispatch()
+
+    def credit_changed(self) -> None:
+        self.dispatch()
+        self._wake.set()
+
+    def _credit(self) -> int:
+        return sum(max(0, c.credit()) for c in self.consumers)
+
+    # -- delivery ----------------------------------------------------------------
+
+    def dispatch(self, avoid: Consumer | None = None) -> None:
+        """Give waiting jobs to consumers with credit, round-robin."""
+        while self.waiting:
+            consumer = self._pick(avoid)
+            if consumer is None:
+                return
+            delivery = self.waiting.popleft()
+            delivery.consumer = consumer
+            delivery.deliveries += 1
+            if consumer.ack_timeout:
+                delivery.timer = gevent.spawn_later(consumer.ack_timeout, self._expired, delivery)
+            consumer.deliver(delivery)
+
+    def _pick(self, avoid: Consumer | None) -> Consumer | None:
+        n = len(self.consumers)
+        fallback = None
+        for i in range(n):
+            consumer = self.consumers[(self._next + i) % n]
+            if consumer.credit() > 0:
+                if consumer is avoid and n > 1:
+                    fallback = fallback or consumer
+                    continue
+                self._next = (self._next + i + 1) % n
+                return consumer
+        return fallback
+
+    def ack(self, delivery: Delivery) -> None:
+        if delivery.done:
+            return
+        self._settle(delivery)
+        try:
+            delivery.worker.complete(delivery.job.handle)
+        except gearman.GearmanError as exc:
+            # gearmand requeued it when the connection broke: it comes again.
+            log.warning("ack of %s on %s not delivered: %s", delivery.job.handle,
+                        self.function, exc)
+        self.credit_changed()
+
+    def give_back(self, delivery: Delivery) -> None:
+        """NACK: the job goes to another subscriber (or back in line)."""
+        if delivery.done:
+            return
+        previous = delivery.consumer
+        self._requeue(delivery, front=True)
+        self.dispatch(avoid=previous)
+        self._wake.set()
+
+    def _expired(self, delivery: Delivery) -> None:
+        if delivery.done or delivery.consumer is None:
+            return
+        log.info("ack timeout on %s: redelivering %s", self.function, delivery.job.handle)
+        previous = delivery.consumer
+        previous.forget(delivery)
+        delivery.timer = None
+        self._requeue(delivery, front=True)
+        self.dispatch(avoid=previous)
+
+    def _settle(self, delivery: Delivery) -> None:
+        delivery.done = True
+        if delivery.timer is not None:
+            delivery.timer.kill(block=False)
+            delivery.timer = None
+
+    def _requeue(self, delivery: Delivery, front: bool) -> None:
+        if delivery.timer is not None:
+            delivery.timer.kill(block=False)
+            delivery.timer = None
+        if delivery.consumer is not None:
+            delivery.redelivered = True
+        delivery.consumer = None
+        if front:
+            self.waiting.appendleft(delivery)
+        else:
+            self.waiting.append(delivery)
+
+    # -- gearman -----------------------------------------------------------------
+
+    def _grab_loop(self, host: str, port: int, client_id: str) -> None:
+        delay = 0.1
+        while not self._closed:
+            worker = gearman.WorkerConnection(host, port, [self.function], client_id)
+            try:
+                worker.open()
+                self._workers.append(worker)
+                delay = 0.1
+                self._grab_while_open(worker)
+            except gearman.GearmanError as exc:
+                if self._closed:
+                    return
+                log.warning("queue %s: gearmand %s:%s: %s; retrying in %.1fs",
+                            self.function, host, port, exc, delay)
+                self._forget_worker(worker)
+                gevent.sleep(delay)
+                delay = min(delay * 2, 5.0)
+
+    def _grab_while_open(self, worker: gearman.WorkerConnection) -> None:
+        while not self._closed:
+            want = self._credit() - len(self.waiting)
+            if want <= 0:
+                self._wake.clear()
+                self._wake.wait(1.0)
+                continue
+            jobs = worker.grab(min(want, _GRAB_BURST))
+            if jobs:
+                self.waiting.extend(Delivery(job, worker, self) for job in jobs)
+                self.dispatch()
+            else:
+                worker.sleep(1.0)
+
+    def _forget_worker(self, worker: gearman.WorkerConnection) -> None:
+        """Jobs grabbed on a broken connection are gearmand's again: drop them."""
+        worker.close()
+        if worker in self._workers:
+            self._workers.remove(worker)
+        self.waiting = deque(d for d in self.waiting if d.worker is not worker)
+
+    def close(self) -> None:
+        """Stop grabbing; gearmand requeues every job still held."""
+        if self._closed:
+            return
+        self._closed = True
+        self._wake.set()
+        gevent.killall(self._loops, block=False)
+        for worker in self._workers:
+            worker.close()
+        self._workers.clear()
+        self.waiting.clear()
+
+
+def durable_client_id(name: str) -> str:
+    """A registry client id for a durable subscription name (stable, no '_')."""
+    if re.fullmatch(r"[!-~]{1,100}", name) and "_" not in name and "*" not in name:
+        return "d-" + name
+    return "d-" + hashlib.sha256(name.encode()).hexdigest()[:32]
+
+
+class Broker:
+    """What the STOMP sessions of one bridge process share."""
+
+    def __init__(self, config: Config, registry: Registry, bridge_id: str) -> None:
+        self.config = config
+        self.registry = registry
+        self.bridge_id = bridge_id
+        self.dispatchers: dict[str, QueueDispatcher] = {}
+
+    def attach(self, function: str, consumer: Consumer) -> QueueDispatcher:
+        dispatcher = self.dispatchers.get(function)
+        if dispatcher is None:
+            dispatcher = QueueDispatcher(function, self.config.gearman_servers,
+                                         f"gearhorn-bridge-{self.bridge_id}", self._drop)
+            self.dispatchers[function] = dispatcher
+        dispatcher.add(consumer)
+        return dispatcher
+
+    def _drop(self, dispatcher: QueueDispatcher) -> None:
+        if self.dispatchers.get(dispatcher.function) is dispatcher:
+            del self.dispatchers[dispatcher.function]
+
+    # -- sending -------------------------------------------------------------------
+
+    def send_to_queue(self, client: gearman.Client, function: str, body: bytes) -> None:
+        """A background job on ``function``; returns once gearmand accepted it."""
+        unique = f"stomp:{gearman_unique()}"
+        client.submit_background([gearman.Copy(function, unique, body)])
+
+    def publish(self, client: gearman.Client, topic: str, body: bytes) -> dict:
+        """A ``fanout`` job for ``topic``; returns its result once copies are queued."""
+        job: dict[str, object] = {"topic": topic, "background": True}
+        try:
+            job["payload"] = body.decode("utf-8")
+        except UnicodeDecodeError:
+            job["payload_base64"] = base64.b64encode(body).decode()
+        outcome = client.call("fanout", json.dumps(job).encode(), self.config.fanout_timeout)
+        if not outcome.ok:
+            raise BadRequest(f"fanout to {topic} failed: {outcome.reason}")
+        return json.loads(outcome.data)
+
+    # -- topics ------------------------------------------------------------------
+
+    def subscribe_topic(self, pattern: str, client_id: str) -> None:
+        self.registry.subscribe(Subscription(validate_topic(pattern, allow_prefix=True),
+                                             client_id))
+
+    def unsubscribe_topic(self, pattern: str, client_id: str) -> None:
+        self.registry.unsubscribe(Subscription(pattern, client_id))
+
+    def drop_queue(self, function: str) -> None:
+        """Delete a queue nobody will read again (a non-durable subscription's)."""
+        for host, port in self.config.gearman_servers:
+            try:
+                gearman.admin(host, port, f"drop function {function}")
+            except OSError as exc:
+                log.warning("could not drop %s on %s:%s: %s", function, host, port, exc)
+
+    # -- control -----------------------------------------------------------------
+
+    def count_messages(self, function: str) -> int:
+        return sum(f.queued - f.running for f in self._status(function))
+
+    def count_queue_subscribers(self, function: str) -> int:
+        return sum(f.workers for f in self._status(function))
+
+    def count_topic_subscribers(self, topic: str) -> int:
+        return len(self.registry.subscribers(topic))
+
+    def _status(self, function: str) -> list[gearman.FunctionStatus]:
+        found = []
+        for host, port in self.config.gearman_servers:
+            found += [f for f in gearman.status(host, port) if f.name == function]
+        return found
+
+
+def gearman_unique() -> str:
+    import uuid
+
+    return uuid.uuid4().hex

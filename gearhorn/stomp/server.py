@@ -1,0 +1,223 @@
+"""The gevent STOMP server: sockets, heart-beats, TLS, connection limits.
+
+Each connection has a reader (this module feeds bytes to the pure parser and
+frames to the session) and a writer greenlet draining a queue of outgoing
+frames. The queue is bounded in effect: deliveries stop when it holds
+``max_backlog`` bytes (the session's credit), and the reader stops reading
+while it is over that, so a slow consumer pushes back on its own socket
+instead of growing our memory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import socket
+import ssl
+from collections import deque
+from collections.abc import Callable
+
+import gevent
+import gevent.event
+from gevent.server import StreamServer
+
+from gearhorn.stomp.broker import Broker
+from gearhorn.stomp.frames import HEARTBEAT, FrameError, FrameParser, Limits, encode
+from gearhorn.stomp.session import Session, SessionSettings
+
+log = logging.getLogger(__name__)
+
+_READ_SIZE = 64 * 1024
+# A silent client is dead after this multiple of its heart-beat interval.
+_HEARTBEAT_GRACE = 2.0
+
+
+class Connection:
+    """One client socket: the session's transport."""
+
+    def __init__(self, sock: socket.socket, address: tuple, broker: Broker,
+                 limits: Limits, settings: SessionSettings, connect_timeout: float) -> None:
+        self.sock = sock
+        self.address = address
+        self.parser = FrameParser(limits)
+        self.session = Session(broker, self, settings)
+        self.connect_timeout = connect_timeout
+        self.backlog = 0
+        self._queue: deque[tuple[bytes, Callable | None, Callable | None]] = deque()
+        self._wakeup = gevent.event.Event()
+        self._drained = gevent.event.Event()
+        self._drained.set()
+        self._closing = False
+        self._wrote_at = 0.0
+        self._writer = gevent.spawn(self._write_loop)
+        self._beater: gevent.Greenlet | None = None
+
+    # -- transport interface -------------------------------------------------------
+
+    def send(self, data: bytes, on_sent: Callable[[], None] | None = None,
+             on_dropped: Callable[[], None] | None = None) -> None:
+        if self._closing:
+            if on_dropped is not None:
+                on_dropped()
+            return
+        self._queue.append((data, on_sent, on_dropped))
+        self.backlog += len(data)
+        if self.backlog >= self.session.settings.max_backlog:
+            self._drained.clear()
+        self._wakeup.set()
+
+    def close(self) -> None:
+        """Close once everything queued (an ERROR, a RECEIPT) has been written."""
+        self._closing = True
+        self._wakeup.set()
+
+    # -- loops ---------------------------------------------------------------------
+
+    def serve(self) -> None:
+        try:
+            self._read_loop()
+        except (OSError, ssl.SSLError) as exc:
+            log.debug("%s: %s", self.address, exc)
+        finally:
+            self._closing = True
+            self._wakeup.set()
+            if self._beater is not None:
+                self._beater.kill(block=False)
+            self.session.connection_lost()
+            self._writer.join(timeout=5)
+            self._drop_unsent()
+            self.sock.close()
+
+    def _read_loop(self) -> None:
+        self.sock.settimeout(self.connect_timeout)
+        while not self._closing:
+            try:
+                data = self.sock.recv(_READ_SIZE)
+            except TimeoutError:
+                reason = ("heart-beat timeout" if self.session.connected
+                          else f"no CONNECT within {self.connect_timeout:g}s")
+                self.session.error(reason)
+                return
+            if not data:
+                return
+            try:
+                frames = self.parser.feed(data)
+            except FrameError as exc:
+                self.session.error(str(exc))
+                return
+            for frame in frames:
+                was_connected = self.session.connected
+                self.session.handle(frame)
+                if self.session.connected and not was_connected:
+                    self._on_connected()
+                if self._closing:
+                    return
+            # Back-pressure: don't read more requests while our answers pile up.
+            self._drained.wait()
+
+    def _on_connected(self) -> None:
+        self.parser.version = self.session.version
+        send_ms, expect_ms = self.session.heartbeat
+        self.sock.settimeout(expect_ms / 1000 * _HEARTBEAT_GRACE if expect_ms else None)
+        if send_ms:
+            self._beater = gevent.spawn(self._heartbeat_loop, send_ms / 1000)
+
+    def _heartbeat_loop(self, interval: float) -> None:
+        while not self._closing:
+            gevent.sleep(interval)
+            if gevent.get_hub().loop.now() - self._wrote_at >= interval * 0.9:
+                self.send(HEARTBEAT)
+
+    def _write_loop(self) -> None:
+        while True:
+            self._wakeup.wait()
+            self._wakeup.clear()
+            while self._queue:
+                batch, callbacks, size = [], [], 0
+                while self._queue and size < _READ_SIZE:
+                    data, on_sent, _ = self._queue.popleft()
+                    batch.append(data)
+                    size += len(data)
+                    if on_sent is not None:
+                        callbacks.append(on_sent)
+                try:
+                    self.sock.sendall(b"".join(batch))
+                except OSError:
+                    self._closing = True
+                    self._kick_reader()
+                    return
+                self._wrote_at = gevent.get_hub().loop.now()
+                self.backlog -= size
+                if self.backlog < self.session.settings.max_backlog:
+                    self._drained.set()
+                for callback in callbacks:
+                    callback()
+            if self._closing:
+                self._kick_reader()
+                return
+
+    def _kick_reader(self) -> None:
+        self._drained.set()
+        with contextlib.suppress(OSError):
+            self.sock.shutdown(socket.SHUT_RDWR)
+
+    def _drop_unsent(self) -> None:
+        while self._queue:
+            _, _, on_dropped = self._queue.popleft()
+            if on_dropped is not None:
+                on_dropped()
+
+
+class BridgeServer:
+    """Accepts STOMP connections on ``host:port`` (TLS when a cert is given)."""
+
+    def __init__(self, broker: Broker, host: str, port: int, *, limits: Limits,
+                 settings: SessionSettings, max_connections: int = 10_000,
+                 connect_timeout: float = 10.0, certfile: str | None = None,
+                 keyfile: str | None = None) -> None:
+        self.broker = broker
+        self.limits = limits
+        self.settings = settings
+        self.max_connections = max_connections
+        self.connect_timeout = connect_timeout
+        self.connections: set[Connection] = set()
+        ssl_args = {}
+        if certfile:
+            ssl_args = {"certfile": certfile, "keyfile": keyfile, "server_side": True}
+        self.server = StreamServer((host, port), self._handle, **ssl_args)
+
+    @property
+    def address(self) -> tuple[str, int]:
+        return self.server.address
+
+    def start(self) -> None:
+        self.server.start()
+        log.info("STOMP bridge listening on %s:%s", *self.server.address[:2])
+
+    def serve_forever(self) -> None:
+        self.server.serve_forever()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self.server.stop(timeout)
+
+    def _handle(self, sock: socket.socket, address: tuple) -> None:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if len(self.connections) >= self.max_connections:
+            _refuse(sock, f"too many connections (limit {self.max_connections})")
+            return
+        conn = Connection(sock, address, self.broker, self.limits, self.settings,
+                          self.connect_timeout)
+        self.connections.add(conn)
+        try:
+            conn.serve()
+        finally:
+            self.connections.discard(conn)
+
+
+def _refuse(sock: socket.socket, message: str) -> None:
+    try:
+        sock.sendall(encode("ERROR", {"message": message}, message.encode(), "1.0"))
+    except OSError:
+        pass
+    finally:
+        sock.close()

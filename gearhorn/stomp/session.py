@@ -1,0 +1,488 @@
+"""One STOMP connection's protocol state, independent of the transport.
+
+The session only calls ``transport.send(bytes, on_sent, on_dropped)`` and
+``transport.close()``, so tests drive it without sockets. Frames are
+dispatched by command to ``on_<command>`` methods. Every protocol violation
+ends in an ERROR frame with a ``message`` header, then the connection closes.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import uuid
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+import redis
+
+from gearhorn import gearman
+from gearhorn.messages import BadRequest, queue_name, validate_queue, validate_topic
+from gearhorn.stomp.broker import Broker, Delivery, QueueDispatcher, durable_client_id
+from gearhorn.stomp.frames import Frame, encode
+
+log = logging.getLogger(__name__)
+
+SUPPORTED_VERSIONS = ("1.0", "1.1", "1.2")
+ACK_MODES = ("auto", "client", "client-individual")
+SERVER_NAME = "gearhorn/0.1.0"
+
+
+class ProtocolError(Exception):
+    """A client broke the protocol; the text becomes the ERROR's message."""
+
+
+class Transport(Protocol):
+    backlog: int
+
+    def send(self, data: bytes, on_sent: Callable[[], None] | None = None,
+             on_dropped: Callable[[], None] | None = None) -> None: ...
+
+    def close(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class SessionSettings:
+    heartbeat_send_ms: int = 10_000  # what the bridge offers to send
+    heartbeat_receive_ms: int = 10_000  # what it asks the client to send
+    max_subscriptions: int = 100
+    max_transaction_frames: int = 10_000
+    auto_ack_window: int = 256  # messages in flight to an auto-ack subscription
+    max_backlog: int = 1024 * 1024  # bytes queued to a slow client before we stop
+    max_prefetch: int = 100_000
+
+
+@dataclass(frozen=True, slots=True)
+class Destination:
+    kind: str  # queue, topic, control
+    name: str
+    control: str = ""  # count-msgs, count-subscribers
+    target: str = ""  # queue or topic, for control destinations
+
+
+def parse_destination(text: str) -> Destination:
+    """``/queue/Q``, ``/topic/T``, ``/control/count-msgs/queue/Q`` and the like."""
+    for kind in ("queue", "topic"):
+        prefix = f"/{kind}/"
+        if text.startswith(prefix):
+            name = text[len(prefix):]
+            if kind == "queue":
+                validate_queue(name)
+            else:
+                validate_topic(name, allow_prefix=True)
+            return Destination(kind, name)
+    parts = text.split("/", 4)
+    if (len(parts) == 5 and parts[:2] == ["", "control"]
+            and parts[2] in ("count-msgs", "count-subscribers") and parts[3] in ("queue", "topic")
+            and not (parts[2] == "count-msgs" and parts[3] == "topic")):
+        inner = parse_destination(f"/{parts[3]}/{parts[4]}")
+        return Destination("control", inner.name, parts[2], parts[3])
+    raise ProtocolError(f"unknown destination {text[:80]!r}: use /queue/NAME or /topic/NAME")
+
+
+class StompSubscription:
+    """A SUBSCRIBE: the consumer a QueueDispatcher hands jobs to."""
+
+    def __init__(self, session: Session, sub_id: str, destination: str, ack: str,
+                 prefetch: int, ack_timeout: float | None) -> None:
+        self.session = session
+        self.id = sub_id
+        self.destination = destination
+        self.ack = ack
+        self.prefetch = prefetch
+        self.ack_timeout = ack_timeout
+        self.unacked: OrderedDict[str, Delivery] = OrderedDict()
+        self.in_flight = 0  # auto-ack messages queued but not yet written
+        self.dispatcher: QueueDispatcher | None = None
+        self.function = ""
+        # For topic subscriptions: the registry entry behind the queue.
+        self.pattern: str | None = None
+        self.client_id: str | None = None
+        self.durable = False
+        self.closed = False
+
+    def credit(self) -> int:
+        if self.closed or self.session.closed:
+            return 0
+        if self.ack == "auto":
+            if self.session.transport.backlog >= self.session.settings.max_backlog:
+                return 0
+            return self.prefetch - self.in_flight
+        return self.prefetch - len(self.unacked)
+
+    def deliver(self, delivery: Delivery) -> None:
+        self.session.deliver(self, delivery)
+
+    def forget(self, delivery: Delivery) -> None:
+        self.unacked.pop(delivery.message_id, None)
+        self.session.acks.pop(delivery.message_id, None)
+
+
+class Session:
+    """Protocol state of one STOMP connection."""
+
+    def __init__(self, broker: Broker, transport: Transport,
+                 settings: SessionSettings | None = None) -> None:
+        self.broker = broker
+        self.transport = transport
+        self.settings = settings or SessionSettings()
+        self.id = uuid.uuid4().hex[:16]
+        self.version = "1.0"
+        self.connected = False
+        self.closed = False
+        self.heartbeat = (0, 0)  # (we send every ms, we expect every ms)
+        self.client_name = ""
+        self.subscriptions: dict[str, StompSubscription] = {}
+        self.acks: dict[str, StompSubscription] = {}
+        self.transactions: dict[str, list[Frame]] = {}
+        self._counter = itertools.count(1)
+        self._gearman: gearman.Client | None = None
+        self._handlers = {
+            "CONNECT": self.on_connect, "STOMP": self.on_connect, "SEND": self.on_send,
+            "SUBSCRIBE": self.on_subscribe, "UNSUBSCRIBE": self.on_unsubscribe,
+            "ACK": self.on_ack, "NACK": self.on_nack, "BEGIN": self.on_begin,
+            "COMMIT": self.on_commit, "ABORT": self.on_abort, "DISCONNECT": self.on_disconnect,
+        }
+
+    @property
+    def gearman(self) -> gearman.Client:
+        if self._gearman is None:
+            self._gearman = gearman.Client(self.broker.config.gearman_servers)
+        return self._gearman
+
+    # -- entry points ------------------------------------------------------------
+
+    def handle(self, frame: Frame) -> None:
+        """Process one frame from the client."""
+        if self.closed:
+            return
+        try:
+            handler = self._handlers.get(frame.command)
+            if handler is None:
+                raise ProtocolError(f"unknown command {frame.command}")
+            if not self.connected and handler != self.on_connect:
+                raise ProtocolError(f"{frame.command} before CONNECT")
+            handler(frame)
+        except (ProtocolError, BadRequest) as exc:
+            self.error(str(exc), frame)
+        except (gearman.GearmanError, redis.RedisError) as exc:
+            log.warning("session %s: %s failed: %s", self.id, frame.command, exc)
+            self.error(f"service unavailable: {exc}", frame)
+
+    def error(self, message: str, frame: Frame | None = None, detail: str = "") -> None:
+        """Send ERROR (with ``message``) and close the connection."""
+        if self.closed:
+            return
+        headers = {"message": message.replace("\n", " ")[:1000], "content-type": "text/plain"}
+        if frame is not None and "receipt" in frame.headers:
+            headers["receipt-id"] = frame.headers["receipt"]
+        body = (detail or message).encode()
+        self.transport.send(encode("ERROR", headers, body, self.version))
+        log.info("session %s: ERROR %s", self.id, message)
+        self.close()
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self.transport.close()
+
+    def connection_lost(self) -> None:
+        """The socket is gone: give back every unacked message, end subscriptions."""
+        self.closed = True
+        for sub in list(self.subscriptions.values()):
+            try:
+                self._end(sub, remove=False)
+            except (redis.RedisError, gearman.GearmanError) as exc:
+                log.warning("session %s: cleanup of %s failed: %s", self.id, sub.id, exc)
+        self.subscriptions.clear()
+        if self._gearman is not None:
+            self._gearman.close()
+
+    # -- CONNECT -----------------------------------------------------------------
+
+    def on_connect(self, frame: Frame) -> None:
+        if self.connected:
+            raise ProtocolError("already connected")
+        offered = [v.strip() for v in frame.get("accept-version", "1.0").split(",")]
+        common = [v for v in SUPPORTED_VERSIONS if v in offered]
+        if not common:
+            self.transport.send(encode("ERROR", {
+                "version": ",".join(SUPPORTED_VERSIONS), "content-type": "text/plain",
+                "message": "supported protocol versions are " + ", ".join(SUPPORTED_VERSIONS)},
+                b"", "1.0"))
+            self.close()
+            return
+        self.version = common[-1]
+        cx, cy = _heartbeat_header(frame.get("heart-beat", "0,0"))
+        sx, sy = self.settings.heartbeat_send_ms, self.settings.heartbeat_receive_ms
+        self.heartbeat = (max(sx, cy) if sx and cy else 0, max(cx, sy) if cx and sy else 0)
+        self.client_name = frame.get("client-id", "")
+        headers = {"session": self.id, "server": SERVER_NAME}
+        if self.version != "1.0":
+            headers.update({"version": self.version, "heart-beat": f"{sx},{sy}"})
+        self.connected = True
+        self.transport.send(encode("CONNECTED", headers, b"", self.version))
+
+    # -- SEND --------------------------------------------------------------------
+
+    def on_send(self, frame: Frame) -> None:
+        _require(frame, "destination")
+        if self._in_transaction(frame):
+            return
+        extra = self._send(frame)
+        self._receipt(frame, extra)
+
+    def _send(self, frame: Frame) -> dict[str, str]:
+        dest = parse_destination(frame.headers["destination"])
+        if len(frame.body) > self.broker.config.max_payload_bytes:
+            raise ProtocolError(f"message body is {len(frame.body)} bytes, over the limit of "
+                                f"{self.broker.config.max_payload_bytes} bytes")
+        if dest.kind == "queue":
+            self.broker.send_to_queue(self.gearman, dest.name, frame.body)
+        elif dest.kind == "topic":
+            if dest.name.endswith("*"):
+                raise ProtocolError("cannot send to a wildcard topic")
+            self.broker.publish(self.gearman, dest.name, frame.body)
+        else:
+            return self._control(dest)
+        return {}
+
+    def _control(self, dest: Destination) -> dict[str, str]:
+        if dest.control == "count-msgs":
+            return {"num-messages": str(self.broker.count_messages(dest.name))}
+        if dest.target == "queue":
+            return {"num-subscribers": str(self.broker.count_queue_subscribers(dest.name))}
+        return {"num-subscribers": str(self.broker.count_topic_subscribers(dest.name))}
+
+    # -- SUBSCRIBE / UNSUBSCRIBE -------------------------------------------------
+
+    def on_subscribe(self, frame: Frame) -> None:
+        destination = _require(frame, "destination")
+        sub_id = frame.get("id") or (destination if self.version == "1.0" else None)
+        if sub_id is None:
+            raise ProtocolError("SUBSCRIBE needs an id header")
+        if sub_id in self.subscriptions:
+            raise ProtocolError(f"subscription id {sub_id!r} is already in use")
+        if len(self.subscriptions) >= self.settings.max_subscriptions:
+            raise ProtocolError(f"more than {self.settings.max_subscriptions} subscriptions "
+                                "on one connection")
+        dest = parse_destination(destination)
+        if dest.kind == "control":
+            raise ProtocolError("cannot subscribe to a control destination")
+        ack = frame.get("ack", "auto")
+        if ack not in ACK_MODES:
+            raise ProtocolError(f"unknown ack mode {ack!r}: use auto, client or client-individual")
+        sub = StompSubscription(self, sub_id, destination, ack, self._prefetch(frame, ack),
+                                _ack_timeout(frame))
+        if dest.kind == "topic":
+            self._subscribe_topic(sub, dest.name, frame)
+        else:
+            sub.function = dest.name
+        self.subscriptions[sub_id] = sub
+        sub.dispatcher = self.broker.attach(sub.function, sub)
+        self._receipt(frame)
+
+    def _subscribe_topic(self, sub: StompSubscription, pattern: str, frame: Frame) -> None:
+        name = frame.get("activemq.subscriptionName")
+        if name is None and frame.get("durable", frame.get("persistent")) == "true":
+            name = sub.id  # RabbitMQ names a durable subscription by its id
+        if name is not None:
+            owner = self.client_name or ""
+            sub.client_id = durable_client_id(f"{owner}:{pattern}:{name}")
+            sub.durable = True
+        else:
+            sub.client_id = "s" + uuid.uuid4().hex[:20]
+        sub.pattern = pattern
+        sub.function = queue_name(pattern, sub.client_id)
+        self.broker.subscribe_topic(pattern, sub.client_id)
+
+    def on_unsubscribe(self, frame: Frame) -> None:
+        sub_id = frame.get("id")
+        if sub_id is None and self.version == "1.0":
+            sub_id = frame.get("destination")
+        if sub_id is None:
+            raise ProtocolError("UNSUBSCRIBE needs an id header")
+        sub = self.subscriptions.pop(sub_id, None)
+        if sub is None:
+            raise ProtocolError(f"no subscription with id {sub_id!r}")
+        remove = frame.get("durable") == "true" or "activemq.subscriptionName" in frame.headers
+        self._end(sub, remove=remove or not sub.durable)
+        self._receipt(frame)
+
+    def _end(self, sub: StompSubscription, remove: bool) -> None:
+        """Stop a subscription; ``remove`` also deletes its topic registration."""
+        sub.closed = True
+        if sub.pattern is not None and (remove or not sub.durable):
+            # First stop new copies, then hand back what we hold.
+            self.broker.unsubscribe_topic(sub.pattern, sub.client_id)
+        unacked = list(sub.unacked.values())
+        for message_id in sub.unacked:
+            self.acks.pop(message_id, None)
+        sub.unacked.clear()
+        if sub.dispatcher is not None:
+            sub.dispatcher.remove(sub, unacked)
+            forgotten = sub.pattern is not None and (remove or not sub.durable)
+            if forgotten and not sub.dispatcher.consumers:
+                self.broker.drop_queue(sub.function)
+
+    def _prefetch(self, frame: Frame, ack: str) -> int:
+        raw = frame.get("prefetch-count", frame.get("prefetch"))
+        if raw is None:
+            return self.settings.auto_ack_window if ack == "auto" else 1
+        if not raw.isdigit() or not 0 < int(raw) <= self.settings.max_prefetch:
+            raise ProtocolError(f"invalid prefetch {raw[:20]!r}: a whole number from 1 to "
+                                f"{self.settings.max_prefetch}")
+        return int(raw)
+
+    # -- delivery ----------------------------------------------------------------
+
+    def deliver(self, sub: StompSubscription, delivery: Delivery) -> None:
+        message_id = f"{self.id}-{next(self._counter)}"
+        delivery.message_id = message_id
+        headers = {"subscription": sub.id, "message-id": message_id,
+                   "destination": sub.destination}
+        if sub.ack != "auto" and self.version == "1.2":
+            headers["ack"] = message_id
+        if delivery.redelivered:
+            headers["redelivered"] = "true"
+        data = encode("MESSAGE", headers, delivery.body, self.version)
+        if sub.ack == "auto":
+            sub.in_flight += 1
+
+            def sent() -> None:
+                sub.in_flight -= 1
+                delivery.ack()
+
+            def dropped() -> None:
+                sub.in_flight -= 1
+                delivery.nack()
+
+            self.transport.send(data, sent, dropped)
+        else:
+            sub.unacked[message_id] = delivery
+            self.acks[message_id] = sub
+            self.transport.send(data)
+
+    # -- ACK / NACK --------------------------------------------------------------
+
+    def on_ack(self, frame: Frame) -> None:
+        self._settle(frame, ack=True)
+
+    def on_nack(self, frame: Frame) -> None:
+        if self.version == "1.0":
+            raise ProtocolError("NACK is not part of STOMP 1.0")
+        self._settle(frame, ack=False)
+
+    def _settle(self, frame: Frame, ack: bool) -> None:
+        message_id = frame.get("id") if self.version == "1.2" else None
+        message_id = message_id or frame.get("message-id")
+        if message_id is None:
+            raise ProtocolError(f"{frame.command} needs an id header")
+        if self._in_transaction(frame):
+            return
+        self._apply_settle(message_id, ack)
+        self._receipt(frame)
+
+    def _apply_settle(self, message_id: str, ack: bool) -> None:
+        sub = self.acks.get(message_id)
+        if sub is None:
+            # Already settled, or taken back after its ack-timeout: nothing to do.
+            log.debug("session %s: ack for unknown message %s", self.id, message_id)
+            return
+        settled = []
+        if sub.ack == "client":  # cumulative: this one and every one before it
+            for mid in list(sub.unacked):
+                settled.append(sub.unacked.pop(mid))
+                self.acks.pop(mid, None)
+                if mid == message_id:
+                    break
+        else:
+            settled.append(sub.unacked.pop(message_id))
+            self.acks.pop(message_id, None)
+        for delivery in settled:
+            delivery.ack() if ack else delivery.nack()
+
+    # -- transactions ------------------------------------------------------------
+
+    def _in_transaction(self, frame: Frame) -> bool:
+        tx = frame.get("transaction")
+        if tx is None:
+            return False
+        frames = self.transactions.get(tx)
+        if frames is None:
+            raise ProtocolError(f"transaction {tx!r} was not begun")
+        if len(frames) >= self.settings.max_transaction_frames:
+            raise ProtocolError(f"more than {self.settings.max_transaction_frames} frames in "
+                                "one transaction")
+        frames.append(frame)
+        self._receipt(frame)
+        return True
+
+    def on_begin(self, frame: Frame) -> None:
+        tx = _require(frame, "transaction")
+        if tx in self.transactions:
+            raise ProtocolError(f"transaction {tx!r} already begun")
+        self.transactions[tx] = []
+        self._receipt(frame)
+
+    def on_commit(self, frame: Frame) -> None:
+        frames = self._pop_transaction(frame)
+        for queued in frames:
+            if queued.command == "SEND":
+                self._send(queued)
+            else:
+                message_id = (queued.get("id") if self.version == "1.2" else None) or \
+                    queued.get("message-id")
+                self._apply_settle(message_id, queued.command == "ACK")
+        self._receipt(frame)
+
+    def on_abort(self, frame: Frame) -> None:
+        self._pop_transaction(frame)
+        self._receipt(frame)
+
+    def _pop_transaction(self, frame: Frame) -> list[Frame]:
+        tx = _require(frame, "transaction")
+        if tx not in self.transactions:
+            raise ProtocolError(f"transaction {tx!r} was not begun")
+        return self.transactions.pop(tx)
+
+    # -- DISCONNECT --------------------------------------------------------------
+
+    def on_disconnect(self, frame: Frame) -> None:
+        self._receipt(frame)
+        self.close()
+
+    def _receipt(self, frame: Frame, extra: dict[str, str] | None = None) -> None:
+        receipt = frame.get("receipt")
+        if receipt is not None:
+            headers = {"receipt-id": receipt, **(extra or {})}
+            self.transport.send(encode("RECEIPT", headers, b"", self.version))
+
+
+def _require(frame: Frame, header: str) -> str:
+    value = frame.get(header)
+    if value is None:
+        raise ProtocolError(f"{frame.command} needs a {header} header")
+    return value
+
+
+def _heartbeat_header(value: str) -> tuple[int, int]:
+    parts = value.split(",")
+    if len(parts) != 2 or not all(p.strip().isdigit() for p in parts):
+        raise ProtocolError(f"invalid heart-beat header {value[:40]!r}")
+    return int(parts[0]), int(parts[1])
+
+
+def _ack_timeout(frame: Frame) -> float | None:
+    raw = frame.get("ack-timeout")
+    if raw is None:
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not 0 < value <= 86_400:
+        raise ProtocolError(f"invalid ack-timeout {raw[:20]!r}: seconds, above 0")
+    return value

@@ -1,0 +1,139 @@
+"""Real stomp.py clients against a real bridge process."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import stomp
+
+from gearhorn import servers
+
+from .helpers import wait_for
+
+
+class BridgeProcess:
+    """``gearhorn bridge`` as a child process on a free loopback port."""
+
+    def __init__(self, gearman_servers, redis_url, log_dir, env=None):
+        self.port = servers.free_port()
+        argv = [sys.executable, "-m", "gearhorn", "bridge", "--port", str(self.port),
+                "--redis-url", redis_url]
+        for server in gearman_servers:
+            argv += ["--gearman", server.address]
+        self.log_path = os.path.join(log_dir, f"bridge-{self.port}.log")
+        with open(self.log_path, "ab") as log:
+            self.process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
+                                            env=dict(os.environ, **(env or {})),
+                                            preexec_fn=servers._die_with_parent)
+        wait_for(self._listening, timeout=30, message="bridge to listen")
+
+    def _listening(self):
+        if self.process.poll() is not None:
+            raise AssertionError(f"bridge exited:\n{self.log()}")
+        return servers.is_listening("127.0.0.1", self.port)
+
+    def log(self):
+        with open(self.log_path, errors="replace") as fp:
+            return fp.read()[-5000:]
+
+    def stop(self):
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(15)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+
+class Collector(stomp.ConnectionListener):
+    def __init__(self):
+        self.lock = threading.Condition()
+        self.messages = []
+        self.receipts = []
+        self.errors = []
+        self.disconnected = threading.Event()
+
+    def on_message(self, frame):
+        with self.lock:
+            self.messages.append(frame)
+            self.lock.notify_all()
+
+    def on_receipt(self, frame):
+        with self.lock:
+            self.receipts.append(frame)
+            self.lock.notify_all()
+
+    def on_error(self, frame):
+        with self.lock:
+            self.errors.append(frame)
+            self.lock.notify_all()
+
+    def on_disconnected(self):
+        self.disconnected.set()
+
+
+class StompClient:
+    """A stomp.py connection with helpers that wait (with timeouts) for answers."""
+
+    VERSIONS = {"1.0": stomp.Connection10, "1.1": stomp.Connection11,
+                "1.2": stomp.Connection12}
+
+    def __init__(self, port, version="1.2", heartbeats=(0, 0), connect=True, **headers):
+        cls = self.VERSIONS[version]
+        kwargs = {"auto_decode": False}
+        if version != "1.0":
+            kwargs["heartbeats"] = heartbeats
+        self.conn = cls([("127.0.0.1", port)], **kwargs)
+        self.listener = Collector()
+        self.conn.set_listener("collector", self.listener)
+        self._receipts = 0
+        if connect:
+            self.conn.connect(wait=True, headers=headers or None)
+
+    def wait(self, predicate, timeout=20.0, message="answer"):
+        deadline = time.monotonic() + timeout
+        with self.listener.lock:
+            while not predicate():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise AssertionError(f"timed out waiting for {message}; errors: "
+                                         f"{[e.headers for e in self.listener.errors]}")
+                self.listener.lock.wait(left)
+
+    def messages(self, count, timeout=20.0):
+        self.wait(lambda: len(self.listener.messages) >= count, timeout,
+                  f"{count} messages (have {len(self.listener.messages)})")
+        return self.listener.messages[:count]
+
+    def receipt(self, **kwargs):
+        """A receipt id to pass as ``receipt=``; then ``await_receipt(rid)``."""
+        self._receipts += 1
+        return f"r{self._receipts}"
+
+    def await_receipt(self, rid, timeout=20.0):
+        self.wait(lambda: any(r.headers.get("receipt-id") == rid for r in self.listener.receipts),
+                  timeout, f"receipt {rid}")
+        return next(r for r in self.listener.receipts if r.headers.get("receipt-id") == rid)
+
+    def send(self, destination, body, **headers):
+        rid = self.receipt()
+        self.conn.send(destination=destination, body=body, receipt=rid, headers=headers)
+        return self.await_receipt(rid)
+
+    def subscribe(self, destination, sub_id, ack="auto", **headers):
+        rid = self.receipt()
+        self.conn.subscribe(destination=destination, id=sub_id, ack=ack,
+                            headers=dict(headers, receipt=rid))
+        return self.await_receipt(rid)
+
+    def close(self):
+        try:
+            if self.conn.is_connected():
+                self.conn.disconnect()
+        except Exception:  # noqa: BLE001 - already gone is fine here
+            pass
