@@ -89,8 +89,19 @@ class QueueDispatcher:
         self._closed = False
         self._on_empty = on_empty
         self._workers: list[gearman.WorkerConnection] = []
-        self._loops = [gevent.spawn(self._grab_loop, host, port, client_id)
+        # Connect (and send CAN_DO) before SUBSCRIBE's receipt, so gearmand
+        # counts this bridge as a worker of the queue from then on.
+        self._loops = [gevent.spawn(self._grab_loop, self._open(host, port, client_id))
                        for host, port in servers]
+
+    def _open(self, host: str, port: int, client_id: str) -> gearman.WorkerConnection:
+        worker = gearman.WorkerConnection(host, port, [self.function], client_id)
+        try:
+            worker.open()
+            self._workers.append(worker)
+        except gearman.GearmanError as exc:
+            log.warning("queue %s: gearmand %s:%s: %s", self.function, host, port, exc)
+        return worker
 
     # -- consumers -------------------------------------------------------------
 
@@ -196,20 +207,20 @@ class QueueDispatcher:
 
     # -- gearman -----------------------------------------------------------------
 
-    def _grab_loop(self, host: str, port: int, client_id: str) -> None:
+    def _grab_loop(self, worker: gearman.WorkerConnection) -> None:
         delay = 0.1
         while not self._closed:
-            worker = gearman.WorkerConnection(host, port, [self.function], client_id)
             try:
-                worker.open()
-                self._workers.append(worker)
+                if worker not in self._workers:
+                    worker.open()
+                    self._workers.append(worker)
                 delay = 0.1
                 self._grab_while_open(worker)
             except gearman.GearmanError as exc:
                 if self._closed:
                     return
-                log.warning("queue %s: gearmand %s:%s: %s; retrying in %.1fs",
-                            self.function, host, port, exc, delay)
+                log.warning("queue %s: gearmand %s:%s: %s; retrying in %.1fs", self.function,
+                            worker.conn.host, worker.conn.port, exc, delay)
                 self._forget_worker(worker)
                 gevent.sleep(delay)
                 delay = min(delay * 2, 5.0)
@@ -227,6 +238,10 @@ class QueueDispatcher:
                 self.dispatch()
             else:
                 worker.sleep(1.0)
+
+    @property
+    def connected(self) -> int:
+        return len(self._workers)
 
     def _forget_worker(self, worker: gearman.WorkerConnection) -> None:
         """Jobs grabbed on a broken connection are gearmand's again: drop them."""
@@ -319,7 +334,13 @@ class Broker:
         return sum(f.queued - f.running for f in self._status(function))
 
     def count_queue_subscribers(self, function: str) -> int:
-        return sum(f.workers for f in self._status(function))
+        """Gearman workers of ``function``, counting this bridge's STOMP
+        subscribers one by one instead of its own worker connections."""
+        workers = sum(f.workers for f in self._status(function))
+        dispatcher = self.dispatchers.get(function)
+        if dispatcher is None:
+            return workers
+        return max(0, workers - dispatcher.connected) + len(dispatcher.consumers)
 
     def count_topic_subscribers(self, topic: str) -> int:
         return len(self.registry.subscribers(topic))

@@ -1,8 +1,15 @@
 """stomp.py clients through a real bridge, gearmand, Redis and worker pool."""
 
+import json
+import socket
+import subprocess
+import threading
+
 import pytest
 
-from .helpers import unique_topic
+from gearhorn.stomp.frames import FrameParser, encode
+
+from .helpers import gearman_cli, queue_depth, unique_topic, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -10,26 +17,374 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 @pytest.fixture
 def stack(gearmand, start_pool, start_bridge):
     start_pool([gearmand])
-    return start_bridge([gearmand])
+    return start_bridge([gearmand], env={"GEARHORN_STOMP_HEARTBEAT_MS": "200"})
 
 
-def test_queue_send_and_subscribe(gearmand, stack, stomp_clients):
-    queue = unique_topic("q")
-    consumer = stomp_clients(stack.port)
-    consumer.subscribe(f"/queue/{queue}", "1", ack="client-individual")
-    producer = stomp_clients(stack.port)
-    producer.send(f"/queue/{queue}", b"hello")
-    (message,) = consumer.messages(1)
-    assert message.body == b"hello"
-    consumer.conn.ack(message.headers["ack"])
+class RawClient:
+    """A bare socket speaking STOMP by hand: for malformed input and sudden death."""
+
+    def __init__(self, port):
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+        self.parser = FrameParser()
+        self.parser.version = "1.2"
+        self.frames = []
+
+    def send(self, data: bytes):
+        self.sock.sendall(data)
+
+    def frame(self, command, headers=None, body=b""):
+        self.send(encode(command, headers or {}, body))
+
+    def read_frame(self):
+        while not self.frames:
+            data = self.sock.recv(65536)
+            if not data:
+                return None
+            self.frames += self.parser.feed(data)
+        return self.frames.pop(0)
+
+    def connect(self, **headers):
+        self.frame("CONNECT", {"accept-version": "1.2", "host": "x", **headers})
+        assert self.read_frame().command == "CONNECTED"
+
+    def close(self):
+        self.sock.close()
 
 
-def test_topic_send_reaches_subscribers(stack, stomp_clients):
+def control(client, path):
+    return client.send(f"/control/{path}", b"").headers
+
+
+def test_topic_fanout_to_three_connections_in_order_exactly_once(stack, stomp_clients):
     topic = unique_topic()
     subs = [stomp_clients(stack.port) for _ in range(3)]
     for i, sub in enumerate(subs):
         sub.subscribe(f"/topic/{topic}", f"s{i}")
     producer = stomp_clients(stack.port)
-    producer.send(f"/topic/{topic}", b"news")
+    for i in range(1000):
+        producer.conn.send(destination=f"/topic/{topic}", body=str(i).encode())
+    producer.send(f"/topic/{topic}", b"end")  # its receipt: every SEND before it is done
+    expected = [str(i).encode() for i in range(1000)] + [b"end"]
     for sub in subs:
-        assert [m.body for m in sub.messages(1)] == [b"news"]
+        got = sub.messages(1001, timeout=60)
+        assert [m.body for m in got] == expected
+        assert len({m.headers["message-id"] for m in got}) == 1001
+    # Nothing more arrives: a final marker comes right after the last message.
+    producer.send(f"/topic/{topic}", b"marker")
+    for sub in subs:
+        assert sub.messages(1002)[-1].body == b"marker"
+        assert len(sub.listener.messages) == 1002
+
+
+def test_queue_competing_consumers_get_each_message_once(stack, stomp_clients):
+    queue = unique_topic("q")
+    consumers = [stomp_clients(stack.port) for _ in range(2)]
+    for i, c in enumerate(consumers):
+        c.subscribe(f"/queue/{queue}", f"c{i}", ack="client-individual", prefetch="5")
+    producer = stomp_clients(stack.port)
+    for i in range(200):
+        producer.conn.send(destination=f"/queue/{queue}", body=str(i).encode())
+    producer.send(f"/queue/{queue}", b"200")
+
+    def drain():
+        for c in consumers:
+            with c.listener.lock:
+                fresh = [m for m in c.listener.messages if not hasattr(m, "acked")]
+            for m in fresh:
+                m.acked = True
+                c.conn.ack(m.headers["ack"])
+        return sum(len(c.listener.messages) for c in consumers) >= 201
+
+    wait_for(drain, timeout=60, message="all 201 messages")
+    bodies = [m.body for c in consumers for m in c.listener.messages]
+    assert sorted(bodies, key=int) == [str(i).encode() for i in range(201)]
+    assert all(c.listener.messages for c in consumers), "both consumers got work"
+
+
+def test_nack_gives_the_message_to_another_consumer(stack, stomp_clients):
+    queue = unique_topic("q")
+    a, b = stomp_clients(stack.port), stomp_clients(stack.port)
+    a.subscribe(f"/queue/{queue}", "a", ack="client-individual")
+    b.subscribe(f"/queue/{queue}", "b", ack="client-individual")
+    stomp_clients(stack.port).send(f"/queue/{queue}", b"job")
+    wait_for(lambda: a.listener.messages or b.listener.messages)
+    first, second = (a, b) if a.listener.messages else (b, a)
+    (message,) = first.listener.messages
+    first.conn.nack(message.headers["ack"])
+    (again,) = second.messages(1)
+    assert again.body == b"job" and again.headers.get("redelivered") == "true"
+    second.conn.ack(again.headers["ack"])
+    wait_for(lambda: queue_depth(stack_gearmand(stack), queue) == 0)
+
+
+def stack_gearmand(stack):
+    from gearhorn.servers import Managed
+    port = int(_bridge_arg(stack, "--gearman").split(":")[1])
+    return Managed("gearmand", stack.process, port)
+
+
+def _bridge_arg(stack, name):
+    args = stack.process.args
+    return args[args.index(name) + 1]
+
+
+def test_unacked_message_is_redelivered_after_its_ack_timeout(stack, stomp_clients):
+    queue = unique_topic("q")
+    slow = stomp_clients(stack.port)
+    slow.subscribe(f"/queue/{queue}", "slow", ack="client", **{"ack-timeout": "0.5"})
+    stomp_clients(stack.port).send(f"/queue/{queue}", b"job")
+    slow.messages(1)
+    fast = stomp_clients(stack.port)
+    fast.subscribe(f"/queue/{queue}", "fast", ack="client")
+    (message,) = fast.messages(1)
+    assert message.body == b"job" and message.headers["redelivered"] == "true"
+
+
+def test_a_killed_consumer_gives_its_messages_back(stack, stomp_clients):
+    queue = unique_topic("q")
+    doomed = RawClient(stack.port)
+    doomed.connect()
+    doomed.frame("SUBSCRIBE", {"destination": f"/queue/{queue}", "id": "1", "ack": "client"})
+    stomp_clients(stack.port).send(f"/queue/{queue}", b"precious")
+    assert doomed.read_frame().body == b"precious"
+    doomed.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\0\0\0\0\0\0\0")
+    doomed.close()  # RST, no DISCONNECT, no ACK
+    heir = stomp_clients(stack.port)
+    heir.subscribe(f"/queue/{queue}", "heir", ack="client")
+    (message,) = heir.messages(1)
+    assert message.body == b"precious"
+
+
+def test_durable_topic_subscription_keeps_its_backlog(stack, stomp_clients):
+    topic = unique_topic()
+    first = stomp_clients(stack.port, **{"client-id": "app1"})
+    first.subscribe(f"/topic/{topic}", "dur", ack="client", durable="true",
+                    **{"auto-delete": "false"})
+    first.close()
+    producer = stomp_clients(stack.port)
+    for i in range(5):
+        producer.send(f"/topic/{topic}", f"m{i}".encode())
+    assert control(producer, f"count-subscribers/topic/{topic}")["num-subscribers"] == "1"
+    back = stomp_clients(stack.port, **{"client-id": "app1"})
+    back.subscribe(f"/topic/{topic}", "dur", ack="auto", durable="true")
+    assert [m.body for m in back.messages(5)] == [f"m{i}".encode() for i in range(5)]
+    # UNSUBSCRIBE with durable:true ends it for good.
+    rid = back.receipt()
+    back.conn.unsubscribe("dur", headers={"durable": "true", "receipt": rid})
+    back.await_receipt(rid)
+    assert control(producer, f"count-subscribers/topic/{topic}")["num-subscribers"] == "0"
+
+
+def test_activemq_style_durable_subscription(stack, stomp_clients):
+    topic = unique_topic()
+    first = stomp_clients(stack.port, **{"client-id": "amq"})
+    first.subscribe(f"/topic/{topic}", "x", **{"activemq.subscriptionName": "audit"})
+    first.close()
+    stomp_clients(stack.port).send(f"/topic/{topic}", b"while away")
+    back = stomp_clients(stack.port, **{"client-id": "amq"})
+    back.subscribe(f"/topic/{topic}", "y", **{"activemq.subscriptionName": "audit"})
+    assert back.messages(1)[0].body == b"while away"
+
+
+def test_non_durable_subscription_is_gone_with_its_connection(stack, stomp_clients):
+    topic = unique_topic()
+    producer = stomp_clients(stack.port)
+    sub = stomp_clients(stack.port)
+    sub.subscribe(f"/topic/{topic}", "1")
+    assert control(producer, f"count-subscribers/topic/{topic}")["num-subscribers"] == "1"
+    sub.close()
+    wait_for(lambda: control(producer, f"count-subscribers/topic/{topic}")[
+        "num-subscribers"] == "0", message="subscription cleaned up")
+    result = producer.send(f"/topic/{topic}", b"nobody")
+    assert result.headers["receipt-id"]
+
+
+def test_prefix_subscription_receives_every_matching_topic(stack, stomp_clients):
+    stem = unique_topic("p")
+    sub = stomp_clients(stack.port)
+    sub.subscribe(f"/topic/{stem}.*", "all")
+    producer = stomp_clients(stack.port)
+    for name in ("a", "b"):
+        producer.send(f"/topic/{stem}.{name}", name.encode())
+    producer.send(f"/topic/{stem}x", b"not a match")
+    producer.send(f"/topic/{stem}.c", b"c")
+    assert [m.body for m in sub.messages(3)] == [b"a", b"b", b"c"]
+    assert sub.listener.messages[0].headers["destination"] == f"/topic/{stem}.*"
+
+
+def test_control_destinations_answer_in_the_receipt(stack, stomp_clients):
+    queue = unique_topic("q")
+    client = stomp_clients(stack.port)
+    for i in range(3):
+        client.send(f"/queue/{queue}", str(i).encode())
+    assert control(client, f"count-msgs/queue/{queue}")["num-messages"] == "3"
+    assert control(client, f"count-subscribers/queue/{queue}")["num-subscribers"] == "0"
+    consumers = [stomp_clients(stack.port) for _ in range(2)]
+    for c in consumers:
+        c.subscribe(f"/queue/{queue}", "1", ack="client")
+    assert control(client, f"count-subscribers/queue/{queue}")["num-subscribers"] == "2"
+
+
+def test_transactions_commit_and_abort(stack, stomp_clients):
+    queue = unique_topic("q")
+    client = stomp_clients(stack.port)
+    tx = client.conn.begin()
+    client.conn.send(destination=f"/queue/{queue}", body=b"t1", transaction=tx)
+    client.conn.send(destination=f"/queue/{queue}", body=b"t2", transaction=tx)
+    assert control(client, f"count-msgs/queue/{queue}")["num-messages"] == "0"
+    client.conn.commit(tx)
+    assert control(client, f"count-msgs/queue/{queue}")["num-messages"] == "2"
+    tx = client.conn.begin()
+    client.conn.send(destination=f"/queue/{queue}", body=b"never", transaction=tx)
+    client.conn.abort(tx)
+    assert control(client, f"count-msgs/queue/{queue}")["num-messages"] == "2"
+
+    consumer = stomp_clients(stack.port)
+    consumer.subscribe(f"/queue/{queue}", "1", ack="client-individual", prefetch="2")
+    got = consumer.messages(2)
+    tx = consumer.conn.begin()
+    for m in got:
+        consumer.conn.ack(m.headers["ack"], transaction=tx)
+    consumer.conn.abort(tx)  # the acks are void: the messages stay unacked
+    assert control(client, f"count-subscribers/queue/{queue}")["num-subscribers"] == "1"
+    tx = consumer.conn.begin()
+    for m in got:
+        consumer.conn.ack(m.headers["ack"], transaction=tx)
+    rid = consumer.receipt()
+    consumer.conn.commit(tx, headers={"receipt": rid})
+    consumer.await_receipt(rid)
+    assert [m.body for m in got] == [b"t1", b"t2"]
+
+
+def test_receipts_for_every_frame_that_asks(stack):
+    raw = RawClient(stack.port)
+    raw.connect()
+    queue = unique_topic("q")
+    frames = [("SUBSCRIBE", {"destination": f"/queue/{queue}", "id": "1"}),
+              ("BEGIN", {"transaction": "t"}),
+              ("SEND", {"destination": f"/queue/{queue}", "transaction": "t"}),
+              ("ABORT", {"transaction": "t"}),
+              ("UNSUBSCRIBE", {"id": "1"}),
+              ("DISCONNECT", {})]
+    for n, (command, headers) in enumerate(frames):
+        raw.frame(command, {**headers, "receipt": f"rc-{n}"})
+        reply = raw.read_frame()
+        assert (reply.command, reply.headers["receipt-id"]) == ("RECEIPT", f"rc-{n}")
+    assert raw.read_frame() is None  # closed after DISCONNECT
+    raw.close()
+
+
+def test_heartbeats_both_ways_and_a_silent_client_is_closed(stack):
+    raw = RawClient(stack.port)
+    raw.frame("CONNECT", {"accept-version": "1.2", "host": "x", "heart-beat": "100,100"})
+    connected = raw.read_frame()
+    assert connected.headers["heart-beat"] == "200,200"
+    # The bridge beats every 200 ms; we say nothing, so it gives up on us.
+    error = raw.read_frame()
+    assert raw.parser.heartbeats >= 1
+    assert error.command == "ERROR" and error.headers["message"] == "heart-beat timeout"
+    assert raw.read_frame() is None
+    raw.close()
+
+
+def test_a_client_that_keeps_beating_stays_connected(stack, stomp_clients):
+    client = stomp_clients(stack.port, heartbeats=(100, 100))
+    queue = unique_topic("q")
+    for i in range(8):
+        client.send(f"/queue/{queue}", str(i).encode())
+        threading.Event().wait(0.1)  # let heart-beat intervals pass between sends
+    assert client.conn.is_connected()
+
+
+@pytest.mark.parametrize("garbage, reason", [
+    (b"HELLO WORLD\n\n\0", "invalid command"),
+    (b"SEND\ndestination:/queue/x\ncontent-length:zz\n\n\0", "invalid content-length"),
+    (b"SEND\nbad header\n\n\0", "malformed header line"),
+    (b"SEND\ndestination:/nowhere/x\n\n\0", "unknown destination"),
+    (b"SUBSCRIBE\ndestination:/queue/x\n\n\0", "SUBSCRIBE needs an id header"),
+])
+def test_malformed_frame_gets_error_and_others_carry_on(stack, stomp_clients, garbage, reason):
+    queue = unique_topic("q")
+    bystander = stomp_clients(stack.port)
+    bystander.subscribe(f"/queue/{queue}", "1")
+    raw = RawClient(stack.port)
+    raw.connect()
+    raw.send(garbage)
+    error = raw.read_frame()
+    assert error.command == "ERROR" and reason in error.headers["message"]
+    assert raw.read_frame() is None
+    raw.close()
+    stomp_clients(stack.port).send(f"/queue/{queue}", b"still fine")
+    assert bystander.messages(1)[0].body == b"still fine"
+
+
+def test_frames_before_connect_and_oversized_frames_are_refused(stack):
+    raw = RawClient(stack.port)
+    raw.frame("SEND", {"destination": "/queue/x"})
+    assert "before CONNECT" in raw.read_frame().headers["message"]
+    raw.close()
+    raw = RawClient(stack.port)
+    raw.connect()
+    raw.send(b"SEND\ndestination:/queue/x\n\n" + b"x" * (1200 * 1024))
+    assert "larger than" in raw.read_frame().headers["message"]
+    raw.close()
+
+
+def test_binary_body_with_nul_bytes_through_a_topic(stack, stomp_clients):
+    topic = unique_topic()
+    sub = stomp_clients(stack.port)
+    sub.subscribe(f"/topic/{topic}", "1")
+    body = bytes(range(256)) * 4
+    stomp_clients(stack.port).send(f"/topic/{topic}", body)
+    assert sub.messages(1)[0].body == body
+
+
+@pytest.mark.parametrize("version", ["1.0", "1.1"])
+def test_older_protocol_versions(stack, stomp_clients, version):
+    queue = unique_topic("q")
+    client = stomp_clients(stack.port, version=version)
+    client.conn.subscribe(destination=f"/queue/{queue}", id="1", ack="client")
+    client.send(f"/queue/{queue}", b"old")
+    (message,) = client.messages(1)
+    assert message.body == b"old"
+    if version == "1.0":
+        client.conn.ack(message.headers["message-id"])
+    else:
+        client.conn.ack(message.headers["message-id"], "1")
+    client.send(f"/queue/{queue}", b"after ack")
+    assert client.messages(2)[1].body == b"after ack"
+
+
+def test_interop_with_the_gearman_command_line_tool(gearmand, stack, stomp_clients,
+                                                    gearman_cli_tool):
+    topic, queue = unique_topic(), unique_topic("q")
+    sub = stomp_clients(stack.port)
+    sub.subscribe(f"/topic/{topic}", "1")
+    out = gearman_cli(gearmand, "-f", "fanout", json.dumps({"topic": topic, "payload": "gm"}))
+    assert json.loads(out.stdout)["completed"] == 1
+    assert sub.messages(1)[0].body == b"gm"
+
+    stomp_clients(stack.port).send(f"/queue/{queue}", b"to a gearman worker")
+    out = gearman_cli(gearmand, "-w", "-c", "1", "-f", queue)
+    assert out.stdout == b"to a gearman worker"
+
+
+def test_stopping_the_bridge_returns_unacked_messages(gearmand, start_pool, start_bridge,
+                                                      stomp_clients):
+    start_pool([gearmand])
+    bridge = start_bridge([gearmand])
+    queue = unique_topic("q")
+    consumer = stomp_clients(bridge.port)
+    consumer.subscribe(f"/queue/{queue}", "1", ack="client")
+    stomp_clients(bridge.port).send(f"/queue/{queue}", b"keep me")
+    consumer.messages(1)
+    bridge.process.kill()
+    bridge.process.wait()
+    wait_for(lambda: queue_depth(stack_gm(gearmand), queue) == 1)
+    out = subprocess.run(["gearman", "-h", gearmand.host, "-p", str(gearmand.port), "-w",
+                          "-c", "1", "-f", queue], capture_output=True, timeout=20)
+    assert out.stdout == b"keep me"
+
+
+def stack_gm(gearmand):
+    return gearmand
