@@ -65,6 +65,17 @@ class Config:
         return dataclasses.replace(self, **changes)
 
 
+def to_env(config: Config) -> dict[str, str]:
+    """``GEARHORN_*`` variables that make a child process load ``config`` exactly."""
+    env = {}
+    for f in fields(Config):
+        value = getattr(config, f.name)
+        if f.name == "gearman_servers":
+            value = ",".join(f"{host}:{port}" for host, port in value)
+        env[_ENV_ALIASES.get(f.name, ENV_PREFIX + f.name.upper())] = str(value)
+    return env
+
+
 def parse_server(text: str) -> Server:
     """``"host:port"`` or ``"host"`` (port 4730) -> ``(host, port)``."""
     text = text.strip()

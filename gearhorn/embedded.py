@@ -1,5 +1,7 @@
 """``gearhorn up``: everything on loopback, for a first broadcast in minutes.
 
+Redis, a Gearman server, the STOMP bridge and the worker pool.
+
 Starts only what is missing: a Redis or Gearman server already listening at
 the configured address is used as it is. Started servers keep their data in
 ``data_dir`` and stop with us (Ctrl-C, SIGTERM, or our death).
@@ -15,7 +17,7 @@ from urllib.parse import urlparse
 import redis
 
 from gearhorn import gearman, servers
-from gearhorn.config import Config
+from gearhorn.config import Config, to_env
 from gearhorn.keys import Keys
 from gearhorn.pool import Pool
 from gearhorn.registry import Registry
@@ -34,6 +36,7 @@ class Embedded:
         try:
             self._ensure_redis()
             self._ensure_gearman()
+            self._ensure_bridge()
             threading.Thread(target=self._announce_when_ready, daemon=True).start()
             return Pool(self.config).run()
         finally:
@@ -66,6 +69,14 @@ class Embedded:
             self.started.append(servers.start_gear_server(port, self.config.data_dir))
             self.notes["gearman"] = "started gear.Server (gearmand is not installed)"
 
+    def _ensure_bridge(self) -> None:
+        host, port = self.config.bridge_host, self.config.bridge_port
+        if servers.is_listening(host, port):
+            self.notes["stomp"] = "already running, used as is"
+            return
+        self.started.append(servers.start_bridge(to_env(self.config), host, port))
+        self.notes["stomp"] = "started"
+
     def _announce_when_ready(self) -> None:
         registry = Registry(redis.Redis.from_url(self.config.redis_url),
                             Keys(self.config.key_prefix, self.config.matchmaking_channel))
@@ -87,6 +98,7 @@ def banner(config: Config, notes: dict[str, str]) -> str:
 gearhorn is up.
   redis     {config.redis_url}  ({notes.get('redis', '')})
   gearman   {host}:{port}  ({notes.get('gearman', '')})
+  stomp     {config.bridge_host}:{config.bridge_port}  ({notes.get('stomp', '')})
   workers   {config.processes} processes
 
 Broadcast from another terminal:

@@ -92,11 +92,14 @@ class Managed:
             return "".join(fp.readlines()[-lines:])
 
 
-def _spawn(name: str, argv: list[str], port: int, log_path: str | None) -> Managed:
+def _spawn(name: str, argv: list[str], port: int, log_path: str | None,
+           env: dict[str, str] | None = None, inherit_output: bool = False) -> Managed:
     out = open(log_path, "ab") if log_path else subprocess.DEVNULL  # noqa: SIM115
     try:
-        process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out,
-                                   stderr=subprocess.STDOUT, preexec_fn=_die_with_parent)
+        process = subprocess.Popen(argv, stdin=subprocess.DEVNULL,
+                                   stdout=None if inherit_output else out,
+                                   stderr=None if inherit_output else subprocess.STDOUT,
+                                   env=env, preexec_fn=_die_with_parent)
     finally:
         if log_path:
             out.close()
@@ -174,3 +177,12 @@ def start_gear_server(port: int | None = None, data_dir: str | None = None) -> M
     if data_dir:
         os.makedirs(data_dir, exist_ok=True)
     return _spawn("gear.Server", argv, port, log_path)
+
+
+def start_bridge(env: dict[str, str], host: str, port: int) -> Managed:
+    """The STOMP bridge in its own (gevent) process; it logs to our terminal."""
+    argv = [sys.executable, "-m", "gearhorn.stomp"]
+    server = _spawn("STOMP bridge", argv, port, None, env={**os.environ, **env},
+                    inherit_output=True)
+    server.host = host
+    return server

@@ -11,6 +11,7 @@ import pytest
 from gearhorn import servers
 
 from .helpers import unique_topic, wait_for
+from .stomp_helpers import StompClient
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -66,13 +67,14 @@ def test_unreachable_gearmand_is_a_clear_error():
 
 
 def test_up_starts_everything_and_stops_it_on_ctrl_c(tmp_path, redis_server, gearman_cli_tool):
-    redis_port, gearman_port = servers.free_port(), servers.free_port()
+    redis_port, gearman_port, stomp_port = (servers.free_port() for _ in range(3))
     log = open(tmp_path / "up.log", "wb")  # noqa: SIM115
     up = subprocess.Popen(
         [sys.executable, "-m", "gearhorn", "up", "--processes", "2",
          "--data-dir", str(tmp_path / "data"),
          "--redis-url", f"redis://127.0.0.1:{redis_port}/0",
          "--gearman", f"127.0.0.1:{gearman_port}"],
+        env=dict(os.environ, GEARHORN_BRIDGE_PORT=str(stomp_port)),
         stdout=log, stderr=subprocess.STDOUT, preexec_fn=servers._die_with_parent)
     try:
         text = lambda: (tmp_path / "up.log").read_text()  # noqa: E731
@@ -88,10 +90,17 @@ def test_up_starts_everything_and_stops_it_on_ctrl_c(tmp_path, redis_server, gea
         assert json.loads(outputs[0].stdout)["subscribers"] == 1
         assert json.loads(outputs[1].stdout)["copies"] == 1
         assert outputs[2].stdout == b"hello"
+        assert f"stomp     127.0.0.1:{stomp_port}  (started)" in text()
+        client = StompClient(stomp_port)
+        client.subscribe("/topic/news", "1")
+        subprocess.run(["bash", "-c", commands[1]], capture_output=True, timeout=20)
+        assert client.messages(1)[0].body == b"hello"
+        client.close()
     finally:
         up.send_signal(signal.SIGINT)
         assert up.wait(30) == 0
         log.close()
     assert not servers.is_listening("127.0.0.1", redis_port)
     assert not servers.is_listening("127.0.0.1", gearman_port)
+    assert not servers.is_listening("127.0.0.1", stomp_port)
     assert os.path.exists(tmp_path / "data" / "appendonlydir")

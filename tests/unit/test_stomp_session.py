@@ -1,0 +1,277 @@
+"""The STOMP session without sockets: a fake transport and a fake broker."""
+
+import pytest
+
+from gearhorn import gearman
+from gearhorn.config import Config
+from gearhorn.stomp.broker import Delivery
+from gearhorn.stomp.frames import Frame, FrameParser
+from gearhorn.stomp.session import Session, SessionSettings, parse_destination
+
+
+class FakeTransport:
+    def __init__(self):
+        self.parser = FrameParser()
+        self.parser.version = "1.2"
+        self.frames, self.callbacks = [], []
+        self.closed = False
+        self.backlog = 0
+
+    def send(self, data, on_sent=None, on_dropped=None):
+        self.frames += self.parser.feed(data)
+        self.callbacks.append((on_sent, on_dropped))
+
+    def close(self):
+        self.closed = True
+
+
+class FakeDispatcher:
+    def __init__(self, function):
+        self.function = function
+        self.consumers, self.acked, self.given_back, self.returned = [], [], [], []
+
+    def ack(self, delivery):
+        self.acked.append(delivery.body)
+
+    def give_back(self, delivery):
+        self.given_back.append(delivery.body)
+
+    def remove(self, consumer, unacked):
+        self.consumers.remove(consumer)
+        self.returned += [d.body for d in unacked]
+
+    def push(self, body, consumer=None):
+        job = gearman.GrabbedJob(b"H:%d" % len(body), self.function, "u", body)
+        delivery = Delivery(job, None, self)
+        (consumer or self.consumers[0]).deliver(delivery)
+        return delivery
+
+
+class FakeBroker:
+    def __init__(self):
+        self.config = Config(max_payload_bytes=100)
+        self.sent, self.published, self.topics = [], [], []
+        self.dispatchers = {}
+
+    def attach(self, function, consumer):
+        d = self.dispatchers.setdefault(function, FakeDispatcher(function))
+        d.consumers.append(consumer)
+        return d
+
+    def send_to_queue(self, client, function, body):
+        self.sent.append((function, body))
+
+    def publish(self, client, topic, body):
+        self.published.append((topic, body))
+
+    def subscribe_topic(self, pattern, client_id):
+        self.topics.append(("+", pattern, client_id))
+
+    def unsubscribe_topic(self, pattern, client_id):
+        self.topics.append(("-", pattern, client_id))
+
+    def drop_queue(self, function):
+        self.topics.append(("drop", function))
+
+    def count_messages(self, function):
+        return 7
+
+    def count_queue_subscribers(self, function):
+        return 2
+
+    def count_topic_subscribers(self, topic):
+        return 3
+
+
+@pytest.fixture
+def session():
+    transport, broker = FakeTransport(), FakeBroker()
+    s = Session(broker, transport, SessionSettings(heartbeat_send_ms=500,
+                                                   heartbeat_receive_ms=1000,
+                                                   max_subscriptions=2))
+    return s, transport, broker
+
+
+def connect(session, **headers):
+    s, transport, _ = session
+    s.handle(Frame("CONNECT", {"accept-version": "1.0,1.1,1.2", **headers}))
+    assert transport.frames.pop(0).command == "CONNECTED"
+
+
+def last(transport):
+    return transport.frames[-1]
+
+
+def test_connect_negotiates_version_and_heartbeats(session):
+    s, transport, _ = session
+    s.handle(Frame("CONNECT", {"accept-version": "1.1,1.2", "heart-beat": "300,2000"}))
+    frame = last(transport)
+    assert frame.command == "CONNECTED"
+    assert frame.headers["version"] == "1.2" and frame.headers["heart-beat"] == "500,1000"
+    assert s.heartbeat == (2000, 1000)  # we send every max(500, 2000), expect max(300, 1000)
+
+
+def test_connect_without_common_version_is_refused(session):
+    s, transport, _ = session
+    s.handle(Frame("CONNECT", {"accept-version": "2.0"}))
+    assert last(transport).command == "ERROR"
+    assert last(transport).headers["version"] == "1.0,1.1,1.2"
+    assert transport.closed
+
+
+@pytest.mark.parametrize("frame, reason", [
+    (Frame("SEND", {"destination": "/queue/a"}), "SEND before CONNECT"),
+    (Frame("CONNECT", {"accept-version": "1.2", "heart-beat": "x"}), "invalid heart-beat"),
+])
+def test_errors_before_connect(session, frame, reason):
+    s, transport, _ = session
+    s.handle(frame)
+    assert reason in last(transport).headers["message"]
+    assert transport.closed and s.closed
+
+
+def test_send_routes_by_destination_with_receipts(session):
+    s, transport, broker = session
+    connect(session)
+    s.handle(Frame("SEND", {"destination": "/queue/jobs", "receipt": "1"}, b"a"))
+    s.handle(Frame("SEND", {"destination": "/topic/news", "receipt": "2"}, b"b"))
+    assert broker.sent == [("jobs", b"a")] and broker.published == [("news", b"b")]
+    assert [(f.command, f.headers["receipt-id"]) for f in transport.frames] == [
+        ("RECEIPT", "1"), ("RECEIPT", "2")]
+
+
+@pytest.mark.parametrize("headers, body, reason", [
+    ({"destination": "/topic/news*"}, b"", "cannot send to a wildcard topic"),
+    ({"destination": "/queue/has space"}, b"", "invalid queue name"),
+    ({"destination": "/elsewhere"}, b"", "unknown destination"),
+    ({}, b"", "SEND needs a destination header"),
+    ({"destination": "/queue/a"}, b"x" * 101, "over the limit of 100 bytes"),
+    ({"destination": "/queue/a", "transaction": "nope"}, b"", "was not begun"),
+])
+def test_bad_sends_get_an_error_and_nothing_is_sent(session, headers, body, reason):
+    s, transport, broker = session
+    connect(session)
+    s.handle(Frame("SEND", {**headers, "receipt": "r"}, body))
+    error = last(transport)
+    assert error.command == "ERROR" and reason in error.headers["message"]
+    assert error.headers["receipt-id"] == "r"
+    assert broker.sent == broker.published == []
+
+
+def test_control_destinations(session):
+    s, transport, _ = session
+    connect(session)
+    for path in ("count-msgs/queue/q", "count-subscribers/queue/q",
+                 "count-subscribers/topic/t"):
+        s.handle(Frame("SEND", {"destination": f"/control/{path}", "receipt": path}))
+    assert [f.headers.get("num-messages", f.headers.get("num-subscribers"))
+            for f in transport.frames] == ["7", "2", "3"]
+    assert parse_destination("/control/count-subscribers/topic/a.*").target == "topic"
+
+
+@pytest.mark.parametrize("headers, reason", [
+    ({"destination": "/queue/a"}, "SUBSCRIBE needs an id header"),
+    ({"destination": "/queue/a", "id": "1", "ack": "sometimes"}, "unknown ack mode"),
+    ({"destination": "/queue/a", "id": "1", "prefetch-count": "0"}, "invalid prefetch"),
+    ({"destination": "/queue/a", "id": "1", "ack-timeout": "-1"}, "invalid ack-timeout"),
+    ({"destination": "/control/count-msgs/queue/a", "id": "1"}, "control destination"),
+])
+def test_bad_subscriptions(session, headers, reason):
+    s, transport, _ = session
+    connect(session)
+    s.handle(Frame("SUBSCRIBE", headers))
+    assert reason in last(transport).headers["message"]
+
+
+def test_subscription_limits_and_duplicate_ids(session):
+    s, transport, _ = session
+    connect(session)
+    s.handle(Frame("SUBSCRIBE", {"destination": "/queue/a", "id": "1"}))
+    s.handle(Frame("SUBSCRIBE", {"destination": "/queue/b", "id": "1"}))
+    assert "already in use" in last(transport).headers["message"]
+
+
+def test_too_many_subscriptions(session):
+    s, transport, _ = session
+    connect(session)
+    for i in range(3):
+        s.handle(Frame("SUBSCRIBE", {"destination": f"/queue/q{i}", "id": str(i)}))
+    assert "more than 2 subscriptions" in last(transport).headers["message"]
+
+
+def test_client_ack_is_cumulative_and_client_individual_is_not(session):
+    s, transport, broker = session
+    connect(session)
+    s.handle(Frame("SUBSCRIBE", {"destination": "/queue/c", "id": "c", "ack": "client",
+                                 "prefetch": "10"}))
+    s.handle(Frame("SUBSCRIBE", {"destination": "/queue/i", "id": "i",
+                                 "ack": "client-individual", "prefetch": "10"}))
+    cum, ind = broker.dispatchers["c"], broker.dispatchers["i"]
+    for body in (b"1", b"2", b"3"):
+        cum.push(body)
+        ind.push(body)
+    messages = {(f.headers["subscription"], f.body): f.headers["ack"] for f in transport.frames}
+    s.handle(Frame("ACK", {"id": messages[("c", b"2")]}))
+    s.handle(Frame("ACK", {"id": messages[("i", b"2")]}))
+    assert cum.acked == [b"1", b"2"] and ind.acked == [b"2"]
+    s.handle(Frame("NACK", {"id": messages[("i", b"3")]}))
+    assert ind.given_back == [b"3"]
+    s.handle(Frame("ACK", {"id": "unknown"}))  # stale ids are ignored
+    assert not transport.closed
+    s.connection_lost()
+    assert cum.returned == [b"3"] and ind.returned == [b"1"]
+
+
+def test_auto_ack_completes_only_once_written(session):
+    s, transport, broker = session
+    connect(session)
+    s.handle(Frame("SUBSCRIBE", {"destination": "/queue/a", "id": "1"}))
+    d = broker.dispatchers["a"]
+    d.push(b"x")
+    d.push(b"y")
+    assert d.acked == []
+    (sent_x, _), (_, dropped_y) = transport.callbacks[-2:]
+    sent_x()
+    dropped_y()
+    assert d.acked == [b"x"] and d.given_back == [b"y"]
+
+
+def test_credit_follows_prefetch(session):
+    s, transport, broker = session
+    connect(session)
+    s.handle(Frame("SUBSCRIBE", {"destination": "/queue/a", "id": "1", "ack": "client",
+                                 "prefetch-count": "2"}))
+    sub = s.subscriptions["1"]
+    assert sub.credit() == 2
+    broker.dispatchers["a"].push(b"1")
+    assert sub.credit() == 1
+
+
+def test_transactions_buffer_until_commit(session):
+    s, transport, broker = session
+    connect(session)
+    s.handle(Frame("BEGIN", {"transaction": "t"}))
+    s.handle(Frame("SEND", {"destination": "/queue/a", "transaction": "t"}, b"1"))
+    s.handle(Frame("SEND", {"destination": "/queue/a", "transaction": "t"}, b"2"))
+    assert broker.sent == []
+    s.handle(Frame("COMMIT", {"transaction": "t", "receipt": "c"}))
+    assert broker.sent == [("a", b"1"), ("a", b"2")]
+    assert last(transport).headers["receipt-id"] == "c"
+    s.handle(Frame("BEGIN", {"transaction": "u"}))
+    s.handle(Frame("SEND", {"destination": "/queue/a", "transaction": "u"}, b"3"))
+    s.handle(Frame("ABORT", {"transaction": "u"}))
+    assert len(broker.sent) == 2
+    s.handle(Frame("COMMIT", {"transaction": "u"}))
+    assert "was not begun" in last(transport).headers["message"]
+
+
+def test_topic_subscriptions_register_and_clean_up(session):
+    s, transport, broker = session
+    connect(session, **{"client-id": "app"})
+    s.handle(Frame("SUBSCRIBE", {"destination": "/topic/news", "id": "n"}))
+    s.handle(Frame("SUBSCRIBE", {"destination": "/topic/news", "id": "d", "durable": "true"}))
+    (_, _, temp), (_, _, durable) = broker.topics
+    assert temp.startswith("s") and durable.startswith("d-")
+    s.connection_lost()
+    # The non-durable one is unsubscribed and its queue dropped; the durable one stays.
+    assert broker.topics[2:] == [("-", "news", temp), ("drop", f"news_{temp}")]
