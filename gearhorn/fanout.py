@@ -83,30 +83,39 @@ class FanoutService:
 
     def fanout(self, data: bytes) -> bytes:
         request = parse_fanout(data, self.config.max_payload_bytes)
-        message_id = new_message_id()
+        message_ids = [new_message_id() for _ in request.bodies]
         recipients = self.cache.recipients(request.topic)
-        copies = make_copies(request, message_id, recipients)
-        result = {"topic": request.topic, "message_id": message_id, "copies": len(copies),
-                  "background": request.background}
+        copies = make_copies(request, message_ids, recipients)
+        result: dict[str, object] = {"topic": request.topic, "copies": len(copies),
+                                     "background": request.background}
+        if len(message_ids) == 1:
+            result["message_id"] = message_ids[0]
+        else:
+            result["message_ids"] = message_ids
         if request.background:
             self.client.submit_background(copies)
         else:
             outcomes = self.client.submit_foreground(copies, self.config.fanout_timeout)
+            targets = recipients * len(request.bodies)
             failed = [{"client_id": r.client_id, "queue": r.queue, "status": o.status,
                        "reason": o.reason}
-                      for r, o in zip(recipients, outcomes, strict=True) if not o.ok]
+                      for r, o in zip(targets, outcomes, strict=True) if not o.ok]
             result.update(completed=len(copies) - len(failed), failed=failed)
         return _dumps(result)
 
 
-def make_copies(request: Fanout, message_id: str,
+def make_copies(request: Fanout, message_ids: list[str],
                 recipients: tuple[Recipient, ...]) -> list[gearman.Copy]:
-    """One Gearman job per recipient, each with its own unique key."""
-    base = request.unique or message_id
+    """One Gearman job per message and recipient, each with its own unique key.
+
+    Message by message, so every subscriber's queue receives them in order.
+    """
     copies = []
-    for r in recipients:
-        who = r.client_id if r.pattern is None else f"{r.pattern}:{r.client_id}"
-        copies.append(gearman.Copy(r.queue, copy_unique(base, who), request.data))
+    for body, message_id in zip(request.bodies, message_ids, strict=True):
+        base = request.unique or message_id
+        for r in recipients:
+            who = r.client_id if r.pattern is None else f"{r.pattern}:{r.client_id}"
+            copies.append(gearman.Copy(r.queue, copy_unique(base, who), body))
     return copies
 
 

@@ -51,12 +51,18 @@ class Subscription:
 
 @dataclass(frozen=True, slots=True)
 class Fanout:
-    """A ``fanout`` request; ``data`` is what every copy carries."""
+    """A ``fanout`` request; each of ``bodies`` is one message, copied to every
+    subscriber in order."""
 
     topic: str
-    data: bytes
+    bodies: tuple[bytes, ...]
     unique: str | None
     background: bool
+
+    @property
+    def data(self) -> bytes:
+        """The body of a single-message fanout."""
+        return self.bodies[0]
 
 
 def validate_topic(topic: object, *, allow_prefix: bool = False) -> str:
@@ -139,30 +145,54 @@ def parse_subscription(data: bytes) -> Subscription:
 def parse_fanout(data: bytes, max_payload: int = DEFAULT_MAX_PAYLOAD) -> Fanout:
     """Parse a ``{"topic": T, "payload": P, "unique"?: U, "background"?: B}`` payload.
 
-    ``"payload_base64": B64`` may stand instead of ``payload`` to send bytes
-    that are not UTF-8 text (the STOMP bridge does, for binary bodies).
+    Instead of ``payload``: ``payload_base64`` (bytes that are not UTF-8
+    text), or ``payloads`` / ``payloads_base64``, a list of up to
+    ``MAX_BATCH`` messages fanned out in order by one job (the STOMP bridge
+    batches a producer's consecutive SENDs so). ``max_payload`` bounds the
+    bytes of all messages of the job together.
     """
     obj = _load_object(data, limit=max_payload * _RAW_FACTOR + _RAW_SLACK)
     topic = validate_topic(_require(obj, "topic"))
-    body = _payload_bytes(obj)
-    if len(body) > max_payload:
-        raise BadRequest(f"payload is {len(body)} bytes, over the limit of {max_payload} bytes")
-    return Fanout(topic, body, _parse_unique(obj.get("unique")), bool(obj.get("background")))
+    bodies = _bodies(obj)
+    size = sum(len(b) for b in bodies)
+    if size > max_payload:
+        what = "payload is" if len(bodies) == 1 else f"{len(bodies)} payloads total"
+        raise BadRequest(f"{what} {size} bytes, over the limit of {max_payload} bytes")
+    unique = _parse_unique(obj.get("unique"))
+    if unique is not None and len(bodies) > 1:
+        raise BadRequest("unique applies to one message: not with payloads")
+    return Fanout(topic, bodies, unique, bool(obj.get("background")))
 
 
-def _payload_bytes(obj: dict) -> bytes:
-    """``payload``, or ``payload_base64`` for bytes that are not UTF-8 text."""
-    if "payload_base64" in obj:
-        if "payload" in obj:
-            raise BadRequest("give either payload or payload_base64, not both")
-        encoded = obj["payload_base64"]
-        if not isinstance(encoded, str):
-            raise BadRequest(f"payload_base64 must be a string, not {_json_type(encoded)}")
-        try:
-            return base64.b64decode(encoded, validate=True)
-        except ValueError:
-            raise BadRequest("payload_base64 is not valid base64") from None
-    return encode_payload(_require(obj, "payload"))
+MAX_BATCH = 1000
+_PAYLOAD_KEYS = ("payload", "payload_base64", "payloads", "payloads_base64")
+
+
+def _bodies(obj: dict) -> tuple[bytes, ...]:
+    given = [k for k in _PAYLOAD_KEYS if k in obj]
+    if not given:
+        raise BadRequest("missing key 'payload'")
+    if len(given) > 1:
+        raise BadRequest(f"give one of {', '.join(_PAYLOAD_KEYS)}, not {' and '.join(given)}")
+    key, value = given[0], obj[given[0]]
+    if key == "payload":
+        return (encode_payload(value),)
+    if key == "payload_base64":
+        return (_b64(key, value),)
+    if not isinstance(value, list) or not 0 < len(value) <= MAX_BATCH:
+        raise BadRequest(f"{key} must be a list of 1 to {MAX_BATCH} messages")
+    if key == "payloads":
+        return tuple(encode_payload(v) for v in value)
+    return tuple(_b64(key, v) for v in value)
+
+
+def _b64(key: str, value: object) -> bytes:
+    if not isinstance(value, str):
+        raise BadRequest(f"{key} must hold strings, not {_json_type(value)}")
+    try:
+        return base64.b64decode(value, validate=True)
+    except ValueError:
+        raise BadRequest(f"{key} is not valid base64") from None
 
 
 def encode_payload(payload: object) -> bytes:

@@ -17,8 +17,9 @@ import hashlib
 import json
 import logging
 import re
+import uuid
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 import gevent
@@ -294,18 +295,23 @@ class Broker:
 
     # -- sending -------------------------------------------------------------------
 
-    def send_to_queue(self, client: gearman.Client, function: str, body: bytes) -> None:
-        """A background job on ``function``; returns once gearmand accepted it."""
-        unique = f"stomp:{gearman_unique()}"
-        client.submit_background([gearman.Copy(function, unique, body)])
+    def send_to_queue(self, client: gearman.Client, function: str,
+                      bodies: Sequence[bytes]) -> None:
+        """Background jobs on ``function``, in order, in one pipelined write;
+        returns once gearmand accepted them all."""
+        client.submit_background([gearman.Copy(function, f"stomp:{uuid.uuid4().hex}", body)
+                                  for body in bodies])
 
-    def publish(self, client: gearman.Client, topic: str, body: bytes) -> dict:
-        """A ``fanout`` job for ``topic``; returns its result once copies are queued."""
+    def publish(self, client: gearman.Client, topic: str, bodies: Sequence[bytes]) -> dict:
+        """One ``fanout`` job for ``bodies`` (in order); returns once the copies are queued."""
         job: dict[str, object] = {"topic": topic, "background": True}
         try:
-            job["payload"] = body.decode("utf-8")
+            texts = [body.decode("utf-8") for body in bodies]
+            job.update({"payload": texts[0]} if len(texts) == 1 else {"payloads": texts})
         except UnicodeDecodeError:
-            job["payload_base64"] = base64.b64encode(body).decode()
+            encoded = [base64.b64encode(body).decode() for body in bodies]
+            job.update({"payload_base64": encoded[0]} if len(encoded) == 1
+                       else {"payloads_base64": encoded})
         outcome = client.call("fanout", json.dumps(job).encode(), self.config.fanout_timeout)
         if not outcome.ok:
             raise BadRequest(f"fanout to {topic} failed: {outcome.reason}")
@@ -350,9 +356,3 @@ class Broker:
         for host, port in self.config.gearman_servers:
             found += [f for f in gearman.status(host, port) if f.name == function]
         return found
-
-
-def gearman_unique() -> str:
-    import uuid
-
-    return uuid.uuid4().hex

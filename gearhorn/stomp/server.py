@@ -105,13 +105,15 @@ class Connection:
             except FrameError as exc:
                 self.session.error(str(exc))
                 return
-            for frame in frames:
-                was_connected = self.session.connected
-                self.session.handle(frame)
-                if self.session.connected and not was_connected:
+            if frames and not self.session.connected:
+                # Frames before CONNECTED go one by one: the version decides
+                # how the frames after it are parsed.
+                self.session.handle(frames.pop(0))
+                if self.session.connected:
                     self._on_connected()
-                if self._closing:
-                    return
+            self.session.handle_frames(frames)
+            if self._closing:
+                return
             # Back-pressure: don't read more requests while our answers pile up.
             self._drained.wait()
 

@@ -19,7 +19,13 @@ from typing import Protocol
 import redis
 
 from gearhorn import gearman
-from gearhorn.messages import BadRequest, queue_name, validate_queue, validate_topic
+from gearhorn.messages import (
+    MAX_BATCH,
+    BadRequest,
+    queue_name,
+    validate_queue,
+    validate_topic,
+)
 from gearhorn.stomp.broker import Broker, Delivery, QueueDispatcher, durable_client_id
 from gearhorn.stomp.frames import Frame, encode
 
@@ -171,6 +177,57 @@ class Session:
             log.warning("session %s: %s failed: %s", self.id, frame.command, exc)
             self.error(f"service unavailable: {exc}", frame)
 
+    def handle_frames(self, frames: list[Frame]) -> None:
+        """Process frames read together; consecutive SENDs to one destination
+        go to Gearman as one batch (one round trip), in order, each still
+        answered with its own receipt."""
+        batch: list[Frame] = []
+        for frame in frames:
+            if self.closed:
+                return
+            if self._joins(batch, frame):
+                batch.append(frame)
+                continue
+            self._flush(batch)
+            batch = [frame] if self._joins([], frame) else []
+            if not batch:
+                self.handle(frame)
+        self._flush(batch)
+
+    def _joins(self, batch: list[Frame], frame: Frame) -> bool:
+        if (not self.connected or frame.command != "SEND" or "transaction" in frame.headers
+                or len(batch) >= MAX_BATCH):
+            return False
+        dest = frame.headers.get("destination", "")
+        if batch:
+            size = sum(len(f.body) for f in batch) + len(frame.body)
+            return dest == batch[0].headers["destination"] and \
+                size <= self.broker.config.max_payload_bytes
+        return dest.startswith(("/queue/", "/topic/")) and not dest.endswith("*")
+
+    def _flush(self, batch: list[Frame]) -> None:
+        if len(batch) <= 1:
+            for frame in batch:
+                self.handle(frame)
+            return
+        if self.closed:
+            return
+        try:
+            dest = parse_destination(batch[0].headers["destination"])
+            bodies = [f.body for f in batch]
+            if dest.kind == "queue":
+                self.broker.send_to_queue(self.gearman, dest.name, bodies)
+            else:
+                self.broker.publish(self.gearman, dest.name, bodies)
+        except (ProtocolError, BadRequest) as exc:
+            self.error(str(exc), batch[0])
+            return
+        except (gearman.GearmanError, redis.RedisError) as exc:
+            self.error(f"service unavailable: {exc}", batch[0])
+            return
+        for frame in batch:
+            self._receipt(frame)
+
     def error(self, message: str, frame: Frame | None = None, detail: str = "") -> None:
         """Send ERROR (with ``message``) and close the connection."""
         if self.closed:
@@ -240,11 +297,11 @@ class Session:
             raise ProtocolError(f"message body is {len(frame.body)} bytes, over the limit of "
                                 f"{self.broker.config.max_payload_bytes} bytes")
         if dest.kind == "queue":
-            self.broker.send_to_queue(self.gearman, dest.name, frame.body)
+            self.broker.send_to_queue(self.gearman, dest.name, [frame.body])
         elif dest.kind == "topic":
             if dest.name.endswith("*"):
                 raise ProtocolError("cannot send to a wildcard topic")
-            self.broker.publish(self.gearman, dest.name, frame.body)
+            self.broker.publish(self.gearman, dest.name, [frame.body])
         else:
             return self._control(dest)
         return {}

@@ -58,6 +58,18 @@ def test_unique_key_of_the_request_is_the_base_of_every_copy(service):
     assert [(c.unique, c.data) for c in client.background] == [("order-7:alice", b'{"x":1}')]
 
 
+def test_payloads_reach_every_subscriber_in_order(service):
+    svc, client = service
+    for who in ("alice", "bob"):
+        call(svc, "subscribe_fanout", topic="news", client_id=who)
+    result = call(svc, "fanout", topic="news", payloads=["1", "2", "3"], background=True)
+    assert result["copies"] == 6 and len(result["message_ids"]) == 3
+    for who in ("alice", "bob"):
+        assert [c.data for c in client.background if c.function == f"news_{who}"] == [
+            b"1", b"2", b"3"]
+    assert len({c.unique for c in client.background}) == 6
+
+
 def test_foreground_fanout_reports_failures_per_subscriber(registry):
     client = RecordingClient({"news_bob": gearman.Outcome("timeout", reason="no answer")})
     svc = FanoutService(Config(), registry, SubscriberCache(registry), client)

@@ -58,11 +58,13 @@ class FakeBroker:
         d.consumers.append(consumer)
         return d
 
-    def send_to_queue(self, client, function, body):
-        self.sent.append((function, body))
+    def send_to_queue(self, client, function, bodies):
+        self.sent += [(function, body) for body in bodies]
+        self.calls = getattr(self, "calls", 0) + 1
 
-    def publish(self, client, topic, body):
-        self.published.append((topic, body))
+    def publish(self, client, topic, bodies):
+        self.published += [(topic, body) for body in bodies]
+        self.calls = getattr(self, "calls", 0) + 1
 
     def subscribe_topic(self, pattern, client_id):
         self.topics.append(("+", pattern, client_id))
@@ -275,3 +277,29 @@ def test_topic_subscriptions_register_and_clean_up(session):
     s.connection_lost()
     # The non-durable one is unsubscribed and its queue dropped; the durable one stays.
     assert broker.topics[2:] == [("-", "news", temp), ("drop", f"news_{temp}")]
+
+
+def test_consecutive_sends_to_one_destination_are_one_batch(session):
+    s, transport, broker = session
+    connect(session)
+    frames = [Frame("SEND", {"destination": "/topic/t", "receipt": str(i)}, str(i).encode())
+              for i in range(5)]
+    frames.insert(3, Frame("SEND", {"destination": "/queue/q", "receipt": "q"}, b"q"))
+    s.handle_frames(frames)
+    assert broker.published == [("t", b"0"), ("t", b"1"), ("t", b"2"), ("t", b"3"),
+                                ("t", b"4")]
+    assert broker.sent == [("q", b"q")]
+    assert broker.calls == 3  # [0,1,2], [q], [3,4]
+    assert [f.headers["receipt-id"] for f in transport.frames] == ["0", "1", "2", "q", "3", "4"]
+
+
+def test_a_bad_frame_in_a_batch_stops_after_the_good_ones(session):
+    s, transport, broker = session
+    connect(session)
+    frames = [Frame("SEND", {"destination": "/queue/q"}, b"1"),
+              Frame("SEND", {"destination": "/queue/q"}, b"2"),
+              Frame("SEND", {"destination": "/queue/bad name"}, b"3"),
+              Frame("SEND", {"destination": "/queue/q"}, b"4")]
+    s.handle_frames(frames)
+    assert broker.sent == [("q", b"1"), ("q", b"2")]
+    assert "invalid queue name" in last(transport).headers["message"]
