@@ -16,7 +16,7 @@ import socket
 import struct
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import gear
@@ -456,6 +456,9 @@ class WorkerConnection:
         self.functions = tuple(functions)
         self.client_id = client_id
         self._send_lock = threading.Lock()
+        # A scheduler (gevent's loop.run_callback) to batch WORK_COMPLETEs.
+        self.coalesce: Callable[[Callable[[], None]], object] | None = None
+        self._answers: list[bytes] = []
 
     def open(self) -> None:
         self.conn.open()
@@ -493,12 +496,27 @@ class WorkerConnection:
                 return True
 
     def complete(self, handle: bytes, data: bytes = b"") -> None:
-        with self._send_lock:
-            self.conn.send(encode(P.WORK_COMPLETE, handle, data))
+        self._answer(encode(P.WORK_COMPLETE, handle, data))
 
     def fail(self, handle: bytes) -> None:
-        with self._send_lock:
-            self.conn.send(encode(P.WORK_FAIL, handle))
+        self._answer(encode(P.WORK_FAIL, handle))
+
+    def _answer(self, packet: bytes) -> None:
+        """Send now, or with ``coalesce`` set, gather the answers given in one
+        turn of the event loop into one write (``flush``, called by the owner)."""
+        if self.coalesce is None:
+            with self._send_lock:
+                self.conn.send(packet)
+            return
+        if not self._answers:
+            self.coalesce(self.flush)
+        self._answers.append(packet)
+
+    def flush(self) -> None:
+        if self._answers:
+            wire, self._answers = b"".join(self._answers), []
+            with self._send_lock:
+                self.conn.send(wire)
 
     def close(self) -> None:
         self.conn.close()

@@ -97,6 +97,7 @@ class QueueDispatcher:
 
     def _open(self, host: str, port: int, client_id: str) -> gearman.WorkerConnection:
         worker = gearman.WorkerConnection(host, port, [self.function], client_id)
+        worker.coalesce = _run_soon
         try:
             worker.open()
             self._workers.append(worker)
@@ -262,6 +263,20 @@ class QueueDispatcher:
             worker.close()
         self._workers.clear()
         self.waiting.clear()
+
+
+def _run_soon(callback: Callable[[], None]) -> None:
+    """Run ``callback`` in this turn of the gevent loop, after the current greenlet
+    yields: acks given together leave in one write."""
+    gevent.get_hub().loop.run_callback(_guarded, callback)
+
+
+def _guarded(callback: Callable[[], None]) -> None:
+    try:
+        callback()
+    except gearman.GearmanError as exc:
+        # The connection broke: gearmand requeues what we held; it comes again.
+        log.warning("acks not delivered: %s", exc)
 
 
 def durable_client_id(name: str) -> str:

@@ -52,23 +52,27 @@ class FrameParser:
         self.version = "1.0"
         self.heartbeats = 0
         self._buf = bytearray()
+        self._pos = 0  # start of the first byte not yet consumed
 
     def feed(self, data: bytes) -> list[Frame]:
         self._buf += data
         frames = []
-        while True:
-            frame = self._next()
-            if frame is None:
-                return frames
-            frames.append(frame)
+        try:
+            while (frame := self._next()) is not None:
+                frames.append(frame)
+        finally:
+            # One compaction per chunk, not one per frame.
+            del self._buf[:self._pos]
+            self._pos = 0
+        return frames
 
     @property
     def pending(self) -> int:
         """Bytes received that are not yet part of a whole frame."""
-        return len(self._buf)
+        return len(self._buf) - self._pos
 
     def _skip_heartbeats(self) -> bool:
-        buf, i = self._buf, 0
+        buf, i = self._buf, self._pos
         while i < len(buf) and buf[i] in (EOL, CR):
             if buf[i] == CR:
                 if i + 1 == len(buf):
@@ -78,24 +82,23 @@ class FrameParser:
                 i += 1
             i += 1
             self.heartbeats += 1
-        if i:
-            del buf[:i]
-        return bool(buf)
+        self._pos = i
+        return i < len(buf)
 
     def _next(self) -> Frame | None:
         if not self._skip_heartbeats():
             return None
-        buf = self._buf
-        head_end, body_start = _find_blank_line(buf)
+        buf, pos = self._buf, self._pos
+        head_end, body_start = _find_blank_line(buf, pos)
         if head_end < 0:
-            self._check_header_size(len(buf))
+            self._check_header_size(len(buf) - pos)
             return None
-        self._check_header_size(head_end)
-        command, headers = self._parse_head(bytes(buf[:head_end]))
+        self._check_header_size(head_end - pos)
+        command, headers = self._parse_head(bytes(buf[pos:head_end]))
         length = headers.get("content-length")
         if length is not None:
             size = _content_length(length)
-            self._check_frame_size(body_start + size)
+            self._check_frame_size(body_start - pos + size)
             end = body_start + size
             if len(buf) <= end:
                 return None
@@ -104,11 +107,11 @@ class FrameParser:
         else:
             end = buf.find(NUL, body_start)
             if end < 0:
-                self._check_frame_size(len(buf))
+                self._check_frame_size(len(buf) - pos)
                 return None
-            self._check_frame_size(end)
+            self._check_frame_size(end - pos)
         body = bytes(buf[body_start:end])
-        del buf[:end + 1]
+        self._pos = end + 1
         return Frame(command, headers, body)
 
     def _check_header_size(self, size: int) -> None:
@@ -148,10 +151,10 @@ class FrameParser:
         return command, headers
 
 
-def _find_blank_line(buf: bytearray) -> tuple[int, int]:
+def _find_blank_line(buf: bytearray, start: int) -> tuple[int, int]:
     """(end of the header block, start of the body), or (-1, -1)."""
-    lf = buf.find(b"\n\n")
-    crlf = buf.find(b"\n\r\n")
+    lf = buf.find(b"\n\n", start)
+    crlf = buf.find(b"\n\r\n", start)
     if lf < 0 and crlf < 0:
         return -1, -1
     if crlf < 0 or 0 <= lf < crlf:

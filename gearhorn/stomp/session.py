@@ -182,27 +182,30 @@ class Session:
         go to Gearman as one batch (one round trip), in order, each still
         answered with its own receipt."""
         batch: list[Frame] = []
+        size = 0
         for frame in frames:
             if self.closed:
                 return
-            if self._joins(batch, frame):
+            if self._joins(batch, size, frame):
                 batch.append(frame)
+                size += len(frame.body)
                 continue
             self._flush(batch)
-            batch = [frame] if self._joins([], frame) else []
-            if not batch:
+            batch, size = [], 0
+            if self._joins(batch, size, frame):
+                batch, size = [frame], len(frame.body)
+            else:
                 self.handle(frame)
         self._flush(batch)
 
-    def _joins(self, batch: list[Frame], frame: Frame) -> bool:
+    def _joins(self, batch: list[Frame], size: int, frame: Frame) -> bool:
         if (not self.connected or frame.command != "SEND" or "transaction" in frame.headers
                 or len(batch) >= MAX_BATCH):
             return False
         dest = frame.headers.get("destination", "")
         if batch:
-            size = sum(len(f.body) for f in batch) + len(frame.body)
             return dest == batch[0].headers["destination"] and \
-                size <= self.broker.config.max_payload_bytes
+                size + len(frame.body) <= self.broker.config.max_payload_bytes
         return dest.startswith(("/queue/", "/topic/")) and not dest.endswith("*")
 
     def _flush(self, batch: list[Frame]) -> None:
