@@ -388,3 +388,40 @@ def test_stopping_the_bridge_returns_unacked_messages(gearmand, start_pool, star
 
 def stack_gm(gearmand):
     return gearmand
+
+
+def test_a_stuck_consumer_does_not_delay_others_or_grow_the_bridge(gearmand, stack,
+                                                                   stomp_clients):
+    topic = unique_topic()
+    stuck = socket.socket()
+    stuck.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    stuck.connect(("127.0.0.1", stack.port))
+    stuck.sendall(encode("CONNECT", {"accept-version": "1.2", "host": "x"}) +
+                  encode("SUBSCRIBE", {"destination": f"/topic/{topic}", "id": "1",
+                                       "receipt": "s"}))
+    wait_for(lambda: b"receipt-id:s" in stuck.recv(65536, socket.MSG_PEEK))
+    healthy = stomp_clients(stack.port)
+    healthy.subscribe(f"/topic/{topic}", "1")
+    producer = stomp_clients(stack.port)
+    body = b"x" * 1024
+    for _ in range(10_000):
+        producer.conn.send(destination=f"/topic/{topic}", body=body)
+    producer.send(f"/topic/{topic}", b"last")
+    assert healthy.messages(10_001, timeout=60)[-1].body == b"last"
+    # What the stuck client cannot take waits in gearmand, not in the bridge.
+    from gearhorn import gearman
+    waiting = sum(f.queued for f in gearman.status(gearmand.host, gearmand.port)
+                  if f.name.startswith(f"{topic}_s"))
+    assert waiting > 5_000
+    stuck.close()
+
+
+def test_connection_limit(gearmand, start_pool, start_bridge, stomp_clients):
+    start_pool([gearmand])
+    bridge = start_bridge([gearmand], env={"GEARHORN_STOMP_MAX_CONNECTIONS": "2"})
+    stomp_clients(bridge.port)
+    stomp_clients(bridge.port)
+    raw = RawClient(bridge.port)
+    error = raw.read_frame()
+    assert error.command == "ERROR" and "too many connections" in error.headers["message"]
+    raw.close()
