@@ -102,7 +102,8 @@ def bench_topic(port: int, login: dict, topic: str, messages: int) -> dict:
     delivered = sum(n for n, _, _ in got)
     latencies = [lat for _, _, lats in got for lat in lats]
     return {"deliveries": delivered, "rate": delivered / (end - start),
-            "p50_ms": percentile(latencies, 0.5) * 1000, "p99_ms": percentile(latencies, 0.99) * 1000}
+            "p50_ms": percentile(latencies, 0.5) * 1000,
+            "p99_ms": percentile(latencies, 0.99) * 1000}
 
 
 def bench_queue(port: int, login: dict, queue: str, messages: int) -> dict:
@@ -238,8 +239,10 @@ def main() -> None:
         print("  RabbitMQ: not installed (apt-get install rabbitmq-server); no comparison")
         return
     theirs = run(RabbitMQ, topic_messages, queue_messages)
-    print(f"  ratio gearhorn/RabbitMQ: topic deliveries {ours['topic']['rate'] / theirs['topic']['rate']:.2f}"
-          f", queue send+ack {ours['queue']['rate'] / theirs['queue']['rate']:.2f}")
+    topic_ratio = ours["topic"]["rate"] / theirs["topic"]["rate"]
+    queue_ratio = ours["queue"]["rate"] / theirs["queue"]["rate"]
+    print(f"  ratio gearhorn/RabbitMQ: topic deliveries {topic_ratio:.2f}, "
+          f"queue send+ack {queue_ratio:.2f}")
 
 
 if __name__ == "__main__":
