@@ -70,6 +70,24 @@ def build_parser() -> argparse.ArgumentParser:
     consume.add_argument("--count", type=int, help="stop after N copies")
     consume.add_argument("--timeout", type=float, help="stop after waiting this many seconds")
 
+    ledger = sub.add_parser("ledger", parents=[common], help="the delivery ledger")
+    ledger_sub = ledger.add_subparsers(dest="ledger_command", required=True, metavar="ACTION")
+    export = ledger_sub.add_parser("export", parents=[common],
+                                   help="write new ledger events to files, by date")
+    export.add_argument("--out", required=True, metavar="DIR")
+    export.add_argument("--format", choices=("parquet", "jsonl"), default="parquet")
+
+    report = sub.add_parser("report", help="Spark job: statistics and reconciliation of "
+                                           "an exported ledger")
+    report.add_argument("--ledger", required=True, metavar="DIR",
+                        help="folder written by `gearhorn ledger export`")
+    report.add_argument("--out", required=True, metavar="DIR",
+                        help="folder for tables/ (Parquet) and report.html")
+    report.add_argument("--master", help="Spark master URL (default: Spark's, local[*])")
+    report.add_argument("--stale-after", type=float, default=300.0, metavar="SECONDS",
+                        help="a subscriber with a backlog and no ack this long is stale")
+    report.add_argument("--shuffle-partitions", type=int, default=4)
+
     status = sub.add_parser("status", parents=[common],
                             help="topics, subscribers, live workers and queue depths")
     status.add_argument("--json", action="store_true", help="machine-readable output")
@@ -77,6 +95,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def load_config(args: argparse.Namespace) -> Config:
+    if args.command == "report":  # a Spark job: no gearhorn servers involved
+        return configuration.load({}, None)
     servers = tuple(args.gearman) if args.gearman else None
     flags = {"gearman_servers": servers, "redis_url": args.redis_url,
              "log_level": args.log_level, "processes": getattr(args, "processes", None),
@@ -191,6 +211,42 @@ def cmd_consume(config: Config, args: argparse.Namespace) -> int:
             sys.stdout.buffer.write(data + b"\n")
             sys.stdout.flush()
             received += 1
+    return 0
+
+
+def cmd_ledger(config: Config, args: argparse.Namespace) -> int:
+    import redis
+
+    from gearhorn.keys import Keys
+    from gearhorn.ledger import export
+
+    client = redis.Redis.from_url(config.redis_url, socket_timeout=30)
+    try:
+        result = export(client, Keys(config.key_prefix, config.matchmaking_channel), args.out,
+                        args.format)
+    except (redis.RedisError, RuntimeError) as exc:
+        raise CommandError(str(exc)) from None
+    print(f"exported {result['rows']:,} rows in {len(result['files'])} files to {args.out} "
+          f"(ledger up to {result['last_id']})")
+    if result["trimmed"]:
+        print("warning: the ledger was trimmed (ledger_maxlen) before some events were "
+              "exported; export more often", file=sys.stderr)
+    return 0
+
+
+def cmd_report(config: Config, args: argparse.Namespace) -> int:
+    from gearhorn.pipeline.job import Options, PipelineError, run
+
+    options = Options(args.ledger, args.out, args.master, args.stale_after,
+                      args.shuffle_partitions)
+    try:
+        summary = run(options)
+    except PipelineError as exc:
+        raise CommandError(str(exc)) from None
+    problems = sum(summary["reconciliation"].values())
+    print(f"{summary['events']:,} events ({summary['malformed']:,} malformed rows skipped); "
+          f"reconciliation: {problems:,} problems; report: {args.out}/report.html "
+          f"({summary['seconds']}s)")
     return 0
 
 

@@ -60,6 +60,9 @@ class Config:
     stomp_max_backlog_bytes: int = 1024 * 1024
     stomp_tls_cert: str = ""
     stomp_tls_key: str = ""
+    # The delivery ledger (a Redis Stream; gearhorn ledger export reads it).
+    ledger_enabled: bool = True
+    ledger_maxlen: int = 1_000_000
 
     def replace(self, **changes: object) -> Config:
         return dataclasses.replace(self, **changes)
@@ -100,6 +103,8 @@ def _convert(name: str, raw: str, source: str) -> object:
     try:
         if name == "gearman_servers":
             return parse_servers(raw)
+        if kind == "bool":
+            return _boolean(raw)
         if kind == "int":
             value = int(raw)
         elif kind == "float":
@@ -111,6 +116,17 @@ def _convert(name: str, raw: str, source: str) -> object:
     if value <= 0:
         raise ConfigError(f"{source}: {name} must be positive, got {raw!r}")
     return value
+
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
+
+
+def _boolean(raw: str) -> bool:
+    word = raw.strip().lower()
+    if word not in _TRUE | _FALSE:
+        raise ValueError(f"expected true or false, got {raw!r}")
+    return word in _TRUE
 
 
 def _from_file(path: str) -> dict[str, object]:

@@ -21,6 +21,7 @@ from gearhorn import gearman
 from gearhorn.cache import InvalidationListener, SubscriberCache
 from gearhorn.config import Config
 from gearhorn.keys import Keys
+from gearhorn.ledger import Ledger
 from gearhorn.messages import (
     BadRequest,
     Fanout,
@@ -52,11 +53,12 @@ class FanoutService:
     """What the Gearman functions do, independent of how jobs arrive."""
 
     def __init__(self, config: Config, registry: Registry, cache: SubscriberCache,
-                 client: gearman.Client) -> None:
+                 client: gearman.Client, ledger: Ledger | None = None) -> None:
         self.config = config
         self.registry = registry
         self.cache = cache
         self.client = client
+        self.ledger = ledger
         self._handlers = {SUBSCRIBE: self.subscribe, SUBSCRIBE_ALIAS: self.subscribe,
                           UNSUBSCRIBE: self.unsubscribe, FANOUT: self.fanout}
 
@@ -94,14 +96,47 @@ class FanoutService:
             result["message_ids"] = message_ids
         if request.background:
             self.client.submit_background(copies)
+            failed = []
         else:
             outcomes = self.client.submit_foreground(copies, self.config.fanout_timeout)
             targets = recipients * len(request.bodies)
-            failed = [{"client_id": r.client_id, "queue": r.queue, "status": o.status,
-                       "reason": o.reason}
-                      for r, o in zip(targets, outcomes, strict=True) if not o.ok]
-            result.update(completed=len(copies) - len(failed), failed=failed)
+            failed = [({"client_id": r.client_id, "queue": r.queue, "status": o.status,
+                        "reason": o.reason}, c.unique)
+                      for r, o, c in zip(targets, outcomes, copies, strict=True) if not o.ok]
+            result.update(completed=len(copies) - len(failed), failed=[f for f, _ in failed])
+        self._record(request.topic, message_ids, copies, failed)
         return _dumps(result)
+
+    def _record(self, topic: str, message_ids: list[str], copies: list[gearman.Copy],
+                failed: list[tuple[dict, str]]) -> None:
+        """Ledger entries for a fanout, in one round trip. The copies are in
+        gearmand already: a Redis error here is logged, not raised (a retry
+        by the client would only duplicate them)."""
+        if self.ledger is None or not self.ledger.enabled:
+            return
+        pipe = self.registry.redis.pipeline(transaction=False)
+        width = len(copies) // len(message_ids)
+        for i, message_id in enumerate(message_ids):
+            mine = copies[i * width:(i + 1) * width]
+            self.ledger.published(pipe, topic, message_id,
+                                  [(c.function, c.unique) for c in mine])
+        for failure, unique in failed:
+            self.ledger.failed(pipe, f"{failure['status']}: {failure['reason']}", topic,
+                               failure["queue"], unique)
+        try:
+            pipe.execute()
+        except redis.RedisError as exc:
+            log.warning("ledger entries for %s lost: %s", topic, exc)
+
+    def record_rejection(self, function: str, reason: str) -> None:
+        if self.ledger is None or not self.ledger.enabled:
+            return
+        pipe = self.registry.redis.pipeline(transaction=False)
+        self.ledger.failed(pipe, f"{function}: {reason}")
+        try:
+            pipe.execute()
+        except redis.RedisError as exc:
+            log.warning("ledger entry lost: %s", exc)
 
 
 def make_copies(request: Fanout, message_ids: list[str],
@@ -131,7 +166,10 @@ class WorkerProcess:
         self.registry = Registry(self.redis, keys)
         self.cache = SubscriberCache(self.registry, config.cache_size)
         self.client = gearman.Client(config.gearman_servers, batch=config.submit_batch)
-        self.service = FanoutService(config, self.registry, self.cache, self.client)
+        self.ledger = Ledger(self.redis, keys, config.ledger_maxlen, config.ledger_enabled,
+                             source=self.worker_id)
+        self.service = FanoutService(config, self.registry, self.cache, self.client,
+                                     self.ledger)
         self.listener = InvalidationListener(self.redis, keys.channel, self.cache)
         self.worker = gearman.NoDelayWorker(client_id=self.worker_id)
         self.jobs_done = 0
@@ -163,6 +201,7 @@ class WorkerProcess:
             result = self.service.handle(job.name, job.arguments)
         except (BadRequest, Unavailable) as exc:
             self._fail(job, str(exc))
+            self.service.record_rejection(job.name, str(exc))
         except Exception as exc:  # a bug must not kill the worker
             log.exception("job %s on %s failed", job.handle, job.name)
             self._fail(job, f"internal error: {type(exc).__name__}: {exc}")

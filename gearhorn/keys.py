@@ -12,6 +12,8 @@ All keys start with the configured prefix (default ``gearhorn:``):
 ``<p>workers``                  sorted set: worker id scored by the epoch second at
                                 which it is dead unless it sends a heartbeat
 ``<p>worker:<id>``              hash: pid, host, started, jobs; expires with the worker
+``<p>ledger``                   stream: the delivery ledger (gearhorn/ledger.py),
+                                trimmed to about ``ledger_maxlen`` entries
 ==============================  ====================================================
 
 The matchmaking channel (default ``__matchmaking``, not prefixed so other
@@ -42,6 +44,10 @@ class Keys:
     @property
     def versions(self) -> str:
         return self.prefix + "versions"
+
+    @property
+    def ledger(self) -> str:
+        return self.prefix + "ledger"
 
     @property
     def workers(self) -> str:

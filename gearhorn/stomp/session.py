@@ -342,6 +342,7 @@ class Session:
             sub.function = dest.name
         self.subscriptions[sub_id] = sub
         sub.dispatcher = self.broker.attach(sub.function, sub)
+        self.broker.record("attached", sub.function)
         self._receipt(frame)
 
     def _subscribe_topic(self, sub: StompSubscription, pattern: str, frame: Frame) -> None:
@@ -408,12 +409,14 @@ class Session:
         if delivery.redelivered:
             headers["redelivered"] = "true"
         data = encode("MESSAGE", headers, delivery.body, self.version)
+        self.broker.record("delivered", sub.function, delivery.job.unique, delivery.redelivered)
         if sub.ack == "auto":
             sub.in_flight += 1
 
             def sent() -> None:
                 sub.in_flight -= 1
                 delivery.ack()
+                self.broker.record("acked", sub.function, delivery.job.unique)
 
             def dropped() -> None:
                 sub.in_flight -= 1
@@ -462,7 +465,11 @@ class Session:
             settled.append(sub.unacked.pop(message_id))
             self.acks.pop(message_id, None)
         for delivery in settled:
-            delivery.ack() if ack else delivery.nack()
+            if ack:
+                delivery.ack()
+                self.broker.record("acked", sub.function, delivery.job.unique)
+            else:
+                delivery.nack()
 
     # -- transactions ------------------------------------------------------------
 

@@ -53,6 +53,9 @@ class FakeBroker:
         self.sent, self.published, self.topics = [], [], []
         self.dispatchers = {}
 
+    def record(self, event, subscriber, unique="", redelivered=False):
+        self.ledger = getattr(self, "ledger", []) + [(event, subscriber, unique)]
+
     def attach(self, function, consumer):
         d = self.dispatchers.setdefault(function, FakeDispatcher(function))
         d.consumers.append(consumer)

@@ -1,0 +1,243 @@
+"""The delivery ledger: events in a bounded Redis Stream, exported to files.
+
+One stream entry per message published (it lists every copy enqueued, so a
+fanout to 1,000 subscribers costs one XADD, sent in the same pipeline as the
+rest of the job's bookkeeping) and one per bridge event (delivered, acked,
+attached), buffered and flushed together. ``export`` turns entries into flat
+rows, one per event, which is what the Spark pipeline reads.
+
+Row fields (``ROW_FIELDS``): ``event`` (published, enqueued, attached,
+delivered, acked, failed), ``ts`` (epoch milliseconds), ``message_id``,
+``topic``, ``subscriber`` (the copy's queue, ``<topic>_<client_id>``),
+``unique`` (the copy's Gearman unique key, which names one copy), ``count``
+(subscribers of a published message), ``reason`` (failed), ``redelivered``,
+``source`` (the worker or bridge that wrote it), ``stream_id``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from datetime import UTC, datetime
+
+import redis
+
+from gearhorn.keys import Keys
+
+log = logging.getLogger(__name__)
+
+ROW_FIELDS = ("event", "ts", "message_id", "topic", "subscriber", "unique", "count",
+              "reason", "redelivered", "source", "stream_id")
+CHECKPOINT = "_checkpoint"
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class Ledger:
+    """Appends events; a disabled ledger accepts calls and does nothing."""
+
+    def __init__(self, client: redis.Redis, keys: Keys, maxlen: int = 1_000_000,
+                 enabled: bool = True, source: str = "") -> None:
+        self.redis = client
+        self.stream = keys.ledger
+        self.maxlen = maxlen
+        self.enabled = enabled
+        self.source = source
+        self._buffer: list[dict[str, str]] = []
+
+    def published(self, pipe: redis.client.Pipeline, topic: str, message_id: str,
+                  copies: Sequence[tuple[str, str]]) -> None:
+        """Queue on ``pipe``: ``message_id`` went to ``copies`` (queue, unique)."""
+        if self.enabled:
+            subs = "\n".join(f"{queue}\t{unique}" for queue, unique in copies)
+            self._xadd(pipe, {"e": "published", "ts": str(now_ms()), "mid": message_id,
+                              "topic": topic, "n": str(len(copies)), "subs": subs})
+
+    def failed(self, pipe: redis.client.Pipeline, reason: str, topic: str = "",
+               subscriber: str = "", unique: str = "", message_id: str = "") -> None:
+        if self.enabled:
+            self._xadd(pipe, {"e": "failed", "ts": str(now_ms()), "reason": reason[:500],
+                              "topic": topic, "sub": subscriber, "u": unique,
+                              "mid": message_id})
+
+    def record(self, event: str, subscriber: str, unique: str = "",
+               redelivered: bool = False) -> None:
+        """Buffer a bridge event (attached, delivered, acked); see :meth:`flush`."""
+        if self.enabled:
+            self._buffer.append({"e": event, "ts": str(now_ms()), "sub": subscriber,
+                                 "u": unique, "r": "1" if redelivered else ""})
+
+    @property
+    def buffered(self) -> int:
+        return len(self._buffer)
+
+    def flush(self) -> None:
+        """Write buffered events in one round trip."""
+        if not self._buffer:
+            return
+        events, self._buffer = self._buffer, []
+        pipe = self.redis.pipeline(transaction=False)
+        for fields in events:
+            self._xadd(pipe, fields)
+        pipe.execute()
+
+    def _xadd(self, pipe: redis.client.Pipeline, fields: dict[str, str]) -> None:
+        if self.source:
+            fields["src"] = self.source
+        pipe.xadd(self.stream, fields, maxlen=self.maxlen, approximate=True)
+
+
+# -- entries to rows (pure) ------------------------------------------------------
+
+
+def rows_from_entries(entries: Iterable[tuple[str, dict[str, str]]]) -> Iterator[dict]:
+    """Stream entries ``(id, fields)`` -> flat rows (``ROW_FIELDS``).
+
+    A ``published`` entry gives one ``published`` row and one ``enqueued``
+    row per copy it lists.
+    """
+    for stream_id, fields in entries:
+        event = fields.get("e", "")
+        base = {"event": event, "ts": _int(fields.get("ts")),
+                "message_id": fields.get("mid") or None, "topic": fields.get("topic") or None,
+                "subscriber": fields.get("sub") or None, "unique": fields.get("u") or None,
+                "count": None, "reason": fields.get("reason") or None,
+                "redelivered": fields.get("r") == "1", "source": fields.get("src") or None,
+                "stream_id": stream_id}
+        if event != "published":
+            yield base
+            continue
+        yield {**base, "count": _int(fields.get("n"))}
+        for line in filter(None, fields.get("subs", "").split("\n")):
+            queue, _, unique = line.partition("\t")
+            yield {**base, "event": "enqueued", "subscriber": queue, "unique": unique or None}
+
+
+def _int(value: str | None) -> int | None:
+    try:
+        return int(value) if value is not None else None
+    except ValueError:
+        return None
+
+
+# -- export ----------------------------------------------------------------------
+
+
+def _decode(fields: dict) -> dict[str, str]:
+    return {k.decode() if isinstance(k, bytes) else k: v.decode() if isinstance(v, bytes) else v
+            for k, v in fields.items()}
+
+
+def _id(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+class ExportResult(dict):
+    """rows, files, first_id, last_id, trimmed (events lost before export)."""
+
+
+def export(client: redis.Redis, keys: Keys, out_dir: str, fmt: str = "parquet",
+           chunk: int = 10_000) -> ExportResult:
+    """Write every event since the last export to ``out_dir/date=YYYY-MM-DD/``.
+
+    The last exported stream id is kept in ``out_dir/_checkpoint``, written
+    after the files: an export that dies half way is redone whole next time
+    (its files are replaced: they are named by the same first id), so no
+    event is lost or written twice.
+    """
+    if fmt not in ("parquet", "jsonl"):
+        raise ValueError("format must be parquet or jsonl")
+    os.makedirs(out_dir, exist_ok=True)
+    since = _read_checkpoint(out_dir)
+    head = client.xrevrange(keys.ledger, count=1)
+    result = ExportResult(rows=0, files=[], first_id=None, last_id=since, trimmed=False)
+    if not head:
+        return result
+    end = _id(head[0][0])
+    first = client.xrange(keys.ledger, count=1)
+    if since and first and _id(first[0][0]) > _next_id(since):
+        result["trimmed"] = True  # MAXLEN dropped events nobody exported
+        log.warning("ledger: events between %s and %s were trimmed before export",
+                    since, _id(first[0][0]))
+    rows_by_date: dict[str, list[dict]] = {}
+    start = "(" + since if since else "-"
+    while True:
+        batch = client.xrange(keys.ledger, min=start, max=end, count=chunk)
+        if not batch:
+            break
+        entries = [(_id(i), _decode(f)) for i, f in batch]
+        result["first_id"] = result["first_id"] or entries[0][0]
+        for row in rows_from_entries(entries):
+            day = datetime.fromtimestamp((row["ts"] or 0) / 1000, UTC).strftime("%Y-%m-%d")
+            rows_by_date.setdefault(day, []).append(row)
+        start = "(" + entries[-1][0]
+        if entries[-1][0] == end:
+            break
+    if result["first_id"] is None:
+        return result
+    name = f"part-{result['first_id'].replace('-', '_')}"
+    for day, rows in sorted(rows_by_date.items()):
+        path = _write(out_dir, day, name, rows, fmt)
+        result["files"].append(path)
+        result["rows"] += len(rows)
+    _write_checkpoint(out_dir, end)
+    result["last_id"] = end
+    return result
+
+
+def _next_id(stream_id: str) -> str:
+    ms, _, seq = stream_id.partition("-")
+    return f"{ms}-{int(seq or 0) + 1}"
+
+
+def _read_checkpoint(out_dir: str) -> str | None:
+    path = os.path.join(out_dir, CHECKPOINT)
+    if not os.path.exists(path):
+        return None
+    with open(path) as fp:
+        return fp.read().strip() or None
+
+
+def _write_checkpoint(out_dir: str, last_id: str) -> None:
+    path = os.path.join(out_dir, CHECKPOINT)
+    with open(path + ".tmp", "w") as fp:
+        fp.write(last_id + "\n")
+        fp.flush()
+        os.fsync(fp.fileno())
+    os.replace(path + ".tmp", path)
+
+
+def _write(out_dir: str, day: str, name: str, rows: list[dict], fmt: str) -> str:
+    folder = os.path.join(out_dir, f"date={day}")
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, f"{name}.{fmt}")
+    tmp = path + ".tmp"
+    if fmt == "jsonl":
+        with open(tmp, "w") as fp:
+            for row in rows:
+                fp.write(json.dumps(row, separators=(",", ":")) + "\n")
+    else:
+        _write_parquet(tmp, rows)
+    os.replace(tmp, path)
+    return path
+
+
+def _write_parquet(path: str, rows: list[dict]) -> None:
+    try:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise RuntimeError("Parquet export needs pyarrow (pip install pyarrow), "
+                           "or use --format jsonl") from None
+    schema = pa.schema([("event", pa.string()), ("ts", pa.int64()), ("message_id", pa.string()),
+                        ("topic", pa.string()), ("subscriber", pa.string()),
+                        ("unique", pa.string()), ("count", pa.int64()), ("reason", pa.string()),
+                        ("redelivered", pa.bool_()), ("source", pa.string()),
+                        ("stream_id", pa.string())])
+    table = pa.Table.from_pylist(rows, schema=schema)
+    pq.write_table(table, path, compression="zstd")

@@ -1,0 +1,161 @@
+"""Entry point of the report: ``gearhorn report`` or ``spark-submit``.
+
+    spark-submit --master spark://host:7077 --py-files gearhorn.zip \\
+        gearhorn/pipeline/job.py --ledger /data/ledger --out /data/report
+
+Without ``--master`` Spark chooses (spark-submit's, or local[*] for a plain
+``python``); gearhorn never hard-codes one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import os
+import shutil
+import sys
+import time
+from dataclasses import dataclass
+
+if __package__ in (None, ""):  # run as a file by spark-submit
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
+
+from gearhorn.pipeline import transforms as T  # noqa: E402
+
+
+class PipelineError(RuntimeError):
+    """A problem a person can fix; the message says how."""
+
+
+@dataclass(frozen=True)
+class Options:
+    ledger: str
+    out: str
+    master: str | None = None
+    stale_after_s: float = 300.0
+    shuffle_partitions: int = 4
+    now_ms: int | None = None  # "now" for staleness; the latest event if None
+    quiet: bool = False
+
+
+def check_java() -> None:
+    java_home = os.environ.get("JAVA_HOME")
+    if java_home and os.access(os.path.join(java_home, "bin", "java"), os.X_OK):
+        return
+    if shutil.which("java") is None:
+        raise PipelineError("Java is not installed, and Spark needs it: "
+                            "apt-get install default-jre-headless (Java 17 or newer)")
+
+
+def ledger_files(path: str) -> tuple[str, list[str]]:
+    """The input format and files; a clear error when there are none."""
+    if not os.path.isdir(path):
+        raise PipelineError(f"ledger folder {path} does not exist: "
+                            f"run `gearhorn ledger export --out {path}` first")
+    for fmt in ("parquet", "jsonl"):
+        files = glob.glob(os.path.join(path, "**", f"*.{fmt}"), recursive=True)
+        if files:
+            return fmt, files
+    raise PipelineError(f"no ledger files (*.parquet, *.jsonl) under {path}: "
+                        f"run `gearhorn ledger export --out {path}` first")
+
+
+def spark_session(options: Options):
+    from pyspark.sql import SparkSession
+
+    builder = (SparkSession.builder.appName("gearhorn-report")
+               .config("spark.sql.shuffle.partitions", str(options.shuffle_partitions))
+               .config("spark.sql.session.timeZone", "UTC"))
+    if options.master:
+        builder = builder.master(options.master)
+    return builder.getOrCreate()
+
+
+def load_events(spark, options: Options):
+    """(usable events, number of malformed rows)."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import StringType, StructField, StructType
+
+    fmt, files = ledger_files(options.ledger)
+    if fmt == "parquet":
+        raw = spark.read.schema(T.EVENT_SCHEMA).parquet(*files)
+        raw = raw.withColumn("_corrupt", F.lit(None).cast("string"))
+    else:
+        schema = StructType(T.EVENT_SCHEMA.fields + [StructField("_corrupt", StringType())])
+        raw = (spark.read.schema(schema).option("mode", "PERMISSIVE")
+               .option("columnNameOfCorruptRecord", "_corrupt").json(files))
+    raw = raw.cache()  # Spark reads the corrupt-record column only from a cached frame
+    good = raw.filter(F.col("_corrupt").isNull() & T.well_formed(raw)).drop("_corrupt")
+    malformed = raw.count() - good.count()
+    return good.cache(), malformed
+
+
+def run(options: Options) -> dict:
+    """Build every table and the report; returns the summary."""
+    check_java()
+    ledger_files(options.ledger)
+    say = (lambda *a: None) if options.quiet else (lambda *a: print(*a, flush=True))
+    started = time.monotonic()
+    say(f"[1/5] starting Spark ({options.master or 'default master'})")
+    spark = spark_session(options)
+    if options.quiet:
+        spark.sparkContext.setLogLevel("ERROR")
+    say(f"[2/5] reading {options.ledger}")
+    events, malformed = load_events(spark, options)
+    now_ms = options.now_ms or events.agg({"ts": "max"}).first()[0] or 0
+    say("[3/5] computing tables")
+    copy_rows = T.copies(events).cache()
+    tables = {
+        "volume": T.volume_per_topic_hour(events),
+        "fanout_width": T.fanout_width(events),
+        "latency": T.latency_per_topic(copy_rows),
+        "subscribers": T.subscriber_backlog(copy_rows, events, now_ms,
+                                            int(options.stale_after_s * 1000)),
+        "reconciliation": T.reconciliation(copy_rows, events),
+        "failures": T.failures(events),
+    }
+    say(f"[4/5] writing tables to {options.out}/tables")
+    for name, frame in tables.items():
+        frame.write.mode("overwrite").parquet(os.path.join(options.out, "tables", name))
+    summary = {"events": events.count(), "malformed": malformed,
+               "reconciliation": {row["kind"]: row["count"] for row in
+                                  tables["reconciliation"].groupBy("kind").count().collect()}}
+    say("[5/5] writing the report")
+    from gearhorn.pipeline.report import write_report
+
+    small = {name: frame.limit(10_000).toPandas() for name, frame in tables.items()}
+    write_report(options.out, summary, small)
+    summary["seconds"] = round(time.monotonic() - started, 1)
+    return summary
+
+
+def parse_args(argv: list[str] | None = None) -> Options:
+    parser = argparse.ArgumentParser(prog="gearhorn report",
+                                     description="statistics and reconciliation of a ledger")
+    parser.add_argument("--ledger", required=True, help="folder written by `gearhorn ledger "
+                        "export` (Parquet or JSON Lines)")
+    parser.add_argument("--out", required=True, help="folder for tables/ and report.html")
+    parser.add_argument("--master", help="Spark master URL (default: Spark's own)")
+    parser.add_argument("--stale-after", type=float, default=300.0, metavar="SECONDS",
+                        help="a subscriber with a backlog and no ack for this long is stale")
+    parser.add_argument("--shuffle-partitions", type=int, default=4)
+    args = parser.parse_args(argv)
+    return Options(args.ledger, args.out, args.master, args.stale_after,
+                   args.shuffle_partitions)
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        summary = run(parse_args(argv))
+    except PipelineError as exc:
+        print(f"gearhorn report: {exc}", file=sys.stderr)
+        return 1
+    problems = sum(summary["reconciliation"].values())
+    print(f"{summary['events']:,} events ({summary['malformed']:,} malformed rows skipped); "
+          f"reconciliation: {problems:,} problems {summary['reconciliation'] or ''}; "
+          f"{summary['seconds']}s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

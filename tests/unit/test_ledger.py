@@ -1,0 +1,98 @@
+import json
+import os
+
+import pytest
+
+from gearhorn import ledger as L
+from gearhorn.keys import Keys
+
+
+@pytest.fixture
+def book(fake_redis):
+    return L.Ledger(fake_redis, Keys("t:"), maxlen=1000, source="w1")
+
+
+def publish(book, fake_redis, message_id, copies, topic="news"):
+    pipe = fake_redis.pipeline()
+    book.published(pipe, topic, message_id, copies)
+    pipe.execute()
+
+
+def test_a_published_entry_becomes_one_row_per_copy(book, fake_redis):
+    publish(book, fake_redis, "m1", [("news_a", "m1:a"), ("news_b", "m1:b")])
+    book.record("delivered", "news_a", "m1:a", redelivered=True)
+    book.flush()
+    entries = [(i.decode(), L._decode(f)) for i, f in fake_redis.xrange("t:ledger")]
+    rows = list(L.rows_from_entries(entries))
+    assert [(r["event"], r["subscriber"], r["unique"], r["count"]) for r in rows] == [
+        ("published", None, None, 2), ("enqueued", "news_a", "m1:a", None),
+        ("enqueued", "news_b", "m1:b", None), ("delivered", "news_a", "m1:a", None)]
+    assert rows[0]["message_id"] == rows[1]["message_id"] == "m1"
+    assert rows[3]["redelivered"] is True and rows[0]["source"] == "w1"
+    assert set(rows[0]) == set(L.ROW_FIELDS)
+
+
+def test_disabled_ledger_writes_nothing(fake_redis):
+    off = L.Ledger(fake_redis, Keys("t:"), enabled=False)
+    pipe = fake_redis.pipeline()
+    off.published(pipe, "t", "m", [("t_a", "u")])
+    pipe.execute()
+    off.record("acked", "t_a", "u")
+    off.flush()
+    assert fake_redis.xlen("t:ledger") == 0
+
+
+def read_jsonl(out):
+    rows = []
+    for folder, _, files in os.walk(out):
+        for name in files:
+            if name.endswith(".jsonl"):
+                with open(os.path.join(folder, name)) as fp:
+                    rows += [json.loads(line) for line in fp]
+    return rows
+
+
+def test_export_writes_each_event_once_across_exports(book, fake_redis, tmp_path):
+    out = str(tmp_path / "ledger")
+    publish(book, fake_redis, "m1", [("news_a", "m1:a")])
+    first = L.export(fake_redis, Keys("t:"), out, "jsonl")
+    assert first["rows"] == 2 and len(first["files"]) == 1
+    assert L.export(fake_redis, Keys("t:"), out, "jsonl")["rows"] == 0
+    publish(book, fake_redis, "m2", [("news_a", "m2:a")])
+    book.record("acked", "news_a", "m1:a")
+    book.flush()
+    assert L.export(fake_redis, Keys("t:"), out, "jsonl")["rows"] == 3
+    rows = read_jsonl(out)
+    assert sorted((r["event"], r["message_id"] or r["unique"]) for r in rows) == [
+        ("acked", "m1:a"), ("enqueued", "m1"), ("enqueued", "m2"),
+        ("published", "m1"), ("published", "m2")]
+    assert all(os.path.basename(os.path.dirname(f)).startswith("date=") for f in first["files"])
+
+
+def test_export_redone_after_a_crash_replaces_its_files(book, fake_redis, tmp_path):
+    out = str(tmp_path / "ledger")
+    publish(book, fake_redis, "m1", [("news_a", "m1:a")])
+    L.export(fake_redis, Keys("t:"), out, "jsonl")
+    os.remove(os.path.join(out, L.CHECKPOINT))  # as if we died before the checkpoint
+    L.export(fake_redis, Keys("t:"), out, "jsonl")
+    assert len(read_jsonl(out)) == 2
+
+
+def test_export_parquet(book, fake_redis, tmp_path):
+    pq = pytest.importorskip("pyarrow.parquet")
+    publish(book, fake_redis, "m1", [("news_a", "m1:a"), ("news_b", "m1:b")])
+    result = L.export(fake_redis, Keys("t:"), str(tmp_path), "parquet")
+    table = pq.read_table(result["files"][0])
+    assert table.num_rows == 3
+    assert table.column_names == list(L.ROW_FIELDS)
+
+
+def test_trimmed_ledger_is_reported(fake_redis, tmp_path):
+    small = L.Ledger(fake_redis, Keys("t:"), maxlen=1)
+    pipe = fake_redis.pipeline()
+    small.published(pipe, "t", "m0", [])
+    pipe.execute()
+    L.export(fake_redis, Keys("t:"), str(tmp_path), "jsonl")
+    for i in range(1, 4):
+        small.redis.xadd("t:ledger", {"e": "acked", "ts": "1"}, maxlen=1, approximate=False)
+    assert L.export(fake_redis, Keys("t:"), str(tmp_path), "jsonl")["trimmed"] is True

@@ -1,0 +1,156 @@
+"""Each transform on small hand-made DataFrames with known answers."""
+
+import os
+
+import pytest
+
+from tests.conftest import IN_CI, require_binary
+
+try:
+    from pyspark.sql import SparkSession
+
+    from gearhorn.pipeline import transforms as T
+except ImportError:  # pragma: no cover - tools/run-tests installs pyspark
+    if IN_CI:
+        raise
+    pytest.skip("pyspark is not installed", allow_module_level=True)
+
+pytestmark = pytest.mark.timeout(300)
+
+H = 3_600_000  # one hour in ms
+
+
+@pytest.fixture(scope="session")
+def spark():
+    require_binary("java", "default-jre-headless")
+    session = (SparkSession.builder.master("local[2]").appName("gearhorn-tests")
+               .config("spark.sql.shuffle.partitions", "2")
+               .config("spark.ui.enabled", "false")
+               .config("spark.sql.session.timeZone", "UTC")
+               .getOrCreate())
+    session.sparkContext.setLogLevel("ERROR")
+    yield session
+    session.stop()
+
+
+def ev(event, ts, message_id=None, topic=None, subscriber=None, unique=None, count=None,
+       reason=None, redelivered=False):
+    return (event, ts, message_id, topic, subscriber, unique, count, reason, redelivered,
+            "test", None)
+
+
+def published(mid, topic, ts, subs):
+    rows = [ev("published", ts, mid, topic, count=len(subs))]
+    rows += [ev("enqueued", ts, mid, topic, f"{topic}_{s}", f"{mid}:{s}") for s in subs]
+    return rows
+
+
+def frame(spark, rows):
+    return spark.createDataFrame(rows, T.EVENT_SCHEMA)
+
+
+def good_ledger():
+    """m1 to a and b, both delivered and acked; m2 to a only, one hour later."""
+    rows = [ev("attached", 0, subscriber="news_a"), ev("attached", 0, subscriber="news_b")]
+    rows += published("m1", "news", 1000, ["a", "b"])
+    rows += published("m2", "news", H + 1000, ["a"])
+    rows += published("w1", "weather", 2000, ["a", "b", "c"])
+    for mid, sub, delay in (("m1", "a", 10), ("m1", "b", 30), ("m2", "a", 50)):
+        base = 1000 if mid == "m1" else H + 1000
+        rows.append(ev("delivered", base + delay, subscriber=f"news_{sub}", unique=f"{mid}:{sub}"))
+        rows.append(ev("acked", base + delay + 5, subscriber=f"news_{sub}",
+                       unique=f"{mid}:{sub}"))
+    return rows
+
+
+def test_volume_per_topic_and_hour(spark):
+    out = {(r.topic, r.hour.hour, r.messages, r.copies)
+           for r in T.volume_per_topic_hour(frame(spark, good_ledger())).collect()}
+    assert out == {("news", 0, 1, 2), ("news", 1, 1, 1), ("weather", 0, 1, 3)}
+
+
+def test_fanout_width_distribution(spark):
+    out = [(r.width, r.messages) for r in T.fanout_width(frame(spark, good_ledger())).collect()]
+    assert out == [(1, 1), (2, 1), (3, 1)]
+
+
+def test_latency_percentiles_per_topic(spark):
+    copies = T.copies(frame(spark, good_ledger()))
+    (news,) = [r for r in T.latency_per_topic(copies).collect() if r.topic == "news"]
+    assert (news.delivered, news.acked) == (3, 3)
+    assert news.delivery_p50_ms == 30 and news.delivery_p99_ms == 50
+    assert news.ack_p50_ms == 35
+
+
+def test_reconciliation_is_empty_when_nothing_was_lost(spark):
+    events = frame(spark, good_ledger())
+    assert T.reconciliation(T.copies(events), events).collect() == []
+
+
+def test_reconciliation_finds_a_missing_a_duplicate_and_a_width_mismatch(spark):
+    rows = good_ledger()
+    rows += published("m3", "news", 5000, ["a", "b"])  # b never gets m3: missing
+    rows.append(ev("delivered", 5010, subscriber="news_a", unique="m3:a"))
+    rows.append(ev("delivered", 5020, subscriber="news_a", unique="m3:a"))  # duplicate
+    rows.append(ev("delivered", 5030, subscriber="news_a", unique="m3:a",
+                   redelivered=True))  # flagged: expected, not a duplicate
+    rows.append(ev("published", 6000, "m4", "news", count=3))  # says 3 ...
+    rows += [ev("enqueued", 6000, "m4", "news", "news_a", "m4:a"),
+             ev("delivered", 6001, subscriber="news_a", unique="m4:a")]  # ... but 1 copy
+    events = frame(spark, rows)
+    found = sorted((r.kind, r.message_id, r.subscriber) for r in
+                   T.reconciliation(T.copies(events), events).collect())
+    assert found == [("duplicate", "m3", "news_a"), ("never_delivered", "m3", "news_b"),
+                     ("width_mismatch", "m4", None)]
+
+
+def test_untracked_subscribers_are_not_reported_as_losses(spark):
+    rows = published("g1", "jobs", 1000, ["gearmanworker"])  # a plain Gearman consumer
+    events = frame(spark, rows)
+    assert T.reconciliation(T.copies(events), events).collect() == []
+    (sub,) = T.subscriber_backlog(T.copies(events), events, 10_000, 1000).collect()
+    assert (sub.tracked, sub.backlog, sub.stale) == (False, 1, False)
+
+
+def test_backlog_and_stale_subscribers(spark):
+    rows = good_ledger() + published("m5", "news", 10_000, ["a", "b"])
+    rows.append(ev("delivered", 10_010, subscriber="news_a", unique="m5:a"))
+    rows.append(ev("acked", 10_020, subscriber="news_a", unique="m5:a"))
+    events = frame(spark, rows)
+    now = 10_000 + 60_000
+    subs = {r.subscriber: r for r in
+            T.subscriber_backlog(T.copies(events), events, now, stale_after_ms=30_000).collect()}
+    assert (subs["news_a"].backlog, subs["news_a"].stale) == (0, False)
+    assert (subs["news_b"].enqueued, subs["news_b"].acked, subs["news_b"].backlog) == (2, 1, 1)
+    assert subs["news_b"].stale  # m5 waits and b's last ack was long ago
+    assert not subs["weather_c"].tracked
+
+
+def test_failures_are_counted_by_reason(spark):
+    events = frame(spark, [ev("failed", 1, reason="fanout: job is not JSON"),
+                           ev("failed", 2, reason="fanout: job is not JSON"),
+                           ev("failed", 3, reason="timeout: no answer", topic="news")])
+    out = [(r.reason, r.failures) for r in T.failures(events).collect()]
+    assert out[0] == ("fanout: job is not JSON", 2)
+
+
+def test_job_counts_malformed_rows_and_writes_the_report(spark, tmp_path):
+    from gearhorn.pipeline.job import Options, load_events, run
+
+    ledger = tmp_path / "ledger" / "date=1970-01-01"
+    ledger.mkdir(parents=True)
+    import json
+
+    good = [dict(zip(T.EVENT_SCHEMA.names, row, strict=True)) for row in good_ledger()]
+    lines = [json.dumps(row) for row in good]
+    lines += ["{not json", '{"event": "bogus", "ts": 1}', '{"event": "acked"}']
+    (ledger / "part-1.jsonl").write_text("\n".join(lines) + "\n")
+    options = Options(str(tmp_path / "ledger"), str(tmp_path / "out"), quiet=True)
+    events, malformed = load_events(spark, options)
+    assert (events.count(), malformed) == (len(good), 3)
+    summary = run(options)
+    assert summary["reconciliation"] == {} and summary["malformed"] == 3
+    assert os.path.exists(tmp_path / "out" / "report.html")
+    assert os.path.exists(tmp_path / "out" / "volume.png")
+    recon = spark.read.parquet(str(tmp_path / "out" / "tables" / "reconciliation"))
+    assert recon.count() == 0
