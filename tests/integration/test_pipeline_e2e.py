@@ -1,0 +1,104 @@
+"""Real traffic -> ledger -> export -> `gearhorn report`: nothing lost, then a planted loss."""
+
+import json
+import subprocess
+import sys
+
+import pyarrow.parquet as pq
+import pytest
+import redis
+
+from gearhorn import gearman
+from tests.conftest import require_binary
+
+from .helpers import GearClient, unique_topic, wait_for
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
+
+
+def gearhorn(*args, timeout=240):
+    out = subprocess.run([sys.executable, "-m", "gearhorn", *args], capture_output=True,
+                         timeout=timeout)
+    assert out.returncode == 0, out.stderr.decode()[-3000:]
+    return out.stdout.decode()
+
+
+def acked_events(redis_url):
+    entries = redis.Redis.from_url(redis_url).xrange("gearhorn:ledger")
+    return sum(1 for _, fields in entries if fields.get(b"e") == b"acked")
+
+
+def reconciliation(out_dir):
+    table = pq.read_table(f"{out_dir}/tables/reconciliation").to_pylist()
+    return sorted((row["kind"], row["subscriber"]) for row in table)
+
+
+def test_traffic_reconciles_and_a_planted_loss_is_found(gearmand, redis_url, start_pool,
+                                                        start_bridge, stomp_clients, tmp_path):
+    require_binary("java", "default-jre-headless")
+    start_pool([gearmand])
+    bridge = start_bridge([gearmand])
+    topic = unique_topic()
+    durable = stomp_clients(bridge.port, **{"client-id": "ledger-test"})
+    durable.subscribe(f"/topic/{topic}", "d", durable="true")
+    plain = stomp_clients(bridge.port)
+    plain.subscribe(f"/topic/{topic}", "p")
+    gear = GearClient(gearmand)
+    gear.call("subscribe_fanout", {"topic": topic, "client_id": "gearmanonly"})
+
+    producer = stomp_clients(bridge.port)
+    for i in range(50):
+        producer.conn.send(destination=f"/topic/{topic}", body=f"s{i}".encode())
+    producer.send(f"/topic/{topic}", b"s50")
+    for i in range(20):
+        gear.call("fanout", {"topic": topic, "payload": f"g{i}", "background": True})
+    for sub in (durable, plain):
+        assert len(sub.messages(71)) == 71
+    wait_for(lambda: acked_events(redis_url) == 142, message="acks in the ledger")
+
+    ledger, report = tmp_path / "ledger", tmp_path / "report"
+    assert "rows" in gearhorn("ledger", "export", "--out", str(ledger),
+                              "--redis-url", redis_url)
+    out = gearhorn("report", "--ledger", str(ledger), "--out", str(report))
+    assert "reconciliation: 0 problems" in out
+    assert reconciliation(report) == []
+    assert (report / "report.html").read_text().count("Nothing lost") == 1
+
+    # Plant a loss: the durable subscriber is away, its queue is dropped.
+    durable.close()
+    wait_for(lambda: not [f for f in gearman.status(gearmand.host, gearmand.port)
+                          if f.name.startswith(f"{topic}_d-") and f.workers])
+    for i in range(5):
+        gear.call("fanout", {"topic": topic, "payload": f"lost{i}", "background": True})
+    assert len(plain.messages(76)) == 76
+    (queue,) = [f.name for f in gearman.status(gearmand.host, gearmand.port)
+                if f.name.startswith(f"{topic}_d-")]
+    gearman.admin(gearmand.host, gearmand.port, f"drop function {queue}")
+    wait_for(lambda: acked_events(redis_url) == 147, message="acks in the ledger")
+
+    exported = gearhorn("ledger", "export", "--out", str(ledger), "--redis-url", redis_url)
+    assert exported.startswith("exported ")
+    out = gearhorn("report", "--ledger", str(ledger), "--out", str(report))
+    assert "reconciliation: 5 problems" in out
+    assert reconciliation(report) == [("never_delivered", queue)] * 5
+    gear.close()
+
+
+def test_report_without_input_is_a_clear_error(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "gearhorn", "report", "--ledger",
+                          str(tmp_path / "none"), "--out", str(tmp_path / "r")],
+                         capture_output=True, timeout=60)
+    assert out.returncode == 1
+    assert b"run `gearhorn ledger export" in out.stderr
+    assert b"Traceback" not in out.stderr and b"Exception" not in out.stderr
+
+
+def test_report_without_java_is_a_clear_error(tmp_path):
+    (tmp_path / "l").mkdir()
+    (tmp_path / "l" / "x.jsonl").write_text(json.dumps({"event": "acked", "ts": 1}) + "\n")
+    env = {"PATH": "/nonexistent", "HOME": str(tmp_path)}
+    out = subprocess.run([sys.executable, "-m", "gearhorn", "report", "--ledger",
+                          str(tmp_path / "l"), "--out", str(tmp_path / "r")],
+                         capture_output=True, timeout=60, env=env)
+    assert out.returncode == 1
+    assert b"Java is not installed" in out.stderr
