@@ -93,6 +93,6 @@ def test_trimmed_ledger_is_reported(fake_redis, tmp_path):
     small.published(pipe, "t", "m0", [])
     pipe.execute()
     L.export(fake_redis, Keys("t:"), str(tmp_path), "jsonl")
-    for i in range(1, 4):
+    for _ in range(3):
         small.redis.xadd("t:ledger", {"e": "acked", "ts": "1"}, maxlen=1, approximate=False)
     assert L.export(fake_redis, Keys("t:"), str(tmp_path), "jsonl")["trimmed"] is True
