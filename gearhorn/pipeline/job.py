@@ -36,6 +36,7 @@ class Options:
     shuffle_partitions: int = 4
     now_ms: int | None = None  # "now" for staleness; the latest event if None
     quiet: bool = False
+    input_format: str = "auto"  # parquet, jsonl, or auto (by file names)
 
 
 def check_java() -> None:
@@ -47,15 +48,21 @@ def check_java() -> None:
                             "apt-get install default-jre-headless (Java 17 or newer)")
 
 
-def ledger_files(path: str) -> tuple[str, list[str]]:
-    """The input format and files; a clear error when there are none."""
+def ledger_files(path: str, fmt: str = "auto") -> tuple[str, list[str]]:
+    """The input format and files; a clear error when there are none.
+
+    A URL (``hdfs://``, ``s3a://``) is handed to Spark as it is, in ``fmt``
+    (parquet unless told otherwise): only Spark can list it.
+    """
+    if "://" in path:
+        return ("parquet" if fmt == "auto" else fmt), [path]
     if not os.path.isdir(path):
         raise PipelineError(f"ledger folder {path} does not exist: "
                             f"run `gearhorn ledger export --out {path}` first")
-    for fmt in ("parquet", "jsonl"):
-        files = glob.glob(os.path.join(path, "**", f"*.{fmt}"), recursive=True)
+    for kind in ("parquet", "jsonl") if fmt == "auto" else (fmt,):
+        files = glob.glob(os.path.join(path, "**", f"*.{kind}"), recursive=True)
         if files:
-            return fmt, files
+            return kind, files
     raise PipelineError(f"no ledger files (*.parquet, *.jsonl) under {path}: "
                         f"run `gearhorn ledger export --out {path}` first")
 
@@ -76,7 +83,7 @@ def load_events(spark, options: Options):
     from pyspark.sql import functions as F
     from pyspark.sql.types import StringType, StructField, StructType
 
-    fmt, files = ledger_files(options.ledger)
+    fmt, files = ledger_files(options.ledger, options.input_format)
     if fmt == "parquet":
         raw = spark.read.schema(T.EVENT_SCHEMA).parquet(*files)
         raw = raw.withColumn("_corrupt", F.lit(None).cast("string"))
@@ -85,7 +92,7 @@ def load_events(spark, options: Options):
         raw = (spark.read.schema(schema).option("mode", "PERMISSIVE")
                .option("columnNameOfCorruptRecord", "_corrupt").json(files))
     raw = raw.cache()  # Spark reads the corrupt-record column only from a cached frame
-    good = raw.filter(F.col("_corrupt").isNull() & T.well_formed(raw)).drop("_corrupt")
+    good = raw.filter(F.col("_corrupt").isNull() & T.well_formed()).drop("_corrupt")
     malformed = raw.count() - good.count()
     return good.cache(), malformed
 
@@ -93,7 +100,7 @@ def load_events(spark, options: Options):
 def run(options: Options) -> dict:
     """Build every table and the report; returns the summary."""
     check_java()
-    ledger_files(options.ledger)
+    ledger_files(options.ledger, options.input_format)
     say = (lambda *a: None) if options.quiet else (lambda *a: print(*a, flush=True))
     started = time.monotonic()
     say(f"[1/5] starting Spark ({options.master or 'default master'})")
@@ -124,7 +131,10 @@ def run(options: Options) -> dict:
     from gearhorn.pipeline.report import write_report
 
     small = {name: frame.limit(10_000).toPandas() for name, frame in tables.items()}
-    write_report(options.out, summary, small)
+    # The HTML report is written by the driver: into --out when it is a local
+    # folder, else into ./gearhorn-report (tables still go to the URL).
+    report_dir = options.out if "://" not in options.out else os.path.abspath("gearhorn-report")
+    summary["report"] = write_report(report_dir, summary, small)
     summary["seconds"] = round(time.monotonic() - started, 1)
     return summary
 
@@ -139,9 +149,11 @@ def parse_args(argv: list[str] | None = None) -> Options:
     parser.add_argument("--stale-after", type=float, default=300.0, metavar="SECONDS",
                         help="a subscriber with a backlog and no ack for this long is stale")
     parser.add_argument("--shuffle-partitions", type=int, default=4)
+    parser.add_argument("--format", choices=("auto", "parquet", "jsonl"), default="auto",
+                        help="input format (auto: by file names; needed for URLs)")
     args = parser.parse_args(argv)
     return Options(args.ledger, args.out, args.master, args.stale_after,
-                   args.shuffle_partitions)
+                   args.shuffle_partitions, input_format=args.format)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -34,7 +34,7 @@ EVENT_SCHEMA = StructType([
 ])
 
 
-def well_formed(events: DataFrame) -> Column:
+def well_formed() -> Column:
     """Rows the pipeline can use: a known event with a time."""
     return F.col("event").isin(*EVENT_TYPES) & F.col("ts").isNotNull()
 
