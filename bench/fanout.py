@@ -2,6 +2,7 @@
 
     python bench/fanout.py            # everything (about 2 minutes on 2 cores)
     python bench/fanout.py --quick    # smaller counts, for a smoke run
+    python bench/fanout.py --ledger-cost   # throughput with the delivery ledger on vs off
 
 Starts its own redis-server and gearmand on free loopback ports (they stop
 with this process) and a ``gearhorn worker`` pool, then measures:
@@ -36,10 +37,12 @@ from gearhorn.messages import Subscription  # noqa: E402
 from gearhorn.registry import Registry  # noqa: E402
 
 
-def start_pool(gm: servers.Managed, redis_url: str, processes: int) -> subprocess.Popen:
+def start_pool(gm: servers.Managed, redis_url: str, processes: int,
+               ledger: bool = True) -> subprocess.Popen:
     pool = subprocess.Popen(
         [sys.executable, "-m", "gearhorn", "worker", "--processes", str(processes),
          "--gearman", gm.address, "--redis-url", redis_url, "--log-level", "WARNING"],
+        env={**os.environ, "GEARHORN_LEDGER_ENABLED": str(ledger).lower()},
         preexec_fn=servers._die_with_parent)
     registry = Registry(redis.Redis.from_url(redis_url), Keys())
     deadline = time.monotonic() + 60
@@ -109,7 +112,6 @@ def bench_throughput(gm, registry, redis_url, quick: bool) -> list[tuple]:
     budget = 20_000 if quick else 100_000  # copies per measurement
     for width in (10, 100, 1000):
         topic = f"bench{width}"
-        subscribe_many(registry, topic, width)
         fanouts = max(1, budget // width)
         gearhorn_rate(gm, topic, max(1, fanouts // 10), width)  # warm up caches
         ours = gearhorn_rate(gm, topic, fanouts, width)
@@ -128,6 +130,31 @@ def restart_gearmand_queue(gm: servers.Managed) -> None:
         if f.queued and f.name.startswith("bench"):
             # No worker is attached to these; dropping them is what a reset does.
             gearman.admin(gm.host, gm.port, f"drop function {f.name}")
+
+
+def bench_ledger_cost(gm, registry, redis_url, processes: int, quick: bool) -> None:
+    """The same fanouts with the delivery ledger on and off."""
+    budget = 20_000 if quick else 100_000
+    rates: dict[bool, list[float]] = {}
+    for enabled in (True, False, True):
+        pool = start_pool(gm, redis_url, processes, ledger=enabled)
+        try:
+            run = []
+            for width in (10, 100, 1000):
+                topic = f"bench{width}"
+                fanouts = max(1, budget // width)
+                gearhorn_rate(gm, topic, max(1, fanouts // 10), width)
+                run.append(gearhorn_rate(gm, topic, fanouts, width))
+                restart_gearmand_queue(gm)
+            rates.setdefault(enabled, []).append(run)
+        finally:
+            pool.send_signal(signal.SIGTERM)
+            pool.wait(30)
+    for i, width in enumerate((10, 100, 1000)):
+        on = sum(r[i] for r in rates[True]) / len(rates[True])
+        off = rates[False][0][i]
+        print(f"  1 topic x {width:>5} subscribers: ledger on {on:>9,.0f} copies/s   "
+              f"off {off:>9,.0f} copies/s   cost {100 * (1 - on / off):5.1f}%", flush=True)
 
 
 def bench_worker_memory(gm, registry, pool, total: int) -> list[tuple[int, int]]:
@@ -179,6 +206,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--processes", type=int, default=2)
+    parser.add_argument("--ledger-cost", action="store_true",
+                        help="only compare throughput with the delivery ledger on and off")
     args = parser.parse_args()
     print(f"gearhorn fanout benchmark ({os.cpu_count()} cores, {args.processes} worker "
           f"processes, {'quick' if args.quick else 'full'} run)", flush=True)
@@ -188,6 +217,14 @@ def main() -> None:
         print("  gearmand", " ".join(gearman.admin(gm.host, gm.port, "version")))
         redis_url = r_server.details["url"]
         registry = Registry(redis.Redis.from_url(redis_url), Keys())
+        for width in (10, 100, 1000):
+            subscribe_many(registry, f"bench{width}", width)
+        if args.ledger_cost:
+            print("delivery ledger cost (ledger on: mean of a run before and after off):")
+            bench_ledger_cost(gm, registry, redis_url, args.processes, args.quick)
+            gm.stop()
+            r_server.stop()
+            return
         pool = start_pool(gm, redis_url, args.processes)
         try:
             print("throughput (copies accepted by gearmand):")
