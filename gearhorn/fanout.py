@@ -21,7 +21,7 @@ from gearhorn import gearman
 from gearhorn.cache import InvalidationListener, SubscriberCache
 from gearhorn.config import Config
 from gearhorn.keys import Keys
-from gearhorn.ledger import Ledger
+from gearhorn.ledger import Flusher, Ledger
 from gearhorn.messages import (
     BadRequest,
     Fanout,
@@ -109,34 +109,20 @@ class FanoutService:
 
     def _record(self, topic: str, message_ids: list[str], copies: list[gearman.Copy],
                 failed: list[tuple[dict, str]]) -> None:
-        """Ledger entries for a fanout, in one round trip. The copies are in
-        gearmand already: a Redis error here is logged, not raised (a retry
-        by the client would only duplicate them)."""
-        if self.ledger is None or not self.ledger.enabled:
+        """Ledger entries for a fanout (buffered; the ledger's flusher writes them)."""
+        if self.ledger is None:
             return
-        pipe = self.registry.redis.pipeline(transaction=False)
         width = len(copies) // len(message_ids)
         for i, message_id in enumerate(message_ids):
             mine = copies[i * width:(i + 1) * width]
-            self.ledger.published(pipe, topic, message_id,
-                                  [(c.function, c.unique) for c in mine])
+            self.ledger.published(topic, message_id, [(c.function, c.unique) for c in mine])
         for failure, unique in failed:
-            self.ledger.failed(pipe, f"{failure['status']}: {failure['reason']}", topic,
+            self.ledger.failed(f"{failure['status']}: {failure['reason']}", topic,
                                failure["queue"], unique)
-        try:
-            pipe.execute()
-        except redis.RedisError as exc:
-            log.warning("ledger entries for %s lost: %s", topic, exc)
 
     def record_rejection(self, function: str, reason: str) -> None:
-        if self.ledger is None or not self.ledger.enabled:
-            return
-        pipe = self.registry.redis.pipeline(transaction=False)
-        self.ledger.failed(pipe, f"{function}: {reason}")
-        try:
-            pipe.execute()
-        except redis.RedisError as exc:
-            log.warning("ledger entry lost: %s", exc)
+        if self.ledger is not None:
+            self.ledger.failed(f"{function}: {reason}")
 
 
 def make_copies(request: Fanout, message_ids: list[str],
@@ -170,6 +156,7 @@ class WorkerProcess:
                              source=self.worker_id)
         self.service = FanoutService(config, self.registry, self.cache, self.client,
                                      self.ledger)
+        self.flusher = Flusher(self.ledger)
         self.listener = InvalidationListener(self.redis, keys.channel, self.cache)
         self.worker = gearman.NoDelayWorker(client_id=self.worker_id)
         self.jobs_done = 0
@@ -179,6 +166,7 @@ class WorkerProcess:
     def run(self) -> None:
         """Serve jobs until :meth:`drain` is called; the job in hand is finished."""
         self.listener.start()
+        self.flusher.start()
         threading.Thread(target=self._heartbeats, name="gearhorn-heartbeat", daemon=True).start()
         for host, port in self.config.gearman_servers:
             self.worker.addServer(host, port)
@@ -240,6 +228,7 @@ class WorkerProcess:
 
     def _shutdown(self) -> None:
         self.listener.stop()
+        self.flusher.stop()
         self.worker.shutdown()
         self.client.close()
         try:

@@ -1,10 +1,11 @@
 """The delivery ledger: events in a bounded Redis Stream, exported to files.
 
 One stream entry per message published (it lists every copy enqueued, so a
-fanout to 1,000 subscribers costs one XADD, sent in the same pipeline as the
-rest of the job's bookkeeping) and one per bridge event (delivered, acked,
-attached), buffered and flushed together. ``export`` turns entries into flat
-rows, one per event, which is what the Spark pipeline reads.
+fanout to 1,000 subscribers costs one XADD) and one per bridge event
+(delivered, acked, attached). Events are buffered and written in batches
+every 0.1-0.2 s by a background flusher, so no job waits for the ledger.
+``export`` turns entries into flat rows, one per event, which is what the
+Spark pipeline reads.
 
 Row fields (``ROW_FIELDS``): ``event`` (published, enqueued, attached,
 delivered, acked, failed), ``ts`` (epoch milliseconds), ``message_id``,
@@ -19,6 +20,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import threading
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from datetime import UTC, datetime
@@ -39,7 +41,11 @@ def now_ms() -> int:
 
 
 class Ledger:
-    """Appends events; a disabled ledger accepts calls and does nothing."""
+    """Buffers events and writes them in batches; a disabled ledger does nothing.
+
+    Appending never waits for Redis: ``flush`` (called by the owner's timer,
+    or a ``Flusher`` thread) writes everything buffered in one round trip.
+    """
 
     def __init__(self, client: redis.Redis, keys: Keys, maxlen: int = 1_000_000,
                  enabled: bool = True, source: str = "") -> None:
@@ -49,47 +55,72 @@ class Ledger:
         self.enabled = enabled
         self.source = source
         self._buffer: list[dict[str, str]] = []
+        self._lock = threading.Lock()
+        self.lost = 0  # events dropped because Redis failed
 
-    def published(self, pipe: redis.client.Pipeline, topic: str, message_id: str,
+    def published(self, topic: str, message_id: str,
                   copies: Sequence[tuple[str, str]]) -> None:
-        """Queue on ``pipe``: ``message_id`` went to ``copies`` (queue, unique)."""
-        if self.enabled:
-            subs = "\n".join(f"{queue}\t{unique}" for queue, unique in copies)
-            self._xadd(pipe, {"e": "published", "ts": str(now_ms()), "mid": message_id,
-                              "topic": topic, "n": str(len(copies)), "subs": subs})
+        """``message_id`` of ``topic`` went to ``copies`` (queue, unique)."""
+        subs = "\n".join(f"{queue}\t{unique}" for queue, unique in copies)
+        self._add({"e": "published", "ts": str(now_ms()), "mid": message_id, "topic": topic,
+                   "n": str(len(copies)), "subs": subs})
 
-    def failed(self, pipe: redis.client.Pipeline, reason: str, topic: str = "",
-               subscriber: str = "", unique: str = "", message_id: str = "") -> None:
-        if self.enabled:
-            self._xadd(pipe, {"e": "failed", "ts": str(now_ms()), "reason": reason[:500],
-                              "topic": topic, "sub": subscriber, "u": unique,
-                              "mid": message_id})
+    def failed(self, reason: str, topic: str = "", subscriber: str = "", unique: str = "",
+               message_id: str = "") -> None:
+        self._add({"e": "failed", "ts": str(now_ms()), "reason": reason[:500], "topic": topic,
+                   "sub": subscriber, "u": unique, "mid": message_id})
 
     def record(self, event: str, subscriber: str, unique: str = "",
                redelivered: bool = False) -> None:
-        """Buffer a bridge event (attached, delivered, acked); see :meth:`flush`."""
+        """A bridge event: attached, delivered, acked."""
+        self._add({"e": event, "ts": str(now_ms()), "sub": subscriber, "u": unique,
+                   "r": "1" if redelivered else ""})
+
+    def _add(self, fields: dict[str, str]) -> None:
         if self.enabled:
-            self._buffer.append({"e": event, "ts": str(now_ms()), "sub": subscriber,
-                                 "u": unique, "r": "1" if redelivered else ""})
+            if self.source:
+                fields["src"] = self.source
+            with self._lock:
+                self._buffer.append(fields)
 
     @property
     def buffered(self) -> int:
         return len(self._buffer)
 
     def flush(self) -> None:
-        """Write buffered events in one round trip."""
-        if not self._buffer:
+        """Write what is buffered in one round trip; on a Redis error the
+        events are counted in ``lost`` and logged, never raised."""
+        with self._lock:
+            events, self._buffer = self._buffer, []
+        if not events:
             return
-        events, self._buffer = self._buffer, []
         pipe = self.redis.pipeline(transaction=False)
         for fields in events:
-            self._xadd(pipe, fields)
-        pipe.execute()
+            pipe.xadd(self.stream, fields, maxlen=self.maxlen, approximate=True)
+        try:
+            pipe.execute()
+        except redis.RedisError as exc:
+            self.lost += len(events)
+            log.warning("ledger: %d events lost: %s", len(events), exc)
 
-    def _xadd(self, pipe: redis.client.Pipeline, fields: dict[str, str]) -> None:
-        if self.source:
-            fields["src"] = self.source
-        pipe.xadd(self.stream, fields, maxlen=self.maxlen, approximate=True)
+
+class Flusher(threading.Thread):
+    """Flushes a ledger every ``interval`` seconds (worker processes)."""
+
+    def __init__(self, ledger: Ledger, interval: float = 0.1) -> None:
+        super().__init__(name="gearhorn-ledger", daemon=True)
+        self.ledger = ledger
+        self.interval = interval
+        self._stopping = threading.Event()
+
+    def run(self) -> None:
+        while not self._stopping.wait(self.interval):
+            self.ledger.flush()
+
+    def stop(self) -> None:
+        self._stopping.set()
+        self.join(5)
+        self.ledger.flush()
 
 
 # -- entries to rows (pure) ------------------------------------------------------

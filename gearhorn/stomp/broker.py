@@ -24,7 +24,6 @@ from typing import Protocol
 
 import gevent
 import gevent.event
-import redis
 
 from gearhorn import gearman
 from gearhorn.config import Config
@@ -308,10 +307,7 @@ class Broker:
             self.flush_ledger()
 
     def flush_ledger(self) -> None:
-        try:
-            self.ledger.flush()
-        except redis.RedisError as exc:
-            log.warning("ledger events lost: %s", exc)
+        self.ledger.flush()
 
     def _flush_ledger_forever(self) -> None:
         while True:

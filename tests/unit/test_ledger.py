@@ -13,9 +13,8 @@ def book(fake_redis):
 
 
 def publish(book, fake_redis, message_id, copies, topic="news"):
-    pipe = fake_redis.pipeline()
-    book.published(pipe, topic, message_id, copies)
-    pipe.execute()
+    book.published(topic, message_id, copies)
+    book.flush()
 
 
 def test_a_published_entry_becomes_one_row_per_copy(book, fake_redis):
@@ -34,9 +33,7 @@ def test_a_published_entry_becomes_one_row_per_copy(book, fake_redis):
 
 def test_disabled_ledger_writes_nothing(fake_redis):
     off = L.Ledger(fake_redis, Keys("t:"), enabled=False)
-    pipe = fake_redis.pipeline()
-    off.published(pipe, "t", "m", [("t_a", "u")])
-    pipe.execute()
+    off.published("t", "m", [("t_a", "u")])
     off.record("acked", "t_a", "u")
     off.flush()
     assert fake_redis.xlen("t:ledger") == 0
@@ -89,10 +86,34 @@ def test_export_parquet(book, fake_redis, tmp_path):
 
 def test_trimmed_ledger_is_reported(fake_redis, tmp_path):
     small = L.Ledger(fake_redis, Keys("t:"), maxlen=1)
-    pipe = fake_redis.pipeline()
-    small.published(pipe, "t", "m0", [])
-    pipe.execute()
+    small.published("t", "m0", [])
+    small.flush()
     L.export(fake_redis, Keys("t:"), str(tmp_path), "jsonl")
     for _ in range(3):
         small.redis.xadd("t:ledger", {"e": "acked", "ts": "1"}, maxlen=1, approximate=False)
     assert L.export(fake_redis, Keys("t:"), str(tmp_path), "jsonl")["trimmed"] is True
+
+
+def test_redis_errors_lose_events_loudly_but_never_raise(book, monkeypatch):
+    import redis
+
+    def down(*args, **kwargs):
+        raise redis.ConnectionError("down")
+
+    book.record("acked", "q", "u")
+    monkeypatch.setattr(book.redis, "pipeline", lambda **kw: type(
+        "P", (), {"xadd": lambda *a, **k: None, "execute": down})())
+    book.flush()
+    assert book.lost == 1 and book.buffered == 0
+
+
+def test_flusher_writes_in_the_background(book, fake_redis):
+    flusher = L.Flusher(book, interval=0.01)
+    flusher.start()
+    book.record("acked", "q", "u")
+    import time
+    deadline = time.monotonic() + 5
+    while fake_redis.xlen("t:ledger") == 0 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    flusher.stop()
+    assert fake_redis.xlen("t:ledger") == 1
