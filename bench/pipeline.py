@@ -50,16 +50,17 @@ def generate(folder: str, rows: int, seed: int = 7) -> dict:
     os.makedirs(day, exist_ok=True)
     for n, first in enumerate(range(0, messages, CHUNK)):
         ids = np.arange(first, min(messages, first + CHUNK))
-        table, counts = _chunk(ids, rng)
+        table, counts = _chunk(ids, rng, spacing_ms=max(1, 6 * 3_600_000 // messages))
         for k, v in counts.items():
             planted[k] += v
         pq.write_table(table, os.path.join(day, f"part-{n:04d}.parquet"))
     return planted
 
 
-def _chunk(ids: np.ndarray, rng) -> tuple[pa.Table, dict]:
+def _chunk(ids: np.ndarray, rng, spacing_ms: int) -> tuple[pa.Table, dict]:
+    """Messages ``ids``, published ``spacing_ms`` apart (6 hours in all)."""
     m = len(ids)
-    ts0 = 1_795_000_000_000 + ids * 7
+    ts0 = 1_795_000_000_000 + ids * spacing_ms
     mid = _strings("m", ids)
     topic_no = ids % 100
     wrong = rng.random(m) < 1 / 50_000

@@ -30,6 +30,7 @@ def _volume(ax, volume) -> None:
         ax.plot(rows["hour"], rows["copies"], marker="o", label=topic)
     ax.set_title("copies per hour (top topics)")
     ax.legend(fontsize=7)
+    ax.figure.autofmt_xdate()
 
 
 def _width(ax, width) -> None:
