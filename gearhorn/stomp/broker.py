@@ -267,9 +267,11 @@ class QueueDispatcher:
 
 
 def _run_soon(callback: Callable[[], None]) -> None:
-    """Run ``callback`` in this turn of the gevent loop, after the current greenlet
-    yields: acks given together leave in one write."""
-    gevent.get_hub().loop.run_callback(_guarded, callback)
+    """Run ``callback`` in a greenlet of its own once the current one yields, so
+    acks given together leave in one write. Not ``loop.run_callback``: that
+    runs in the hub, where a socket write that has to wait is not allowed
+    (and a half-written packet would corrupt the connection)."""
+    gevent.spawn(_guarded, callback)
 
 
 def _guarded(callback: Callable[[], None]) -> None:
@@ -297,16 +299,22 @@ class Broker:
         self.dispatchers: dict[str, QueueDispatcher] = {}
         self.ledger = Ledger(registry.redis, registry.keys, config.ledger_maxlen,
                              config.ledger_enabled, source=f"bridge-{bridge_id}")
+        self._flush_soon = False
         self._ledger_flusher = gevent.spawn(self._flush_ledger_forever)
 
     def record(self, event: str, subscriber: str, unique: str = "",
                redelivered: bool = False) -> None:
         """A ledger event; written with others every 0.2 s or 1,000 events."""
         self.ledger.record(event, subscriber, unique, redelivered)
-        if self.ledger.buffered >= 1000:
-            self.flush_ledger()
+        if self.ledger.buffered >= 1000 and not self._flush_soon:
+            # Never write here: callers are in the middle of a dispatch, and a
+            # Redis round trip would let another greenlet deliver (and reorder)
+            # messages before this one is sent.
+            self._flush_soon = True
+            gevent.spawn(self.flush_ledger)
 
     def flush_ledger(self) -> None:
+        self._flush_soon = False
         self.ledger.flush()
 
     def _flush_ledger_forever(self) -> None:
