@@ -2,7 +2,8 @@
 
 One stream entry per message published (it lists every copy enqueued, so a
 fanout to 1,000 subscribers costs one XADD) and one per bridge event
-(delivered, acked, attached). Events are buffered and written in batches
+(delivered, acked, attached; these as lines of one ``batch`` entry per
+flush). Events are buffered and written in batches
 every 0.1-0.2 s by a background flusher, so no job waits for the ledger.
 ``export`` turns entries into flat rows, one per event, which is what the
 Spark pipeline reads.
@@ -55,6 +56,7 @@ class Ledger:
         self.enabled = enabled
         self.source = source
         self._buffer: list[dict[str, str]] = []
+        self._lines: list[str] = []
         self._lock = threading.Lock()
         self.lost = 0  # events dropped because Redis failed
 
@@ -72,9 +74,13 @@ class Ledger:
 
     def record(self, event: str, subscriber: str, unique: str = "",
                redelivered: bool = False) -> None:
-        """A bridge event: attached, delivered, acked."""
-        self._add({"e": event, "ts": str(now_ms()), "sub": subscriber, "u": unique,
-                   "r": "1" if redelivered else ""})
+        """A bridge event: attached, delivered, acked. These are many (two per
+        message and subscriber), so they travel as lines of one ``batch``
+        entry per flush instead of an entry each."""
+        if self.enabled:
+            line = f"{event}\t{now_ms()}\t{subscriber}\t{unique}\t{'1' if redelivered else ''}"
+            with self._lock:
+                self._lines.append(line)
 
     def _add(self, fields: dict[str, str]) -> None:
         if self.enabled:
@@ -85,13 +91,19 @@ class Ledger:
 
     @property
     def buffered(self) -> int:
-        return len(self._buffer)
+        return len(self._buffer) + len(self._lines)
 
     def flush(self) -> None:
         """Write what is buffered in one round trip; on a Redis error the
         events are counted in ``lost`` and logged, never raised."""
         with self._lock:
             events, self._buffer = self._buffer, []
+            lines, self._lines = self._lines, []
+        if lines:
+            batch = {"e": "batch", "events": "\n".join(lines)}
+            if self.source:
+                batch["src"] = self.source
+            events.append(batch)
         if not events:
             return
         pipe = self.redis.pipeline(transaction=False)
@@ -134,6 +146,9 @@ def rows_from_entries(entries: Iterable[tuple[str, dict[str, str]]]) -> Iterator
     """
     for stream_id, fields in entries:
         event = fields.get("e", "")
+        if event == "batch":
+            yield from _batch_rows(stream_id, fields)
+            continue
         base = {"event": event, "ts": _int(fields.get("ts")),
                 "message_id": fields.get("mid") or None, "topic": fields.get("topic") or None,
                 "subscriber": fields.get("sub") or None, "unique": fields.get("u") or None,
@@ -147,6 +162,17 @@ def rows_from_entries(entries: Iterable[tuple[str, dict[str, str]]]) -> Iterator
         for line in filter(None, fields.get("subs", "").split("\n")):
             queue, _, unique = line.partition("\t")
             yield {**base, "event": "enqueued", "subscriber": queue, "unique": unique or None}
+
+
+def _batch_rows(stream_id: str, fields: dict[str, str]) -> Iterator[dict]:
+    """Lines ``event TAB ts TAB subscriber TAB unique TAB redelivered``."""
+    source = fields.get("src") or None
+    for line in filter(None, fields.get("events", "").split("\n")):
+        parts = (line.split("\t") + [""] * 5)[:5]
+        yield {"event": parts[0], "ts": _int(parts[1]), "message_id": None, "topic": None,
+               "subscriber": parts[2] or None, "unique": parts[3] or None, "count": None,
+               "reason": None, "redelivered": parts[4] == "1", "source": source,
+               "stream_id": stream_id}
 
 
 def _int(value: str | None) -> int | None:

@@ -24,8 +24,11 @@ def gearhorn(*args, timeout=240):
 
 
 def acked_events(redis_url):
+    from gearhorn.ledger import _decode, rows_from_entries
+
     entries = redis.Redis.from_url(redis_url).xrange("gearhorn:ledger")
-    return sum(1 for _, fields in entries if fields.get(b"e") == b"acked")
+    rows = rows_from_entries((i.decode(), _decode(f)) for i, f in entries)
+    return sum(1 for row in rows if row["event"] == "acked")
 
 
 def reconciliation(out_dir):
