@@ -176,16 +176,22 @@ def test_a_killed_worker_leaves_the_live_set_and_is_restarted(gearmand, start_po
         client.close()
 
 
+def busy_worker(gearmand, client):
+    """A foreground fanout the only worker is busy with: nobody consumes its
+    copy, so the worker waits out its 3 s fanout timeout."""
+    topic = unique_topic()
+    client.call("subscribe_fanout", {"topic": topic, "client_id": "slow"})
+    job = gear.Job("fanout", json.dumps({"topic": topic, "payload": "x"}).encode())
+    client.client.submitJob(job)
+    wait_for(lambda: queue_depth(gearmand, f"{topic}_slow") == 1, message="copy queued")
+    return job
+
+
 def test_sigterm_drains_the_job_in_hand(gearmand, start_pool):
     pool = start_pool([gearmand], processes=1)
     client = GearClient(gearmand)
-    topic = unique_topic()
     try:
-        client.call("subscribe_fanout", {"topic": topic, "client_id": "slow"})
-        # Nobody consumes topic_slow: the worker waits its 3 s fanout timeout.
-        job = gear.Job("fanout", json.dumps({"topic": topic, "payload": "x"}).encode())
-        client.client.submitJob(job)
-        wait_for(lambda: queue_depth(gearmand, f"{topic}_slow") == 1, message="copy queued")
+        job = busy_worker(gearmand, client)
         pool.process.send_signal(signal.SIGTERM)
         wait_for(lambda: job.complete, timeout=15, message="drained job to complete")
         assert not job.failure
@@ -229,12 +235,8 @@ def test_a_second_sigterm_stops_at_once(gearmand, start_pool):
 
     pool = start_pool([gearmand], processes=1)
     client = GearClient(gearmand)
-    topic = unique_topic()
     try:
-        client.call("subscribe_fanout", {"topic": topic, "client_id": "slow"})
-        job = gear.Job("fanout", json.dumps({"topic": topic, "payload": "x"}).encode())
-        client.client.submitJob(job)
-        wait_for(lambda: queue_depth(gearmand, f"{topic}_slow") == 1, message="copy queued")
+        busy_worker(gearmand, client)
         start = time.monotonic()
         pool.process.send_signal(signal.SIGTERM)
         # Two signals sent at once may merge into one: wait for the first.
