@@ -15,6 +15,7 @@ import select
 import socket
 import struct
 import time
+import uuid
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -357,7 +358,9 @@ class Client:
 
     def call(self, function: str, data: bytes, timeout: float = 30.0) -> Outcome:
         """Run one foreground job and return its outcome."""
-        unique = f"call:{time.time_ns()}"
+        # Unique per call: gearmand merges foreground jobs with equal unique
+        # keys, and a merged call would get another caller's result.
+        unique = f"call:{uuid.uuid4().hex}"
         return self.submit_foreground([Copy(function, unique, data)], timeout)[0]
 
     def _submit(self, copies: Sequence[Copy], *, background: bool,

@@ -110,7 +110,7 @@ class StompClient:
                   f"{count} messages (have {len(self.listener.messages)})")
         return self.listener.messages[:count]
 
-    def receipt(self, **kwargs):
+    def receipt(self):
         """A receipt id to pass as ``receipt=``; then ``await_receipt(rid)``."""
         self._receipts += 1
         return f"r{self._receipts}"

@@ -101,7 +101,7 @@ def test_queue_competing_consumers_get_each_message_once(stack, stomp_clients):
     assert all(c.listener.messages for c in consumers), "both consumers got work"
 
 
-def test_nack_gives_the_message_to_another_consumer(stack, stomp_clients):
+def test_nack_gives_the_message_to_another_consumer(gearmand, stack, stomp_clients):
     queue = unique_topic("q")
     a, b = stomp_clients(stack.port), stomp_clients(stack.port)
     a.subscribe(f"/queue/{queue}", "a", ack="client-individual")
@@ -114,18 +114,7 @@ def test_nack_gives_the_message_to_another_consumer(stack, stomp_clients):
     (again,) = second.messages(1)
     assert again.body == b"job" and again.headers.get("redelivered") == "true"
     second.conn.ack(again.headers["ack"])
-    wait_for(lambda: queue_depth(stack_gearmand(stack), queue) == 0)
-
-
-def stack_gearmand(stack):
-    from gearhorn.servers import Managed
-    port = int(_bridge_arg(stack, "--gearman").split(":")[1])
-    return Managed("gearmand", stack.process, port)
-
-
-def _bridge_arg(stack, name):
-    args = stack.process.args
-    return args[args.index(name) + 1]
+    wait_for(lambda: queue_depth(gearmand, queue) == 0, message="the ack to complete the job")
 
 
 def test_unacked_message_is_redelivered_after_its_ack_timeout(stack, stomp_clients):
@@ -380,14 +369,11 @@ def test_stopping_the_bridge_returns_unacked_messages(gearmand, start_pool, star
     consumer.messages(1)
     bridge.process.kill()
     bridge.process.wait()
-    wait_for(lambda: queue_depth(stack_gm(gearmand), queue) == 1)
+    wait_for(lambda: queue_depth(gearmand, queue) == 1, message="gearmand to requeue it")
     out = subprocess.run(["gearman", "-h", gearmand.host, "-p", str(gearmand.port), "-w",
                           "-c", "1", "-f", queue], capture_output=True, timeout=20)
     assert out.stdout == b"keep me"
 
-
-def stack_gm(gearmand):
-    return gearmand
 
 
 def test_a_stuck_consumer_does_not_delay_others_or_grow_the_bridge(gearmand, stack,

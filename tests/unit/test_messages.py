@@ -134,27 +134,26 @@ def test_message_ids_are_unique():
     assert len({m.new_message_id() for _ in range(1000)}) == 1000
 
 
-def test_payload_base64_carries_binary_bytes():
-    req = m.parse_fanout(b'{"topic": "t", "payload_base64": "AP8A"}')
-    assert req.data == b"\x00\xff\x00"
-    with pytest.raises(m.BadRequest, match="not payload and payload_base64"):
-        m.parse_fanout(b'{"topic": "t", "payload": "x", "payload_base64": "AA=="}')
-    with pytest.raises(m.BadRequest, match="not valid base64"):
-        m.parse_fanout(b'{"topic": "t", "payload_base64": "***"}')
-    with pytest.raises(m.BadRequest, match="must hold strings"):
-        m.parse_fanout(b'{"topic": "t", "payload_base64": 1}')
-
-
-def test_payloads_fan_out_several_messages_in_one_job():
+def test_base64_and_batched_payloads():
+    assert m.parse_fanout(b'{"topic": "t", "payload_base64": "AP8A"}').data == b"\x00\xff\x00"
     req = m.parse_fanout(b'{"topic": "t", "payloads": ["a", {"b": 1}]}')
     assert req.bodies == (b"a", b'{"b":1}')
     req = m.parse_fanout(b'{"topic": "t", "payloads_base64": ["AA==", "/w=="]}')
     assert req.bodies == (b"\x00", b"\xff")
-    with pytest.raises(m.BadRequest, match="list of 1 to 1000"):
-        m.parse_fanout(b'{"topic": "t", "payloads": []}')
-    with pytest.raises(m.BadRequest, match="list of 1 to 1000"):
-        m.parse_fanout(b'{"topic": "t", "payloads": "x"}')
-    with pytest.raises(m.BadRequest, match="unique applies to one message"):
-        m.parse_fanout(b'{"topic": "t", "payloads": ["a", "b"], "unique": "u"}')
-    with pytest.raises(m.BadRequest, match="2 payloads total 8 bytes, over the limit of 7"):
-        m.parse_fanout(b'{"topic": "t", "payloads": ["aaaa", "bbbb"]}', max_payload=7)
+
+
+@pytest.mark.parametrize("data, limit, reason", [
+    (b'{"topic": "t", "payload": "x", "payload_base64": "AA=="}', 100,
+     "not payload and payload_base64"),
+    (b'{"topic": "t", "payload_base64": "***"}', 100, "not valid base64"),
+    (b'{"topic": "t", "payload_base64": 1}', 100, "must hold strings"),
+    (b'{"topic": "t", "payloads": []}', 100, "list of 1 to 1000"),
+    (b'{"topic": "t", "payloads": "x"}', 100, "list of 1 to 1000"),
+    (b'{"topic": "t", "payloads": ["a", "b"], "unique": "u"}', 100,
+     "unique applies to one message"),
+    (b'{"topic": "t", "payloads": ["aaaa", "bbbb"]}', 7,
+     "2 payloads total 8 bytes, over the limit of 7"),
+])
+def test_bad_base64_and_batched_payloads(data, limit, reason):
+    with pytest.raises(m.BadRequest, match=reason):
+        m.parse_fanout(data, max_payload=limit)
