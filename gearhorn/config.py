@@ -60,6 +60,19 @@ class Config:
     stomp_max_backlog_bytes: int = 1024 * 1024
     stomp_tls_cert: str = ""
     stomp_tls_key: str = ""
+    # Deliveries of a message before it is dead-lettered (STOMP queues) or
+    # reported failed (foreground fanout copies, retried with backoff).
+    max_deliveries: int = 5
+    retry_backoff: float = 0.2
+    # Seconds a message's headers are kept for its consumers (gearhorn/headers.py).
+    headers_ttl: float = 7 * 86_400.0
+    # Delayed delivery (gearhorn/delayed.py): shard width, how often each
+    # worker looks for due messages, and how long one may take to send them.
+    delay_shard_seconds: float = 10.0
+    delay_poll_interval: float = 0.1
+    delay_lease: float = 60.0
+    # Seconds the bridge waits for the answer to a request with reply-to.
+    request_timeout: float = 60.0
     # The delivery ledger (a Redis Stream; gearhorn ledger export reads it).
     ledger_enabled: bool = True
     ledger_maxlen: int = 1_000_000

@@ -20,12 +20,15 @@ import redis
 from gearhorn import gearman
 from gearhorn.cache import InvalidationListener, SubscriberCache
 from gearhorn.config import Config
+from gearhorn.delayed import DelayedItem, Releaser, Scheduler
+from gearhorn.headers import HeaderStore
 from gearhorn.keys import Keys
 from gearhorn.ledger import Flusher, Ledger
 from gearhorn.messages import (
     BadRequest,
     Fanout,
     copy_unique,
+    header_id_for,
     new_message_id,
     parse_fanout,
     parse_subscription,
@@ -53,12 +56,17 @@ class FanoutService:
     """What the Gearman functions do, independent of how jobs arrive."""
 
     def __init__(self, config: Config, registry: Registry, cache: SubscriberCache,
-                 client: gearman.Client, ledger: Ledger | None = None) -> None:
+                 client: gearman.Client, ledger: Ledger | None = None,
+                 sleep=time.sleep) -> None:
         self.config = config
         self.registry = registry
         self.cache = cache
         self.client = client
         self.ledger = ledger
+        self.headers = HeaderStore(registry.redis, registry.keys, config.headers_ttl)
+        self.scheduler = Scheduler(registry.redis, registry.keys, config.delay_shard_seconds,
+                                   config.delay_lease)
+        self._sleep = sleep  # between retries of failed copies
         self._handlers = {SUBSCRIBE: self.subscribe, SUBSCRIBE_ALIAS: self.subscribe,
                           UNSUBSCRIBE: self.unsubscribe, FANOUT: self.fanout}
 
@@ -86,26 +94,85 @@ class FanoutService:
     def fanout(self, data: bytes) -> bytes:
         request = parse_fanout(data, self.config.max_payload_bytes)
         message_ids = [new_message_id() for _ in request.bodies]
+        header_ids = self._keep_headers(request, message_ids)
+        if request.deliver_at is not None and self._schedule(request, message_ids, header_ids):
+            return _dumps({"topic": request.topic, "copies": 0, "background": True,
+                           "scheduled": True, "deliver_at": request.deliver_at,
+                           **_ids(message_ids)})
+        return _dumps(self.deliver(request, message_ids, header_ids))
+
+    def _keep_headers(self, request: Fanout, message_ids: list[str]) -> list[str] | None:
+        """Store the request's headers once per message; None without headers."""
+        if not request.headers:
+            return None
+        header_ids = [header_id_for(m, request.unique) for m in message_ids]
+        for header_id in header_ids:
+            self.headers.put(header_id, request.headers)
+        return header_ids
+
+    def _schedule(self, request: Fanout, message_ids: list[str],
+                  header_ids: list[str] | None) -> bool:
+        """Keep a delayed fanout in Redis; False if it is due already by
+        Redis's clock (the caller sends it now)."""
+        item = DelayedItem(request.deliver_at, tuple(message_ids), request.bodies,
+                           topic=request.topic, unique=request.unique,
+                           priority=request.priority, header_ids=tuple(header_ids or ()))
+        return self.scheduler.schedule(item)
+
+    def release(self, item: DelayedItem) -> None:
+        """Send a delayed message that is due (called by the worker's releaser)."""
+        if item.queue:
+            unique = item.unique or f"delayed:{item.message_ids[0]}"
+            if item.header_ids:
+                unique = copy_unique("", "q", item.header_ids[0])
+            self.client.submit_background([gearman.Copy(item.queue, unique, item.bodies[0])],
+                                          item.priority)
+            return
+        request = Fanout(item.topic, item.bodies, item.unique, True, item.priority)
+        self.deliver(request, list(item.message_ids), list(item.header_ids) or None)
+
+    def deliver(self, request: Fanout, message_ids: list[str],
+                header_ids: list[str] | None = None) -> dict[str, object]:
+        """Queue one copy of each message per subscriber; the fanout's result."""
         recipients = self.cache.recipients(request.topic)
-        copies = make_copies(request, message_ids, recipients)
+        copies = make_copies(request, message_ids, recipients, header_ids)
         result: dict[str, object] = {"topic": request.topic, "copies": len(copies),
-                                     "background": request.background}
-        if len(message_ids) == 1:
-            result["message_id"] = message_ids[0]
-        else:
-            result["message_ids"] = message_ids
+                                     "background": request.background, **_ids(message_ids)}
         if request.background:
-            self.client.submit_background(copies)
+            self.client.submit_background(copies, request.priority)
             failed = []
         else:
-            outcomes = self.client.submit_foreground(copies, self.config.fanout_timeout)
+            outcomes, attempts = self._run_copies(copies, request.priority)
             targets = recipients * len(request.bodies)
             failed = [({"client_id": r.client_id, "queue": r.queue, "status": o.status,
-                        "reason": o.reason}, c.unique)
-                      for r, o, c in zip(targets, outcomes, copies, strict=True) if not o.ok]
+                        "reason": o.reason, "attempts": n}, c.unique)
+                      for r, o, c, n in zip(targets, outcomes, copies, attempts, strict=True)
+                      if not o.ok]
             result.update(completed=len(copies) - len(failed), failed=[f for f, _ in failed])
         self._record(request.topic, message_ids, copies, failed)
-        return _dumps(result)
+        return result
+
+    def _run_copies(self, copies: list[gearman.Copy],
+                    priority: str) -> tuple[list[gearman.Outcome], list[int]]:
+        """Foreground copies; a copy whose receiver failed is tried again after
+        a growing pause, up to ``max_deliveries`` times in all, within the
+        fanout timeout. A late one is not: it is still queued."""
+        deadline = time.monotonic() + self.config.fanout_timeout
+        outcomes = self.client.submit_foreground(copies, self.config.fanout_timeout, priority)
+        attempts = [1] * len(copies)
+        pause = self.config.retry_backoff
+        for attempt in range(2, self.config.max_deliveries + 1):
+            again = [i for i, o in enumerate(outcomes) if o.status == "failed"]
+            left = deadline - time.monotonic()
+            if not again or left <= pause:
+                break
+            self._sleep(pause)
+            pause = min(pause * 2, 5.0)
+            retried = self.client.submit_foreground(
+                [copies[i] for i in again], deadline - time.monotonic(), priority)
+            for i, outcome in zip(again, retried, strict=True):
+                outcomes[i], attempts[i] = outcome, attempt
+        return outcomes, attempts
 
     def _record(self, topic: str, message_ids: list[str], copies: list[gearman.Copy],
                 failed: list[tuple[dict, str]]) -> None:
@@ -125,19 +192,26 @@ class FanoutService:
             self.ledger.failed(f"{function}: {reason}")
 
 
-def make_copies(request: Fanout, message_ids: list[str],
-                recipients: tuple[Recipient, ...]) -> list[gearman.Copy]:
+def make_copies(request: Fanout, message_ids: list[str], recipients: tuple[Recipient, ...],
+                header_ids: list[str] | None = None) -> list[gearman.Copy]:
     """One Gearman job per message and recipient, each with its own unique key.
 
     Message by message, so every subscriber's queue receives them in order.
     """
     copies = []
-    for body, message_id in zip(request.bodies, message_ids, strict=True):
+    for i, (body, message_id) in enumerate(zip(request.bodies, message_ids, strict=True)):
         base = request.unique or message_id
+        header_id = header_ids[i] if header_ids else None
         for r in recipients:
             who = r.client_id if r.pattern is None else f"{r.pattern}:{r.client_id}"
-            copies.append(gearman.Copy(r.queue, copy_unique(base, who), body))
+            copies.append(gearman.Copy(r.queue, copy_unique(base, who, header_id), body))
     return copies
+
+
+def _ids(message_ids: list[str]) -> dict[str, object]:
+    if len(message_ids) == 1:
+        return {"message_id": message_ids[0]}
+    return {"message_ids": message_ids}
 
 
 class WorkerProcess:
@@ -157,6 +231,13 @@ class WorkerProcess:
         self.service = FanoutService(config, self.registry, self.cache, self.client,
                                      self.ledger)
         self.flusher = Flusher(self.ledger)
+        # Due delayed messages go out from a thread of their own, with their
+        # own Gearman connection (a Client is not shared between threads).
+        self.release_client = gearman.Client(config.gearman_servers, batch=config.submit_batch)
+        releasing = FanoutService(config, self.registry, self.cache, self.release_client,
+                                  self.ledger)
+        self.releaser = Releaser(releasing.scheduler, releasing.release,
+                                 config.delay_poll_interval)
         self.listener = InvalidationListener(self.redis, keys.channel, self.cache)
         self.worker = gearman.NoDelayWorker(client_id=self.worker_id)
         self.jobs_done = 0
@@ -167,6 +248,7 @@ class WorkerProcess:
         """Serve jobs until :meth:`drain` is called; the job in hand is finished."""
         self.listener.start()
         self.flusher.start()
+        self.releaser.start()
         threading.Thread(target=self._heartbeats, name="gearhorn-heartbeat", daemon=True).start()
         for host, port in self.config.gearman_servers:
             self.worker.addServer(host, port)
@@ -228,9 +310,12 @@ class WorkerProcess:
 
     def _shutdown(self) -> None:
         self.listener.stop()
+        self.releaser.stop()
+        self.releaser.join(timeout=10)
         self.flusher.stop()
         self.worker.shutdown()
         self.client.close()
+        self.release_client.close()
         try:
             self.registry.retire(self.worker_id)
         except redis.RedisError as exc:

@@ -12,6 +12,12 @@ All keys start with the configured prefix (default ``gearhorn:``):
 ``<p>workers``                  sorted set: worker id scored by the epoch second at
                                 which it is dead unless it sends a heartbeat
 ``<p>worker:<id>``              hash: pid, host, started, jobs; expires with the worker
+``<p>headers:<id>``             string: JSON headers of a message (gearhorn/headers.py),
+                                expiring after ``headers_ttl``
+``<p>due:<n>``                  sorted set: delayed messages due in the ``n``-th
+                                time shard of ``delay_shard_seconds``, scored by
+                                due time in ms (gearhorn/delayed.py)
+``<p>due:cursor``               string: the oldest shard that may hold messages
 ``<p>ledger``                   stream: the delivery ledger (gearhorn/ledger.py),
                                 trimmed to about ``ledger_maxlen`` entries
 ==============================  ====================================================
@@ -52,6 +58,9 @@ class Keys:
     @property
     def workers(self) -> str:
         return self.prefix + "workers"
+
+    def headers(self, header_id: str) -> str:
+        return f"{self.prefix}headers:{header_id}"
 
     def topic(self, topic: str) -> str:
         return f"{self.prefix}topic:{topic}"

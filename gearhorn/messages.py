@@ -14,9 +14,12 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import math
 import re
+import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from datetime import datetime
 
 MAX_NAME_BYTES = 128
 # gearmand answers ERROR ARGUMENT_TOO_LARGE to a unique key over 64 bytes.
@@ -58,6 +61,9 @@ class Fanout:
     bodies: tuple[bytes, ...]
     unique: str | None
     background: bool
+    priority: str = "normal"  # Gearman precedence of every copy
+    deliver_at: float | None = None  # epoch seconds; None = now
+    headers: dict[str, str] = field(default_factory=dict)  # for STOMP consumers
 
     @property
     def data(self) -> bytes:
@@ -118,16 +124,45 @@ def split_queue_name(name: str) -> tuple[str, str]:
     return topic, client_id
 
 
-def copy_unique(base: str, client_id: str) -> str:
+def copy_unique(base: str, client_id: str, header_id: str | None = None) -> str:
     """The Gearman unique key of one copy: ``<base>:<client_id>``.
 
     Keys over gearmand's 64-byte limit become a SHA-256 digest of the same
     text, so the key stays deterministic (coalescing still works) and valid.
+    A message with headers has ``@<header id>:<client_id>`` instead (the
+    client id digested when too long), so whoever grabs the copy finds its
+    headers without a lookup per job (see :func:`header_id_of`).
     """
+    if header_id is not None:
+        key = f"{HEADER_MARK}{header_id}:{client_id}"
+        if len(key) > MAX_UNIQUE_BYTES:
+            key = f"{HEADER_MARK}{header_id}:" + hashlib.sha256(client_id.encode()).hexdigest()
+        return key[:MAX_UNIQUE_BYTES]
     key = f"{base}:{client_id}"
     if len(key) <= MAX_UNIQUE_BYTES:
         return key
     return "h:" + hashlib.sha256(key.encode()).hexdigest()[:60]
+
+
+# A unique key that starts with this and a 32-digit header id says the job's
+# STOMP headers are in Redis (gearhorn/headers.py).
+HEADER_MARK = "@"
+_HEADER_ID = re.compile(r"[0-9a-f]{32}")
+
+
+def header_id_for(message_id: str, unique: str | None) -> str:
+    """Where a message's headers are kept: its message id, or for a request
+    with a ``unique`` a digest of it, so a retry coalesces with the first."""
+    if unique is None:
+        return message_id
+    return hashlib.sha256(f"unique:{unique}".encode()).hexdigest()[:32]
+
+
+def header_id_of(unique: str) -> str | None:
+    """The header id a job's unique key carries, or None."""
+    if unique.startswith(HEADER_MARK) and _HEADER_ID.fullmatch(unique[1:33]):
+        return unique[1:33]
+    return None
 
 
 def new_message_id() -> str:
@@ -142,8 +177,14 @@ def parse_subscription(data: bytes) -> Subscription:
     return Subscription(topic, client_id)
 
 
-def parse_fanout(data: bytes, max_payload: int = DEFAULT_MAX_PAYLOAD) -> Fanout:
+def parse_fanout(data: bytes, max_payload: int = DEFAULT_MAX_PAYLOAD,
+                 now: float | None = None) -> Fanout:
     """Parse a ``{"topic": T, "payload": P, "unique"?: U, "background"?: B}`` payload.
+
+    Optional too: ``priority`` (high, normal, low), ``deliver_at`` (epoch
+    seconds or RFC 3339) or ``delay`` (seconds), and ``headers`` (an object
+    of strings that STOMP consumers receive; Gearman consumers get the
+    payload alone).
 
     Instead of ``payload``: ``payload_base64`` (bytes that are not UTF-8
     text), or ``payloads`` / ``payloads_base64``, a list of up to
@@ -161,7 +202,82 @@ def parse_fanout(data: bytes, max_payload: int = DEFAULT_MAX_PAYLOAD) -> Fanout:
     unique = _parse_unique(obj.get("unique"))
     if unique is not None and len(bodies) > 1:
         raise BadRequest("unique applies to one message: not with payloads")
-    return Fanout(topic, bodies, unique, bool(obj.get("background")))
+    return Fanout(topic, bodies, unique, bool(obj.get("background")),
+                  parse_priority(obj.get("priority", "normal")),
+                  parse_schedule(obj.get("deliver_at"), obj.get("delay"), now),
+                  parse_headers(obj.get("headers", {})))
+
+
+PRIORITIES = ("high", "normal", "low")
+# How far ahead a message may be scheduled (a typo of a year is not a delay).
+MAX_DELAY_SECONDS = 366 * 86_400
+MAX_HEADERS = 64
+MAX_HEADER_BYTES = 8192
+_HEADER_NAME = re.compile(r"[!-9;-~]{1,128}")  # printable, no ':' or space
+
+
+def parse_priority(value: object) -> str:
+    if value not in PRIORITIES:
+        raise BadRequest(f"invalid priority {_shorten(str(value))}: use high, normal or low")
+    return str(value)
+
+
+def parse_schedule(deliver_at: object, delay: object, now: float | None = None) -> float | None:
+    """``deliver_at`` (epoch seconds or RFC 3339) or ``delay`` (seconds from
+    now) -> the epoch second of delivery, or None for "now"."""
+    if deliver_at is not None and delay is not None:
+        raise BadRequest("give deliver_at or delay, not both")
+    if deliver_at is None and delay is None:
+        return None
+    now = time.time() if now is None else now
+    if delay is not None:
+        due = now + _number("delay", delay)
+    elif isinstance(deliver_at, str):
+        due = _rfc3339(deliver_at)
+    else:
+        due = _number("deliver_at", deliver_at)
+    if due > now + MAX_DELAY_SECONDS:
+        raise BadRequest(f"delivery is more than {MAX_DELAY_SECONDS // 86_400} days ahead")
+    return due if due > now else None
+
+
+def _number(key: str, value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) \
+            or not math.isfinite(value) or value < 0:
+        raise BadRequest(f"{key} must be a number of seconds (0 or more), not "
+                         f"{_shorten(json.dumps(value))}")
+    return float(value)
+
+
+def _rfc3339(text: str) -> float:
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        moment = None
+    if moment is None or moment.tzinfo is None:
+        raise BadRequest(f"invalid deliver_at {_shorten(text)}: use epoch seconds or RFC 3339 "
+                         "with a time zone (2026-11-22T21:00:00Z)")
+    return moment.timestamp()
+
+
+def parse_headers(value: object) -> dict[str, str]:
+    """Headers a STOMP consumer receives with the message: names are
+    printable ASCII without ':', values strings; 64 at most, 8 KiB in all."""
+    if not isinstance(value, dict):
+        raise BadRequest(f"headers must be an object, not {_json_type(value)}")
+    if len(value) > MAX_HEADERS:
+        raise BadRequest(f"more than {MAX_HEADERS} headers")
+    size = 0
+    for name, text in value.items():
+        if not _HEADER_NAME.fullmatch(name):
+            raise BadRequest(f"invalid header name {_shorten(name)}: printable ASCII "
+                             "without ':' or whitespace")
+        if not isinstance(text, str) or "\0" in text:
+            raise BadRequest(f"header {name!r} must be a string without NUL")
+        size += len(name) + len(text.encode("utf-8", "surrogatepass"))
+    if size > MAX_HEADER_BYTES:
+        raise BadRequest(f"headers are {size} bytes, over the limit of {MAX_HEADER_BYTES}")
+    return dict(value)
 
 
 MAX_BATCH = 1000

@@ -1,4 +1,5 @@
 import json
+import time
 
 import pytest
 import redis
@@ -15,15 +16,25 @@ class RecordingClient:
 
     def __init__(self, answers=None):
         self.background, self.foreground = [], []
+        self.precedences = []
+        # function -> Outcome, or a list of Outcomes given one per attempt
         self.answers = answers or {}
 
     def submit_background(self, copies, precedence="normal"):
         self.background += copies
+        self.precedences.append(precedence)
         return len(copies)
 
     def submit_foreground(self, copies, timeout, precedence="normal"):
         self.foreground += copies
-        return [self.answers.get(c.function, gearman.Outcome("complete", b"ok")) for c in copies]
+        self.precedences.append(precedence)
+        return [self._answer(c.function) for c in copies]
+
+    def _answer(self, function):
+        answer = self.answers.get(function, gearman.Outcome("complete", b"ok"))
+        if isinstance(answer, list):
+            return answer.pop(0) if len(answer) > 1 else answer[0]
+        return answer
 
 
 @pytest.fixture
@@ -78,7 +89,7 @@ def test_foreground_fanout_reports_failures_per_subscriber(registry):
     result = call(svc, "fanout", topic="news", payload="hi")
     assert result["copies"] == 2 and result["completed"] == 1
     assert result["failed"] == [{"client_id": "bob", "queue": "news_bob",
-                                 "status": "timeout", "reason": "no answer"}]
+                                 "status": "timeout", "reason": "no answer", "attempts": 1}]
 
 
 def test_unsubscribed_client_gets_nothing(service):
@@ -116,3 +127,90 @@ def test_redis_down_is_reported_as_unavailable(registry, monkeypatch):
     monkeypatch.setattr(registry, "members", down)
     with pytest.raises(Unavailable, match="registry unavailable"):
         svc.handle("fanout", b'{"topic": "t", "payload": 1}')
+
+
+@pytest.mark.parametrize("priority", ["high", "normal", "low"])
+def test_every_copy_goes_out_at_the_requested_priority(service, priority):
+    svc, client = service
+    call(svc, "subscribe_fanout", topic="news", client_id="alice")
+    call(svc, "fanout", topic="news", payload="hi", priority=priority, background=True)
+    call(svc, "fanout", topic="news", payload="hi", priority=priority)
+    assert client.precedences == [priority, priority]
+
+
+def test_headers_are_stored_once_and_every_copy_points_at_them(service, fake_redis):
+    svc, client = service
+    for who in ("alice", "bob"):
+        call(svc, "subscribe_fanout", topic="news", client_id=who)
+    result = call(svc, "fanout", topic="news", payload="hi", background=True,
+                  headers={"correlation-id": "c-1", "x-team": "ops"})
+    mid = result["message_id"]
+    assert sorted(c.unique for c in client.background) == [f"@{mid}:alice", f"@{mid}:bob"]
+    found = svc.headers.for_uniques(c.unique for c in client.background)
+    assert found == {c.unique: {"correlation-id": "c-1", "x-team": "ops"}
+                     for c in client.background}
+    assert 0 < fake_redis.ttl(f"t:headers:{mid}") <= Config().headers_ttl
+
+
+def test_a_failed_copy_is_retried_with_backoff_then_succeeds(registry):
+    failed = gearman.Outcome("failed", reason="receiver crashed")
+    client = RecordingClient({"news_bob": [failed, failed, gearman.Outcome("complete")]})
+    pauses = []
+    svc = FanoutService(Config(retry_backoff=0.01), registry, SubscriberCache(registry), client,
+                        sleep=pauses.append)
+    call(svc, "subscribe_fanout", topic="news", client_id="alice")
+    call(svc, "subscribe_fanout", topic="news", client_id="bob")
+    result = call(svc, "fanout", topic="news", payload="hi")
+    assert result["completed"] == 2 and result["failed"] == []
+    assert [c.function for c in client.foreground] == ["news_alice", "news_bob", "news_bob",
+                                                       "news_bob"]
+    assert pauses == [0.01, 0.02]
+
+
+def test_a_copy_that_keeps_failing_is_reported_after_max_deliveries(registry):
+    client = RecordingClient({"news_bob": gearman.Outcome("failed", reason="bad input")})
+    svc = FanoutService(Config(max_deliveries=3, retry_backoff=0.01), registry,
+                        SubscriberCache(registry), client, sleep=lambda s: None)
+    call(svc, "subscribe_fanout", topic="news", client_id="bob")
+    result = call(svc, "fanout", topic="news", payload="hi")
+    assert result["failed"] == [{"client_id": "bob", "queue": "news_bob", "status": "failed",
+                                 "reason": "bad input", "attempts": 3}]
+    assert len(client.foreground) == 3
+
+
+def test_a_late_copy_is_not_retried(registry):
+    client = RecordingClient({"news_bob": gearman.Outcome("timeout", reason="late")})
+    svc = FanoutService(Config(), registry, SubscriberCache(registry), client,
+                        sleep=lambda s: None)
+    call(svc, "subscribe_fanout", topic="news", client_id="bob")
+    call(svc, "fanout", topic="news", payload="hi")
+    assert len(client.foreground) == 1  # it is still queued: a retry would duplicate it
+
+
+def test_a_delayed_fanout_is_kept_then_released_with_its_ids(service):
+    svc, client = service
+    call(svc, "subscribe_fanout", topic="news", client_id="alice")
+    due = time.time() + 0.3
+    result = call(svc, "fanout", topic="news", payload="later", deliver_at=due,
+                  priority="low", headers={"k": "v"})
+    assert result["scheduled"] is True and result["copies"] == 0
+    assert client.background == [] and svc.scheduler.pending() == 1
+    taken = []
+    while not taken:  # polls Redis (bounded by the test timeout)
+        taken = svc.scheduler.take()
+        assert taken or time.time() < due + 0.2, "not released on time"
+    assert time.time() >= due - 0.01  # never before its time
+    assert svc.scheduler.take() == []  # leased to one taker
+    svc.release(taken[0][1])
+    svc.scheduler.done(taken)
+    mid = result["message_id"]
+    assert [(c.function, c.unique, c.data) for c in client.background] == [
+        ("news_alice", f"@{mid}:alice", b"later")]
+    assert client.precedences == ["low"] and svc.scheduler.pending() == 0
+
+
+def test_a_fanout_due_already_goes_out_now(service):
+    svc, client = service
+    call(svc, "subscribe_fanout", topic="news", client_id="alice")
+    result = call(svc, "fanout", topic="news", payload="now", deliver_at=1, background=True)
+    assert result["copies"] == 1 and "scheduled" not in result

@@ -157,3 +157,55 @@ def test_base64_and_batched_payloads():
 def test_bad_base64_and_batched_payloads(data, limit, reason):
     with pytest.raises(m.BadRequest, match=reason):
         m.parse_fanout(data, max_payload=limit)
+
+
+def _fanout(**job):
+    return m.parse_fanout(json.dumps({"topic": "t", "payload": "p", **job}).encode(), now=1000.0)
+
+
+def test_priority_delay_and_headers():
+    assert _fanout().priority == "normal" and _fanout().deliver_at is None
+    assert _fanout(priority="high").priority == "high"
+    assert _fanout(delay=2.5).deliver_at == 1002.5
+    assert _fanout(deliver_at=1500).deliver_at == 1500.0
+    assert _fanout(deliver_at="1970-01-01T00:25:00Z").deliver_at == 1500.0
+    assert _fanout(deliver_at="1970-01-01T01:25:00+01:00").deliver_at == 1500.0
+    assert _fanout(deliver_at=10).deliver_at is None  # in the past: now
+    assert _fanout(headers={"reply-to": "/queue/r", "x-n": "1"}).headers == {
+        "reply-to": "/queue/r", "x-n": "1"}
+
+
+@pytest.mark.parametrize("job, reason", [
+    ({"priority": "urgent"}, "invalid priority 'urgent': use high, normal or low"),
+    ({"priority": 1}, "invalid priority '1'"),
+    ({"delay": -1}, "delay must be a number of seconds (0 or more)"),
+    ({"delay": "5"}, "delay must be a number of seconds"),
+    ({"delay": True}, "delay must be a number of seconds"),
+    ({"delay": 1, "deliver_at": 2000}, "give deliver_at or delay, not both"),
+    ({"delay": 400 * 86400}, "delivery is more than 366 days ahead"),
+    ({"deliver_at": "tomorrow"}, "invalid deliver_at 'tomorrow': use epoch seconds or RFC 3339"),
+    ({"deliver_at": "2026-11-22T21:00:00"}, "with a time zone"),
+    ({"headers": ["a"]}, "headers must be an object, not an array"),
+    ({"headers": {"a b": "x"}}, "invalid header name 'a b'"),
+    ({"headers": {"a:b": "x"}}, "invalid header name 'a:b'"),
+    ({"headers": {"a": 1}}, "header 'a' must be a string without NUL"),
+    ({"headers": {"a": "x\u0000y"}}, "header 'a' must be a string without NUL"),
+    ({"headers": {f"h{i}": "" for i in range(65)}}, "more than 64 headers"),
+    ({"headers": {"a": "x" * 9000}}, "headers are 9001 bytes, over the limit of 8192"),
+])
+def test_bad_priority_delay_and_headers(job, reason):
+    with pytest.raises(m.BadRequest) as exc:
+        _fanout(**job)
+    assert reason in str(exc.value)
+
+
+def test_header_ids_travel_in_unique_keys_within_gearmand_limit():
+    hid = m.header_id_for("ab" * 16, None)
+    assert hid == "ab" * 16
+    for who in ("alice", "news.*:" + "x" * 128):
+        key = m.copy_unique("ignored", who, hid)
+        assert len(key) <= 64 and m.header_id_of(key) == hid
+        assert key == m.copy_unique("ignored", who, hid)
+    # A producer's unique gives the same header id each time (a retry coalesces).
+    assert m.header_id_for("m1", "order-7") == m.header_id_for("m2", "order-7") != "m1"
+    assert m.header_id_of("plain:alice") is None and m.header_id_of("@short") is None

@@ -1,0 +1,154 @@
+"""Delayed delivery: messages kept in Redis until due, then sent.
+
+gearmand's own epoch jobs (SUBMIT_JOB_EPOCH) are not enough: measured with
+gearmand 1.1.20, a due epoch job does not wake a sleeping worker, so
+``gearman -w`` (or any worker waiting in PRE_SLEEP) never receives it until
+other work arrives (docs/delayed.rst). So gearhorn keeps a delayed message
+in a sorted set per time shard (``<p>due:<n>``, ``delay_shard_seconds``
+wide) and every worker of the pool polls for due messages
+(``lua/release.lua``): each one is taken by one worker, sent, then removed.
+
+:class:`DelayedItem` is the pure part (what is kept); :class:`Scheduler`
+talks to Redis.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from importlib import resources
+
+import redis
+
+from gearhorn.gearman import GearmanError
+from gearhorn.keys import Keys
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class DelayedItem:
+    """A message waiting for its time: a fanout to ``topic`` or a job on ``queue``."""
+
+    due: float  # epoch seconds
+    message_ids: tuple[str, ...]
+    bodies: tuple[bytes, ...]
+    topic: str = ""
+    queue: str = ""
+    unique: str | None = None
+    priority: str = "normal"
+    header_ids: tuple[str, ...] = ()  # per message; headers are in the HeaderStore
+
+    def to_json(self) -> str:
+        return json.dumps({
+            "due": self.due, "ids": list(self.message_ids), "topic": self.topic,
+            "queue": self.queue, "unique": self.unique, "priority": self.priority,
+            "hids": list(self.header_ids),
+            "bodies": [base64.b64encode(b).decode() for b in self.bodies]},
+            separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> DelayedItem:
+        obj = json.loads(text)
+        return cls(obj["due"], tuple(obj["ids"]),
+                   tuple(base64.b64decode(b) for b in obj["bodies"]), obj["topic"],
+                   obj["queue"], obj["unique"], obj["priority"], tuple(obj["hids"]))
+
+
+def _script(name: str) -> str:
+    return resources.files("gearhorn").joinpath(f"lua/{name}").read_text()
+
+
+class Scheduler:
+    """Keeps delayed messages in Redis and hands out the due ones."""
+
+    def __init__(self, client: redis.Redis, keys: Keys, shard_seconds: float = 10.0,
+                 lease_seconds: float = 60.0) -> None:
+        self.redis = client
+        self.keys = keys
+        self.width_ms = max(1, int(shard_seconds * 1000))
+        self.lease_ms = max(1, int(lease_seconds * 1000))
+        self._schedule = client.register_script(_script("schedule.lua"))
+        self._release = client.register_script(_script("release.lua"))
+
+    def schedule(self, item: DelayedItem) -> bool:
+        """Keep ``item`` until due; False if it is due already (send it now)."""
+        due_ms = int(item.due * 1000)
+        return bool(self._schedule(args=[due_ms, item.to_json(), self.width_ms,
+                                         self.keys.prefix]))
+
+    def take(self, limit: int = 1000, max_shards: int = 10_000) -> list[tuple[bytes, DelayedItem]]:
+        """Due messages (raw member, item), each leased to this caller alone."""
+        raw = self._release(args=[limit, self.lease_ms, self.width_ms, self.keys.prefix,
+                                  max_shards])
+        return [(member, DelayedItem.from_json(member)) for member in raw]
+
+    def done(self, taken: list[tuple[bytes, DelayedItem]]) -> None:
+        """Forget messages that were sent."""
+        if not taken:
+            return
+        pipe = self.redis.pipeline(transaction=False)
+        for member, item in taken:
+            pipe.zrem(self.shard_key(item.due), member)
+        pipe.execute()
+
+    def shard_key(self, due: float) -> str:
+        return f"{self.keys.prefix}due:{int(due * 1000) // self.width_ms}"
+
+    def pending(self) -> int:
+        """Messages kept and not yet sent (scans the shard keys; for tools and tests)."""
+        total = 0
+        for key in self.redis.scan_iter(match=f"{self.keys.prefix}due:[0-9]*", count=1000):
+            total += self.redis.zcard(key)
+        return total
+
+
+class Releaser(threading.Thread):
+    """Sends due messages with ``send`` until stopped (one per worker process).
+
+    A message whose ``send`` fails stays leased; when the lease ends it is
+    due again and some worker tries once more, so nothing is dropped.
+    """
+
+    def __init__(self, scheduler: Scheduler, send: Callable[[DelayedItem], None],
+                 interval: float = 0.1, batch: int = 1000) -> None:
+        super().__init__(name="gearhorn-releaser", daemon=True)
+        self.scheduler = scheduler
+        self.send = send
+        self.interval = interval
+        self.batch = batch
+        self.released = 0
+        self._stop = threading.Event()
+
+    def run(self) -> None:
+        pause = self.interval
+        while not self._stop.is_set():
+            try:
+                taken = self.release_due()
+                pause = self.interval
+            except (redis.RedisError, GearmanError) as exc:
+                log.warning("delayed messages not released: %s; retrying in %.1fs", exc, pause)
+                taken = 0
+                pause = min(pause * 2, 5.0)
+            if taken < self.batch:
+                self._stop.wait(pause)
+
+    def release_due(self) -> int:
+        """Send what is due now; returns how many were taken."""
+        taken = self.scheduler.take(self.batch)
+        sent = []
+        try:
+            for member, item in taken:
+                self.send(item)
+                sent.append((member, item))
+        finally:
+            self.scheduler.done(sent)
+            self.released += len(sent)
+        return len(taken)
+
+    def stop(self) -> None:
+        self._stop.set()

@@ -1,0 +1,44 @@
+"""Where message headers travel: beside the job, in Redis.
+
+A Gearman job carries bytes only, and Gearman consumers of a queue must get
+the raw payload. So a message with headers (STOMP SEND headers, or a
+fanout's ``"headers"``) keeps them under ``<p>headers:<header id>`` for
+``headers_ttl`` seconds, written once per message however many copies it
+has, and every copy's unique key starts with ``@<header id>``
+(:func:`gearhorn.messages.copy_unique`). The bridge reads the headers of the
+jobs it grabs, one MGET per grab; a job without the mark costs nothing.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+
+import redis
+
+from gearhorn.keys import Keys
+from gearhorn.messages import header_id_of
+
+
+class HeaderStore:
+    def __init__(self, client: redis.Redis, keys: Keys, ttl: float) -> None:
+        self.redis = client
+        self.keys = keys
+        self.ttl = max(1, int(ttl))
+
+    def put(self, header_id: str, headers: Mapping[str, str]) -> None:
+        self.redis.set(self.keys.headers(header_id), json.dumps(headers), ex=self.ttl)
+
+    def for_uniques(self, uniques: Iterable[str]) -> dict[str, dict[str, str]]:
+        """The headers of every job (by unique key) whose key carries a header id."""
+        wanted = {u: h for u in uniques if (h := header_id_of(u)) is not None}
+        if not wanted:
+            return {}
+        ids = sorted(set(wanted.values()))
+        found = dict(zip(ids, self.redis.mget([self.keys.headers(h) for h in ids]), strict=True))
+        result = {}
+        for unique, header_id in wanted.items():
+            raw = found.get(header_id)
+            if raw is not None:
+                result[unique] = json.loads(raw)
+        return result

@@ -1,0 +1,96 @@
+import threading
+import time
+
+import pytest
+
+from gearhorn.delayed import DelayedItem, Releaser, Scheduler
+from gearhorn.keys import Keys
+
+
+@pytest.fixture
+def scheduler(fake_redis):
+    return Scheduler(fake_redis, Keys("t:"), shard_seconds=0.1, lease_seconds=0.2)
+
+
+def item(n, due, **kw):
+    return DelayedItem(due, (f"m{n}",), (f"body {n}".encode(),), topic="news", **kw)
+
+
+def test_item_survives_its_json_form():
+    original = DelayedItem(12.5, ("a", "b"), (b"\x00\xff", b"x"), topic="t", unique=None,
+                           priority="high", header_ids=("1" * 32, "2" * 32))
+    assert DelayedItem.from_json(original.to_json()) == original
+
+
+def test_messages_spread_over_shards_and_nothing_is_taken_early(scheduler, fake_redis):
+    now = time.time()
+    for n in range(20):
+        assert scheduler.schedule(item(n, now + 0.5 + n * 0.05))
+    shards = list(fake_redis.scan_iter("t:due:[0-9]*"))
+    assert len(shards) >= 5 and scheduler.pending() == 20
+    assert scheduler.take() == []
+
+
+def test_a_due_message_is_not_kept(scheduler):
+    assert scheduler.schedule(item(1, time.time() - 1)) is False
+    assert scheduler.pending() == 0
+
+
+def test_each_due_message_goes_to_exactly_one_of_several_takers(scheduler):
+    due = time.time() + 0.2
+    for n in range(300):
+        scheduler.schedule(item(n, due))
+    got, lock = [], threading.Lock()
+
+    def take():
+        deadline = time.time() + 3
+        while time.time() < deadline:
+            taken = scheduler.take(limit=7)
+            scheduler.done(taken)
+            with lock:
+                got.extend(i.message_ids[0] for _, i in taken)
+                if len(got) >= 300:
+                    return
+
+    takers = [threading.Thread(target=take) for _ in range(4)]
+    for t in takers:
+        t.start()
+    for t in takers:
+        t.join()
+    assert sorted(got) == sorted(f"m{n}" for n in range(300))  # each once
+    assert time.time() >= due and scheduler.pending() == 0
+
+
+def test_a_taken_message_never_marked_done_comes_back_after_its_lease(scheduler):
+    scheduler.schedule(item(1, time.time() + 0.05))
+    first = []
+    while not first:
+        first = scheduler.take()
+    assert scheduler.take() == []  # leased
+    again = []
+    while not again:  # the taker "died": the lease (0.2 s) ends
+        again = scheduler.take()
+    assert again[0][1] == first[0][1]
+
+
+def test_releaser_sends_due_messages_and_keeps_failed_ones(scheduler):
+    sent, failing = [], {"m2"}
+
+    def send(delayed):
+        if delayed.message_ids[0] in failing:
+            raise ConnectionError("gearmand away")
+        sent.append(delayed.message_ids[0])
+
+    due = time.time() + 0.05
+    scheduler.schedule(item(1, due))
+    scheduler.schedule(item(2, due + 0.001))
+    releaser = Releaser(scheduler, send, interval=0.01)
+    with pytest.raises(ConnectionError):
+        while len(sent) < 2:
+            releaser.release_due()
+    assert sent == ["m1"]
+    assert scheduler.pending() == 1  # m2 stays, to be sent after its lease
+    failing.clear()
+    while "m2" not in sent:
+        releaser.release_due()
+    assert sorted(sent) == ["m1", "m2"] and scheduler.pending() == 0
