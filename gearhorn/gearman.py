@@ -356,12 +356,13 @@ class Client:
                 outcomes += wait_for_results(conn, handles, max(0.0, deadline - time.monotonic()))
         return outcomes
 
-    def call(self, function: str, data: bytes, timeout: float = 30.0) -> Outcome:
+    def call(self, function: str, data: bytes, timeout: float = 30.0,
+             precedence: str = "normal") -> Outcome:
         """Run one foreground job and return its outcome."""
         # Unique per call: gearmand merges foreground jobs with equal unique
         # keys, and a merged call would get another caller's result.
         unique = f"call:{uuid.uuid4().hex}"
-        return self.submit_foreground([Copy(function, unique, data)], timeout)[0]
+        return self.submit_foreground([Copy(function, unique, data)], timeout, precedence)[0]
 
     def _submit(self, copies: Sequence[Copy], *, background: bool,
                 precedence: str) -> list[tuple[Connection | None, int | list[bytes]]]:

@@ -214,6 +214,9 @@ MAX_DELAY_SECONDS = 366 * 86_400
 MAX_HEADERS = 64
 MAX_HEADER_BYTES = 8192
 _HEADER_NAME = re.compile(r"[!-9;-~]{1,128}")  # printable, no ':' or space
+# Headers a STOMP frame's framing or the bridge owns; a message cannot set them.
+RESERVED_HEADERS = frozenset({"content-length", "destination", "message-id", "subscription",
+                              "ack", "redelivered", "delivery-count", "receipt", "transaction"})
 
 
 def parse_priority(value: object) -> str:
@@ -272,6 +275,8 @@ def parse_headers(value: object) -> dict[str, str]:
         if not _HEADER_NAME.fullmatch(name):
             raise BadRequest(f"invalid header name {_shorten(name)}: printable ASCII "
                              "without ':' or whitespace")
+        if name in RESERVED_HEADERS:
+            raise BadRequest(f"header {name!r} is set by the bridge, not by a message")
         if not isinstance(text, str) or "\0" in text:
             raise BadRequest(f"header {name!r} must be a string without NUL")
         size += len(name) + len(text.encode("utf-8", "surrogatepass"))

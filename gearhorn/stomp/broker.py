@@ -17,6 +17,7 @@ import hashlib
 import json
 import logging
 import re
+import time
 import uuid
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -24,12 +25,17 @@ from typing import Protocol
 
 import gevent
 import gevent.event
+import gevent.lock
+import redis
 
 from gearhorn import gearman
 from gearhorn.config import Config
+from gearhorn.delayed import DelayedItem, Scheduler
+from gearhorn.headers import HeaderStore
 from gearhorn.ledger import Ledger
-from gearhorn.messages import BadRequest, Subscription, validate_topic
+from gearhorn.messages import BadRequest, Subscription, copy_unique, validate_topic
 from gearhorn.registry import Registry
+from gearhorn.stomp.sending import PLAIN, SendOptions
 
 log = logging.getLogger(__name__)
 
@@ -53,11 +59,12 @@ class Delivery:
     """One grabbed Gearman job on its way to (or at) a STOMP subscriber."""
 
     __slots__ = ("job", "worker", "dispatcher", "consumer", "redelivered", "deliveries",
-                 "timer", "done", "message_id")
+                 "timer", "done", "message_id", "headers")
 
     def __init__(self, job: gearman.GrabbedJob, worker: gearman.WorkerConnection,
-                 dispatcher: QueueDispatcher) -> None:
+                 dispatcher: QueueDispatcher, headers: dict[str, str] | None = None) -> None:
         self.job = job
+        self.headers = headers or {}  # the sender's, from the HeaderStore
         self.worker = worker
         self.dispatcher = dispatcher
         self.consumer: Consumer | None = None
@@ -82,8 +89,14 @@ class QueueDispatcher:
     """Hands the jobs of one Gearman function to this bridge's subscribers."""
 
     def __init__(self, function: str, servers: tuple[tuple[str, int], ...],
-                 client_id: str, on_empty: Callable[[QueueDispatcher], None]) -> None:
+                 client_id: str, on_empty: Callable[[QueueDispatcher], None], *,
+                 lookup: Callable[[list[str]], dict[str, dict[str, str]]] | None = None,
+                 dead_letter: Callable[[Delivery, str], None] | None = None,
+                 max_deliveries: int = 0) -> None:
         self.function = function
+        self._lookup = lookup  # unique keys -> headers of those that have some
+        self._dead_letter = dead_letter
+        self.max_deliveries = max_deliveries  # 0: redeliver forever
         self.consumers: list[Consumer] = []
         self.waiting: deque[Delivery] = deque()
         self._next = 0
@@ -117,7 +130,8 @@ class QueueDispatcher:
         if consumer in self.consumers:
             self.consumers.remove(consumer)
         for delivery in reversed(unacked):
-            self._requeue(delivery, front=True)
+            if not self._exhausted(delivery, "its subscriber went away"):
+                self._requeue(delivery, front=True)
         if not self.consumers:
             self.close()
             self._on_empty(self)
@@ -173,7 +187,7 @@ class QueueDispatcher:
 
     def give_back(self, delivery: Delivery) -> None:
         """NACK: the job goes to another subscriber (or back in line)."""
-        if delivery.done:
+        if delivery.done or self._exhausted(delivery, "rejected with NACK"):
             return
         previous = delivery.consumer
         self._requeue(delivery, front=True)
@@ -187,8 +201,32 @@ class QueueDispatcher:
         previous = delivery.consumer
         previous.forget(delivery)
         delivery.timer = None
+        if self._exhausted(delivery, f"not acknowledged within {previous.ack_timeout:g}s"):
+            return
         self._requeue(delivery, front=True)
         self.dispatch(avoid=previous)
+
+    def _exhausted(self, delivery: Delivery, reason: str) -> bool:
+        """After ``max_deliveries`` the message goes to the dead-letter queue
+        instead of back in line (in a greenlet of its own: it waits for gearmand)."""
+        if not self.max_deliveries or self._dead_letter is None \
+                or delivery.deliveries < self.max_deliveries:
+            return False
+        self._settle(delivery)
+        delivery.consumer = None
+        gevent.spawn(self._move_to_dead_letters, delivery, reason)
+        return True
+
+    def _move_to_dead_letters(self, delivery: Delivery, reason: str) -> None:
+        try:
+            self._dead_letter(delivery, reason)
+        except (gearman.GearmanError, redis.RedisError) as exc:
+            log.warning("%s: could not dead-letter %s (%s); it stays in the queue",
+                        self.function, delivery.job.handle, exc)
+            if not self._closed and delivery.worker in self._workers:
+                delivery.done = False
+                self._requeue(delivery, front=False)
+                self.credit_changed()
 
     def _settle(self, delivery: Delivery) -> None:
         delivery.done = True
@@ -237,10 +275,22 @@ class QueueDispatcher:
                 continue
             jobs = worker.grab(min(want, _GRAB_BURST))
             if jobs:
-                self.waiting.extend(Delivery(job, worker, self) for job in jobs)
+                headers = self._headers_of(jobs)
+                self.waiting.extend(Delivery(job, worker, self, headers.get(job.unique))
+                                    for job in jobs)
                 self.dispatch()
             else:
                 worker.sleep(1.0)
+
+    def _headers_of(self, jobs: list[gearman.GrabbedJob]) -> dict[str, dict[str, str]]:
+        if self._lookup is None:
+            return {}
+        try:
+            return self._lookup([job.unique for job in jobs])
+        except redis.RedisError as exc:
+            # Never deliver without the headers (a reply-to would be lost):
+            # drop the connection, gearmand takes the jobs back, and we retry.
+            raise gearman.GearmanError(f"message headers unavailable (redis: {exc})") from None
 
     @property
     def connected(self) -> int:
@@ -299,6 +349,12 @@ class Broker:
         self.dispatchers: dict[str, QueueDispatcher] = {}
         self.ledger = Ledger(registry.redis, registry.keys, config.ledger_maxlen,
                              config.ledger_enabled, source=f"bridge-{bridge_id}")
+        self.headers = HeaderStore(registry.redis, registry.keys, config.headers_ttl)
+        self.scheduler = Scheduler(registry.redis, registry.keys, config.delay_shard_seconds,
+                                   config.delay_lease)
+        # The bridge's own jobs (dead letters, replies) share one client, one at a time.
+        self._client = gearman.Client(config.gearman_servers)
+        self._client_lock = gevent.lock.Semaphore()
         self._flush_soon = False
         self._ledger_flusher = gevent.spawn(self._flush_ledger_forever)
 
@@ -326,7 +382,10 @@ class Broker:
         dispatcher = self.dispatchers.get(function)
         if dispatcher is None:
             dispatcher = QueueDispatcher(function, self.config.gearman_servers,
-                                         f"gearhorn-bridge-{self.bridge_id}", self._drop)
+                                         f"gearhorn-bridge-{self.bridge_id}", self._drop,
+                                         lookup=self.headers.for_uniques,
+                                         dead_letter=self.dead_letter,
+                                         max_deliveries=self.config.max_deliveries)
             self.dispatchers[function] = dispatcher
         dispatcher.add(consumer)
         return dispatcher
@@ -338,13 +397,30 @@ class Broker:
     # -- sending -------------------------------------------------------------------
 
     def send_to_queue(self, client: gearman.Client, function: str,
-                      bodies: Sequence[bytes]) -> None:
+                      bodies: Sequence[bytes], options: SendOptions = PLAIN) -> None:
         """Background jobs on ``function``, in order, in one pipelined write;
-        returns once gearmand accepted them all."""
-        client.submit_background([gearman.Copy(function, f"stomp:{uuid.uuid4().hex}", body)
-                                  for body in bodies])
+        returns once gearmand accepted them all (or, delayed, Redis kept them)."""
+        if options.plain:
+            client.submit_background([gearman.Copy(function, f"stomp:{uuid.uuid4().hex}", body)
+                                      for body in bodies])
+            return
+        (body,) = bodies  # a SEND with options is never batched
+        message_id = uuid.uuid4().hex
+        unique = f"stomp:{message_id}"
+        header_ids: tuple[str, ...] = ()
+        if options.headers:
+            self.headers.put(message_id, options.headers)
+            unique, header_ids = copy_unique("", "q", message_id), (message_id,)
+        if options.delay is not None:
+            item = DelayedItem(time.time() + options.delay, (message_id,), (body,),
+                               queue=function, unique=unique, priority=options.priority,
+                               header_ids=header_ids)
+            if self.scheduler.schedule(item):
+                return
+        client.submit_background([gearman.Copy(function, unique, body)], options.priority)
 
-    def publish(self, client: gearman.Client, topic: str, bodies: Sequence[bytes]) -> dict:
+    def publish(self, client: gearman.Client, topic: str, bodies: Sequence[bytes],
+                options: SendOptions = PLAIN) -> dict:
         """One ``fanout`` job for ``bodies`` (in order); returns once the copies are queued."""
         job: dict[str, object] = {"topic": topic, "background": True}
         try:
@@ -354,10 +430,84 @@ class Broker:
             encoded = [base64.b64encode(body).decode() for body in bodies]
             job.update({"payload_base64": encoded[0]} if len(encoded) == 1
                        else {"payloads_base64": encoded})
-        outcome = client.call("fanout", json.dumps(job).encode(), self.config.fanout_timeout)
+        if options.priority != "normal":
+            job["priority"] = options.priority
+        if options.delay is not None:
+            job["delay"] = options.delay
+        if options.headers:
+            job["headers"] = options.headers
+        outcome = client.call("fanout", json.dumps(job).encode(), self.config.fanout_timeout,
+                              options.priority)
         if not outcome.ok:
             raise BadRequest(f"fanout to {topic} failed: {outcome.reason}")
         return json.loads(outcome.data)
+
+    def request(self, function: str, body: bytes, options: SendOptions,
+                reply_queue: str) -> None:
+        """A SEND with ``reply-to: /temp-queue/...`` to ``/queue/Q``: a
+        foreground job, so a Gearman worker of ``Q`` answers with its result;
+        the result (or the failure) arrives on ``reply_queue`` with the
+        request's correlation-id. A STOMP consumer of ``Q`` instead replies
+        by SEND to the reply-to it received, and its ACK completes the job
+        with an empty result, which is not forwarded. Returns once gearmand
+        accepted the job."""
+        message_id = uuid.uuid4().hex
+        self.headers.put(message_id, options.headers)
+        job = gearman.Copy(function, copy_unique("", "q", message_id), body)
+        errors = []
+        for host, port in self.config.gearman_servers:
+            conn = gearman.Connection(host, port)
+            try:
+                conn.open()
+                handles = conn.submit([job], background=False, precedence=options.priority)
+            except gearman.GearmanError as exc:
+                conn.close()
+                errors.append(str(exc))
+                continue
+            gevent.spawn(self._forward_reply, conn, handles, reply_queue,
+                         options.headers.get("correlation-id"))
+            return
+        raise gearman.Unavailable(f"no gearmand accepted the request: {'; '.join(errors)}")
+
+    def _forward_reply(self, conn: gearman.Connection, handles: list[bytes], reply_queue: str,
+                       correlation_id: str | None) -> None:
+        try:
+            outcome = gearman.wait_for_results(conn, handles, self.config.request_timeout)[0]
+        finally:
+            conn.close()
+        if outcome.ok and not outcome.data:
+            return  # a STOMP service: it replied with a SEND of its own
+        headers = {"gearman-status": outcome.status}
+        if correlation_id is not None:
+            headers["correlation-id"] = correlation_id
+        if outcome.reason:
+            headers["gearman-reason"] = outcome.reason
+        try:
+            self.send_own(reply_queue, outcome.data, headers)
+        except (gearman.GearmanError, redis.RedisError) as exc:
+            log.warning("reply to %s lost: %s", reply_queue, exc)
+
+    def dead_letter(self, delivery: Delivery, reason: str) -> None:
+        """Move a message delivered ``max_deliveries`` times to ``<queue>.dlq``,
+        with the reason and count; then complete the original job."""
+        function = delivery.job.function
+        headers = {**delivery.headers, "dlq-reason": reason,
+                   "dlq-delivery-count": str(delivery.deliveries),
+                   "dlq-original-destination": f"/queue/{function}"}
+        self.send_own(f"{function}.dlq", delivery.body, headers)
+        log.info("%s: message %s dead-lettered after %d deliveries: %s", function,
+                 delivery.job.unique, delivery.deliveries, reason)
+        self.ledger.failed(f"dead-lettered: {reason}", subscriber=function,
+                           unique=delivery.job.unique)
+        delivery.worker.complete(delivery.job.handle)
+
+    def send_own(self, function: str, body: bytes, headers: dict[str, str]) -> None:
+        """A background job of the bridge's own, with headers (replies, dead letters)."""
+        message_id = uuid.uuid4().hex
+        self.headers.put(message_id, headers)
+        with self._client_lock:
+            self._client.submit_background(
+                [gearman.Copy(function, copy_unique("", "q", message_id), body)])
 
     # -- topics ------------------------------------------------------------------
 

@@ -201,6 +201,8 @@ def encode(command: str, headers: dict[str, str] | None = None, body: bytes = b"
         value = str(value)
         if table is not None:
             name, value = name.translate(table), value.translate(table)
+        else:  # STOMP 1.0 has no escapes: a line break would end the header
+            value = value.replace("\n", " ").replace("\r", " ")
         lines.append(f"{name}:{value}")
     if body and "content-length" not in (headers or {}):
         lines.append(f"content-length:{len(body)}")

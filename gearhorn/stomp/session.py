@@ -28,12 +28,15 @@ from gearhorn.messages import (
 )
 from gearhorn.stomp.broker import Broker, Delivery, QueueDispatcher, durable_client_id
 from gearhorn.stomp.frames import Frame, encode
+from gearhorn.stomp.sending import TEMP_QUEUE, SendOptions, send_options
 
 log = logging.getLogger(__name__)
 
 SUPPORTED_VERSIONS = ("1.0", "1.1", "1.2")
 ACK_MODES = ("auto", "client", "client-individual")
 SERVER_NAME = "gearhorn/0.1.0"
+# Gearman functions behind /temp-queue/ reply queues: tmp.<prefix><session>.<NAME>
+TEMP_FUNCTION_PREFIX = "gearhorn.tmp."
 
 
 class ProtocolError(Exception):
@@ -107,6 +110,7 @@ class StompSubscription:
         self.pattern: str | None = None
         self.client_id: str | None = None
         self.durable = False
+        self.temporary = False  # a /temp-queue/ reply queue
         self.closed = False
 
     def credit(self) -> int:
@@ -203,6 +207,8 @@ class Session:
                 or len(batch) >= MAX_BATCH):
             return False
         dest = frame.headers.get("destination", "")
+        if not _plain(frame):
+            return False
         if batch:
             return dest == batch[0].headers["destination"] and \
                 size + len(frame.body) <= self.broker.config.max_payload_bytes
@@ -299,15 +305,41 @@ class Session:
         if len(frame.body) > self.broker.config.max_payload_bytes:
             raise ProtocolError(f"message body is {len(frame.body)} bytes, over the limit of "
                                 f"{self.broker.config.max_payload_bytes} bytes")
-        if dest.kind == "queue":
-            self.broker.send_to_queue(self.gearman, dest.name, [frame.body])
-        elif dest.kind == "topic":
-            if dest.name.endswith("*"):
-                raise ProtocolError("cannot send to a wildcard topic")
-            self.broker.publish(self.gearman, dest.name, [frame.body])
-        else:
+        if dest.kind == "control":
             return self._control(dest)
+        if dest.kind == "topic" and dest.name.endswith("*"):
+            raise ProtocolError("cannot send to a wildcard topic")
+        options = send_options(frame.headers)
+        reply_queue = None
+        if options.temp_reply is not None:
+            reply_queue = self._temp_queue(options.temp_reply)
+            options = SendOptions(options.priority, options.delay,
+                                  {**options.headers, "reply-to": f"/queue/{reply_queue}"})
+        if dest.kind == "topic":
+            self.broker.publish(self.gearman, dest.name, [frame.body], options)
+        elif reply_queue is not None and options.delay is None:
+            self.broker.request(dest.name, frame.body, options, reply_queue)
+        else:
+            self.broker.send_to_queue(self.gearman, dest.name, [frame.body], options)
         return {}
+
+    def _temp_queue(self, name: str) -> str:
+        """The Gearman function behind this connection's ``/temp-queue/NAME``,
+        made (with its implicit auto-ack subscription) on first use. RabbitMQ's
+        convention: the subscription id is ``/temp-queue/NAME``."""
+        sub_id = TEMP_QUEUE + name
+        sub = self.subscriptions.get(sub_id)
+        if sub is None:
+            if len(self.subscriptions) >= self.settings.max_subscriptions:
+                raise ProtocolError(f"more than {self.settings.max_subscriptions} "
+                                    "subscriptions on one connection")
+            function = validate_queue(f"{TEMP_FUNCTION_PREFIX}{self.id}.{name}")
+            sub = StompSubscription(self, sub_id, f"/queue/{function}", "auto",
+                                    self.settings.auto_ack_window, None)
+            sub.function, sub.temporary = function, True
+            self.subscriptions[sub_id] = sub
+            sub.dispatcher = self.broker.attach(function, sub)
+        return sub.function
 
     def _control(self, dest: Destination) -> dict[str, str]:
         if dest.control == "count-msgs":
@@ -331,6 +363,9 @@ class Session:
         dest = parse_destination(destination)
         if dest.kind == "control":
             raise ProtocolError("cannot subscribe to a control destination")
+        if dest.kind == "queue" and dest.name.startswith(TEMP_FUNCTION_PREFIX):
+            raise ProtocolError("a temporary queue belongs to the connection that made it: "
+                                "use reply-to:/temp-queue/NAME on SEND")
         ack = frame.get("ack", "auto")
         if ack not in ACK_MODES:
             raise ProtocolError(f"unknown ack mode {ack!r}: use auto, client or client-individual")
@@ -384,7 +419,7 @@ class Session:
         sub.unacked.clear()
         if sub.dispatcher is not None:
             sub.dispatcher.remove(sub, unacked)
-            forgotten = sub.pattern is not None and (remove or not sub.durable)
+            forgotten = sub.temporary or (sub.pattern is not None and (remove or not sub.durable))
             if forgotten and not sub.dispatcher.consumers:
                 self.broker.drop_queue(sub.function)
 
@@ -402,8 +437,8 @@ class Session:
     def deliver(self, sub: StompSubscription, delivery: Delivery) -> None:
         message_id = f"{self.id}-{next(self._counter)}"
         delivery.message_id = message_id
-        headers = {"subscription": sub.id, "message-id": message_id,
-                   "destination": sub.destination}
+        headers = {**delivery.headers, "subscription": sub.id, "message-id": message_id,
+                   "destination": sub.destination, "delivery-count": str(delivery.deliveries)}
         if sub.ack != "auto" and self.version == "1.2":
             headers["ack"] = message_id
         if delivery.redelivered:
@@ -526,6 +561,13 @@ class Session:
         if receipt is not None:
             headers = {"receipt-id": receipt, **(extra or {})}
             self.transport.send(encode("RECEIPT", headers, b"", self.version))
+
+
+def _plain(frame: Frame) -> bool:
+    try:
+        return send_options(frame.headers).plain
+    except BadRequest:
+        return False  # handled alone, so its ERROR names it
 
 
 def _require(frame: Frame, header: str) -> str:

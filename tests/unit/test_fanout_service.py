@@ -162,8 +162,8 @@ def test_a_failed_copy_is_retried_with_backoff_then_succeeds(registry):
     call(svc, "subscribe_fanout", topic="news", client_id="bob")
     result = call(svc, "fanout", topic="news", payload="hi")
     assert result["completed"] == 2 and result["failed"] == []
-    assert [c.function for c in client.foreground] == ["news_alice", "news_bob", "news_bob",
-                                                       "news_bob"]
+    assert sorted(c.function for c in client.foreground) == [
+        "news_alice", "news_bob", "news_bob", "news_bob"]  # bob's tried 3 times
     assert pauses == [0.01, 0.02]
 
 

@@ -189,6 +189,7 @@ def test_priority_delay_and_headers():
     ({"headers": {"a b": "x"}}, "invalid header name 'a b'"),
     ({"headers": {"a:b": "x"}}, "invalid header name 'a:b'"),
     ({"headers": {"a": 1}}, "header 'a' must be a string without NUL"),
+    ({"headers": {"content-length": "1"}}, "header 'content-length' is set by the bridge"),
     ({"headers": {"a": "x\u0000y"}}, "header 'a' must be a string without NUL"),
     ({"headers": {f"h{i}": "" for i in range(65)}}, "more than 64 headers"),
     ({"headers": {"a": "x" * 9000}}, "headers are 9001 bytes, over the limit of 8192"),

@@ -6,6 +6,7 @@ from gearhorn import gearman
 from gearhorn.config import Config
 from gearhorn.stomp.broker import Delivery
 from gearhorn.stomp.frames import Frame, FrameParser
+from gearhorn.stomp.sending import PLAIN
 from gearhorn.stomp.session import Session, SessionSettings, parse_destination
 
 
@@ -40,9 +41,10 @@ class FakeDispatcher:
         self.consumers.remove(consumer)
         self.returned += [d.body for d in unacked]
 
-    def push(self, body, consumer=None):
+    def push(self, body, consumer=None, headers=None, deliveries=1):
         job = gearman.GrabbedJob(b"H:%d" % len(body), self.function, "u", body)
-        delivery = Delivery(job, None, self)
+        delivery = Delivery(job, None, self, headers)
+        delivery.deliveries = deliveries
         (consumer or self.consumers[0]).deliver(delivery)
         return delivery
 
@@ -61,13 +63,18 @@ class FakeBroker:
         d.consumers.append(consumer)
         return d
 
-    def send_to_queue(self, client, function, bodies):
+    def send_to_queue(self, client, function, bodies, options=PLAIN):
         self.sent += [(function, body) for body in bodies]
+        self.options = getattr(self, "options", []) + [options]
         self.calls = getattr(self, "calls", 0) + 1
 
-    def publish(self, client, topic, bodies):
+    def publish(self, client, topic, bodies, options=PLAIN):
         self.published += [(topic, body) for body in bodies]
+        self.options = getattr(self, "options", []) + [options]
         self.calls = getattr(self, "calls", 0) + 1
+
+    def request(self, function, body, options, reply_queue):
+        self.requests = getattr(self, "requests", []) + [(function, body, options, reply_queue)]
 
     def subscribe_topic(self, pattern, client_id):
         self.topics.append(("+", pattern, client_id))
@@ -306,3 +313,54 @@ def test_a_bad_frame_in_a_batch_stops_after_the_good_ones(session):
     s.handle_frames(frames)
     assert broker.sent == [("q", b"1"), ("q", b"2")]
     assert "invalid queue name" in last(transport).headers["message"]
+
+
+def test_sender_headers_reach_the_consumer_with_a_delivery_count(session):
+    s, transport, broker = session
+    connect(session)
+    s.handle(Frame("SUBSCRIBE", {"destination": "/queue/a", "id": "1", "ack": "client"}))
+    broker.dispatchers["a"].push(b"x", headers={"correlation-id": "c1", "x-team": "ops",
+                                               "content-type": "text/plain"}, deliveries=3)
+    message = last(transport)
+    assert message.command == "MESSAGE" and message.body == b"x"
+    assert {k: message.headers[k] for k in ("correlation-id", "x-team", "content-type",
+                                           "delivery-count", "destination", "subscription")} \
+        == {"correlation-id": "c1", "x-team": "ops", "content-type": "text/plain",
+            "delivery-count": "3", "destination": "/queue/a", "subscription": "1"}
+
+
+def test_send_options_go_to_the_broker_and_keep_sends_out_of_batches(session):
+    s, transport, broker = session
+    connect(session)
+    s.handle_frames([Frame("SEND", {"destination": "/queue/q", "priority": "9"}, b"1"),
+                     Frame("SEND", {"destination": "/queue/q", "x-delay": "500"}, b"2"),
+                     Frame("SEND", {"destination": "/topic/t", "x-k": "v"}, b"3"),
+                     Frame("SEND", {"destination": "/queue/q"}, b"4")])
+    assert broker.calls == 4
+    assert [(o.priority, o.delay, o.headers) for o in broker.options] == [
+        ("high", None, {"priority": "9"}), ("normal", 0.5, {}), ("normal", None, {"x-k": "v"}),
+        ("normal", None, {})]
+
+
+def test_reply_to_a_temp_queue_makes_a_private_queue_and_a_request(session):
+    s, transport, broker = session
+    connect(session)
+    s.handle(Frame("SEND", {"destination": "/queue/svc", "reply-to": "/temp-queue/r",
+                            "correlation-id": "42", "receipt": "1"}, b"ping"))
+    (function, body, options, reply_queue), = broker.requests
+    assert (function, body) == ("svc", b"ping")
+    assert reply_queue == f"gearhorn.tmp.{s.id}.r" and reply_queue in broker.dispatchers
+    assert options.headers == {"reply-to": f"/queue/{reply_queue}", "correlation-id": "42"}
+    assert s.subscriptions["/temp-queue/r"].ack == "auto"
+    assert last(transport).headers["receipt-id"] == "1"
+    # the reply arrives on the implicit subscription
+    broker.dispatchers[reply_queue].push(b"pong", headers={"correlation-id": "42"})
+    reply = last(transport)
+    assert reply.headers["subscription"] == "/temp-queue/r" and reply.body == b"pong"
+    # reused, private to this connection, and dropped with it
+    s.handle(Frame("SEND", {"destination": "/topic/t", "reply-to": "/temp-queue/r"}, b"x"))
+    assert len(broker.dispatchers) == 1
+    s.handle(Frame("SUBSCRIBE", {"destination": f"/queue/{reply_queue}", "id": "spy"}))
+    assert "belongs to the connection that made it" in last(transport).headers["message"]
+    s.connection_lost()
+    assert ("drop", reply_queue) in broker.topics
