@@ -53,12 +53,30 @@ class Producer:
         return self._call("unsubscribe_fanout", {"topic": topic, "client_id": client_id})
 
     def publish(self, topic: str, payload: object, *, background: bool = False,
-                unique: str | None = None) -> dict:
-        """Broadcast ``payload`` (str travels as UTF-8, anything else as JSON)."""
+                unique: str | None = None, priority: str = "normal",
+                delay: float | None = None, deliver_at: float | str | None = None,
+                headers: dict[str, str] | None = None) -> dict:
+        """Broadcast ``payload`` (str travels as UTF-8, anything else as JSON).
+
+        ``priority`` is high, normal or low; ``delay`` (seconds) or
+        ``deliver_at`` (epoch seconds or RFC 3339) hold it back until then;
+        ``headers`` reach STOMP subscribers (Gearman ones get the payload)."""
         job: dict[str, object] = {"topic": topic, "payload": payload, "background": background}
-        if unique is not None:
-            job["unique"] = unique
+        options = {"unique": unique, "delay": delay, "deliver_at": deliver_at,
+                   "headers": headers, "priority": None if priority == "normal" else priority}
+        job.update({k: v for k, v in options.items() if v is not None})
         return self._call("fanout", job)
+
+    def call(self, function: str, data: bytes | str, timeout: float | None = None) -> bytes:
+        """Request/reply: run ``function`` as a foreground job and return its
+        result; raises JobFailed if it fails, TimeoutError after ``timeout``."""
+        body = data.encode() if isinstance(data, str) else data
+        outcome = self.client.call(function, body, timeout or self.timeout)
+        if outcome.status == "timeout":
+            raise TimeoutError(f"{function}: {outcome.reason}")
+        if not outcome.ok:
+            raise JobFailed(f"{function}: {outcome.reason}")
+        return outcome.data
 
     def _call(self, function: str, job: dict) -> dict:
         outcome = self.client.call(function, json.dumps(job).encode(), self.timeout)

@@ -96,6 +96,13 @@ class Scheduler:
             pipe.zrem(self.shard_key(item.due), member)
         pipe.execute()
 
+    def due_again(self, taken: list[tuple[bytes, DelayedItem]]) -> None:
+        """End the lease of messages that could not be sent: due at once again."""
+        pipe = self.redis.pipeline(transaction=False)
+        for member, item in taken:
+            pipe.zadd(self.shard_key(item.due), {member: int(item.due * 1000)})
+        pipe.execute()
+
     def shard_key(self, due: float) -> str:
         return f"{self.keys.prefix}due:{int(due * 1000) // self.width_ms}"
 
@@ -148,6 +155,8 @@ class Releaser(threading.Thread):
         finally:
             self.scheduler.done(sent)
             self.released += len(sent)
+            if len(sent) < len(taken):
+                self.scheduler.due_again(taken[len(sent):])
         return len(taken)
 
     def stop(self) -> None:

@@ -190,6 +190,10 @@ class Connection:
             self._sock.close()
             self._sock = None
 
+    @property
+    def is_open(self) -> bool:
+        return self._sock is not None
+
     def send(self, data: bytes) -> None:
         self.open()
         try:
@@ -379,7 +383,7 @@ class Client:
             try:
                 while done < len(copies):
                     chunk = copies[done:done + self.batch]
-                    handles += conn.submit(chunk, background=background, precedence=precedence)
+                    handles += _submit_once_more_if_stale(conn, chunk, background, precedence)
                     done += len(chunk)
                 placed.append((conn, handles))
                 return placed
@@ -394,6 +398,20 @@ class Client:
                 return placed
         raise Unavailable(f"no gearmand accepted the jobs ({done} of {len(copies)} "
                           f"accepted): {'; '.join(errors)}")
+
+
+def _submit_once_more_if_stale(conn: Connection, copies: Sequence[Copy], background: bool,
+                               precedence: str) -> list[bytes]:
+    """``conn.submit``; a connection left open from before that fails with
+    nothing accepted (gearmand restarted since) is reopened and tried once more."""
+    reused = conn.is_open
+    try:
+        return conn.submit(copies, background=background, precedence=precedence)
+    except PartialSubmit as exc:
+        if not reused or exc.accepted:
+            raise
+        conn.close()
+        return conn.submit(copies, background=background, precedence=precedence)
 
 
 # Admin commands answered with several lines ending in ".\n"; the others answer one line.
