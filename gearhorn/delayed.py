@@ -129,11 +129,11 @@ class Releaser(threading.Thread):
         self.interval = interval
         self.batch = batch
         self.released = 0
-        self._stop = threading.Event()
+        self._stopping = threading.Event()
 
     def run(self) -> None:
         pause = self.interval
-        while not self._stop.is_set():
+        while not self._stopping.is_set():
             try:
                 taken = self.release_due()
                 pause = self.interval
@@ -142,7 +142,7 @@ class Releaser(threading.Thread):
                 taken = 0
                 pause = min(pause * 2, 5.0)
             if taken < self.batch:
-                self._stop.wait(pause)
+                self._stopping.wait(pause)
 
     def release_due(self) -> int:
         """Send what is due now; returns how many were taken."""
@@ -160,4 +160,4 @@ class Releaser(threading.Thread):
         return len(taken)
 
     def stop(self) -> None:
-        self._stop.set()
+        self._stopping.set()
