@@ -133,7 +133,8 @@ def main() -> None:
             took = time.perf_counter() - t0
             if time.time() > start:
                 raise SystemExit("scheduling took longer than planned; use a smaller --count")
-            gearhorn_late = consume(gm, "bench_c", args.count, start + args.spread + 60 - time.time())
+            gearhorn_late = consume(gm, "bench_c", args.count,
+                                    start + args.spread + 60 - time.time())
 
             start = time.time() + 2
             dues = [start + args.spread * i / args.count for i in range(args.count)]

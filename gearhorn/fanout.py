@@ -29,7 +29,7 @@ from gearhorn.messages import (
     Fanout,
     copy_unique,
     header_id_for,
-    new_message_id,
+    message_ids_for,
     parse_fanout,
     parse_subscription,
 )
@@ -70,9 +70,14 @@ class FanoutService:
         self._handlers = {SUBSCRIBE: self.subscribe, SUBSCRIBE_ALIAS: self.subscribe,
                           UNSUBSCRIBE: self.unsubscribe, FANOUT: self.fanout}
 
-    def handle(self, function: str, data: bytes) -> bytes:
-        """Run one job; raises BadRequest (bad input) or Unavailable."""
+    def handle(self, function: str, data: bytes, job_unique: str = "") -> bytes:
+        """Run one job; raises BadRequest (bad input) or Unavailable.
+
+        ``job_unique`` is the Gearman unique key of the job, which makes a
+        fanout's message ids the same each time the job runs."""
         try:
+            if function == FANOUT:
+                return self.fanout(data, job_unique)
             return self._handlers[function](data)
         except KeyError:
             raise BadRequest(f"unknown function {function!r}") from None
@@ -91,9 +96,9 @@ class FanoutService:
         count = self.registry.unsubscribe(sub)
         return _dumps({"topic": sub.topic, "client_id": sub.client_id, "subscribers": count})
 
-    def fanout(self, data: bytes) -> bytes:
+    def fanout(self, data: bytes, job_unique: str = "") -> bytes:
         request = parse_fanout(data, self.config.max_payload_bytes)
-        message_ids = [new_message_id() for _ in request.bodies]
+        message_ids = message_ids_for(job_unique, len(request.bodies))
         header_ids = self._keep_headers(request, message_ids)
         if request.deliver_at is not None and self._schedule(request, message_ids, header_ids):
             return _dumps({"topic": request.topic, "copies": 0, "background": True,
@@ -267,17 +272,45 @@ class WorkerProcess:
             self._shutdown()
 
     def serve(self, job: gear.WorkerJob) -> None:
+        unique = job.unique.decode("utf-8", "replace") if job.unique else ""
         try:
-            result = self.service.handle(job.name, job.arguments)
-        except (BadRequest, Unavailable) as exc:
+            result = self._handle_when_available(job, unique)
+        except BadRequest as exc:
             self._fail(job, str(exc))
             self.service.record_rejection(job.name, str(exc))
+        except Unavailable:
+            return  # draining during an outage: gearmand requeues the job when we leave
         except Exception as exc:  # a bug must not kill the worker
             log.exception("job %s on %s failed", job.handle, job.name)
             self._fail(job, f"internal error: {type(exc).__name__}: {exc}")
         else:
             self._send(job.sendWorkComplete, result)
         self.jobs_done += 1
+
+    def _handle_when_available(self, job: gear.WorkerJob, unique: str) -> bytes:
+        """Run the job; while Redis or gearmand is away, keep it and try again
+        with a growing pause instead of failing it (a failed background job
+        would be gone). The worker takes no other job meanwhile, so new work
+        waits in gearmand. A foreground client gets one WORK_WARNING saying why."""
+        pause, warned, since = 0.2, False, time.monotonic()
+        while True:
+            try:
+                result = self.service.handle(job.name, job.arguments, unique)
+            except Unavailable as exc:
+                if self._draining.is_set():
+                    raise
+                if not warned:
+                    log.warning("%s job %s waits: %s; retrying with backoff", job.name,
+                                job.handle, exc)
+                    self._send(job.sendWorkWarning, f"{exc}; retrying".encode())
+                    warned = True
+                self._draining.wait(pause)
+                pause = min(pause * 2, 5.0)
+                continue
+            if warned:
+                log.info("%s job %s done after %.1fs of outage", job.name, job.handle,
+                         time.monotonic() - since)
+            return result
 
     def _fail(self, job: gear.WorkerJob, reason: str) -> None:
         # WARNING then FAIL: every client (the gearman CLI too) sees the reason;

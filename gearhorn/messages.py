@@ -169,6 +169,17 @@ def new_message_id() -> str:
     return uuid.uuid4().hex
 
 
+def message_ids_for(job_unique: str, count: int) -> list[str]:
+    """Message ids of a fanout job: derived from the job's Gearman unique key
+    when it has one, so a job run again (its worker died, or gearmand replayed
+    it from its persistent queue) makes the same copies with the same unique
+    keys, and gearmand coalesces those still queued. Random without one."""
+    if not job_unique:
+        return [new_message_id() for _ in range(count)]
+    return [hashlib.sha256(f"job:{job_unique}:{i}".encode()).hexdigest()[:32]
+            for i in range(count)]
+
+
 def parse_subscription(data: bytes) -> Subscription:
     """Parse a ``{"topic": T, "client_id": C}`` job payload."""
     obj = _load_object(data, limit=_RAW_SLACK)

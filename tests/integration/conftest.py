@@ -1,3 +1,7 @@
+import os
+import shutil
+import tempfile
+
 import pytest
 import redis
 
@@ -92,3 +96,63 @@ def stomp_clients():
     yield make
     for client in clients:
         client.close()
+
+
+@pytest.fixture
+def fast_disk(tmp_path):
+    """Where the servers of a fault test keep their data: tmpfs when there is
+    one. gearmand's sqlite queue syncs every job to disk (about 800 jobs/s on
+    this machine's disk, 30,000/s on tmpfs); a restart keeps the files either
+    way, which is all these tests ask of persistence."""
+    if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK):
+        path = tempfile.mkdtemp(prefix="gearhorn-faults-", dir="/dev/shm")
+        yield path
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        yield str(tmp_path)
+
+
+class Restartable:
+    """gearmand with its sqlite queue and Redis with AOF, each restarted on
+    the same port with the same data."""
+
+    def __init__(self, data_dir):
+        self.gearmand_dir = os.path.join(data_dir, "gearmand")
+        self.redis_dir = os.path.join(data_dir, "redis")
+        self.gearmand = servers.start_gearmand(data_dir=self.gearmand_dir, sqlite_queue=True)
+        self.redis = servers.start_redis(data_dir=self.redis_dir, appendonly=True)
+        self.redis_url = self.redis.details["url"]
+
+    def restart_gearmand(self):
+        self.gearmand.stop()
+        self.gearmand = servers.start_gearmand(port=self.gearmand.port,
+                                               data_dir=self.gearmand_dir, sqlite_queue=True)
+
+    def restart_redis(self):
+        self.redis.stop()
+        self.redis = servers.start_redis(port=self.redis.port, data_dir=self.redis_dir,
+                                         appendonly=True)
+
+    def stop(self):
+        self.gearmand.stop()
+        self.redis.stop()
+
+
+@pytest.fixture
+def persistent_servers(fast_disk):
+    require_binary("gearmand", "gearman-job-server")
+    require_binary("redis-server", "redis-server")
+    running = Restartable(fast_disk)
+    yield running
+    running.stop()
+
+
+@pytest.fixture
+def report(request, capsys):
+    """Print a line in the run's output even when output is captured (the
+    figures a fault test reports, such as duplicates)."""
+
+    def write(line):
+        with capsys.disabled():
+            print(f"\n[{request.node.name}] {line}")
+    return write

@@ -8,6 +8,8 @@ import threading
 import gear
 import pytest
 
+from gearhorn.client import Consumer
+
 from .helpers import (
     GearClient,
     drain_queue,
@@ -66,7 +68,32 @@ def test_foreground_fanout_reports_a_receiver_that_never_answers(gearmand, start
         result = client.call("fanout", {"topic": topic, "payload": "x"})
         assert result["completed"] == 0
         assert result["failed"] == [{"client_id": "ghost", "queue": f"{topic}_ghost",
-                                     "status": "timeout", "reason": "no answer within 3s"}]
+                                     "status": "timeout", "reason": "no answer within 3s",
+                                     "attempts": 1}]
+    finally:
+        client.close()
+
+
+def test_a_failing_foreground_receiver_is_retried_until_it_succeeds(gearmand, start_pool):
+    start_pool([gearmand])
+    client = GearClient(gearmand)
+    topic = unique_topic()
+    seen = []
+
+    def flaky(data):
+        seen.append(data)
+        if len(seen) < 3:
+            raise RuntimeError(f"attempt {len(seen)} fails")
+
+    try:
+        client.call("subscribe_fanout", {"topic": topic, "client_id": "flaky"})
+        with Consumer([(gearmand.host, gearmand.port)], topic, "flaky") as receiver:
+            serving = threading.Thread(target=receiver.serve, args=(flaky, 3), daemon=True)
+            serving.start()
+            result = client.call("fanout", {"topic": topic, "payload": "x"})
+            serving.join(10)
+        assert result["completed"] == 1 and result["failed"] == []
+        assert seen == [b"x", b"x", b"x"]
     finally:
         client.close()
 

@@ -214,3 +214,16 @@ def test_a_fanout_due_already_goes_out_now(service):
     call(svc, "subscribe_fanout", topic="news", client_id="alice")
     result = call(svc, "fanout", topic="news", payload="now", deliver_at=1, background=True)
     assert result["copies"] == 1 and "scheduled" not in result
+
+
+def test_a_fanout_job_run_again_makes_the_same_copies(service):
+    svc, client = service
+    call(svc, "subscribe_fanout", topic="news", client_id="alice")
+    job = json.dumps({"topic": "news", "payload": "hi", "background": True}).encode()
+    first = json.loads(svc.handle("fanout", job, job_unique="job-7"))
+    again = json.loads(svc.handle("fanout", job, job_unique="job-7"))
+    other = json.loads(svc.handle("fanout", job, job_unique="job-8"))
+    assert first["message_id"] == again["message_id"] != other["message_id"]
+    assert client.background[0].unique == client.background[1].unique  # gearmand coalesces
+    no_unique = [json.loads(svc.handle("fanout", job))["message_id"] for _ in range(2)]
+    assert no_unique[0] != no_unique[1]

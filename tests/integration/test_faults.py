@@ -1,0 +1,159 @@
+"""Fault injection on real servers: nothing accepted is lost.
+
+kill -9 of a worker mid-broadcast, restarts of gearmand (sqlite queue) and
+Redis (AOF) while 10,000 messages go to 10 subscribers, and kill -9 of the
+bridge holding unacknowledged messages. Every subscriber must end with
+every message; duplicates are allowed only where docs/reliability.rst says
+they can happen, and their count is printed. Run alone: ``-m faults``.
+"""
+
+import json
+import os
+import signal
+import threading
+import time
+from collections import Counter
+
+import pytest
+
+from gearhorn import gearman
+from gearhorn.client import Producer
+
+from .helpers import PoolProcess, unique_topic, wait_for
+
+pytestmark = [pytest.mark.integration, pytest.mark.faults, pytest.mark.timeout(300)]
+
+MESSAGES = 10_000
+SUBSCRIBERS = 10
+
+
+def depth(server, function):
+    try:
+        return next((f.queued for f in gearman.status(server.host, server.port)
+                     if f.name == function), 0)
+    except OSError:
+        return 0  # gearmand is restarting
+
+
+def drain(server, function):
+    """Every job in ``function``, taken in bursts and completed."""
+    worker = gearman.WorkerConnection(server.host, server.port, [function], "faults-drain")
+    worker.open()
+    got = []
+    try:
+        while True:
+            jobs = worker.grab(64)
+            for job in jobs:
+                got.append(job.data.decode())
+                worker.complete(job.handle)
+            if not jobs and depth(server, function) == 0:
+                return got
+    finally:
+        worker.close()
+
+
+class SteadyProducer(threading.Thread):
+    """Submits ``fanout`` jobs (background, each with its own unique key) in
+    batches; a batch that gearmand does not accept is sent again until it is
+    (gearmand coalesces what it already had), as a careful producer does."""
+
+    def __init__(self, servers, topic, count, batch=100, pause=0.1):
+        super().__init__(daemon=True)
+        self.client = gearman.Client(servers)
+        self.jobs = [gearman.Copy("fanout", f"m{i}", json.dumps(
+            {"topic": topic, "payload": f"m{i}", "background": True}).encode())
+            for i in range(count)]
+        self.batch = batch
+        self.pause = pause  # between batches, so the faults strike mid-stream
+        self.retries = 0
+        self.submitted = 0
+        self.error = None
+
+    def run(self):
+        try:
+            for start in range(0, len(self.jobs), self.batch):
+                while True:
+                    try:
+                        self.client.submit_background(self.jobs[start:start + self.batch])
+                        self.submitted = start + self.batch
+                        time.sleep(self.pause)
+                        break
+                    except gearman.GearmanError:
+                        self.retries += 1
+                        time.sleep(0.1)
+        except Exception as exc:  # noqa: BLE001 - reported by the test
+            self.error = exc
+        finally:
+            self.client.close()
+
+
+def test_a_broadcast_survives_a_killed_worker_and_restarts_of_gearmand_and_redis(
+        persistent_servers, tmp_path, report):
+    s = persistent_servers
+    pool = PoolProcess([s.gearmand], s.redis_url, processes=2, log_dir=str(tmp_path))
+    try:
+        pool.wait_ready()
+        topic = unique_topic("faults")
+        subscribers = [f"s{i}" for i in range(SUBSCRIBERS)]
+        with Producer([(s.gearmand.host, s.gearmand.port)]) as admin:
+            for who in subscribers:
+                admin.subscribe(topic, who)
+        first_queue = f"{topic}_{subscribers[0]}"
+        producer = SteadyProducer([(s.gearmand.host, s.gearmand.port)], topic, MESSAGES)
+        producer.start()
+
+        wait_for(lambda: depth(s.gearmand, first_queue) >= 1_000, 60, message="1,000 copies")
+        victim = int(next(iter(pool.live().values()))["pid"])
+        os.kill(victim, signal.SIGKILL)
+
+        wait_for(lambda: depth(s.gearmand, first_queue) >= 2_500, 60, message="2,500 copies")
+        s.restart_gearmand()
+
+        wait_for(lambda: depth(s.gearmand, first_queue) >= 5_000, 60, message="5,000 copies")
+        s.restart_redis()
+        submitted_at_restart = producer.submitted
+
+        producer.join(120)
+        assert producer.error is None and not producer.is_alive()
+        wait_for(lambda: depth(s.gearmand, "fanout") == 0, 120, message="every fanout done")
+        expected = {f"m{i}" for i in range(MESSAGES)}
+        duplicates = 0
+        for who in subscribers:
+            got = Counter(drain(s.gearmand, f"{topic}_{who}"))
+            missing = expected - set(got)
+            assert not missing, f"{who} lacks {len(missing)} messages, e.g. {sorted(missing)[:5]}"
+            duplicates += sum(got.values()) - len(got)
+        report(f"{MESSAGES:,} messages x {SUBSCRIBERS} subscribers all delivered; "
+               f"duplicates: {duplicates}; producer resubmitted {producer.retries} batches; "
+               f"worker {victim} killed, gearmand and redis restarted (redis with "
+               f"{submitted_at_restart:,} of the fanouts submitted)")
+        assert "Traceback" not in pool.log()
+    finally:
+        pool.stop()
+
+
+def test_messages_a_killed_bridge_held_unacknowledged_come_again(
+        gearmand, start_pool, start_bridge, stomp_clients, report):
+    start_pool([gearmand])
+    first = start_bridge([gearmand])
+    topic = unique_topic()
+    consumer = stomp_clients(first.port, **{"client-id": "faults"})
+    consumer.subscribe(f"/topic/{topic}", "d", ack="client-individual", durable="true",
+                       prefetch="100")
+    producer = stomp_clients(first.port)
+    for i in range(500):
+        producer.conn.send(f"/topic/{topic}", f"m{i}".encode())
+    producer.send(f"/topic/{topic}", b"m500")  # its receipt: all 501 were accepted
+    held = {m.body.decode() for m in consumer.messages(100)}  # never acknowledged
+    first.process.kill()
+    first.process.wait()
+
+    second = start_bridge([gearmand])
+    again = stomp_clients(second.port, **{"client-id": "faults"})
+    again.subscribe(f"/topic/{topic}", "d", ack="auto", durable="true")
+    received = Counter(m.body.decode() for m in again.messages(501, timeout=60))
+    assert set(received) == {f"m{i}" for i in range(501)}
+    assert held <= set(received)
+    report(f"501 messages, {len(held)} held unacknowledged by the killed bridge, all "
+           f"delivered by the next one; duplicates at the consumer: {len(held)} "
+           f"(the held ones), within the new bridge: {sum(received.values()) - len(received)}")
