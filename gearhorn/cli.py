@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 
 from gearhorn import config as configuration
@@ -88,6 +89,11 @@ def build_parser() -> argparse.ArgumentParser:
                         help="a subscriber with a backlog and no ack this long is stale")
     report.add_argument("--shuffle-partitions", type=int, default=4)
 
+    passwd = sub.add_parser("passwd", help="set a STOMP user's passcode (hashed) in a "
+                                           "credentials file; reads it from stdin or asks")
+    passwd.add_argument("file", help="credentials file (created if missing)")
+    passwd.add_argument("user")
+
     status = sub.add_parser("status", parents=[common],
                             help="topics, subscribers, live workers and queue depths")
     status.add_argument("--json", action="store_true", help="machine-readable output")
@@ -95,7 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def load_config(args: argparse.Namespace) -> Config:
-    if args.command == "report":  # a Spark job: no gearhorn servers involved
+    if args.command in ("report", "passwd"):  # no gearhorn servers involved
         return configuration.load({}, None)
     servers = tuple(args.gearman) if args.gearman else None
     flags = {"gearman_servers": servers, "redis_url": args.redis_url,
@@ -247,6 +253,32 @@ def cmd_report(config: Config, args: argparse.Namespace) -> int:
     print(f"{summary['events']:,} events ({summary['malformed']:,} malformed rows skipped); "
           f"reconciliation: {problems:,} problems; report: {args.out}/report.html "
           f"({summary['seconds']}s)")
+    return 0
+
+
+def cmd_passwd(config: Config, args: argparse.Namespace) -> int:
+    import getpass
+
+    from gearhorn.stomp import auth
+
+    if sys.stdin.isatty():
+        passcode = getpass.getpass(f"passcode for {args.user}: ")
+        if getpass.getpass("again: ") != passcode:
+            raise CommandError("the passcodes differ")
+    else:
+        passcode = sys.stdin.readline().rstrip("\n")
+    if not passcode:
+        raise CommandError("empty passcode")
+    try:
+        with open(args.file, encoding="utf-8") as fp:
+            text = fp.read()
+    except FileNotFoundError:
+        text = ""
+    updated = auth.set_passcode(text, args.user, passcode)
+    fd = os.open(args.file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as fp:
+        fp.write(updated)
+    print(f"{args.user}: passcode set in {args.file} (add read/write patterns there)")
     return 0
 
 

@@ -60,6 +60,9 @@ class Config:
     stomp_max_backlog_bytes: int = 1024 * 1024
     stomp_tls_cert: str = ""
     stomp_tls_key: str = ""
+    # Users, hashed passcodes and per-destination rights (gearhorn/stomp/auth.py);
+    # empty: anyone may connect and do anything.
+    stomp_credentials_file: str = ""
     # Deliveries of a message before it is dead-lettered (STOMP queues) or
     # reported failed (foreground fanout copies, retried with backoff).
     max_deliveries: int = 5

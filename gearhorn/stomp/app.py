@@ -13,6 +13,7 @@ import redis
 from gearhorn.config import Config
 from gearhorn.keys import Keys
 from gearhorn.registry import Registry
+from gearhorn.stomp import auth
 from gearhorn.stomp.broker import Broker
 from gearhorn.stomp.frames import Limits
 from gearhorn.stomp.server import BridgeServer
@@ -25,7 +26,15 @@ def build_server(config: Config) -> BridgeServer:
     registry = Registry(redis.Redis.from_url(config.redis_url, socket_timeout=10,
                                              socket_connect_timeout=5),
                         Keys(config.key_prefix, config.matchmaking_channel))
-    broker = Broker(config, registry, bridge_id=f"{os.getpid()}")
+    if config.stomp_credentials_file:
+        credentials = auth.load(config.stomp_credentials_file)
+        log.info("STOMP logins checked against %s (%d users, anonymous %s)",
+                 config.stomp_credentials_file, len(credentials.users),
+                 "allowed" if credentials.anonymous else "refused")
+    else:
+        credentials = auth.Credentials.open()
+        log.warning("no stomp_credentials_file: anyone who reaches the bridge may connect")
+    broker = Broker(config, registry, bridge_id=f"{os.getpid()}", credentials=credentials)
     limits = Limits(config.stomp_max_frame_bytes, config.stomp_max_headers,
                     config.stomp_max_header_length)
     settings = SessionSettings(heartbeat_send_ms=config.stomp_heartbeat_ms,

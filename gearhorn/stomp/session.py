@@ -26,6 +26,7 @@ from gearhorn.messages import (
     validate_queue,
     validate_topic,
 )
+from gearhorn.stomp.auth import OPEN
 from gearhorn.stomp.broker import Broker, Delivery, QueueDispatcher, durable_client_id
 from gearhorn.stomp.frames import Frame, encode
 from gearhorn.stomp.sending import TEMP_QUEUE, SendOptions, send_options
@@ -144,6 +145,7 @@ class Session:
         self.closed = False
         self.heartbeat = (0, 0)  # (we send every ms, we expect every ms)
         self.client_name = ""
+        self.principal = OPEN
         self.subscriptions: dict[str, StompSubscription] = {}
         self.acks: dict[str, StompSubscription] = {}
         self.transactions: dict[str, list[Frame]] = {}
@@ -223,6 +225,8 @@ class Session:
             return
         try:
             dest = parse_destination(batch[0].headers["destination"])
+            if not dest.name.startswith(TEMP_FUNCTION_PREFIX):
+                self._check(self.principal.may_write, f"/{dest.kind}/{dest.name}", "send to")
             bodies = [f.body for f in batch]
             if dest.kind == "queue":
                 self.broker.send_to_queue(self.gearman, dest.name, bodies)
@@ -281,6 +285,12 @@ class Session:
             self.close()
             return
         self.version = common[-1]
+        principal = self.broker.authenticate(frame.get("login"), frame.get("passcode"))
+        if principal is None:
+            # Never the passcode, in the ERROR or the log.
+            raise ProtocolError("access refused: unknown login, wrong passcode, or no "
+                                "login where anonymous access is not allowed")
+        self.principal = principal
         cx, cy = _heartbeat_header(frame.get("heart-beat", "0,0"))
         sx, sy = self.settings.heartbeat_send_ms, self.settings.heartbeat_receive_ms
         self.heartbeat = (max(sx, cy) if sx and cy else 0, max(cx, sy) if cx and sy else 0)
@@ -306,9 +316,13 @@ class Session:
             raise ProtocolError(f"message body is {len(frame.body)} bytes, over the limit of "
                                 f"{self.broker.config.max_payload_bytes} bytes")
         if dest.kind == "control":
+            self._check(self.principal.may_read, f"/{dest.target}/{dest.name}", "read")
             return self._control(dest)
         if dest.kind == "topic" and dest.name.endswith("*"):
             raise ProtocolError("cannot send to a wildcard topic")
+        if not (dest.kind == "queue" and dest.name.startswith(TEMP_FUNCTION_PREFIX)):
+            # (a reply to a temp queue needs no right: only its reply-to names it)
+            self._check(self.principal.may_write, f"/{dest.kind}/{dest.name}", "send to")
         options = send_options(frame.headers)
         reply_queue = None
         if options.temp_reply is not None:
@@ -322,6 +336,11 @@ class Session:
         else:
             self.broker.send_to_queue(self.gearman, dest.name, [frame.body], options)
         return {}
+
+    def _check(self, allowed: Callable[[str], bool], destination: str, what: str) -> None:
+        if not allowed(destination):
+            raise ProtocolError(f"access refused: {self.principal.name} may not {what} "
+                                f"{destination}")
 
     def _temp_queue(self, name: str) -> str:
         """The Gearman function behind this connection's ``/temp-queue/NAME``,
@@ -366,6 +385,7 @@ class Session:
         if dest.kind == "queue" and dest.name.startswith(TEMP_FUNCTION_PREFIX):
             raise ProtocolError("a temporary queue belongs to the connection that made it: "
                                 "use reply-to:/temp-queue/NAME on SEND")
+        self._check(self.principal.may_read, f"/{dest.kind}/{dest.name}", "subscribe to")
         ack = frame.get("ack", "auto")
         if ack not in ACK_MODES:
             raise ProtocolError(f"unknown ack mode {ack!r}: use auto, client or client-individual")

@@ -83,12 +83,15 @@ class StompClient:
     VERSIONS = {"1.0": stomp.Connection10, "1.1": stomp.Connection11,
                 "1.2": stomp.Connection12}
 
-    def __init__(self, port, version="1.2", heartbeats=(0, 0), connect=True, **headers):
+    def __init__(self, port, version="1.2", heartbeats=(0, 0), connect=True, tls_ca=None,
+                 **headers):
         cls = self.VERSIONS[version]
         kwargs = {"auto_decode": False}
         if version != "1.0":
             kwargs["heartbeats"] = heartbeats
         self.conn = cls([("127.0.0.1", port)], **kwargs)
+        if tls_ca is not None:
+            self.conn.set_ssl(for_hosts=[("127.0.0.1", port)], ca_certs=tls_ca)
         self.listener = Collector()
         self.conn.set_listener("collector", self.listener)
         self._receipts = 0

@@ -4,6 +4,7 @@ import pytest
 
 from gearhorn import gearman
 from gearhorn.config import Config
+from gearhorn.stomp.auth import OPEN, Principal
 from gearhorn.stomp.broker import Delivery
 from gearhorn.stomp.frames import Frame, FrameParser
 from gearhorn.stomp.sending import PLAIN
@@ -54,6 +55,12 @@ class FakeBroker:
         self.config = Config(max_payload_bytes=100)
         self.sent, self.published, self.topics = [], [], []
         self.dispatchers = {}
+
+    principal = OPEN
+
+    def authenticate(self, login, passcode):
+        self.logins = getattr(self, "logins", []) + [login]
+        return self.principal if passcode != "Wr0ngPass" else None
 
     def record(self, event, subscriber, unique="", redelivered=False):
         self.ledger = getattr(self, "ledger", []) + [(event, subscriber, unique)]
@@ -364,3 +371,54 @@ def test_reply_to_a_temp_queue_makes_a_private_queue_and_a_request(session):
     assert "belongs to the connection that made it" in last(transport).headers["message"]
     s.connection_lost()
     assert ("drop", reply_queue) in broker.topics
+
+
+def test_a_refused_login_gets_an_error_without_the_passcode(session):
+    s, transport, _ = session
+    s.handle(Frame("CONNECT", {"accept-version": "1.2", "login": "alice",
+                               "passcode": "Wr0ngPass", "receipt": "r"}))
+    error = last(transport)
+    assert error.command == "ERROR" and "access refused" in error.headers["message"]
+    assert b"Wr0ngPass" not in error.body and "Wr0ngPass" not in str(error.headers)
+    assert transport.closed
+
+
+@pytest.mark.parametrize("frame, refusal", [
+    (Frame("SEND", {"destination": "/queue/secret"}, b"x"),
+     "access refused: alice may not send to /queue/secret"),
+    (Frame("SEND", {"destination": "/topic/news"}, b"x"),
+     "access refused: alice may not send to /topic/news"),
+    (Frame("SUBSCRIBE", {"destination": "/topic/*", "id": "1"}),
+     "access refused: alice may not subscribe to /topic/*"),
+    (Frame("SUBSCRIBE", {"destination": "/queue/secret", "id": "1"}),
+     "access refused: alice may not subscribe to /queue/secret"),
+    (Frame("SEND", {"destination": "/control/count-msgs/queue/secret"}, b""),
+     "access refused: alice may not read /queue/secret"),
+])
+def test_what_a_principal_may_not_do_is_refused_and_nothing_happens(session, frame, refusal):
+    s, transport, broker = session
+    broker.principal = Principal("alice", read=("/topic/news", "/queue/jobs"),
+                                 write=("/queue/jobs",))
+    connect(session, login="alice", passcode="right")
+    s.handle(frame)
+    assert last(transport).headers["message"] == refusal and transport.closed
+    assert broker.sent == broker.published == [] and broker.dispatchers == {}
+
+
+def test_a_batch_of_sends_is_checked_too(session):
+    s, transport, broker = session
+    broker.principal = Principal("alice", write=("/queue/jobs",))
+    connect(session, login="alice", passcode="right")
+    s.handle_frames([Frame("SEND", {"destination": "/queue/other"}, b"1"),
+                     Frame("SEND", {"destination": "/queue/other"}, b"2")])
+    assert "may not send to /queue/other" in last(transport).headers["message"]
+    assert broker.sent == []
+
+
+def test_allowed_frames_pass(session):
+    s, transport, broker = session
+    broker.principal = Principal("alice", read=("/topic/news",), write=("/queue/jobs",))
+    connect(session, login="alice", passcode="right")
+    s.handle(Frame("SEND", {"destination": "/queue/jobs"}, b"1"))
+    s.handle(Frame("SUBSCRIBE", {"destination": "/topic/news", "id": "n"}))
+    assert broker.sent == [("jobs", b"1")] and not transport.closed

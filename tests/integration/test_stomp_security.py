@@ -1,0 +1,123 @@
+"""Logins, per-destination rights and TLS on a real bridge, with stomp.py."""
+
+import socket
+import ssl
+import subprocess
+
+import pytest
+
+from gearhorn.stomp import auth
+from tests.conftest import require_binary
+
+from .helpers import unique_topic, wait_for
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+
+PASSCODES = {"alice": "Al1ce-passcode-7", "bob": "B0b-passcode-9", "admin": "Adm1n-passcode-3"}
+WRONG = "Wr0ng-passcode-5"
+
+
+@pytest.fixture
+def credentials(tmp_path):
+    path = tmp_path / "credentials.ini"
+    rights = {"alice": ("/topic/news, /queue/jobs", "/queue/jobs"),
+              "bob": ("/topic/public.*", ""), "admin": ("*", "*")}
+    text = ""
+    for user, (read, write) in rights.items():
+        text += (f"[user {user}]\npasscode = {auth.hash_passcode(PASSCODES[user], 1000)}\n"
+                 f"read = {read}\nwrite = {write}\n\n")
+    path.write_text(text)
+    return str(path)
+
+
+@pytest.fixture
+def secured(gearmand, start_pool, start_bridge, credentials):
+    start_pool([gearmand])
+    return start_bridge([gearmand], env={"GEARHORN_STOMP_CREDENTIALS_FILE": credentials,
+                                         "GEARHORN_LOG_LEVEL": "DEBUG"})
+
+
+def refused(stomp_clients, port, **headers):
+    """CONNECT with ``headers``; returns the ERROR frame's message."""
+    client = stomp_clients(port, connect=False)
+    client.conn.connect(headers=headers or None, wait=False)
+    client.wait(lambda: client.listener.errors, message="an ERROR")
+    wait_for(lambda: not client.conn.is_connected(), message="the bridge to hang up")
+    return client.listener.errors[0].headers["message"]
+
+
+def test_clients_without_a_valid_login_get_an_error(secured, stomp_clients):
+    for headers in ({}, {"login": "alice", "passcode": WRONG}, {"login": "mallory",
+                                                               "passcode": WRONG}):
+        assert refused(stomp_clients, secured.port, **headers).startswith("access refused")
+    ok = stomp_clients(secured.port, login="alice", passcode=PASSCODES["alice"])
+    assert ok.conn.is_connected()
+
+
+def test_an_unauthorised_client_gets_an_error_and_no_message(secured, stomp_clients):
+    admin = stomp_clients(secured.port, login="admin", passcode=PASSCODES["admin"])
+    bob = stomp_clients(secured.port, login="bob", passcode=PASSCODES["bob"])
+    rid = bob.receipt()
+    bob.conn.subscribe("/topic/news", id="1", headers={"receipt": rid})
+    bob.wait(lambda: bob.listener.errors, message="an ERROR")
+    assert bob.listener.errors[0].headers["message"] == \
+        "access refused: bob may not subscribe to /topic/news"
+    admin.send("/topic/news", b"not for bob")
+    alice = stomp_clients(secured.port, login="alice", passcode=PASSCODES["alice"])
+    alice.subscribe("/topic/news", "n")
+    admin.send("/topic/news", b"for alice")
+    assert alice.messages(1)[0].body == b"for alice"
+    assert bob.listener.messages == []
+    # alice may send to /queue/jobs only
+    alice.send("/queue/jobs", b"ok")
+    rid = alice.receipt()
+    alice.conn.send("/queue/other", b"no", receipt=rid)
+    alice.wait(lambda: alice.listener.errors, message="an ERROR")
+    assert alice.listener.errors[0].headers["message"] == \
+        "access refused: alice may not send to /queue/other"
+
+
+def test_passcodes_never_reach_the_log(secured, stomp_clients):
+    stomp_clients(secured.port, login="alice", passcode=PASSCODES["alice"]).send(
+        "/queue/jobs", b"x")
+    refused(stomp_clients, secured.port, login="alice", passcode=WRONG)
+    log = secured.log()
+    assert "access refused" in log  # the refusal is logged...
+    for secret in (*PASSCODES.values(), WRONG):
+        assert secret not in log  # ...never a passcode
+
+
+@pytest.fixture
+def certificate(tmp_path):
+    require_binary("openssl", "openssl")
+    cert, key = tmp_path / "bridge.crt", tmp_path / "bridge.key"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+                    "-keyout", str(key), "-out", str(cert), "-subj", "/CN=localhost",
+                    "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost"],
+                   check=True, capture_output=True, timeout=60)
+    return str(cert), str(key)
+
+
+def test_tls_with_stomp_py(gearmand, start_pool, start_bridge, stomp_clients, certificate):
+    cert, key = certificate
+    start_pool([gearmand])
+    bridge = start_bridge([gearmand], env={"GEARHORN_STOMP_TLS_CERT": cert,
+                                           "GEARHORN_STOMP_TLS_KEY": key})
+    topic = unique_topic()
+    sub = stomp_clients(bridge.port, tls_ca=cert)
+    sub.subscribe(f"/topic/{topic}", "1")
+    stomp_clients(bridge.port, tls_ca=cert).send(f"/topic/{topic}", b"over TLS")
+    assert sub.messages(1)[0].body == b"over TLS"
+    # A plain-text client gets nowhere (the bridge speaks TLS only).
+    with socket.create_connection(("127.0.0.1", bridge.port), timeout=10) as plain:
+        plain.sendall(b"CONNECT\naccept-version:1.2\n\n\x00")
+        try:
+            answer = plain.recv(4096)
+        except ConnectionResetError:
+            answer = b""
+        assert b"CONNECTED" not in answer
+    # And a client that does not trust the certificate refuses the bridge.
+    context = ssl.create_default_context()
+    with socket.create_connection(("127.0.0.1", bridge.port), timeout=10) as raw, \
+            pytest.raises(ssl.SSLCertVerificationError):
+        context.wrap_socket(raw, server_hostname="127.0.0.1")
