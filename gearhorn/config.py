@@ -57,6 +57,8 @@ class Config:
     stomp_max_subscriptions: int = 100
     stomp_heartbeat_ms: int = 10_000
     stomp_connect_timeout: float = 10.0
+    # Seconds a client has to finish a frame it started (slow senders are cut off).
+    stomp_frame_timeout: float = 30.0
     stomp_max_backlog_bytes: int = 1024 * 1024
     stomp_tls_cert: str = ""
     stomp_tls_key: str = ""

@@ -351,16 +351,30 @@ def _load_object(data: bytes, *, limit: int) -> dict:
     if len(data) > limit:
         raise BadRequest(f"job is {len(data)} bytes, over the limit of {limit} bytes")
     try:
-        obj = json.loads(data.decode("utf-8"))
+        obj = json.loads(data.decode("utf-8"), parse_constant=_no_constant,
+                         parse_float=_finite_float)
     except UnicodeDecodeError as exc:
         raise BadRequest(f"job is not UTF-8: {exc.reason} at byte {exc.start}") from None
     except json.JSONDecodeError as exc:
         raise BadRequest(f"job is not JSON: {exc.msg} at char {exc.pos}") from None
     except RecursionError:
         raise BadRequest("job is not acceptable JSON: nested too deeply") from None
+    except ValueError as exc:  # e.g. an integer of more than 4,300 digits
+        raise BadRequest(f"job is not acceptable JSON: {exc}") from None
     if not isinstance(obj, dict):
         raise BadRequest(f"job must be a JSON object, not {_json_type(obj)}")
     return obj
+
+
+def _no_constant(name: str) -> object:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"number {text[:20]} is out of range")
+    return value
 
 
 def _require(obj: dict, key: str) -> object:

@@ -44,6 +44,7 @@ def build_server(config: Config) -> BridgeServer:
     return BridgeServer(broker, config.bridge_host, config.bridge_port, limits=limits,
                         settings=settings, max_connections=config.stomp_max_connections,
                         connect_timeout=config.stomp_connect_timeout,
+                        frame_timeout=config.stomp_frame_timeout,
                         certfile=config.stomp_tls_cert or None,
                         keyfile=config.stomp_tls_key or None)
 

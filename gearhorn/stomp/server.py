@@ -36,8 +36,11 @@ class Connection:
     """One client socket: the session's transport."""
 
     def __init__(self, sock: socket.socket, address: tuple, broker: Broker,
-                 limits: Limits, settings: SessionSettings, connect_timeout: float) -> None:
+                 limits: Limits, settings: SessionSettings, connect_timeout: float,
+                 frame_timeout: float = 30.0) -> None:
         self.sock = sock
+        self.frame_timeout = frame_timeout
+        self._partial_since: float | None = None  # when the unfinished frame began
         self.address = address
         self.parser = FrameParser(limits)
         self.session = Session(broker, self, settings)
@@ -89,14 +92,12 @@ class Connection:
             self.sock.close()
 
     def _read_loop(self) -> None:
-        self.sock.settimeout(self.connect_timeout)
         while not self._closing:
+            self.sock.settimeout(self._read_timeout())
             try:
                 data = self.sock.recv(_READ_SIZE)
             except TimeoutError:
-                reason = ("heart-beat timeout" if self.session.connected
-                          else f"no CONNECT within {self.connect_timeout:g}s")
-                self.session.error(reason)
+                self.session.error(self._silence_reason())
                 return
             if not data:
                 return
@@ -114,13 +115,41 @@ class Connection:
             self.session.handle_frames(frames)
             if self._closing:
                 return
+            self._track_partial_frame()
             # Back-pressure: don't read more requests while our answers pile up.
             self._drained.wait()
 
+    def _read_timeout(self) -> float | None:
+        """Until the heart-beat (or CONNECT) deadline, or sooner when an
+        unfinished frame must be completed: a sender that trickles a frame
+        byte by byte, or never finishes it, is cut off after ``frame_timeout``."""
+        if not self.session.connected:
+            limit = self.connect_timeout
+        else:
+            expect_ms = self.session.heartbeat[1]
+            limit = expect_ms / 1000 * _HEARTBEAT_GRACE if expect_ms else None
+        if self._partial_since is not None:
+            left = max(0.0, self._partial_since + self.frame_timeout - _now())
+            limit = left if limit is None else min(limit, left)
+        return limit
+
+    def _silence_reason(self) -> str:
+        if self._partial_since is not None and \
+                _now() >= self._partial_since + self.frame_timeout:
+            return f"frame not completed within {self.frame_timeout:g}s"
+        if self.session.connected:
+            return "heart-beat timeout"
+        return f"no CONNECT within {self.connect_timeout:g}s"
+
+    def _track_partial_frame(self) -> None:
+        if not self.parser.pending:
+            self._partial_since = None
+        elif self._partial_since is None:
+            self._partial_since = _now()
+
     def _on_connected(self) -> None:
         self.parser.version = self.session.version
-        send_ms, expect_ms = self.session.heartbeat
-        self.sock.settimeout(expect_ms / 1000 * _HEARTBEAT_GRACE if expect_ms else None)
+        send_ms = self.session.heartbeat[0]
         if send_ms:
             self._beater = gevent.spawn(self._heartbeat_loop, send_ms / 1000)
 
@@ -170,14 +199,19 @@ class Connection:
                 on_dropped()
 
 
+def _now() -> float:
+    return gevent.get_hub().loop.now()
+
+
 class BridgeServer:
     """Accepts STOMP connections on ``host:port`` (TLS when a cert is given)."""
 
     def __init__(self, broker: Broker, host: str, port: int, *, limits: Limits,
                  settings: SessionSettings, max_connections: int = 10_000,
-                 connect_timeout: float = 10.0, certfile: str | None = None,
-                 keyfile: str | None = None) -> None:
+                 connect_timeout: float = 10.0, frame_timeout: float = 30.0,
+                 certfile: str | None = None, keyfile: str | None = None) -> None:
         self.broker = broker
+        self.frame_timeout = frame_timeout
         self.limits = limits
         self.settings = settings
         self.max_connections = max_connections
@@ -208,7 +242,7 @@ class BridgeServer:
             _refuse(sock, f"too many connections (limit {self.max_connections})")
             return
         conn = Connection(sock, address, self.broker, self.limits, self.settings,
-                          self.connect_timeout)
+                          self.connect_timeout, self.frame_timeout)
         self.connections.add(conn)
         try:
             conn.serve()
