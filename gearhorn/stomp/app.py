@@ -23,8 +23,13 @@ log = logging.getLogger(__name__)
 
 
 def build_server(config: Config) -> BridgeServer:
-    registry = Registry(redis.Redis.from_url(config.redis_url, socket_timeout=10,
-                                             socket_connect_timeout=5),
+    # Thousands of greenlets may need Redis at once (a burst of SUBSCRIBEs):
+    # they wait for one of 64 connections instead of failing (redis-py's
+    # plain pool raises "Too many connections" beyond 100).
+    pool = redis.BlockingConnectionPool.from_url(config.redis_url, max_connections=64,
+                                                 timeout=30, socket_timeout=10,
+                                                 socket_connect_timeout=5)
+    registry = Registry(redis.Redis(connection_pool=pool),
                         Keys(config.key_prefix, config.matchmaking_channel))
     if config.stomp_credentials_file:
         credentials = auth.load(config.stomp_credentials_file)

@@ -119,3 +119,18 @@ def test_json_bombs_and_bad_names_fail_the_job_and_the_pool_serves_on(
     assert out.returncode != 0 and reason in out.stdout.decode() + out.stderr.decode()
     ok = gearman_cli(gearmand, "-f", "fanout", json.dumps({"topic": "t", "payload": 1}))
     assert ok.returncode == 0 and json.loads(ok.stdout)["copies"] == 0
+
+
+def test_a_burst_of_connections_subscribing_at_once_is_served(stack):
+    """More simultaneous SUBSCRIBEs than Redis connections: they queue for one
+    (redis-py's default pool fails beyond 100)."""
+    topic = unique_topic()
+    clients = [RawClient(stack.port) for _ in range(150)]
+    for raw in clients:
+        raw.connect()
+    for i, raw in enumerate(clients):
+        raw.frame("SUBSCRIBE", {"destination": f"/topic/{topic}", "id": "1",
+                                "receipt": str(i)})
+    for raw in clients:
+        assert raw.read_frame().command == "RECEIPT"
+        raw.close()
