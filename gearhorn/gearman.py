@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import enum
 import logging
-import select
 import socket
 import struct
 import time
@@ -205,12 +204,17 @@ class Connection:
     def read(self, deadline: float | None = None) -> Packet | None:
         """The next packet, or None once ``deadline`` (time.monotonic) passed."""
         while not self._pending:
-            if deadline is not None:
-                left = deadline - time.monotonic()
-                if left <= 0 or not select.select([self._sock], [], [], left)[0]:
-                    return None
+            # A socket timeout, not select(): select() fails on descriptors
+            # above 1023, which a bridge holding thousands of queues reaches.
+            if self._sock is None:
+                raise GearmanError(f"connection to gearmand {self.host}:{self.port} is closed")
             try:
-                chunk = self._sock.recv(256 * 1024)
+                if deadline is None:
+                    chunk = self._sock.recv(256 * 1024)
+                else:
+                    chunk = self._recv_until(deadline)
+                    if chunk is None:
+                        return None
             except OSError as exc:
                 self.close()
                 raise GearmanError(f"lost gearmand {self.host}:{self.port}: {exc}") from None
@@ -219,6 +223,19 @@ class Connection:
                 raise GearmanError(f"gearmand {self.host}:{self.port} closed the connection")
             self._pending.extend(self._reader.feed(chunk))
         return self._pending.popleft()
+
+    def _recv_until(self, deadline: float) -> bytes | None:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return None
+        sock = self._sock  # another greenlet may close() us meanwhile
+        sock.settimeout(left)
+        try:
+            return sock.recv(256 * 1024)
+        except TimeoutError:
+            return None
+        finally:
+            sock.settimeout(None)
 
     def set_option(self, name: str) -> None:
         self.send(encode(P.OPTION_REQ, name.encode()))
@@ -269,7 +286,7 @@ def wait_for_results(conn: Connection, handles: Sequence[bytes],
                      timeout: float) -> list[Outcome]:
     """Collect foreground outcomes for ``handles`` until done or ``timeout``.
 
-    Blocks in select() (no spinning). Packets for other handles (left over
+    Blocks in recv() with a timeout (no spinning). Packets for other handles (left over
     from an earlier call that timed out) are ignored.
     """
     index = {h: i for i, h in enumerate(handles)}
