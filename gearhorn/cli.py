@@ -121,6 +121,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"gearhorn: {exc}", file=sys.stderr)
         return 2
     setup_logging(config.log_level)
+    if args.command not in ("report", "passwd"):
+        from gearhorn import gearman
+        gearman.use_tls_files(config.gearman_tls_ca, config.gearman_tls_cert,
+                              config.gearman_tls_key)
     handler = globals()[f"cmd_{args.command}"]
     try:
         return handler(config, args) or 0

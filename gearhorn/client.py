@@ -102,7 +102,7 @@ class Consumer:
                                 validate_client_id(client_id))
         self.worker = gearman.NoDelayWorker(client_id=f"gearhorn-consumer-{client_id}")
         for host, port in servers:
-            self.worker.addServer(host, port)
+            gearman.add_server(self.worker, host, port)
         self.worker.registerFunction(self.queue)
 
     def get(self, timeout: float | None = None) -> bytes | None:

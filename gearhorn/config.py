@@ -33,6 +33,11 @@ class Config:
     """Every setting gearhorn has, with its default."""
 
     gearman_servers: tuple[Server, ...] = (("127.0.0.1", 4730),)
+    # TLS to the Gearman servers (gear.Server, or a gearmand built with TLS;
+    # Debian's is not): PEM files, all three or none (docs/security.rst).
+    gearman_tls_ca: str = ""
+    gearman_tls_cert: str = ""
+    gearman_tls_key: str = ""
     redis_url: str = "redis://127.0.0.1:6379/0"
     key_prefix: str = "gearhorn:"
     matchmaking_channel: str = "__matchmaking"
@@ -191,4 +196,9 @@ def load(
     values: dict[str, object] = _from_file(path) if path else {}
     values.update(_from_env(env))
     values.update({k: v for k, v in (flags or {}).items() if v is not None})
-    return Config(**values)
+    config = Config(**values)
+    tls = [config.gearman_tls_ca, config.gearman_tls_cert, config.gearman_tls_key]
+    if any(tls) and not all(tls):
+        raise ConfigError("gearman_tls_ca, gearman_tls_cert and gearman_tls_key go together: "
+                          "set all three or none")
+    return config

@@ -224,6 +224,8 @@ class WorkerProcess:
 
     def __init__(self, config: Config) -> None:
         self.config = config
+        gearman.use_tls_files(config.gearman_tls_ca, config.gearman_tls_cert,
+                              config.gearman_tls_key)
         self.worker_id = new_worker_id()
         self.redis = redis.Redis.from_url(config.redis_url, socket_timeout=10,
                                           socket_connect_timeout=5, health_check_interval=30)
@@ -256,7 +258,7 @@ class WorkerProcess:
         self.releaser.start()
         threading.Thread(target=self._heartbeats, name="gearhorn-heartbeat", daemon=True).start()
         for host, port in self.config.gearman_servers:
-            self.worker.addServer(host, port)
+            gearman.add_server(self.worker, host, port)
         for name in FUNCTIONS:
             self.worker.registerFunction(name)
         log.info("worker %s serving %s on %s", self.worker_id, ", ".join(FUNCTIONS),

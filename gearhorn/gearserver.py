@@ -27,8 +27,12 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="gearhorn.gearserver")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=4730)
+    parser.add_argument("--ssl-ca", help="TLS: CA of the client certificates (PEM)")
+    parser.add_argument("--ssl-cert", help="TLS: this server's certificate (PEM)")
+    parser.add_argument("--ssl-key", help="TLS: this server's key (PEM)")
     args = parser.parse_args(argv)
-    server = NoDelayServer(port=args.port, host=args.host)
+    server = NoDelayServer(port=args.port, host=args.host, ssl_key=args.ssl_key,
+                           ssl_cert=args.ssl_cert, ssl_ca=args.ssl_ca)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())

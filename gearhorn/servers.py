@@ -169,10 +169,14 @@ def start_gearmand(port: int | None = None, data_dir: str | None = None,
     return _spawn("gearmand", argv, port, log_path)
 
 
-def start_gear_server(port: int | None = None, data_dir: str | None = None) -> Managed:
-    """The pure-Python ``gear.Server`` in its own process (tests, no gearmand)."""
+def start_gear_server(port: int | None = None, data_dir: str | None = None,
+                      tls: tuple[str, str, str] | None = None) -> Managed:
+    """The pure-Python ``gear.Server`` in its own process (tests, no gearmand);
+    ``tls`` = (ca, cert, key) PEM files makes it speak TLS only."""
     port = port or free_port()
     argv = [sys.executable, "-m", "gearhorn.gearserver", "--host", HOST, "--port", str(port)]
+    if tls:
+        argv += ["--ssl-ca", tls[0], "--ssl-cert", tls[1], "--ssl-key", tls[2]]
     log_path = os.path.join(data_dir, "gear-server.log") if data_dir else None
     if data_dir:
         os.makedirs(data_dir, exist_ok=True)
