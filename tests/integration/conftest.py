@@ -125,11 +125,17 @@ class Restartable:
 
     def restart_gearmand(self):
         self.gearmand.stop()
+        self.start_gearmand()
+
+    def start_gearmand(self):
         self.gearmand = servers.start_gearmand(port=self.gearmand.port,
                                                data_dir=self.gearmand_dir, sqlite_queue=True)
 
     def restart_redis(self):
         self.redis.stop()
+        self.start_redis()
+
+    def start_redis(self):
         self.redis = servers.start_redis(port=self.redis.port, data_dir=self.redis_dir,
                                          appendonly=True)
 

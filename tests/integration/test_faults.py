@@ -20,6 +20,7 @@ from gearhorn import gearman
 from gearhorn.client import Producer
 
 from .helpers import PoolProcess, unique_topic, wait_for
+from .stomp_helpers import BridgeProcess
 
 pytestmark = [pytest.mark.integration, pytest.mark.faults, pytest.mark.timeout(300)]
 
@@ -157,3 +158,51 @@ def test_messages_a_killed_bridge_held_unacknowledged_come_again(
     report(f"501 messages, {len(held)} held unacknowledged by the killed bridge, all "
            f"delivered by the next one; duplicates at the consumer: {len(held)} "
            f"(the held ones), within the new bridge: {sum(received.values()) - len(received)}")
+
+
+def test_while_redis_or_gearmand_is_away_work_is_refused_clearly_then_resumes(
+        persistent_servers, tmp_path, stomp_clients):
+    s = persistent_servers
+    pool = PoolProcess([s.gearmand], s.redis_url, processes=1, log_dir=str(tmp_path))
+    bridge = BridgeProcess([s.gearmand], s.redis_url, str(tmp_path))
+    try:
+        pool.wait_ready()
+        queue, topic = unique_topic("q"), unique_topic()
+        reader = stomp_clients(bridge.port)
+        reader.subscribe(f"/queue/{queue}", "q")
+
+        # Redis away: a SUBSCRIBE to a topic gets a clear ERROR, no RECEIPT;
+        # a fanout waits in its worker (one WORK_WARNING says why) and completes after.
+        s.redis.stop()
+        client = stomp_clients(bridge.port)
+        rid = client.receipt()
+        client.conn.subscribe(f"/topic/{topic}", id="t", headers={"receipt": rid})
+        client.wait(lambda: client.listener.errors, message="an ERROR")
+        assert client.listener.errors[0].headers["message"].startswith("service unavailable")
+        assert not client.listener.receipts
+        calling = threading.Thread(target=lambda: results.append(gearman.Client(
+            [(s.gearmand.host, s.gearmand.port)]).call(
+                "fanout", json.dumps({"topic": topic, "payload": "x"}).encode(), 60)))
+        results = []
+        calling.start()
+        wait_for(lambda: "waits: registry unavailable" in pool.log(), message="the worker log")
+        s.start_redis()
+        calling.join(60)
+        assert results and results[0].ok, results
+        stomp_clients(bridge.port).subscribe(f"/topic/{topic}", "t")
+
+        # gearmand away: a SEND gets a clear ERROR; the subscription's grab
+        # loop reconnects with backoff (logged) and the next SEND arrives.
+        s.gearmand.stop()
+        sender = stomp_clients(bridge.port)
+        rid = sender.receipt()
+        sender.conn.send(f"/queue/{queue}", b"lost?", receipt=rid)
+        sender.wait(lambda: sender.listener.errors, message="an ERROR")
+        assert sender.listener.errors[0].headers["message"].startswith("service unavailable")
+        wait_for(lambda: "retrying in" in bridge.log(), message="the bridge to log its retries")
+        s.start_gearmand()
+        stomp_clients(bridge.port).send(f"/queue/{queue}", b"after")
+        assert reader.messages(1, timeout=30)[0].body == b"after"
+    finally:
+        bridge.stop()
+        pool.stop()
