@@ -22,6 +22,7 @@ from gearhorn.cache import InvalidationListener, SubscriberCache
 from gearhorn.config import Config
 from gearhorn.delayed import DelayedItem, Releaser, Scheduler
 from gearhorn.headers import HeaderStore
+from gearhorn.janitor import Janitor
 from gearhorn.keys import Keys
 from gearhorn.ledger import Flusher, Ledger
 from gearhorn.messages import (
@@ -246,6 +247,8 @@ class WorkerProcess:
         self.releaser = Releaser(releasing.scheduler, releasing.release,
                                  config.delay_poll_interval)
         self.listener = InvalidationListener(self.redis, keys.channel, self.cache)
+        self.janitor = Janitor(self.registry, lambda function: gearman.drop_function(
+            config.gearman_servers, function))
         self.worker = gearman.NoDelayWorker(client_id=self.worker_id)
         self.jobs_done = 0
         self.started = time.time()
@@ -339,6 +342,7 @@ class WorkerProcess:
             try:
                 self.registry.heartbeat(self.worker_id, self.config.worker_ttl,
                                         {**info, "jobs": self.jobs_done})
+                self.janitor.sweep()  # after bridges that died without a word
             except redis.RedisError as exc:
                 log.warning("heartbeat failed: %s", exc)
             self._draining.wait(self.config.heartbeat_interval)

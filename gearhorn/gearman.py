@@ -504,6 +504,16 @@ def admin(host: str, port: int, command: str, timeout: float = 5.0) -> list[str]
     return [line for line in lines if line != "."]
 
 
+def drop_function(servers: Sequence[tuple[str, int]], function: str) -> None:
+    """Delete a queue nobody will read again, on every server (admin ``drop
+    function``; gearmand refuses while a worker still has it registered)."""
+    for host, port in servers:
+        try:
+            admin(host, port, f"drop function {function}")
+        except (OSError, GearmanError) as exc:
+            log.warning("could not drop %s on %s:%s: %s", function, host, port, exc)
+
+
 @dataclass(frozen=True, slots=True)
 class FunctionStatus:
     name: str

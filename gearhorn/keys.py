@@ -18,6 +18,11 @@ All keys start with the configured prefix (default ``gearhorn:``):
                                 time shard of ``delay_shard_seconds``, scored by
                                 due time in ms (gearhorn/delayed.py)
 ``<p>due:cursor``               string: the oldest shard that may hold messages
+``<p>bridges``                  sorted set: bridge id scored by the epoch second at
+                                which it is dead unless it sends a heartbeat
+``<p>bridge:<id>``              set: what dies with that bridge: ``topic\t<pattern>\t<client
+                                id>`` (non-durable subscriptions), ``queue\t<function>``
+                                (temp queues); the janitor cleans up after a dead bridge
 ``<p>ledger``                   stream: the delivery ledger (gearhorn/ledger.py),
                                 trimmed to about ``ledger_maxlen`` entries
 ==============================  ====================================================
@@ -67,6 +72,13 @@ class Keys:
 
     def prefix_set(self, pattern: str) -> str:
         return f"{self.prefix}prefix:{pattern}"
+
+    @property
+    def bridges(self) -> str:
+        return self.prefix + "bridges"
+
+    def bridge(self, bridge_id: str) -> str:
+        return f"{self.prefix}bridge:{bridge_id}"
 
     def worker(self, worker_id: str) -> str:
         return f"{self.prefix}worker:{worker_id}"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import socket
 
 import gevent
 import gevent.event
@@ -42,7 +43,9 @@ def build_server(config: Config) -> BridgeServer:
     else:
         credentials = auth.Credentials.open()
         log.warning("no stomp_credentials_file: anyone who reaches the bridge may connect")
-    broker = Broker(config, registry, bridge_id=f"{os.getpid()}", credentials=credentials)
+    # Unique across hosts and restarts: the janitor cleans up by this id.
+    bridge_id = f"{socket.gethostname()}:{os.getpid()}:{os.urandom(3).hex()}"
+    broker = Broker(config, registry, bridge_id=bridge_id, credentials=credentials)
     limits = Limits(config.stomp_max_frame_bytes, config.stomp_max_headers,
                     config.stomp_max_header_length)
     settings = SessionSettings(heartbeat_send_ms=config.stomp_heartbeat_ms,
@@ -68,4 +71,5 @@ def run_bridge(config: Config) -> int:
     stop.wait()
     log.info("bridge stopping")
     server.stop(timeout=5)
+    server.broker.retire()
     return 0

@@ -32,6 +32,7 @@ from gearhorn import gearman
 from gearhorn.config import Config
 from gearhorn.delayed import DelayedItem, Scheduler
 from gearhorn.headers import HeaderStore
+from gearhorn.janitor import BridgeLiveness, queue_entry, topic_entry
 from gearhorn.ledger import Ledger
 from gearhorn.messages import BadRequest, Subscription, copy_unique, validate_topic
 from gearhorn.registry import Registry
@@ -358,8 +359,10 @@ class Broker:
         # The bridge's own jobs (dead letters, replies) share one client, one at a time.
         self._client = gearman.Client(config.gearman_servers)
         self._client_lock = gevent.lock.Semaphore()
+        self.liveness = BridgeLiveness(registry, bridge_id, config.worker_ttl)
         self._flush_soon = False
         self._ledger_flusher = gevent.spawn(self._flush_ledger_forever)
+        self._heart = gevent.spawn(self._heartbeats)
 
     def authenticate(self, login: str | None, passcode: str | None) -> Principal | None:
         """Check a CONNECT's login in a thread (a hash costs ~0.1 s of CPU that
@@ -386,6 +389,24 @@ class Broker:
     def flush_ledger(self) -> None:
         self._flush_soon = False
         self.ledger.flush()
+
+    def _heartbeats(self) -> None:
+        """Tell the pool this bridge lives; if it stops, the pool's janitor
+        removes its non-durable subscriptions and temp queues."""
+        while True:
+            try:
+                self.liveness.heartbeat()
+            except redis.RedisError as exc:
+                log.warning("bridge heartbeat failed: %s", exc)
+            gevent.sleep(self.config.heartbeat_interval)
+
+    def retire(self) -> None:
+        """A clean stop (after every session ended and cleaned up)."""
+        self._heart.kill(block=False)
+        try:
+            self.liveness.retire()
+        except redis.RedisError as exc:
+            log.warning("could not retire bridge %s: %s", self.bridge_id, exc)
 
     def _flush_ledger_forever(self) -> None:
         while True:
@@ -525,20 +546,25 @@ class Broker:
 
     # -- topics ------------------------------------------------------------------
 
-    def subscribe_topic(self, pattern: str, client_id: str) -> None:
-        self.registry.subscribe(Subscription(validate_topic(pattern, allow_prefix=True),
-                                             client_id))
+    def subscribe_topic(self, pattern: str, client_id: str, durable: bool = False) -> None:
+        subscription = Subscription(validate_topic(pattern, allow_prefix=True), client_id)
+        if not durable:  # listed first, so a crash right after leaves nothing unlisted
+            self.liveness.holds(topic_entry(pattern, client_id))
+        self.registry.subscribe(subscription)
 
     def unsubscribe_topic(self, pattern: str, client_id: str) -> None:
         self.registry.unsubscribe(Subscription(pattern, client_id))
+        self.liveness.released(topic_entry(pattern, client_id))
+
+    def temp_queue_opened(self, function: str) -> None:
+        self.liveness.holds(queue_entry(function))
+
+    def temp_queue_closed(self, function: str) -> None:
+        self.liveness.released(queue_entry(function))
 
     def drop_queue(self, function: str) -> None:
         """Delete a queue nobody will read again (a non-durable subscription's)."""
-        for host, port in self.config.gearman_servers:
-            try:
-                gearman.admin(host, port, f"drop function {function}")
-            except OSError as exc:
-                log.warning("could not drop %s on %s:%s: %s", function, host, port, exc)
+        gearman.drop_function(self.config.gearman_servers, function)
 
     # -- control -----------------------------------------------------------------
 

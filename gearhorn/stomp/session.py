@@ -356,6 +356,7 @@ class Session:
             sub = StompSubscription(self, sub_id, f"/queue/{function}", "auto",
                                     self.settings.auto_ack_window, None)
             sub.function, sub.temporary = function, True
+            self.broker.temp_queue_opened(function)
             self.subscriptions[sub_id] = sub
             sub.dispatcher = self.broker.attach(function, sub)
         return sub.function
@@ -412,7 +413,7 @@ class Session:
             sub.client_id = "s" + uuid.uuid4().hex[:20]
         sub.pattern = pattern
         sub.function = queue_name(pattern, sub.client_id)
-        self.broker.subscribe_topic(pattern, sub.client_id)
+        self.broker.subscribe_topic(pattern, sub.client_id, sub.durable)
 
     def on_unsubscribe(self, frame: Frame) -> None:
         sub_id = frame.get("id")
@@ -442,6 +443,8 @@ class Session:
             forgotten = sub.temporary or (sub.pattern is not None and (remove or not sub.durable))
             if forgotten and not sub.dispatcher.consumers:
                 self.broker.drop_queue(sub.function)
+        if sub.temporary:
+            self.broker.temp_queue_closed(sub.function)
 
     def _prefetch(self, frame: Frame, ack: str) -> int:
         raw = frame.get("prefetch-count", frame.get("prefetch"))

@@ -206,3 +206,37 @@ def test_while_redis_or_gearmand_is_away_work_is_refused_clearly_then_resumes(
     finally:
         bridge.stop()
         pool.stop()
+
+
+def test_the_pool_cleans_up_after_a_bridge_killed_without_a_word(
+        gearmand, start_pool, start_bridge, stomp_clients, redis_url):
+    pool = start_pool([gearmand])
+    fast = {"GEARHORN_HEARTBEAT_INTERVAL": "0.3", "GEARHORN_WORKER_TTL": "1.5"}
+    doomed = start_bridge([gearmand], env=fast)
+    topic = unique_topic()
+    client = stomp_clients(doomed.port, **{"client-id": "keeper"})
+    client.subscribe(f"/topic/{topic}", "gone")  # non-durable: dies with the bridge
+    client.subscribe(f"/topic/{topic}", "kept", durable="true")
+    before = temp_queues(gearmand)
+    client.send("/queue/svc-nobody", b"?", **{"reply-to": "/temp-queue/r"})
+    (temp,) = wait_for(lambda: temp_queues(gearmand) - before, message="the temp queue")
+    registered = pool.registry.subscribers(topic)
+    assert len(registered) == 2
+    doomed.process.kill()
+    doomed.process.wait()
+
+    wait_for(lambda: len(pool.registry.subscribers(topic)) == 1, 30,
+             message="the janitor to remove the non-durable subscription")
+    (kept,) = pool.registry.subscribers(topic)
+    assert kept.startswith("d-")  # the durable one stays, its queue keeps filling
+    gone = (registered - {kept}).pop()
+    wait_for(lambda: not {f"{topic}_{gone}", temp} & {
+        f.name for f in gearman.status(gearmand.host, gearmand.port)}, 30,
+             message="the dead bridge's queues to be dropped")
+    with Producer([(gearmand.host, gearmand.port)]) as producer:
+        assert producer.publish(topic, "after", background=True)["copies"] == 1
+
+
+def temp_queues(server):
+    return {f.name for f in gearman.status(server.host, server.port)
+            if f.name.startswith("gearhorn.tmp.")}

@@ -83,8 +83,14 @@ class FakeBroker:
     def request(self, function, body, options, reply_queue):
         self.requests = getattr(self, "requests", []) + [(function, body, options, reply_queue)]
 
-    def subscribe_topic(self, pattern, client_id):
+    def subscribe_topic(self, pattern, client_id, durable=False):
         self.topics.append(("+", pattern, client_id))
+
+    def temp_queue_opened(self, function):
+        self.topics.append(("temp+", function))
+
+    def temp_queue_closed(self, function):
+        self.topics.append(("temp-", function))
 
     def unsubscribe_topic(self, pattern, client_id):
         self.topics.append(("-", pattern, client_id))

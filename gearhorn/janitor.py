@@ -1,0 +1,106 @@
+"""Cleaning up after a bridge that died without a word (kill -9, a crash).
+
+A bridge's non-durable topic subscriptions and temp queues live only as long
+as its connections. When it stops cleanly it removes them itself; when it
+dies, they would stay registered in Redis and their Gearman queues would
+fill forever. So each bridge sends heartbeats (``<p>bridges``) and lists
+what dies with it (``<p>bridge:<id>``); every worker of the pool sweeps now
+and then, and the first to see a bridge's heartbeat expire removes its
+subscriptions (announced on the matchmaking channel like any unsubscribe)
+and drops their queues in gearmand.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+import redis
+
+from gearhorn.messages import Subscription, queue_name
+from gearhorn.registry import Registry
+
+log = logging.getLogger(__name__)
+
+TOPIC, QUEUE = "topic", "queue"
+
+
+def topic_entry(pattern: str, client_id: str) -> str:
+    return f"{TOPIC}\t{pattern}\t{client_id}"
+
+
+def queue_entry(function: str) -> str:
+    return f"{QUEUE}\t{function}"
+
+
+class BridgeLiveness:
+    """A bridge's side: heartbeats, and the list of what dies with it."""
+
+    def __init__(self, registry: Registry, bridge_id: str, ttl: float) -> None:
+        self.redis = registry.redis
+        self.keys = registry.keys
+        self.bridge_id = bridge_id
+        self.ttl = ttl
+
+    def heartbeat(self, now: float | None = None) -> None:
+        now = time.time() if now is None else now
+        self.redis.zadd(self.keys.bridges, {self.bridge_id: now + self.ttl})
+
+    def holds(self, entry: str) -> None:
+        self.redis.sadd(self.keys.bridge(self.bridge_id), entry)
+
+    def released(self, entry: str) -> None:
+        self.redis.srem(self.keys.bridge(self.bridge_id), entry)
+
+    def retire(self) -> None:
+        """A clean stop: the bridge removed its subscriptions itself."""
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.zrem(self.keys.bridges, self.bridge_id)
+        pipe.delete(self.keys.bridge(self.bridge_id))
+        pipe.execute()
+
+
+class Janitor:
+    """The pool's side: remove what dead bridges left behind."""
+
+    def __init__(self, registry: Registry, drop_queue: Callable[[str], None]) -> None:
+        self.registry = registry
+        self.redis = registry.redis
+        self.keys = registry.keys
+        self.drop_queue = drop_queue
+
+    def sweep(self, now: float | None = None) -> int:
+        """Clean up after every bridge whose heartbeat expired; returns how many."""
+        now = time.time() if now is None else now
+        cleaned = 0
+        for raw in self.redis.zrangebyscore(self.keys.bridges, "-inf", now):
+            bridge_id = raw.decode() if isinstance(raw, bytes) else raw
+            # One sweeper per dead bridge; the claim expires if that one dies too.
+            if not self.redis.set(self.keys.bridge(bridge_id) + ":sweeping", "1", nx=True,
+                                  ex=60):
+                continue
+            try:
+                self._clean(bridge_id)
+                cleaned += 1
+            except redis.RedisError as exc:
+                log.warning("cleanup after bridge %s interrupted: %s", bridge_id, exc)
+        return cleaned
+
+    def _clean(self, bridge_id: str) -> None:
+        entries = [e.decode() if isinstance(e, bytes) else e
+                   for e in self.redis.smembers(self.keys.bridge(bridge_id))]
+        for entry in entries:
+            kind, _, rest = entry.partition("\t")
+            if kind == TOPIC:
+                pattern, _, client_id = rest.partition("\t")
+                self.registry.unsubscribe(Subscription(pattern, client_id))
+                self.drop_queue(queue_name(pattern, client_id))
+            elif kind == QUEUE:
+                self.drop_queue(rest)
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.zrem(self.keys.bridges, bridge_id)
+        pipe.delete(self.keys.bridge(bridge_id))
+        pipe.execute()
+        log.info("bridge %s is gone: removed its %d subscriptions and temp queues",
+                 bridge_id, len(entries))

@@ -1,0 +1,31 @@
+from gearhorn.janitor import BridgeLiveness, Janitor, queue_entry, topic_entry
+from gearhorn.messages import Subscription
+
+
+def test_what_a_dead_bridge_held_is_removed_once(registry):
+    dropped = []
+    alive = BridgeLiveness(registry, "b-alive", ttl=5)
+    dead = BridgeLiveness(registry, "b-dead", ttl=5)
+    for bridge, client in ((alive, "s1"), (dead, "s2")):
+        bridge.heartbeat(now=1000)
+        bridge.holds(topic_entry("news", client))
+        registry.subscribe(Subscription("news", client))
+    dead.holds(queue_entry("gearhorn.tmp.abc.r"))
+    registry.subscribe(Subscription("news", "durable1"))  # listed by no bridge
+    alive.heartbeat(now=1010)
+
+    janitor = Janitor(registry, dropped.append)
+    assert janitor.sweep(now=1007) == 1  # b-dead's heartbeat ran out at 1005
+    assert registry.subscribers("news") == {"s1", "durable1"}
+    assert sorted(dropped) == ["gearhorn.tmp.abc.r", "news_s2"]
+    assert janitor.sweep(now=1007) == 0 and len(dropped) == 2  # nothing left, nothing twice
+
+
+def test_a_clean_stop_leaves_nothing_to_sweep(registry):
+    bridge = BridgeLiveness(registry, "b", ttl=5)
+    bridge.heartbeat(now=1000)
+    bridge.holds(topic_entry("news", "s1"))
+    bridge.released(topic_entry("news", "s1"))
+    bridge.retire()
+    assert Janitor(registry, lambda f: None).sweep(now=2000) == 0
+    assert not registry.redis.exists("t:bridge:b")
