@@ -24,7 +24,6 @@ import json
 import math
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -33,26 +32,14 @@ import redis
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
+from fanout import start_pool  # noqa: E402  (bench/fanout.py)
+
 from gearhorn import gearman, servers  # noqa: E402
 from gearhorn.keys import Keys  # noqa: E402
 from gearhorn.messages import Subscription  # noqa: E402
 from gearhorn.registry import Registry  # noqa: E402
 
 SUBMIT_JOB_EPOCH = 36
-
-
-def start_pool(gm: servers.Managed, redis_url: str, processes: int) -> subprocess.Popen:
-    pool = subprocess.Popen(
-        [sys.executable, "-m", "gearhorn", "worker", "--processes", str(processes),
-         "--gearman", gm.address, "--redis-url", redis_url, "--log-level", "WARNING"],
-        preexec_fn=servers._die_with_parent)
-    registry = Registry(redis.Redis.from_url(redis_url), Keys())
-    deadline = time.monotonic() + 60
-    while len(registry.live_workers()) < processes:
-        if time.monotonic() > deadline or pool.poll() is not None:
-            raise SystemExit("worker pool did not start")
-        time.sleep(0.1)
-    return pool
 
 
 def consume(gm: servers.Managed, function: str, count: int, timeout: float) -> list[float]:

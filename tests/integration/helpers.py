@@ -155,3 +155,16 @@ def queue_depth(server, function):
         if f.name == function:
             return f.queued
     return 0
+
+
+def self_signed_certificate(folder, name):
+    """A throwaway certificate for 127.0.0.1 (PEM cert and key paths), made
+    with the openssl tool; it is its own CA."""
+    from tests.conftest import require_binary
+    require_binary("openssl", "openssl")
+    cert, key = os.path.join(folder, f"{name}.pem"), os.path.join(folder, f"{name}.key")
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+                    "-keyout", key, "-out", cert, "-subj", f"/CN={name}",
+                    "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost"],
+                   check=True, capture_output=True, timeout=60)
+    return cert, key

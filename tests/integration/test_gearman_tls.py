@@ -1,28 +1,20 @@
 """TLS between gearhorn and a Gearman server (gear.Server: Debian's gearmand
 is built without TLS)."""
 
-import subprocess
-
 import pytest
 
 from gearhorn import gearman, servers
 from gearhorn.client import Producer
-from tests.conftest import require_binary
 
-from .helpers import PoolProcess, unique_topic
+from .helpers import PoolProcess, self_signed_certificate, unique_topic
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
 
 @pytest.fixture
 def tls_files(tmp_path):
-    require_binary("openssl", "openssl")
-    cert, key = tmp_path / "gearman.pem", tmp_path / "gearman.key"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
-                    "-keyout", str(key), "-out", str(cert), "-subj", "/CN=gearman",
-                    "-addext", "subjectAltName=IP:127.0.0.1"],
-                   check=True, capture_output=True, timeout=60)
-    files = gearman.TlsFiles(str(cert), str(cert), str(key))
+    cert, key = self_signed_certificate(str(tmp_path), "gearman")
+    files = gearman.TlsFiles(cert, cert, key)
     gearman.use_tls(files)
     yield files
     gearman.use_tls(None)

@@ -2,14 +2,12 @@
 
 import socket
 import ssl
-import subprocess
 
 import pytest
 
 from gearhorn.stomp import auth
-from tests.conftest import require_binary
 
-from .helpers import unique_topic, wait_for
+from .helpers import self_signed_certificate, unique_topic, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -89,13 +87,7 @@ def test_passcodes_never_reach_the_log(secured, stomp_clients):
 
 @pytest.fixture
 def certificate(tmp_path):
-    require_binary("openssl", "openssl")
-    cert, key = tmp_path / "bridge.crt", tmp_path / "bridge.key"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
-                    "-keyout", str(key), "-out", str(cert), "-subj", "/CN=localhost",
-                    "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost"],
-                   check=True, capture_output=True, timeout=60)
-    return str(cert), str(key)
+    return self_signed_certificate(str(tmp_path), "bridge")
 
 
 def test_tls_with_stomp_py(gearmand, start_pool, start_bridge, stomp_clients, certificate):
