@@ -107,13 +107,17 @@ class FanoutService:
                            **_ids(message_ids)})
         return _dumps(self.deliver(request, message_ids, header_ids))
 
-    def _keep_headers(self, request: Fanout, message_ids: list[str]) -> list[str] | None:
-        """Store the request's headers once per message; None without headers."""
-        if not request.headers:
+    def _keep_headers(self, request: Fanout, message_ids: list[str],
+                      needed: bool = False) -> list[str] | None:
+        """Store the request's headers once per message (with the topic it was
+        published to, for prefix subscribers); None without headers, unless
+        ``needed``."""
+        if not request.headers and not needed:
             return None
+        headers = {**request.headers, "destination": f"/topic/{request.topic}"}
         header_ids = [header_id_for(m, request.unique) for m in message_ids]
         for header_id in header_ids:
-            self.headers.put(header_id, request.headers)
+            self.headers.put(header_id, headers)
         return header_ids
 
     def _schedule(self, request: Fanout, message_ids: list[str],
@@ -141,6 +145,10 @@ class FanoutService:
                 header_ids: list[str] | None = None) -> dict[str, object]:
         """Queue one copy of each message per subscriber; the fanout's result."""
         recipients = self.cache.recipients(request.topic)
+        if header_ids is None and any(r.pattern is not None for r in recipients):
+            # A prefix subscriber's STOMP MESSAGE names the topic published to,
+            # which only the headers can carry.
+            header_ids = self._keep_headers(request, message_ids, needed=True)
         copies = make_copies(request, message_ids, recipients, header_ids)
         result: dict[str, object] = {"topic": request.topic, "copies": len(copies),
                                      "background": request.background, **_ids(message_ids)}

@@ -526,7 +526,8 @@ class Broker:
         """Move a message delivered ``max_deliveries`` times to ``<queue>.dlq``,
         with the reason and count; then complete the original job."""
         function = delivery.job.function
-        headers = {**delivery.headers, "dlq-reason": reason,
+        kept = {k: v for k, v in delivery.headers.items() if k != "destination"}
+        headers = {**kept, "dlq-reason": reason,
                    "dlq-delivery-count": str(delivery.deliveries),
                    "dlq-original-destination": f"/queue/{function}"}
         self.send_own(f"{function}.dlq", delivery.body, headers)

@@ -461,7 +461,8 @@ class Session:
         message_id = f"{self.id}-{next(self._counter)}"
         delivery.message_id = message_id
         headers = {**delivery.headers, "subscription": sub.id, "message-id": message_id,
-                   "destination": sub.destination, "delivery-count": str(delivery.deliveries)}
+                   "destination": delivery.headers.get("destination", sub.destination),
+                   "delivery-count": str(delivery.deliveries)}
         if sub.ack != "auto" and self.version == "1.2":
             headers["ack"] = message_id
         if delivery.redelivered:

@@ -198,7 +198,10 @@ def test_prefix_subscription_receives_every_matching_topic(stack, stomp_clients)
     producer.send(f"/topic/{stem}x", b"not a match")
     producer.send(f"/topic/{stem}.c", b"c")
     assert [m.body for m in sub.messages(3)] == [b"a", b"b", b"c"]
-    assert sub.listener.messages[0].headers["destination"] == f"/topic/{stem}.*"
+    # each MESSAGE names the topic it was published to, as RabbitMQ does
+    assert [m.headers["destination"] for m in sub.messages(3)] == [
+        f"/topic/{stem}.a", f"/topic/{stem}.b", f"/topic/{stem}.c"]
+    assert {m.headers["subscription"] for m in sub.messages(3)} == {"all"}
 
 
 def test_control_destinations_answer_in_the_receipt(stack, stomp_clients):

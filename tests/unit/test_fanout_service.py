@@ -147,8 +147,8 @@ def test_headers_are_stored_once_and_every_copy_points_at_them(service, fake_red
     mid = result["message_id"]
     assert sorted(c.unique for c in client.background) == [f"@{mid}:alice", f"@{mid}:bob"]
     found = svc.headers.for_uniques(c.unique for c in client.background)
-    assert found == {c.unique: {"correlation-id": "c-1", "x-team": "ops"}
-                     for c in client.background}
+    assert found == {c.unique: {"correlation-id": "c-1", "x-team": "ops",
+                                "destination": "/topic/news"} for c in client.background}
     assert 0 < fake_redis.ttl(f"t:headers:{mid}") <= Config().headers_ttl
 
 
@@ -227,3 +227,19 @@ def test_a_fanout_job_run_again_makes_the_same_copies(service):
     assert client.background[0].unique == client.background[1].unique  # gearmand coalesces
     no_unique = [json.loads(svc.handle("fanout", job))["message_id"] for _ in range(2)]
     assert no_unique[0] != no_unique[1]
+
+
+def test_prefix_subscribers_learn_the_topic_a_message_was_published_to(service):
+    svc, client = service
+    call(svc, "subscribe_fanout", topic="news.*", client_id="carol")
+    call(svc, "subscribe_fanout", topic="news.eu", client_id="dave")
+    result = call(svc, "fanout", topic="news.eu", payload="hi", background=True)
+    mid = result["message_id"]
+    assert all(c.unique.startswith(f"@{mid}:") for c in client.background)
+    found = svc.headers.for_uniques(c.unique for c in client.background)
+    assert {h["destination"] for h in found.values()} == {"/topic/news.eu"}
+    client.background.clear()
+    call(svc, "fanout", topic="other", payload="x", background=True)  # no prefix: no headers
+    call(svc, "subscribe_fanout", topic="plain", client_id="erin")
+    call(svc, "fanout", topic="plain", payload="x", background=True)
+    assert [c.unique for c in client.background][0].startswith("@") is False
