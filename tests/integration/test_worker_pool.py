@@ -274,3 +274,19 @@ def test_a_second_sigterm_stops_at_once(gearmand, start_pool):
         assert time.monotonic() - start < 2.5
     finally:
         client.close()
+
+
+@pytest.mark.parametrize("client_id_length", [30, 31, 32])
+def test_copies_whose_unique_keys_border_gearmands_limit_arrive_intact(
+        gearmand, start_pool, client_id_length):
+    # <message id (32)>:<client id> is 63, 64 or 65 bytes: gearmand 1.1.20 cuts
+    # a 64-byte key and a NUL lands in the data, so gearhorn hashes it.
+    start_pool([gearmand])
+    client = GearClient(gearmand)
+    topic, who = unique_topic(), "c" * client_id_length
+    try:
+        client.call("subscribe_fanout", {"topic": topic, "client_id": who})
+        client.call("fanout", {"topic": topic, "payload": "intact", "background": True})
+        assert drain_queue(gearmand, f"{topic}_{who}") == [b"intact"]
+    finally:
+        client.close()

@@ -124,6 +124,10 @@ def test_huge_job_is_refused_before_parsing():
 
 def test_copy_unique_stays_within_gearmand_limit_and_is_deterministic():
     assert m.copy_unique("msg1", "alice") == "msg1:alice"
+    # 63 bytes pass as they are; 64 would come back from gearmand corrupted
+    assert m.copy_unique("m" * 32, "c" * 30) == "m" * 32 + ":" + "c" * 30
+    assert len(m.copy_unique("m" * 32, "c" * 31)) == 62
+    assert len(m.copy_unique("m" * 32, "c" * 31, "ab" * 16)) == 63
     long = m.copy_unique("m" * 32, "c" * 128)
     assert len(long) <= m.MAX_UNIQUE_BYTES
     assert long == m.copy_unique("m" * 32, "c" * 128)
