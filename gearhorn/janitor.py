@@ -38,19 +38,40 @@ class BridgeLiveness:
     """A bridge's side: heartbeats, and the list of what dies with it."""
 
     def __init__(self, registry: Registry, bridge_id: str, ttl: float) -> None:
+        self.registry = registry
         self.redis = registry.redis
         self.keys = registry.keys
         self.bridge_id = bridge_id
         self.ttl = ttl
+        self.entries: set[str] = set()  # what this bridge holds now
+        self._beating = False
 
     def heartbeat(self, now: float | None = None) -> None:
+        """Renew; if the janitor swept this bridge anyway (its heartbeats were
+        late, not missing), put back what it holds and say so."""
         now = time.time() if now is None else now
-        self.redis.zadd(self.keys.bridges, {self.bridge_id: now + self.ttl})
+        added = self.redis.zadd(self.keys.bridges, {self.bridge_id: now + self.ttl})
+        if added and self._beating and self.entries:
+            log.error("bridge %s was taken for dead (heartbeats late by over %.0fs): "
+                      "registering its %d subscriptions again", self.bridge_id, self.ttl,
+                      len(self.entries))
+            self._restore()
+        self._beating = True
+
+    def _restore(self) -> None:
+        self.redis.sadd(self.keys.bridge(self.bridge_id), *self.entries)
+        for entry in self.entries:
+            kind, _, rest = entry.partition("\t")
+            if kind == TOPIC:
+                pattern, _, client_id = rest.partition("\t")
+                self.registry.subscribe(Subscription(pattern, client_id))
 
     def holds(self, entry: str) -> None:
+        self.entries.add(entry)
         self.redis.sadd(self.keys.bridge(self.bridge_id), entry)
 
     def released(self, entry: str) -> None:
+        self.entries.discard(entry)
         self.redis.srem(self.keys.bridge(self.bridge_id), entry)
 
     def retire(self) -> None:

@@ -359,7 +359,9 @@ class Broker:
         # The bridge's own jobs (dead letters, replies) share one client, one at a time.
         self._client = gearman.Client(config.gearman_servers)
         self._client_lock = gevent.lock.Semaphore()
-        self.liveness = BridgeLiveness(registry, bridge_id, config.worker_ttl)
+        # Five times a worker's: the janitor removes a bridge's subscriptions
+        # only when it is surely dead, not merely busy for a few seconds.
+        self.liveness = BridgeLiveness(registry, bridge_id, 5 * config.worker_ttl)
         self._flush_soon = False
         self._ledger_flusher = gevent.spawn(self._flush_ledger_forever)
         self._heart = gevent.spawn(self._heartbeats)

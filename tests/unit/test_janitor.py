@@ -29,3 +29,15 @@ def test_a_clean_stop_leaves_nothing_to_sweep(registry):
     bridge.retire()
     assert Janitor(registry, lambda f: None).sweep(now=2000) == 0
     assert not registry.redis.exists("t:bridge:b")
+
+
+def test_a_bridge_swept_while_alive_registers_again(registry):
+    bridge = BridgeLiveness(registry, "slow", ttl=5)
+    bridge.heartbeat(now=1000)
+    bridge.holds(topic_entry("news", "s1"))
+    registry.subscribe(Subscription("news", "s1"))
+    Janitor(registry, lambda f: None).sweep(now=1010)  # its heartbeats were late
+    assert registry.subscribers("news") == set()
+    bridge.heartbeat(now=1011)
+    assert registry.subscribers("news") == {"s1"}
+    assert registry.redis.smembers("t:bridge:slow") == {b"topic\tnews\ts1"}
