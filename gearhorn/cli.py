@@ -63,6 +63,13 @@ def build_parser() -> argparse.ArgumentParser:
     publish.add_argument("--background", action="store_true",
                          help="return once gearmand accepted every copy")
     publish.add_argument("--unique", help="Gearman unique key (coalesces repeats)")
+    publish.add_argument("--priority", choices=("high", "normal", "low"), default="normal")
+    publish.add_argument("--delay", type=float, metavar="SECONDS",
+                         help="deliver this many seconds from now")
+    publish.add_argument("--deliver-at", metavar="TIME",
+                         help="deliver at this epoch second or RFC 3339 time")
+    publish.add_argument("--header", action="append", default=[], metavar="NAME=VALUE",
+                         help="a header STOMP subscribers receive (repeatable)")
 
     consume = sub.add_parser("consume", parents=[common],
                              help="print the copies sent to CLIENT_ID for TOPIC")
@@ -200,8 +207,18 @@ def cmd_publish(config: Config, args: argparse.Namespace) -> int:
             payload = json.loads(payload)
         except ValueError as exc:
             raise CommandError(f"PAYLOAD is not JSON: {exc}") from None
+    headers = {}
+    for item in args.header:
+        name, sep, value = item.partition("=")
+        if not sep:
+            raise CommandError(f"--header {item!r}: use NAME=VALUE")
+        headers[name] = value
+    deliver_at: float | str | None = args.deliver_at
+    if deliver_at is not None and deliver_at.replace(".", "", 1).isdigit():
+        deliver_at = float(deliver_at)  # else an RFC 3339 time: the worker parses it
     return _run_job(config, "publish", args.topic, payload,
-                    background=args.background, unique=args.unique)
+                    background=args.background, unique=args.unique, priority=args.priority,
+                    delay=args.delay, deliver_at=deliver_at, headers=headers or None)
 
 
 def cmd_consume(config: Config, args: argparse.Namespace) -> int:

@@ -6,6 +6,7 @@ import redis
 
 from gearhorn import gearman
 from gearhorn.config import Config
+from gearhorn.delayed import Scheduler
 from gearhorn.keys import Keys
 from gearhorn.registry import Registry
 
@@ -18,6 +19,7 @@ def collect(config: Config) -> dict:
                             Keys(config.key_prefix, config.matchmaking_channel))
         report["topics"] = registry.topics()
         report["workers"] = registry.live_workers()
+        report["delayed"] = Scheduler(registry.redis, registry.keys).pending()
     except redis.RedisError as exc:
         report["redis_error"] = str(exc)
     for host, port in config.gearman_servers:
@@ -39,6 +41,8 @@ def render(report: dict) -> str:
     lines.append(f"topics ({len(report['topics'])}):")
     lines += [f"  {name:40} {count:>8} subscribers"
               for name, count in sorted(report["topics"].items())]
+    if "delayed" in report:
+        lines.append(f"delayed messages waiting: {report['delayed']}")
     lines.append(f"live workers ({len(report['workers'])}):")
     lines += [f"  {wid:40} pid {info.get('pid', '?'):>7} jobs {info.get('jobs', '?')}"
               for wid, info in sorted(report["workers"].items())]

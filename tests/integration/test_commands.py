@@ -32,10 +32,13 @@ def test_helper_commands_subscribe_publish_consume_status(gearmand, redis_url, s
     assert json.loads(out.stdout)["copies"] == 1
     out = gearhorn("publish", topic, "plain text", "--background", *common)
     assert json.loads(out.stdout)["copies"] == 1
+    out = gearhorn("publish", topic, "later", "--delay", "3600", "--priority", "high",
+                   "--header", "x-team=ops", *common)
+    assert json.loads(out.stdout)["scheduled"] is True, out.stderr
 
     out = gearhorn("status", "--json", *common)
     report = json.loads(out.stdout)
-    assert report["topics"] == {topic: 1}
+    assert report["topics"] == {topic: 1} and report["delayed"] == 1
     assert len(report["workers"]) == 2
     (server,) = report["gearman"]
     queued = {f["name"]: f["queued"] for f in server["functions"]}
