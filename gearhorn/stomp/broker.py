@@ -480,7 +480,7 @@ class Broker:
         return json.loads(outcome.data)
 
     def request(self, function: str, body: bytes, options: SendOptions,
-                reply_queue: str) -> None:
+                reply_queue: str, done: Callable[[], None] | None = None) -> None:
         """A SEND with ``reply-to: /temp-queue/...`` to ``/queue/Q``: a
         foreground job, so a Gearman worker of ``Q`` answers with its result;
         the result (or the failure) arrives on ``reply_queue`` with the
@@ -502,16 +502,18 @@ class Broker:
                 errors.append(str(exc))
                 continue
             gevent.spawn(self._forward_reply, conn, handles, reply_queue,
-                         options.headers.get("correlation-id"))
+                         options.headers.get("correlation-id"), done)
             return
         raise gearman.Unavailable(f"no gearmand accepted the request: {'; '.join(errors)}")
 
     def _forward_reply(self, conn: gearman.Connection, handles: list[bytes], reply_queue: str,
-                       correlation_id: str | None) -> None:
+                       correlation_id: str | None, done: Callable[[], None] | None) -> None:
         try:
             outcome = gearman.wait_for_results(conn, handles, self.config.request_timeout)[0]
         finally:
             conn.close()
+            if done is not None:
+                done()
         if outcome.ok and not outcome.data:
             return  # a STOMP service: it replied with a SEND of its own
         headers = {"gearman-status": outcome.status}

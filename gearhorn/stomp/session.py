@@ -62,6 +62,9 @@ class SessionSettings:
     auto_ack_window: int = 256  # messages in flight to an auto-ack subscription
     max_backlog: int = 1024 * 1024  # bytes queued to a slow client before we stop
     max_prefetch: int = 100_000
+    # Requests (SEND with a temp reply-to) awaiting their answer: each holds a
+    # gearmand connection, so a flood must not exhaust the bridge's sockets.
+    max_pending_requests: int = 100
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,6 +149,7 @@ class Session:
         self.heartbeat = (0, 0)  # (we send every ms, we expect every ms)
         self.client_name = ""
         self.principal = OPEN
+        self.pending_requests = 0
         self.subscriptions: dict[str, StompSubscription] = {}
         self.acks: dict[str, StompSubscription] = {}
         self.transactions: dict[str, list[Frame]] = {}
@@ -332,7 +336,12 @@ class Session:
         if dest.kind == "topic":
             self.broker.publish(self.gearman, dest.name, [frame.body], options)
         elif reply_queue is not None and options.delay is None:
-            self.broker.request(dest.name, frame.body, options, reply_queue)
+            if self.pending_requests >= self.settings.max_pending_requests:
+                raise ProtocolError(f"more than {self.settings.max_pending_requests} requests "
+                                    "waiting for their reply on one connection")
+            self.pending_requests += 1
+            self.broker.request(dest.name, frame.body, options, reply_queue,
+                                self._request_done)
         else:
             self.broker.send_to_queue(self.gearman, dest.name, [frame.body], options)
         return {}
@@ -341,6 +350,9 @@ class Session:
         if not allowed(destination):
             raise ProtocolError(f"access refused: {self.principal.name} may not {what} "
                                 f"{destination}")
+
+    def _request_done(self) -> None:
+        self.pending_requests -= 1
 
     def _temp_queue(self, name: str) -> str:
         """The Gearman function behind this connection's ``/temp-queue/NAME``,

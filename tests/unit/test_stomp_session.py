@@ -80,8 +80,9 @@ class FakeBroker:
         self.options = getattr(self, "options", []) + [options]
         self.calls = getattr(self, "calls", 0) + 1
 
-    def request(self, function, body, options, reply_queue):
+    def request(self, function, body, options, reply_queue, done=None):
         self.requests = getattr(self, "requests", []) + [(function, body, options, reply_queue)]
+        self.done = getattr(self, "done", []) + [done]
 
     def subscribe_topic(self, pattern, client_id, durable=False):
         self.topics.append(("+", pattern, client_id))
@@ -428,3 +429,18 @@ def test_allowed_frames_pass(session):
     s.handle(Frame("SEND", {"destination": "/queue/jobs"}, b"1"))
     s.handle(Frame("SUBSCRIBE", {"destination": "/topic/news", "id": "n"}))
     assert broker.sent == [("jobs", b"1")] and not transport.closed
+
+
+def test_requests_waiting_for_replies_are_limited_per_connection():
+    transport, broker = FakeTransport(), FakeBroker()
+    s = Session(broker, transport, SessionSettings(max_pending_requests=2))
+    s.handle(Frame("CONNECT", {"accept-version": "1.2"}))
+    send = Frame("SEND", {"destination": "/queue/svc", "reply-to": "/temp-queue/r"}, b"?")
+    s.handle(send)
+    s.handle(send)
+    broker.done[0]()  # one answered
+    s.handle(send)
+    assert len(broker.requests) == 3 and not transport.closed
+    s.handle(send)
+    assert last(transport).headers["message"] == \
+        "more than 2 requests waiting for their reply on one connection"
