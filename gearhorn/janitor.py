@@ -62,17 +62,27 @@ class BridgeLiveness:
         self.redis.sadd(self.keys.bridge(self.bridge_id), *self.entries)
         for entry in self.entries:
             kind, _, rest = entry.partition("\t")
+            if kind == QUEUE:
+                self.redis.sadd(self.keys.temp_queues, rest)
             if kind == TOPIC:
                 pattern, _, client_id = rest.partition("\t")
                 self.registry.subscribe(Subscription(pattern, client_id))
 
     def holds(self, entry: str) -> None:
         self.entries.add(entry)
-        self.redis.sadd(self.keys.bridge(self.bridge_id), entry)
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.sadd(self.keys.bridge(self.bridge_id), entry)
+        if entry.startswith(QUEUE + "\t"):
+            pipe.sadd(self.keys.temp_queues, entry.partition("\t")[2])
+        pipe.execute()
 
     def released(self, entry: str) -> None:
         self.entries.discard(entry)
-        self.redis.srem(self.keys.bridge(self.bridge_id), entry)
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.srem(self.keys.bridge(self.bridge_id), entry)
+        if entry.startswith(QUEUE + "\t"):
+            pipe.srem(self.keys.temp_queues, entry.partition("\t")[2])
+        pipe.execute()
 
     def retire(self) -> None:
         """A clean stop: the bridge removed its subscriptions itself."""
@@ -118,6 +128,7 @@ class Janitor:
                 self.registry.unsubscribe(Subscription(pattern, client_id))
                 self.drop_queue(queue_name(pattern, client_id))
             elif kind == QUEUE:
+                self.redis.srem(self.keys.temp_queues, rest)
                 self.drop_queue(rest)
         pipe = self.redis.pipeline(transaction=False)
         pipe.zrem(self.keys.bridges, bridge_id)

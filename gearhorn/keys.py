@@ -23,6 +23,8 @@ All keys start with the configured prefix (default ``gearhorn:``):
 ``<p>bridge:<id>``              set: what dies with that bridge: ``topic\t<pattern>\t<client
                                 id>`` (non-durable subscriptions), ``queue\t<function>``
                                 (temp queues); the janitor cleans up after a dead bridge
+``<p>temp-queues``              set: every live ``/temp-queue/`` function; a reply may
+                                only be sent to one of these
 ``<p>ledger``                   stream: the delivery ledger (gearhorn/ledger.py),
                                 trimmed to about ``ledger_maxlen`` entries
 ==============================  ====================================================
@@ -76,6 +78,10 @@ class Keys:
     @property
     def bridges(self) -> str:
         return self.prefix + "bridges"
+
+    @property
+    def temp_queues(self) -> str:
+        return self.prefix + "temp-queues"
 
     def bridge(self, bridge_id: str) -> str:
         return f"{self.prefix}bridge:{bridge_id}"

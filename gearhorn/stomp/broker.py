@@ -567,6 +567,10 @@ class Broker:
     def temp_queue_closed(self, function: str) -> None:
         self.liveness.released(queue_entry(function))
 
+    def temp_queue_exists(self, function: str) -> bool:
+        """Whether some bridge's connection holds this temp queue now."""
+        return bool(self.registry.redis.sismember(self.registry.keys.temp_queues, function))
+
     def drop_queue(self, function: str) -> None:
         """Delete a queue nobody will read again (a non-durable subscription's)."""
         gearman.drop_function(self.config.gearman_servers, function)

@@ -229,7 +229,10 @@ class Session:
             return
         try:
             dest = parse_destination(batch[0].headers["destination"])
-            if not dest.name.startswith(TEMP_FUNCTION_PREFIX):
+            if dest.name.startswith(TEMP_FUNCTION_PREFIX):
+                if not self.broker.temp_queue_exists(dest.name):
+                    raise ProtocolError(f"no temporary queue {dest.name[:80]!r}")
+            else:
                 self._check(self.principal.may_write, f"/{dest.kind}/{dest.name}", "send to")
             bodies = [f.body for f in batch]
             if dest.kind == "queue":
@@ -324,8 +327,13 @@ class Session:
             return self._control(dest)
         if dest.kind == "topic" and dest.name.endswith("*"):
             raise ProtocolError("cannot send to a wildcard topic")
-        if not (dest.kind == "queue" and dest.name.startswith(TEMP_FUNCTION_PREFIX)):
-            # (a reply to a temp queue needs no right: only its reply-to names it)
+        if dest.kind == "queue" and dest.name.startswith(TEMP_FUNCTION_PREFIX):
+            # A reply needs no right (only its reply-to names the queue), but the
+            # queue must be live: no one makes queues of their own this way.
+            if not self.broker.temp_queue_exists(dest.name):
+                raise ProtocolError(f"no temporary queue {dest.name[:80]!r} (its connection "
+                                    "is gone, or it never existed)")
+        else:
             self._check(self.principal.may_write, f"/{dest.kind}/{dest.name}", "send to")
         options = send_options(frame.headers)
         reply_queue = None

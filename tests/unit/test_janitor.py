@@ -41,3 +41,15 @@ def test_a_bridge_swept_while_alive_registers_again(registry):
     bridge.heartbeat(now=1011)
     assert registry.subscribers("news") == {"s1"}
     assert registry.redis.smembers("t:bridge:slow") == {b"topic\tnews\ts1"}
+
+
+def test_temp_queues_are_listed_while_they_live(registry):
+    bridge = BridgeLiveness(registry, "b", ttl=5)
+    bridge.heartbeat(now=1000)
+    bridge.holds(queue_entry("gearhorn.tmp.s1.r"))
+    bridge.holds(queue_entry("gearhorn.tmp.s2.r"))
+    assert registry.redis.smembers("t:temp-queues") == {b"gearhorn.tmp.s1.r",
+                                                        b"gearhorn.tmp.s2.r"}
+    bridge.released(queue_entry("gearhorn.tmp.s1.r"))
+    Janitor(registry, lambda f: None).sweep(now=2000)  # the bridge died
+    assert registry.redis.smembers("t:temp-queues") == set()

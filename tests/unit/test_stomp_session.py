@@ -90,6 +90,9 @@ class FakeBroker:
     def temp_queue_opened(self, function):
         self.topics.append(("temp+", function))
 
+    def temp_queue_exists(self, function):
+        return ("temp+", function) in self.topics and ("temp-", function) not in self.topics
+
     def temp_queue_closed(self, function):
         self.topics.append(("temp-", function))
 
@@ -444,3 +447,15 @@ def test_requests_waiting_for_replies_are_limited_per_connection():
     s.handle(send)
     assert last(transport).headers["message"] == \
         "more than 2 requests waiting for their reply on one connection"
+
+
+def test_a_reply_goes_only_to_a_live_temp_queue(session):
+    s, transport, broker = session
+    connect(session)
+    s.handle(Frame("SEND", {"destination": "/queue/svc", "reply-to": "/temp-queue/r"}, b"?"))
+    reply_queue = broker.requests[0][3]
+    s.handle(Frame("SEND", {"destination": f"/queue/{reply_queue}"}, b"answer"))
+    assert broker.sent == [(reply_queue, b"answer")]
+    s.handle(Frame("SEND", {"destination": "/queue/gearhorn.tmp.made-up"}, b"junk"))
+    assert "no temporary queue 'gearhorn.tmp.made-up'" in last(transport).headers["message"]
+    assert broker.sent == [(reply_queue, b"answer")]
