@@ -104,12 +104,17 @@ def fast_disk(tmp_path):
     one. gearmand's sqlite queue syncs every job to disk (about 800 jobs/s on
     this machine's disk, 30,000/s on tmpfs); a restart keeps the files either
     way, which is all these tests ask of persistence."""
-    if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK):
+    if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) and _free_mb("/dev/shm") > 256:
         path = tempfile.mkdtemp(prefix="gearhorn-faults-", dir="/dev/shm")
         yield path
         shutil.rmtree(path, ignore_errors=True)
     else:
         yield str(tmp_path)
+
+
+def _free_mb(path):
+    stats = os.statvfs(path)
+    return stats.f_bavail * stats.f_frsize / 2**20
 
 
 class Restartable:
