@@ -70,18 +70,20 @@ class BridgeLiveness:
 
     def holds(self, entry: str) -> None:
         self.entries.add(entry)
-        pipe = self.redis.pipeline(transaction=False)
-        pipe.sadd(self.keys.bridge(self.bridge_id), entry)
-        if entry.startswith(QUEUE + "\t"):
-            pipe.sadd(self.keys.temp_queues, entry.partition("\t")[2])
-        pipe.execute()
+        self._write(entry, "sadd")
 
     def released(self, entry: str) -> None:
         self.entries.discard(entry)
+        self._write(entry, "srem")
+
+    def _write(self, entry: str, command: str) -> None:
+        """SADD or SREM ``entry`` in this bridge's list (and a temp queue in
+        the list of live temp queues)."""
         pipe = self.redis.pipeline(transaction=False)
-        pipe.srem(self.keys.bridge(self.bridge_id), entry)
-        if entry.startswith(QUEUE + "\t"):
-            pipe.srem(self.keys.temp_queues, entry.partition("\t")[2])
+        getattr(pipe, command)(self.keys.bridge(self.bridge_id), entry)
+        kind, _, name = entry.partition("\t")
+        if kind == QUEUE:
+            getattr(pipe, command)(self.keys.temp_queues, name)
         pipe.execute()
 
     def retire(self) -> None:
