@@ -94,12 +94,14 @@ def test_a_flood_of_connections_is_refused_beyond_the_limit(gearmand, start_pool
     start_pool([gearmand])
     bridge = start_bridge([gearmand], env={"GEARHORN_STOMP_MAX_CONNECTIONS": "20",
                                            "GEARHORN_STOMP_CONNECT_TIMEOUT": "2"})
-    silent = [RawClient(bridge.port) for _ in range(20)]  # never send CONNECT
-    extra = RawClient(bridge.port)
-    assert "too many connections" in error_of(extra)
-    # The silent ones are cut off after stomp_connect_timeout, and room returns.
-    for raw in silent:
-        assert error_of(raw) == "no CONNECT within 2s"
+    # 21 connections that never send CONNECT (the bridge's start-up probe may
+    # still hold a place, so one or two of the last are refused).
+    silent = [RawClient(bridge.port) for _ in range(21)]
+    errors = [error_of(raw) for raw in silent]
+    refused = errors.count("too many connections (limit 20)")
+    assert 1 <= refused <= 2, errors
+    # The accepted ones are cut off after stomp_connect_timeout, and room returns.
+    assert errors.count("no CONNECT within 2s") == 21 - refused, errors
     wait_for(lambda: stomp_clients(bridge.port).conn.is_connected(), message="a connection")
 
 
