@@ -71,11 +71,13 @@ class PoolProcess:
         wait_for(ready, timeout, message="worker pool ready")
         return self
 
-    def log(self):
+    def log(self, full=False):
+        """The log's tail (for failure messages), or all of it."""
         if self.log_path == os.devnull:
             return ""
         with open(self.log_path, errors="replace") as fp:
-            return fp.read()[-4000:]
+            text = fp.read()
+        return text if full else text[-4000:]
 
     def stop(self, timeout=20.0):
         if self.process.poll() is None:

@@ -36,9 +36,11 @@ class BridgeProcess:
             raise AssertionError(f"bridge exited:\n{self.log()}")
         return servers.is_listening("127.0.0.1", self.port)
 
-    def log(self):
+    def log(self, full=False):
+        """The log's tail (for failure messages), or all of it."""
         with open(self.log_path, errors="replace") as fp:
-            return fp.read()[-5000:]
+            text = fp.read()
+        return text if full else text[-5000:]
 
     def stop(self):
         if self.process.poll() is None:

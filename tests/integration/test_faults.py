@@ -131,8 +131,7 @@ def test_a_broadcast_survives_a_killed_worker_and_restarts_of_gearmand_and_redis
                f"{submitted_at_restart:,} of the fanouts submitted)")
         # gear logs its own reconnect tracebacks while gearmand restarts; no
         # gearhorn module may log an error (a job that failed on a bug, say).
-        with open(pool.log_path, errors="replace") as fp:
-            errors = re.findall(r".* ERROR \[\d+\] gearhorn\..*", fp.read())
+        errors = re.findall(r".* ERROR \[\d+\] gearhorn\..*", pool.log(full=True))
         assert not errors, errors
     finally:
         pool.stop()
@@ -190,7 +189,8 @@ def test_while_redis_or_gearmand_is_away_work_is_refused_clearly_then_resumes(
                 "fanout", json.dumps({"topic": topic, "payload": "x"}).encode(), 60)))
         results = []
         calling.start()
-        wait_for(lambda: "waits: registry unavailable" in pool.log(), message="the worker log")
+        wait_for(lambda: "waits: registry unavailable" in pool.log(full=True),
+                 message="the worker log")
         s.start_redis()
         calling.join(60)
         assert results and results[0].ok, results
@@ -204,7 +204,8 @@ def test_while_redis_or_gearmand_is_away_work_is_refused_clearly_then_resumes(
         sender.conn.send(f"/queue/{queue}", b"lost?", receipt=rid)
         sender.wait(lambda: sender.listener.errors, message="an ERROR")
         assert sender.listener.errors[0].headers["message"].startswith("service unavailable")
-        wait_for(lambda: "retrying in" in bridge.log(), message="the bridge to log its retries")
+        wait_for(lambda: "retrying in" in bridge.log(full=True),
+                 message="the bridge to log its retries")
         s.start_gearmand()
         stomp_clients(bridge.port).send(f"/queue/{queue}", b"after")
         assert reader.messages(1, timeout=30)[0].body == b"after"

@@ -267,7 +267,7 @@ def test_a_second_sigterm_stops_at_once(gearmand, start_pool):
         start = time.monotonic()
         pool.process.send_signal(signal.SIGTERM)
         # Two signals sent at once may merge into one: wait for the first.
-        wait_for(lambda: "stopping:" in pool.log(), timeout=2, message="first SIGTERM")
+        wait_for(lambda: "stopping:" in pool.log(full=True), timeout=2, message="first SIGTERM")
         pool.process.send_signal(signal.SIGTERM)
         pool.process.wait(10)
         # The worker did not wait out its 3 s fanout timeout.
