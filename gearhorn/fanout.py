@@ -131,10 +131,8 @@ class FanoutService:
 
     def release(self, item: DelayedItem) -> None:
         """Send a delayed message that is due (called by the worker's releaser)."""
-        if item.queue:
+        if item.queue:  # the bridge set its unique key (headers mark included)
             unique = item.unique or f"delayed:{item.message_ids[0]}"
-            if item.header_ids:
-                unique = copy_unique("", "q", item.header_ids[0])
             self.client.submit_background([gearman.Copy(item.queue, unique, item.bodies[0])],
                                           item.priority)
             return

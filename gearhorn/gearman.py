@@ -187,10 +187,6 @@ def use_tls_files(ca: str, cert: str, key: str) -> None:
     use_tls(TlsFiles(ca, cert, key) if ca else None)
 
 
-def tls_files() -> TlsFiles | None:
-    return _tls
-
-
 def add_server(worker: gear.BaseClient, host: str, port: int) -> None:
     """``worker.addServer`` with this process's TLS files, if any."""
     if _tls is None:
@@ -506,7 +502,7 @@ def admin(host: str, port: int, command: str, timeout: float = 5.0) -> list[str]
 
 def drop_function(servers: Sequence[tuple[str, int]], function: str) -> None:
     """Delete a queue nobody will read again, on every server (admin ``drop
-    function``; gearmand refuses while a worker still has it registered)."""
+    function``); a failure is logged, not raised."""
     for host, port in servers:
         try:
             admin(host, port, f"drop function {function}")

@@ -522,7 +522,8 @@ class Broker:
         if outcome.reason:
             headers["gearman-reason"] = outcome.reason
         try:
-            self.send_own(reply_queue, outcome.data, headers)
+            if self.temp_queue_exists(reply_queue):  # else the requester left, and a
+                self.send_own(reply_queue, outcome.data, headers)  # reply would sit forever
         except (gearman.GearmanError, redis.RedisError) as exc:
             log.warning("reply to %s lost: %s", reply_queue, exc)
 

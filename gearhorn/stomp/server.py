@@ -45,6 +45,8 @@ class Connection:
         self.parser = FrameParser(limits)
         self.session = Session(broker, self, settings)
         self.connect_timeout = connect_timeout
+        # An absolute deadline: EOLs ("heart-beats") before CONNECT do not extend it.
+        self._connect_by = _now() + connect_timeout
         self.backlog = 0
         self._queue: deque[tuple[bytes, Callable | None, Callable | None]] = deque()
         self._wakeup = gevent.event.Event()
@@ -124,7 +126,7 @@ class Connection:
         unfinished frame must be completed: a sender that trickles a frame
         byte by byte, or never finishes it, is cut off after ``frame_timeout``."""
         if not self.session.connected:
-            limit = self.connect_timeout
+            limit = max(0.0, self._connect_by - _now())
         else:
             expect_ms = self.session.heartbeat[1]
             limit = expect_ms / 1000 * _HEARTBEAT_GRACE if expect_ms else None

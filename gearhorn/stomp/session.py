@@ -229,11 +229,7 @@ class Session:
             return
         try:
             dest = parse_destination(batch[0].headers["destination"])
-            if dest.name.startswith(TEMP_FUNCTION_PREFIX):
-                if not self.broker.temp_queue_exists(dest.name):
-                    raise ProtocolError(f"no temporary queue {dest.name[:80]!r}")
-            else:
-                self._check(self.principal.may_write, f"/{dest.kind}/{dest.name}", "send to")
+            self._check_send(dest)
             bodies = [f.body for f in batch]
             if dest.kind == "queue":
                 self.broker.send_to_queue(self.gearman, dest.name, bodies)
@@ -327,14 +323,7 @@ class Session:
             return self._control(dest)
         if dest.kind == "topic" and dest.name.endswith("*"):
             raise ProtocolError("cannot send to a wildcard topic")
-        if dest.kind == "queue" and dest.name.startswith(TEMP_FUNCTION_PREFIX):
-            # A reply needs no right (only its reply-to names the queue), but the
-            # queue must be live: no one makes queues of their own this way.
-            if not self.broker.temp_queue_exists(dest.name):
-                raise ProtocolError(f"no temporary queue {dest.name[:80]!r} (its connection "
-                                    "is gone, or it never existed)")
-        else:
-            self._check(self.principal.may_write, f"/{dest.kind}/{dest.name}", "send to")
+        self._check_send(dest)
         options = send_options(frame.headers)
         reply_queue = None
         if options.temp_reply is not None:
@@ -353,6 +342,17 @@ class Session:
         else:
             self.broker.send_to_queue(self.gearman, dest.name, [frame.body], options)
         return {}
+
+    def _check_send(self, dest: Destination) -> None:
+        """May this connection SEND to ``dest`` (a queue or topic)?"""
+        if dest.kind == "queue" and dest.name.startswith(TEMP_FUNCTION_PREFIX):
+            # A reply needs no right (only its reply-to names the queue), but the
+            # queue must be live: no one makes queues of their own this way.
+            if not self.broker.temp_queue_exists(dest.name):
+                raise ProtocolError(f"no temporary queue {dest.name[:80]!r} (its connection "
+                                    "is gone, or it never existed)")
+        else:
+            self._check(self.principal.may_write, f"/{dest.kind}/{dest.name}", "send to")
 
     def _check(self, allowed: Callable[[str], bool], destination: str, what: str) -> None:
         if not allowed(destination):

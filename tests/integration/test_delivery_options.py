@@ -271,3 +271,21 @@ def test_sender_headers_reach_stomp_consumers_unchanged_and_gearman_gets_the_pay
     # A Gearman producer sets headers in the fanout payload.
     fanout(gearmand, topic=topic, payload="p", headers={"x-from": "gearman"}, background=True)
     assert sub.messages(3)[2].headers["x-from"] == "gearman"
+
+
+def test_a_reply_to_a_requester_who_left_is_not_queued(gearmand, stack, stomp_clients,
+                                                       gearman_cli_tool):
+    function = unique_topic("slow")
+    requester = stomp_clients(stack.port)
+    before = set(functions_with_jobs(gearmand))
+    requester.send(f"/queue/{function}", b"x", **{"reply-to": "/temp-queue/gone"})
+    requester.close()  # leaves before the service answers
+    out = gearman_cli(gearmand, "-w", "-c", "1", "-f", function, "--", "cat")
+    assert out.returncode == 0
+    # The answer went nowhere: no temp queue holds a job nobody will take.
+    assert not {f for f in functions_with_jobs(gearmand) - before
+                if f.startswith("gearhorn.tmp.")}
+
+
+def functions_with_jobs(server):
+    return {f.name for f in gearman.status(server.host, server.port) if f.queued}

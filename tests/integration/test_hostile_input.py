@@ -136,3 +136,15 @@ def test_a_burst_of_connections_subscribing_at_once_is_served(stack):
     for raw in clients:
         assert raw.read_frame().command == "RECEIPT"
         raw.close()
+
+
+def test_line_breaks_before_connect_do_not_buy_time(gearmand, start_pool, start_bridge):
+    start_pool([gearmand])
+    bridge = start_bridge([gearmand], env={"GEARHORN_STOMP_CONNECT_TIMEOUT": "1"})
+    raw = RawClient(bridge.port)
+    started = time.monotonic()
+    with pytest.raises(OSError):  # the bridge hangs up while we keep "beating"
+        for _ in range(100):
+            raw.send(b"\n")
+            time.sleep(0.1)  # the trickle itself is what is tested
+    assert time.monotonic() - started < 5
