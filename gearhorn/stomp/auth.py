@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from io import StringIO
 
 SCHEME = "pbkdf2_sha256"
-# About 0.1 s of one core per check: slow for a guesser, and the bridge runs
+# About 0.05 s of one core per check: slow for a guesser, and the bridge runs
 # checks in a thread pool and remembers passcodes it verified (by digest).
 ITERATIONS = 200_000
 ANONYMOUS = "anonymous"
