@@ -21,14 +21,15 @@ import os
 import resource
 import selectors
 import socket
-import subprocess
 import sys
 import tempfile
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from gearhorn import gearman, servers  # noqa: E402
+from fanout import start_pool  # noqa: E402  (bench/fanout.py)
+
+from gearhorn import servers  # noqa: E402
 from gearhorn.stomp.frames import FrameParser, encode  # noqa: E402
 
 MESSAGES = 3
@@ -136,15 +137,6 @@ def hold(port: int, count: int, login: dict, memory, deadline: float = 300) -> d
             "receiving_mb": receiving_mb}
 
 
-def wait_for_workers(gm: servers.Managed, count: int) -> None:
-    deadline = time.monotonic() + 60
-    while not any(f.name == "fanout" and f.workers >= count
-                  for f in gearman.status(gm.host, gm.port)):
-        if time.monotonic() > deadline:
-            raise SystemExit("the worker pool did not start")
-        time.sleep(0.1)
-
-
 def report(name: str, count: int, base_mb: float, result: dict) -> None:
     per = (result["receiving_mb"] - base_mb) * 1024 / count
     print(f"  {name:9} RSS {base_mb:7.1f} MB idle, {result['subscribed_mb']:7.1f} MB with "
@@ -169,11 +161,9 @@ def main() -> None:
                         processes=2, log_level="WARNING", bridge_port=port,
                         stomp_max_connections=args.connections + 100)
         env = {**os.environ, **to_env(config)}
-        pool = subprocess.Popen([sys.executable, "-m", "gearhorn", "worker"], env=env,
-                                preexec_fn=servers._die_with_parent)
+        pool = start_pool(gm, rd.details["url"], 2)
         bridge = servers.start_bridge(env, "127.0.0.1", port)
         try:
-            wait_for_workers(gm, 2)
             base = rss_mb([bridge.process.pid])
             result = hold(port, args.connections, {},
                           lambda: rss_mb([bridge.process.pid]))
