@@ -4,13 +4,15 @@
     python bench/pipeline.py --rows 1000000   # one size
 
 Generates a synthetic exported ledger (Parquet, like `gearhorn ledger
-export`): messages to 10 subscribers each, every copy enqueued, delivered and
-acked (31 rows a message), with planted problems: 1 copy in 10,000 never
-delivered, 1 in 20,000 delivered twice, 1 message in 50,000 with a wrong
-width. Then times, in the same run:
+export`, with its 64-bit keys and real-sized names: 32-hex message ids,
+copy keys ``<message id>:<client id>``): messages to 10 subscribers each,
+every copy enqueued, delivered and acked (31 rows a message), with planted
+problems: 1 copy in 10,000 never delivered, 1 in 20,000 delivered twice,
+1 message in 50,000 with a wrong width. Then times, in the same run:
 
 - the whole `gearhorn report` job (all tables, the HTML report) on local[2];
-- the reconciliation alone on local[2] (read, aggregate, count the findings);
+- the reconciliation alone on local[2], as the report makes it (read, find
+  the problems, name them, collect the table);
 - the same reconciliation in DuckDB (2 threads) as the single-machine peer,
 
 and checks that Spark and DuckDB find the same problems.
@@ -31,6 +33,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+from gearhorn.ledger import copy_key, message_key  # noqa: E402
 
 WIDTH = 10
 ROWS_PER_MESSAGE = 1 + 3 * WIDTH
@@ -61,7 +65,8 @@ def _chunk(ids: np.ndarray, rng, spacing_ms: int) -> tuple[pa.Table, dict]:
     """Messages ``ids``, published ``spacing_ms`` apart (6 hours in all)."""
     m = len(ids)
     ts0 = 1_795_000_000_000 + ids * spacing_ms
-    mid = _strings("m", ids)
+    mid_text = [rng.bytes(16).hex() for _ in range(m)]
+    mid = pa.array(mid_text)
     topic_no = ids % 100
     wrong = rng.random(m) < 1 / 50_000
     count = np.where(wrong, WIDTH + 1, WIDTH)
@@ -74,6 +79,9 @@ def _chunk(ids: np.ndarray, rng, spacing_ms: int) -> tuple[pa.Table, dict]:
     unique = pc.binary_join_element_wise(pc.take(mid, pa.array(copy_msg)),
                                          _strings("c", copy_sub), ":")
     copy_ts = ts0[copy_msg]
+    keys = pa.array([copy_key(s, u) for s, u in zip(subscriber.to_pylist(), unique.to_pylist(),
+                                                    strict=True)], pa.int64())
+    mkeys = pa.array([message_key(x) for x in mid_text], pa.int64())
 
     def block(event, n, ts, **cols):
         base = {"event": pa.array([event] * n), "ts": pa.array(ts, pa.int64()),
@@ -81,7 +89,8 @@ def _chunk(ids: np.ndarray, rng, spacing_ms: int) -> tuple[pa.Table, dict]:
                 "subscriber": pa.nulls(n, pa.string()), "unique": pa.nulls(n, pa.string()),
                 "count": pa.nulls(n, pa.int64()), "reason": pa.nulls(n, pa.string()),
                 "redelivered": pa.array(np.zeros(n, bool)), "source": pa.nulls(n, pa.string()),
-                "stream_id": pa.nulls(n, pa.string())}
+                "stream_id": pa.nulls(n, pa.string()), "copy_key": pa.nulls(n, pa.int64()),
+                "message_key": pa.nulls(n, pa.int64())}
         base.update(cols)
         return pa.table(base)
 
@@ -91,39 +100,49 @@ def _chunk(ids: np.ndarray, rng, spacing_ms: int) -> tuple[pa.Table, dict]:
     d_idx = pa.array(delivered_idx)
     parts = [
         block("published", m, ts0, message_id=mid, topic=topic,
-              count=pa.array(count, pa.int64())),
+              count=pa.array(count, pa.int64()), message_key=mkeys),
         block("enqueued", m * WIDTH, copy_ts, message_id=pc.take(mid, pa.array(copy_msg)),
-              topic=pc.take(topic, pa.array(copy_msg)), subscriber=subscriber, unique=unique),
+              topic=pc.take(topic, pa.array(copy_msg)), subscriber=subscriber, unique=unique,
+              copy_key=keys, message_key=pc.take(mkeys, pa.array(copy_msg))),
         block("delivered", len(delivered_idx), copy_ts[delivered_idx] + 5 +
               rng.integers(0, 50, len(delivered_idx)),
-              subscriber=pc.take(subscriber, d_idx), unique=pc.take(unique, d_idx)),
+              subscriber=pc.take(subscriber, d_idx), unique=pc.take(unique, d_idx),
+              copy_key=pc.take(keys, d_idx)),
         block("acked", int((~lost).sum()), copy_ts[~lost] + 60,
-              subscriber=pc.filter(subscriber, keep), unique=pc.filter(unique, keep)),
+              subscriber=pc.filter(subscriber, keep), unique=pc.filter(unique, keep),
+              copy_key=pc.filter(keys, keep)),
     ]
     counts = {"never_delivered": int(lost.sum()), "duplicate": int(twice.sum()),
               "width_mismatch": int(wrong.sum())}
     return pa.concat_tables(parts), counts
 
 
+# The same algorithm as gearhorn/pipeline/transforms.py: problems by key,
+# then their names.
 DUCKDB_SQL = """
 WITH events AS (SELECT * FROM read_parquet('{path}/**/*.parquet')),
 c AS (
-  SELECT subscriber, "unique",
-         count(*) FILTER (WHERE event = 'enqueued') AS enqueues,
-         count(*) FILTER (WHERE event = 'delivered') AS deliveries,
-         count(*) FILTER (WHERE event = 'delivered' AND redelivered) AS redeliveries
-  FROM events WHERE event IN ('enqueued', 'delivered', 'acked')
-  GROUP BY subscriber, "unique" HAVING enqueues > 0),
-tracked AS (SELECT DISTINCT subscriber FROM events WHERE event IN ('attached', 'delivered')),
+  SELECT copy_key, count(*) FILTER (WHERE event = 'delivered') AS deliveries,
+         count(*) FILTER (WHERE event = 'delivered' AND NOT redelivered) AS firsts
+  FROM events WHERE event IN ('enqueued', 'delivered') AND copy_key IS NOT NULL
+  GROUP BY copy_key
+  HAVING count(*) FILTER (WHERE event = 'enqueued') > 0 AND (deliveries = 0 OR firsts > 1)),
 w AS (
-  SELECT message_id, max(count) FILTER (WHERE event = 'published') AS published,
-         count(*) FILTER (WHERE event = 'enqueued') AS enqueued
-  FROM events WHERE event IN ('published', 'enqueued') GROUP BY message_id)
-SELECT 'never_delivered' AS kind, count(*) FROM c SEMI JOIN tracked USING (subscriber)
-  WHERE deliveries = 0
-UNION ALL SELECT 'duplicate', count(*) FROM c WHERE deliveries - redeliveries > 1
-UNION ALL SELECT 'width_mismatch', count(*) FROM w
-  WHERE published IS NOT NULL AND published <> enqueued
+  SELECT message_key FROM events
+  WHERE event IN ('published', 'enqueued') AND message_key IS NOT NULL GROUP BY message_key
+  HAVING max(count) FILTER (WHERE event = 'published') <>
+         count(*) FILTER (WHERE event = 'enqueued')),
+tracked AS (SELECT DISTINCT subscriber FROM events WHERE event IN ('attached', 'delivered')),
+named AS (
+  SELECT DISTINCT CASE WHEN c.firsts > 1 THEN 'duplicate'
+                       WHEN c.deliveries = 0 AND t.subscriber IS NOT NULL
+                       THEN 'never_delivered' END AS kind, e.subscriber, e."unique"
+  FROM events e JOIN c ON e.copy_key = c.copy_key
+  LEFT JOIN tracked t ON t.subscriber = e.subscriber
+  WHERE e.event = 'enqueued')
+SELECT kind, count(*) FROM named WHERE kind IS NOT NULL GROUP BY kind
+UNION ALL SELECT 'width_mismatch', count(DISTINCT e.message_id)
+  FROM events e JOIN w ON e.message_key = w.message_key WHERE e.event = 'published'
 """
 
 
@@ -138,12 +157,17 @@ def duckdb_reconcile(path: str) -> tuple[dict, float]:
 
 
 def spark_reconcile(spark, path: str) -> tuple[dict, float]:
-    from gearhorn.pipeline import transforms as T
+    from gearhorn.pipeline.job import Options, load_events, reconcile
 
     start = time.perf_counter()
-    events = spark.read.schema(T.EVENT_SCHEMA).parquet(path).filter(T.well_formed())
-    rows = T.reconciliation(T.copies(events), events).groupBy("kind").count().collect()
-    return {r["kind"]: r["count"] for r in rows}, time.perf_counter() - start
+    events, _ = load_events(spark, Options(path, ""))
+    table = reconcile(events)
+    found: dict[str, int] = {}
+    for row in table.collect():
+        found[row["kind"]] = found.get(row["kind"], 0) + 1
+    seconds = time.perf_counter() - start
+    table.unpersist()
+    return found, seconds
 
 
 def main() -> None:

@@ -13,7 +13,11 @@ delivered, acked, failed), ``ts`` (epoch milliseconds), ``message_id``,
 ``topic``, ``subscriber`` (the copy's queue, ``<topic>_<client_id>``),
 ``unique`` (the copy's Gearman unique key, which names one copy), ``count``
 (subscribers of a published message), ``reason`` (failed), ``redelivered``,
-``source`` (the worker or bridge that wrote it), ``stream_id``.
+``source`` (the worker or bridge that wrote it), ``stream_id``, and two
+64-bit keys the pipeline groups by instead of strings: ``copy_key`` (of
+``subscriber`` and ``unique``) and ``message_key`` (of ``message_id``).
+They are Spark's ``xxhash64`` of the same columns, so the pipeline computes
+them itself for rows exported without them (see :func:`copy_key`).
 """
 
 from __future__ import annotations
@@ -27,13 +31,14 @@ from collections.abc import Iterable, Iterator, Sequence
 from datetime import UTC, datetime
 
 import redis
+import xxhash
 
 from gearhorn.keys import Keys
 
 log = logging.getLogger(__name__)
 
 ROW_FIELDS = ("event", "ts", "message_id", "topic", "subscriber", "unique", "count",
-              "reason", "redelivered", "source", "stream_id")
+              "reason", "redelivered", "source", "stream_id", "copy_key", "message_key")
 CHECKPOINT = "_checkpoint"
 
 
@@ -137,6 +142,28 @@ class Flusher(threading.Thread):
 
 # -- entries to rows (pure) ------------------------------------------------------
 
+_SPARK_HASH_SEED = 42  # the seed of Spark's xxhash64()
+
+
+def _xxhash64(text: str, seed: int) -> int:
+    """XXH64 of the UTF-8 text as Spark computes it (an unsigned seed in, a
+    signed result out)."""
+    value = xxhash.xxh64_intdigest(text.encode(), seed=seed & 0xFFFF_FFFF_FFFF_FFFF)
+    return value - (1 << 64) if value >= 1 << 63 else value
+
+
+def copy_key(subscriber: str | None, unique: str | None) -> int | None:
+    """Spark's ``xxhash64(subscriber, unique)``; None unless both are set."""
+    if not subscriber or not unique:
+        return None
+    return _xxhash64(unique, _xxhash64(subscriber, _SPARK_HASH_SEED))
+
+
+def message_key(message_id: str | None) -> int | None:
+    """Spark's ``xxhash64(message_id)``; None without a message id."""
+    return _xxhash64(message_id, _SPARK_HASH_SEED) if message_id else None
+
+
 
 def rows_from_entries(entries: Iterable[tuple[str, dict[str, str]]]) -> Iterator[dict]:
     """Stream entries ``(id, fields)`` -> flat rows (``ROW_FIELDS``).
@@ -155,13 +182,15 @@ def rows_from_entries(entries: Iterable[tuple[str, dict[str, str]]]) -> Iterator
                 "count": None, "reason": fields.get("reason") or None,
                 "redelivered": fields.get("r") == "1", "source": fields.get("src") or None,
                 "stream_id": stream_id}
+        base["message_key"] = message_key(base["message_id"])
         if event != "published":
-            yield base
+            yield {**base, "copy_key": copy_key(base["subscriber"], base["unique"])}
             continue
-        yield {**base, "count": _int(fields.get("n"))}
+        yield {**base, "count": _int(fields.get("n")), "copy_key": None}
         for line in filter(None, fields.get("subs", "").split("\n")):
             queue, _, unique = line.partition("\t")
-            yield {**base, "event": "enqueued", "subscriber": queue, "unique": unique or None}
+            yield {**base, "event": "enqueued", "subscriber": queue, "unique": unique or None,
+                   "copy_key": copy_key(queue, unique)}
 
 
 def _batch_rows(stream_id: str, fields: dict[str, str]) -> Iterator[dict]:
@@ -172,7 +201,8 @@ def _batch_rows(stream_id: str, fields: dict[str, str]) -> Iterator[dict]:
         yield {"event": parts[0], "ts": _int(parts[1]), "message_id": None, "topic": None,
                "subscriber": parts[2] or None, "unique": parts[3] or None, "count": None,
                "reason": None, "redelivered": parts[4] == "1", "source": source,
-               "stream_id": stream_id}
+               "stream_id": stream_id, "copy_key": copy_key(parts[2], parts[3]),
+               "message_key": None}
 
 
 def _int(value: str | None) -> int | None:
@@ -295,6 +325,7 @@ def _write_parquet(path: str, rows: list[dict]) -> None:
                         ("topic", pa.string()), ("subscriber", pa.string()),
                         ("unique", pa.string()), ("count", pa.int64()), ("reason", pa.string()),
                         ("redelivered", pa.bool_()), ("source", pa.string()),
-                        ("stream_id", pa.string())])
+                        ("stream_id", pa.string()), ("copy_key", pa.int64()),
+                        ("message_key", pa.int64())])
     table = pa.Table.from_pylist(rows, schema=schema)
     pq.write_table(table, path, compression="zstd")

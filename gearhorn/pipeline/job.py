@@ -22,6 +22,10 @@ if __package__ in (None, ""):  # run as a file by spark-submit
 
 from gearhorn.pipeline import transforms as T  # noqa: E402
 
+# Problem rows the reconciliation sends to every task to find their names;
+# beyond this (a subscriber that never took anything, say) it shuffles.
+BROADCAST_PROBLEMS = 1_000_000
+
 
 class PipelineError(RuntimeError):
     """A problem a person can fix; the message says how."""
@@ -79,22 +83,72 @@ def spark_session(options: Options):
 
 
 def load_events(spark, options: Options):
-    """(usable events, number of malformed rows)."""
+    """(usable keyed events, number of malformed rows)."""
+    fmt, files = ledger_files(options.ledger, options.input_format)
+    if fmt == "parquet":
+        return _load_parquet(spark, files)
+    return _load_jsonl(spark, files)
+
+
+def _load_parquet(spark, files: list[str]):
+    from functools import reduce
+
+    from pyspark.sql import functions as F
+
+    keyed, unkeyed = split_by_keys(files)
+    read = spark.read.schema(T.EVENT_SCHEMA).parquet
+    # Files with the key columns are read as they are: computing a key that
+    # is there would mean reading every name (most of the reconciliation's
+    # time at 30M rows).
+    parts = ([read(*keyed)] if keyed else []) + ([T.with_keys(read(*unkeyed))] if unkeyed else [])
+    raw = reduce(lambda a, b: a.unionByName(b), parts)
+    total, good = raw.agg(F.count("*"), F.count(F.when(T.well_formed(), 1))).first()
+    return raw.filter(T.well_formed()), total - good
+
+
+def _load_jsonl(spark, files: list[str]):
     from pyspark.sql import functions as F
     from pyspark.sql.types import StringType, StructField, StructType
 
-    fmt, files = ledger_files(options.ledger, options.input_format)
-    if fmt == "parquet":
-        raw = spark.read.schema(T.EVENT_SCHEMA).parquet(*files)
-        raw = raw.withColumn("_corrupt", F.lit(None).cast("string"))
-    else:
-        schema = StructType(T.EVENT_SCHEMA.fields + [StructField("_corrupt", StringType())])
-        raw = (spark.read.schema(schema).option("mode", "PERMISSIVE")
-               .option("columnNameOfCorruptRecord", "_corrupt").json(files))
+    schema = StructType(T.EVENT_SCHEMA.fields + [StructField("_corrupt", StringType())])
+    raw = (spark.read.schema(schema).option("mode", "PERMISSIVE")
+           .option("columnNameOfCorruptRecord", "_corrupt").json(files))
     raw = raw.cache()  # Spark reads the corrupt-record column only from a cached frame
     good = raw.filter(F.col("_corrupt").isNull() & T.well_formed()).drop("_corrupt")
     malformed = raw.count() - good.count()
-    return good.cache(), malformed
+    return T.with_keys(good), malformed
+
+
+def split_by_keys(files: list[str]) -> tuple[list[str], list[str]]:
+    """(Parquet files with ``copy_key`` and ``message_key`` columns, the
+    rest). Only local files are looked at (their footers); a URL goes with
+    the rest, whose keys are computed."""
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:
+        return [], files
+    keyed, unkeyed = [], []
+    for path in files:
+        local = "://" not in path
+        names = set(pq.read_schema(path).names) if local else set()
+        (keyed if {"copy_key", "message_key"} <= names else unkeyed).append(path)
+    return keyed, unkeyed
+
+
+def reconcile(events):
+    """The reconciliation table of keyed events (``T.with_keys``), computed
+    and cached (it is small; ``unpersist`` it when done): the problem keys
+    first (one aggregation each), then their names, broadcast when few."""
+    copies_wrong = T.copy_problems(events).cache()
+    widths_wrong = T.width_problems(events).cache()
+    try:
+        few = copies_wrong.count() + widths_wrong.count() <= BROADCAST_PROBLEMS
+        table = T.name_problems(events, copies_wrong, widths_wrong, broadcast=few).cache()
+        table.count()
+    finally:
+        copies_wrong.unpersist()
+        widths_wrong.unpersist()
+    return table
 
 
 def run(options: Options) -> dict:
@@ -109,6 +163,7 @@ def run(options: Options) -> dict:
         spark.sparkContext.setLogLevel("ERROR")
     say(f"[2/5] reading {options.ledger}")
     events, malformed = load_events(spark, options)
+    events = events.cache()
     now_ms = options.now_ms or events.agg({"ts": "max"}).first()[0] or 0
     say("[3/5] computing tables")
     copy_rows = T.copies(events).cache()
@@ -118,7 +173,7 @@ def run(options: Options) -> dict:
         "latency": T.latency_per_topic(copy_rows),
         "subscribers": T.subscriber_backlog(copy_rows, events, now_ms,
                                             int(options.stale_after_s * 1000)),
-        "reconciliation": T.reconciliation(copy_rows, events),
+        "reconciliation": reconcile(events),
         "failures": T.failures(events),
     }
     say(f"[4/5] writing tables to {options.out}/tables")

@@ -36,7 +36,7 @@ def spark():
 def ev(event, ts, message_id=None, topic=None, subscriber=None, unique=None, count=None,
        reason=None, redelivered=False):
     return (event, ts, message_id, topic, subscriber, unique, count, reason, redelivered,
-            "test", None)
+            "test", None, None, None)  # keys: filled in by T.with_keys, as for old exports
 
 
 def published(mid, topic, ts, subs):
@@ -84,7 +84,7 @@ def test_latency_percentiles_per_topic(spark):
 
 def test_reconciliation_is_empty_when_nothing_was_lost(spark):
     events = frame(spark, good_ledger())
-    assert T.reconciliation(T.copies(events), events).collect() == []
+    assert T.reconciliation(events).collect() == []
 
 
 def test_reconciliation_finds_a_missing_a_duplicate_and_a_width_mismatch(spark):
@@ -99,15 +99,71 @@ def test_reconciliation_finds_a_missing_a_duplicate_and_a_width_mismatch(spark):
              ev("delivered", 6001, subscriber="news_a", unique="m4:a")]  # ... but 1 copy
     events = frame(spark, rows)
     found = sorted((r.kind, r.message_id, r.subscriber) for r in
-                   T.reconciliation(T.copies(events), events).collect())
+                   T.reconciliation(events).collect())
     assert found == [("duplicate", "m3", "news_a"), ("never_delivered", "m3", "news_b"),
                      ("width_mismatch", "m4", None)]
+
+
+def planted_problems():
+    rows = good_ledger()
+    rows += published("m3", "news", 5000, ["a", "b"])  # b never gets m3
+    rows += [ev("delivered", 5010 + i, subscriber="news_a", unique="m3:a") for i in range(2)]
+    rows += published("m4", "news", 6000, ["a"])
+    rows[-2] = ev("published", 6000, "m4", "news", count=3)  # says 3, makes 1
+    rows.append(ev("delivered", 6001, subscriber="news_a", unique="m4:a"))
+    return rows
+
+
+EXPECTED = [("duplicate", "m3", "news", "news_a", "m3:a", "delivered 2 times"),
+            ("never_delivered", "m3", "news", "news_b", "m3:b", "enqueued, no delivery recorded"),
+            ("width_mismatch", "m4", "news", None, None,
+             "published to 3 subscribers, 1 copies enqueued")]
+
+
+@pytest.mark.parametrize("broadcast", [True, False])
+def test_problem_names_are_the_same_broadcast_or_shuffled(spark, broadcast):
+    events = T.with_keys(frame(spark, planted_problems()))
+    table = T.name_problems(events, T.copy_problems(events), T.width_problems(events),
+                            broadcast=broadcast)
+    assert sorted(tuple(r) for r in table.collect()) == EXPECTED
+
+
+def test_the_jobs_reconcile_finds_the_planted_problems(spark):
+    from gearhorn.pipeline.job import reconcile
+
+    table = reconcile(T.with_keys(frame(spark, planted_problems())))
+    assert sorted(tuple(r) for r in table.collect()) == EXPECTED
+
+
+def test_exported_keys_are_sparks_xxhash64(spark):
+    """Rows exported with keys and rows without (older exports, hand-written
+    JSON Lines) must group together: both keys are the same function."""
+    from gearhorn.ledger import copy_key, message_key
+
+    pairs = [("news_a", "m1:a"), ("t\u00e9st_b", "@" + "f" * 32 + ":b"), ("x_y", "u" * 200)]
+    rows = [ev("enqueued", 1, f"m{i}", "t", sub, unique) for i, (sub, unique) in enumerate(pairs)]
+    keyed = T.with_keys(frame(spark, rows)).collect()
+    assert [(r.copy_key, r.message_key) for r in keyed] == [
+        (copy_key(r.subscriber, r.unique), message_key(r.message_id)) for r in keyed]
+    assert copy_key("news_a", None) is None and message_key(None) is None
+
+
+def test_a_copy_with_an_exported_key_meets_its_delivery_without_one(spark):
+    from gearhorn.ledger import copy_key, message_key
+
+    enqueued = list(ev("enqueued", 1, "m1", "news", "news_a", "m1:a"))
+    enqueued[-2:] = [copy_key("news_a", "m1:a"), message_key("m1")]
+    published_row = list(ev("published", 1, "m1", "news", count=1))
+    published_row[-1] = message_key("m1")
+    rows = [tuple(published_row), tuple(enqueued),
+            ev("delivered", 5, subscriber="news_a", unique="m1:a")]
+    assert T.reconciliation(frame(spark, rows)).collect() == []
 
 
 def test_untracked_subscribers_are_not_reported_as_losses(spark):
     rows = published("g1", "jobs", 1000, ["gearmanworker"])  # a plain Gearman consumer
     events = frame(spark, rows)
-    assert T.reconciliation(T.copies(events), events).collect() == []
+    assert T.reconciliation(events).collect() == []
     (sub,) = T.subscriber_backlog(T.copies(events), events, 10_000, 1000).collect()
     assert (sub.tracked, sub.backlog, sub.stale) == (False, 1, False)
 
@@ -154,3 +210,29 @@ def test_job_counts_malformed_rows_and_writes_the_report(spark, tmp_path):
     assert os.path.exists(tmp_path / "out" / "volume.png")
     recon = spark.read.parquet(str(tmp_path / "out" / "tables" / "reconciliation"))
     assert recon.count() == 0
+
+
+def test_a_ledger_of_old_and_new_exports_reconciles_as_one(spark, tmp_path):
+    """An export older than the key columns and a new one, in one folder: the
+    job computes the missing keys, so a copy enqueued in one and delivered in
+    the other is matched."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from gearhorn.ledger import _write_parquet, rows_from_entries
+    from gearhorn.pipeline.job import Options, load_events, reconcile, split_by_keys
+
+    day = tmp_path / "ledger" / "date=2026-11-22"
+    day.mkdir(parents=True)
+    old = [dict(zip(T.EVENT_SCHEMA.names[:11], row[:11], strict=True))
+           for row in published("m1", "news", 1000, ["a", "b"])]
+    pq.write_table(pa.Table.from_pylist(old), day / "part-old.parquet")
+    entries = [("2-0", {"e": "batch", "events": "attached\t1\tnews_a\n"
+                        "delivered\t2000\tnews_a\tm1:a\t\nattached\t1\tnews_b"})]
+    _write_parquet(str(day / "part-new.parquet"), list(rows_from_entries(entries)))
+    keyed, unkeyed = split_by_keys(sorted(str(p) for p in day.iterdir()))
+    assert [p.split("/")[-1] for p in keyed + unkeyed] == ["part-new.parquet",
+                                                          "part-old.parquet"]
+    events, malformed = load_events(spark, Options(str(tmp_path / "ledger"), ""))
+    found = [(r.kind, r.subscriber) for r in reconcile(events).collect()]
+    assert (found, malformed) == ([("never_delivered", "news_b")], 0)
