@@ -170,19 +170,31 @@ def run(options: Options) -> dict:
         spark.sparkContext.setLogLevel("ERROR")
     say(f"[2/5] reading {options.ledger}")
     events, malformed = load_events(spark, options)
-    events = events.cache()
+    # Not cached: each table reads only its columns again, which costs less
+    # than holding every name of every event in memory.
     now_ms = options.now_ms or events.agg({"ts": "max"}).first()[0] or 0
     say("[3/5] computing tables")
     copy_rows = T.copies(events).cache()
-    tables = {
-        "volume": T.volume_per_topic_hour(events),
-        "fanout_width": T.fanout_width(events),
-        "latency": T.latency_per_topic(copy_rows),
-        "subscribers": T.subscriber_backlog(copy_rows, events, now_ms,
-                                            int(options.stale_after_s * 1000)),
-        "reconciliation": reconcile(events),
-        "failures": T.failures(events),
-    }
+    reconciliation = reconcile(events)
+    try:
+        summary = _write_tables(options, say, events, malformed, {
+            "volume": T.volume_per_topic_hour(events),
+            "fanout_width": T.fanout_width(events),
+            "latency": T.latency_per_topic(copy_rows, events),
+            "subscribers": T.subscriber_backlog(copy_rows, events, now_ms,
+                                                int(options.stale_after_s * 1000)),
+            "reconciliation": reconciliation,
+            "failures": T.failures(events),
+        })
+    finally:  # a second run in this session must not find these cached
+        copy_rows.unpersist()
+        reconciliation.unpersist()
+    summary["seconds"] = round(time.monotonic() - started, 1)
+    return summary
+
+
+def _write_tables(options: Options, say, events, malformed: int, tables: dict) -> dict:
+    """Parquet tables, then the HTML report; returns the summary."""
     say(f"[4/5] writing tables to {options.out}/tables")
     for name, frame in tables.items():
         frame.write.mode("overwrite").parquet(os.path.join(options.out, "tables", name))
@@ -197,7 +209,6 @@ def run(options: Options) -> dict:
     # folder, else into ./gearhorn-report (tables still go to the URL).
     report_dir = options.out if "://" not in options.out else os.path.abspath("gearhorn-report")
     summary["report"] = write_report(report_dir, summary, small)
-    summary["seconds"] = round(time.monotonic() - started, 1)
     return summary
 
 

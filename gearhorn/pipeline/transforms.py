@@ -85,10 +85,11 @@ def fanout_width(events: DataFrame) -> DataFrame:
 def copies(events: DataFrame) -> DataFrame:
     """One row per copy: when enqueued, first delivered and acked, how often.
 
-    Columns: subscriber, unique, message_id, topic, enqueued_ts, enqueues,
-    delivered_ts, deliveries, redeliveries, acked_ts, acks. One aggregation
-    (one shuffle) rather than three and two joins: 30M events reconcile
-    several times faster (docs/benchmarks.rst).
+    Keyed events (:func:`with_keys`) in. Columns: subscriber, copy_key,
+    topic_key (``xxhash64(topic)``; :func:`latency_per_topic` names it),
+    enqueued_ts, enqueues, delivered_ts, deliveries, redeliveries, acked_ts,
+    acks. One aggregation whose values are all numbers, so Spark keeps it in
+    its hash map rather than sorting 30M rows (docs/benchmarks.rst).
     """
     event = F.col("event")
 
@@ -96,13 +97,12 @@ def copies(events: DataFrame) -> DataFrame:
         return F.when(event == kind, value)
 
     one = F.lit(1)
-    return (events.filter(event.isin("enqueued", "delivered", "acked"))
-            .groupBy("subscriber", "unique")
+    return (events.filter(event.isin("enqueued", "delivered", "acked")
+                          & F.col("copy_key").isNotNull())
+            .groupBy("subscriber", "copy_key")
             .agg(F.min(when("enqueued", F.col("ts"))).alias("enqueued_ts"),
                  F.count(when("enqueued", one)).alias("enqueues"),
-                 F.first(when("enqueued", F.col("message_id")), ignorenulls=True)
-                 .alias("message_id"),
-                 F.first(when("enqueued", F.col("topic")), ignorenulls=True).alias("topic"),
+                 F.max(when("enqueued", F.xxhash64("topic"))).alias("topic_key"),
                  F.min(when("delivered", F.col("ts"))).alias("delivered_ts"),
                  F.count(when("delivered", one)).alias("deliveries"),
                  F.count(F.when((event == "delivered") & F.col("redelivered"), one))
@@ -112,16 +112,18 @@ def copies(events: DataFrame) -> DataFrame:
             .filter(F.col("enqueues") > 0))  # queue messages are not fanout copies
 
 
-def latency_per_topic(copy_rows: DataFrame) -> DataFrame:
+def latency_per_topic(copy_rows: DataFrame, events: DataFrame) -> DataFrame:
     """topic, delivery and ack latency (ms from enqueue) at p50/p95/p99."""
     delivery = F.col("delivered_ts") - F.col("enqueued_ts")
     ack = F.col("acked_ts") - F.col("enqueued_ts")
     quantiles = [0.5, 0.95, 0.99]
-    aggregated = copy_rows.groupBy("topic").agg(
+    aggregated = copy_rows.groupBy("topic_key").agg(
         F.percentile_approx(delivery, quantiles, 10_000).alias("d"),
         F.percentile_approx(ack, quantiles, 10_000).alias("a"),
         F.count("delivered_ts").alias("delivered"), F.count("acked_ts").alias("acked"))
-    return aggregated.select(
+    names = (_of(events, "published").filter(F.col("topic").isNotNull())
+             .select(F.xxhash64("topic").alias("topic_key"), "topic").distinct())
+    return aggregated.join(names, "topic_key").select(
         "topic", "delivered", "acked",
         *[F.col("d")[i].alias(f"delivery_p{int(q * 100)}_ms") for i, q in enumerate(quantiles)],
         *[F.col("a")[i].alias(f"ack_p{int(q * 100)}_ms") for i, q in enumerate(quantiles)],

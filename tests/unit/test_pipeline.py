@@ -75,8 +75,10 @@ def test_fanout_width_distribution(spark):
 
 
 def test_latency_percentiles_per_topic(spark):
-    copies = T.copies(frame(spark, good_ledger()))
-    (news,) = [r for r in T.latency_per_topic(copies).collect() if r.topic == "news"]
+    events = T.with_keys(frame(spark, good_ledger()))
+    latency = T.latency_per_topic(T.copies(events), events).collect()
+    assert [r.topic for r in latency] == ["news", "weather"]
+    (news,) = [r for r in latency if r.topic == "news"]
     assert (news.delivered, news.acked) == (3, 3)
     assert news.delivery_p50_ms == 30 and news.delivery_p99_ms == 50
     assert news.ack_p50_ms == 35
@@ -162,7 +164,7 @@ def test_a_copy_with_an_exported_key_meets_its_delivery_without_one(spark):
 
 def test_untracked_subscribers_are_not_reported_as_losses(spark):
     rows = published("g1", "jobs", 1000, ["gearmanworker"])  # a plain Gearman consumer
-    events = frame(spark, rows)
+    events = T.with_keys(frame(spark, rows))
     assert T.reconciliation(events).collect() == []
     (sub,) = T.subscriber_backlog(T.copies(events), events, 10_000, 1000).collect()
     assert (sub.tracked, sub.backlog, sub.stale) == (False, 1, False)
@@ -172,7 +174,7 @@ def test_backlog_and_stale_subscribers(spark):
     rows = good_ledger() + published("m5", "news", 10_000, ["a", "b"])
     rows.append(ev("delivered", 10_010, subscriber="news_a", unique="m5:a"))
     rows.append(ev("acked", 10_020, subscriber="news_a", unique="m5:a"))
-    events = frame(spark, rows)
+    events = T.with_keys(frame(spark, rows))
     now = 10_000 + 60_000
     subs = {r.subscriber: r for r in
             T.subscriber_backlog(T.copies(events), events, now, stale_after_ms=30_000).collect()}
