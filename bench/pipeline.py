@@ -16,6 +16,12 @@ problems: 1 copy in 10,000 never delivered, 1 in 20,000 delivered twice,
 - the same reconciliation in DuckDB (2 threads) as the single-machine peer,
 
 and checks that Spark and DuckDB find the same problems.
+
+    python bench/pipeline.py --compare-gc     # cold 30M reconciliation, G1 vs parallel
+
+runs the reconciliation once in each of two fresh JVMs, one with G1 (Java's
+default) and one with the parallel collector (what ``gearhorn report``
+starts), on the same ledger, twice over, alternating.
 """
 
 from __future__ import annotations
@@ -170,11 +176,45 @@ def spark_reconcile(spark, path: str) -> tuple[dict, float]:
     return found, seconds
 
 
+def cold_reconcile(path: str, java_options: str) -> float:
+    """Seconds of a reconciliation as the first query of a new JVM."""
+    import subprocess
+
+    env = {**os.environ, "PYSPARK_SUBMIT_ARGS":
+           f"--driver-memory 6g --driver-java-options {java_options} pyspark-shell"}
+    code = ("import sys; sys.path.insert(0, 'bench'); import pipeline; "
+            "from gearhorn.pipeline.job import Options, spark_session; "
+            "spark = spark_session(Options('', '', master='local[2]', shuffle_partitions=8)); "
+            "spark.sparkContext.setLogLevel('ERROR'); "
+            f"print(pipeline.spark_reconcile(spark, {path!r})[1])")
+    out = subprocess.run([sys.executable, "-c", code], env=env, check=True, text=True,
+                         capture_output=True, cwd=os.path.join(os.path.dirname(__file__), ".."))
+    return float(out.stdout.strip().splitlines()[-1])
+
+
+def compare_gc(rows: int) -> None:
+    tmp = tempfile.mkdtemp(prefix="gearhorn-bench-")
+    try:
+        path = os.path.join(tmp, "ledger")
+        generate(path, rows)
+        print(f"cold reconciliation of {rows:,} rows, each in a new JVM:", flush=True)
+        for _ in range(2):
+            for name, flag in (("G1", "-XX:+UseG1GC"), ("parallel", "-XX:+UseParallelGC")):
+                print(f"  {name:>8} {cold_reconcile(path, flag):6.1f}s", flush=True)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, action="append",
                         help="ledger rows (repeatable; default 1M, 10M, 30M)")
+    parser.add_argument("--compare-gc", action="store_true",
+                        help="cold reconciliation with G1 and with the parallel collector")
     args = parser.parse_args()
+    if args.compare_gc:
+        compare_gc((args.rows or [30_000_000])[-1])
+        return
     sizes = args.rows or [1_000_000, 10_000_000, 30_000_000]
     os.environ.setdefault("PYSPARK_SUBMIT_ARGS", "--driver-memory 6g pyspark-shell")
     from gearhorn.pipeline.job import Options, run, spark_session

@@ -28,8 +28,7 @@ BROADCAST_PROBLEMS = 1_000_000
 
 # The JVM gearhorn starts itself (``gearhorn report``, not spark-submit) runs
 # a batch job on few cores: the throughput collector beat G1 on 2 cores
-# (a cold 30M-row reconciliation in about 23 s instead of 30 s, measured by
-# hand; the issue note has the runs).
+# (``bench/pipeline.py --compare-gc``, docs/benchmarks.rst).
 LOCAL_JAVA_OPTIONS = "-XX:+UseParallelGC"
 
 
@@ -85,9 +84,18 @@ def spark_session(options: Options):
                .config("spark.sql.session.timeZone", "UTC"))
     if options.master:
         builder = builder.master(options.master)
-    if "PYSPARK_GATEWAY_PORT" not in os.environ:  # no JVM yet: this process starts it
+    if _starts_its_own_jvm():
         builder = builder.config("spark.driver.extraJavaOptions", LOCAL_JAVA_OPTIONS)
     return builder.getOrCreate()
+
+
+def _starts_its_own_jvm() -> bool:
+    """True when this process will launch the JVM and nobody chose its Java
+    options (spark-submit sets PYSPARK_GATEWAY_PORT; a user may set them in
+    PYSPARK_SUBMIT_ARGS)."""
+    submit_args = os.environ.get("PYSPARK_SUBMIT_ARGS", "")
+    chosen = "--driver-java-options" in submit_args or "extraJavaOptions" in submit_args
+    return "PYSPARK_GATEWAY_PORT" not in os.environ and not chosen
 
 
 def load_events(spark, options: Options):
