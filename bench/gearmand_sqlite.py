@@ -25,7 +25,7 @@ from gearhorn import gearman, servers  # noqa: E402
 
 
 def measure(jobs: int, data_dir: str, sqlite: bool) -> tuple[float, float]:
-    gm = servers.start_gearmand(data_dir=data_dir, sqlite_queue=sqlite)
+    gm = servers.start_gearmand(data_dir=data_dir, queue="sqlite" if sqlite else "none")
     try:
         client = gearman.Client([(gm.host, gm.port)])
         start = time.perf_counter()

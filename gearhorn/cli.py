@@ -45,6 +45,19 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--processes", type=int, metavar="N")
     up.add_argument("--data-dir", metavar="DIR",
                     help="where the started Redis and gearmand keep data (default .gearhorn)")
+    up.add_argument("--persistence", choices=("redis", "sqlite", "none"),
+                    help="how gearmand keeps queued jobs across a crash (default redis)")
+    up.add_argument("--no-persistence", dest="persistence", action="store_const",
+                    const="none", help="keep queued jobs in memory only: faster, and a "
+                                       "gearmand crash loses them")
+
+    mend = sub.add_parser("replay", parents=[common],
+                          help="around a start of gearmand -q redis: hold the queued jobs "
+                               "gearmand 1.1.20 would replay wrong, resubmit them after")
+    mend.add_argument("step", choices=("hold", "resubmit"),
+                      help="hold: before gearmand starts; resubmit: once it listens")
+    mend.add_argument("--queue-redis-url", metavar="URL",
+                      help="the Redis of gearmand's queue (default redis://127.0.0.1:6380/0)")
 
     bridge = sub.add_parser("bridge", parents=[common], help="run the STOMP bridge")
     bridge.add_argument("--host", help="address to listen on (default 127.0.0.1)")
@@ -114,6 +127,8 @@ def load_config(args: argparse.Namespace) -> Config:
     flags = {"gearman_servers": servers, "redis_url": args.redis_url,
              "log_level": args.log_level, "processes": getattr(args, "processes", None),
              "data_dir": getattr(args, "data_dir", None),
+             "persistence": getattr(args, "persistence", None),
+             "queue_redis_url": getattr(args, "queue_redis_url", None),
              "bridge_host": getattr(args, "host", None), "bridge_port": getattr(args, "port", None)}
     return configuration.load(flags, args.config)
 
@@ -171,6 +186,29 @@ def cmd_up(config: Config, args: argparse.Namespace) -> int:
         return Embedded(config).run()
     except ServerError as exc:
         raise CommandError(str(exc)) from None
+
+
+def cmd_replay(config: Config, args: argparse.Namespace) -> int:
+    import redis
+
+    from gearhorn import gearman, replay
+    from gearhorn.keys import Keys
+
+    keys = Keys(config.key_prefix, config.matchmaking_channel)
+    queue = redis.Redis.from_url(config.queue_redis_url, socket_timeout=60)
+    try:
+        dashed = replay.DashedFunctions(redis.Redis.from_url(config.redis_url), keys).load()
+        if args.step == "hold":
+            print(f"held {replay.hold(queue, dashed, keys):,} jobs")
+            return 0
+        client = gearman.Client(config.gearman_servers, connect_timeout=60)
+        try:
+            print(f"resubmitted {replay.resubmit(queue, dashed, keys, client):,} jobs")
+        finally:
+            client.close()
+    except (redis.RedisError, gearman.GearmanError) as exc:
+        raise CommandError(str(exc)) from None
+    return 0
 
 
 def _producer(config: Config):

@@ -21,6 +21,9 @@ ENV_PREFIX = "GEARHORN_"
 _ENV_ALIASES = {"gearman_servers": "GEARHORN_GEARMAN"}
 
 
+PERSISTENCE = ("redis", "sqlite", "none")
+
+
 class ConfigError(ValueError):
     """A setting that cannot be used; the message names the setting and source."""
 
@@ -52,6 +55,13 @@ class Config:
     log_level: str = "INFO"
     # Used by `gearhorn up`: where the Redis and gearmand it starts keep data.
     data_dir: str = ".gearhorn"
+    # How `gearhorn up` makes gearmand keep queued jobs: "redis" (its redis
+    # queue, in a Redis of its own with AOF), "sqlite", or "none" (memory only:
+    # fastest, and a gearmand crash loses every queued copy). docs/reliability.rst.
+    persistence: str = "redis"
+    # The Redis that holds gearmand's queue with persistence = redis
+    # (gearmand's plugin uses database 0); gearhorn up starts it when absent.
+    queue_redis_url: str = "redis://127.0.0.1:6380/0"
     # The STOMP bridge.
     bridge_host: str = "127.0.0.1"
     bridge_port: int = 61613
@@ -197,6 +207,9 @@ def load(
     values.update(_from_env(env))
     values.update({k: v for k, v in (flags or {}).items() if v is not None})
     config = Config(**values)
+    if config.persistence not in PERSISTENCE:
+        raise ConfigError(f"persistence must be one of {', '.join(PERSISTENCE)}, "
+                          f"got {config.persistence!r}")
     tls = [config.gearman_tls_ca, config.gearman_tls_cert, config.gearman_tls_key]
     if any(tls) and not all(tls):
         raise ConfigError("gearman_tls_ca, gearman_tls_cert and gearman_tls_key go together: "

@@ -10,13 +10,14 @@ the configured address is used as it is. Started servers keep their data in
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from urllib.parse import urlparse
 
 import redis
 
-from gearhorn import gearman, servers
+from gearhorn import gearman, replay, servers
 from gearhorn.config import Config, to_env
 from gearhorn.keys import Keys
 from gearhorn.pool import Pool
@@ -26,11 +27,21 @@ log = logging.getLogger(__name__)
 _LOOPBACK = {"127.0.0.1", "localhost", "::1"}
 
 
+_PERSISTENCE_NOTES = {
+    "redis": "durable: gearmand's redis queue in {url} (AOF), survives kill -9 of everything",
+    "sqlite": "durable: gearmand's sqlite queue in {dir}/gearmand.sqlite (slow: ~1,300 jobs/s)",
+    "none": "NONE: queued copies are lost if gearmand stops (--persistence redis keeps them)",
+}
+
+
 class Embedded:
     def __init__(self, config: Config) -> None:
         self.config = config
         self.started: list[servers.Managed] = []
         self.notes: dict[str, str] = {}
+        self.gearmand: servers.Managed | None = None
+        self.queue_redis: servers.Managed | None = None
+        self._stopping = threading.Event()
 
     def run(self) -> int:
         try:
@@ -38,10 +49,43 @@ class Embedded:
             self._ensure_gearman()
             self._ensure_bridge()
             threading.Thread(target=self._announce_when_ready, daemon=True).start()
+            threading.Thread(target=self._restart_crashed, daemon=True).start()
             return Pool(self.config).run()
         finally:
+            self._stopping.set()
             for server in reversed(self.started):
                 server.stop()
+
+    def _keys(self) -> Keys:
+        return Keys(self.config.key_prefix, self.config.matchmaking_channel)
+
+    def _registry_redis(self) -> redis.Redis:
+        return redis.Redis.from_url(self.config.redis_url, socket_timeout=30)
+
+    def _restart_crashed(self) -> None:
+        """Start gearmand again when it, or the Redis holding its queue, crashed
+        (a clean exit is a stop someone asked for). gearmand 1.1.20 never
+        reconnects to its queue's Redis, so a restarted Redis restarts gearmand."""
+        while not self._stopping.wait(0.5):
+            queue_crashed = _crashed(self.queue_redis)
+            if not (queue_crashed or _crashed(self.gearmand)):
+                continue
+            log.warning("%s crashed: starting it again", "gearmand's queue Redis"
+                        if queue_crashed else "gearmand")
+            try:
+                if queue_crashed:
+                    self._replace(self.queue_redis, self._start_queue_redis())
+                self.gearmand.stop()
+                self._replace(self.gearmand, self._start_gearmand(self.gearmand.port))
+            except (servers.ServerError, redis.RedisError, gearman.GearmanError) as exc:
+                log.error("could not restart gearmand: %s (trying again)", exc)
+
+    def _replace(self, old: servers.Managed, new: servers.Managed) -> None:
+        self.started[self.started.index(old)] = new
+        if old is self.gearmand:
+            self.gearmand = new
+        else:
+            self.queue_redis = new
 
     def _ensure_redis(self) -> None:
         url = urlparse(self.config.redis_url)
@@ -58,16 +102,59 @@ class Embedded:
         host, port = self.config.gearman_servers[0]
         if servers.is_listening(host, port):
             self.notes["gearman"] = "already running, used as is"
+            self.notes["persistence"] = "whatever the running gearmand was started with"
             return
         if host not in _LOOPBACK:
             raise servers.ServerError(f"gearmand at {host}:{port} is not reachable")
-        if servers.find_binary("gearmand"):
-            self.started.append(servers.start_gearmand(port, self.config.data_dir))
-            version = " ".join(gearman.admin(host, port, "version"))
-            self.notes["gearman"] = f"started gearmand ({version})"
-        else:
+        if not servers.find_binary("gearmand"):
             self.started.append(servers.start_gear_server(port, self.config.data_dir))
             self.notes["gearman"] = "started gear.Server (gearmand is not installed)"
+            self.notes["persistence"] = "none: gear.Server keeps jobs in memory only"
+            return
+        if self.config.persistence == "redis":
+            self._ensure_queue_redis()
+        self.gearmand = self._start_gearmand(port)
+        self.started.append(self.gearmand)
+        version = " ".join(gearman.admin(host, port, "version"))
+        self.notes["gearman"] = f"started gearmand ({version})"
+        self.notes["persistence"] = _PERSISTENCE_NOTES[self.config.persistence].format(
+            url=self.config.queue_redis_url, dir=self.config.data_dir)
+
+    def _ensure_queue_redis(self) -> None:
+        url = urlparse(self.config.queue_redis_url)
+        host, port = url.hostname or "127.0.0.1", url.port or 6379
+        if servers.is_listening(host, port):
+            return
+        if host not in _LOOPBACK:
+            raise servers.ServerError(f"the Redis for gearmand's queue at {host}:{port} "
+                                      "is not reachable")
+        self.queue_redis = self._start_queue_redis()
+        self.started.append(self.queue_redis)
+
+    def _start_queue_redis(self) -> servers.Managed:
+        port = urlparse(self.config.queue_redis_url).port or 6379
+        return servers.start_redis(port, os.path.join(self.config.data_dir, "gearmand-queue"),
+                                   appendonly=True)
+
+    def _start_gearmand(self, port: int) -> servers.Managed:
+        """gearmand with the configured queue; with the redis queue, the jobs it
+        would replay wrong are held before and resubmitted after (replay.py)."""
+        if self.config.persistence != "redis":
+            return servers.start_gearmand(port, self.config.data_dir,
+                                          queue=self.config.persistence)
+        url = urlparse(self.config.queue_redis_url)
+        queue = redis.Redis.from_url(self.config.queue_redis_url, socket_timeout=60)
+        dashed = replay.DashedFunctions(self._registry_redis(), self._keys()).load()
+        replay.hold(queue, dashed, self._keys())
+        started = servers.start_gearmand(port, self.config.data_dir, queue="redis",
+                                         queue_redis=(url.hostname or "127.0.0.1",
+                                                      url.port or 6379))
+        client = gearman.Client([(servers.HOST, port)], connect_timeout=60)
+        try:
+            replay.resubmit(queue, dashed, self._keys(), client)
+        finally:
+            client.close()
+        return started
 
     def _ensure_bridge(self) -> None:
         host, port = self.config.bridge_host, self.config.bridge_port
@@ -91,6 +178,10 @@ class Embedded:
         print(banner(self.config, self.notes), flush=True)
 
 
+def _crashed(server: servers.Managed | None) -> bool:
+    return server is not None and server.process.poll() not in (None, 0)
+
+
 def banner(config: Config, notes: dict[str, str]) -> str:
     host, port = config.gearman_servers[0]
     g = f"gearman -h {host} -p {port}"
@@ -98,6 +189,7 @@ def banner(config: Config, notes: dict[str, str]) -> str:
 gearhorn is up.
   redis     {config.redis_url}  ({notes.get('redis', '')})
   gearman   {host}:{port}  ({notes.get('gearman', '')})
+  queue     {notes.get('persistence', '')}
   stomp     {config.bridge_host}:{config.bridge_port}  ({notes.get('stomp', '')})
   workers   {config.processes} processes
 

@@ -35,6 +35,7 @@ from gearhorn.messages import (
     parse_subscription,
 )
 from gearhorn.registry import Recipient, Registry, new_worker_id
+from gearhorn.replay import DashedFunctions
 
 log = logging.getLogger(__name__)
 
@@ -239,7 +240,9 @@ class WorkerProcess:
         keys = Keys(config.key_prefix, config.matchmaking_channel)
         self.registry = Registry(self.redis, keys)
         self.cache = SubscriberCache(self.registry, config.cache_size)
-        self.client = gearman.Client(config.gearman_servers, batch=config.submit_batch)
+        dashed = DashedFunctions(self.redis, keys)
+        self.client = gearman.Client(config.gearman_servers, batch=config.submit_batch,
+                                     before_background=dashed.record)
         self.ledger = Ledger(self.redis, keys, config.ledger_maxlen, config.ledger_enabled,
                              source=self.worker_id)
         self.service = FanoutService(config, self.registry, self.cache, self.client,
@@ -247,7 +250,8 @@ class WorkerProcess:
         self.flusher = Flusher(self.ledger)
         # Due delayed messages go out from a thread of their own, with their
         # own Gearman connection (a Client is not shared between threads).
-        self.release_client = gearman.Client(config.gearman_servers, batch=config.submit_batch)
+        self.release_client = gearman.Client(config.gearman_servers, batch=config.submit_batch,
+                                             before_background=dashed.record)
         releasing = FanoutService(config, self.registry, self.cache, self.release_client,
                                   self.ledger)
         self.releaser = Releaser(releasing.scheduler, releasing.release,

@@ -17,7 +17,7 @@ import struct
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import gear
@@ -391,12 +391,16 @@ class Client:
     """
 
     def __init__(self, servers: Sequence[tuple[str, int]], batch: int = 1000,
-                 connect_timeout: float = 5.0) -> None:
+                 connect_timeout: float = 5.0,
+                 before_background: Callable[[Iterable[str]], None] | None = None) -> None:
         if not servers:
             raise ValueError("at least one gearmand server is needed")
         self.connections = [Connection(h, p, connect_timeout) for h, p in servers]
         self.batch = batch
         self._next = 0
+        # Told the functions of every background batch before it is sent
+        # (gearhorn/replay.py records names gearmand's redis queue misreads).
+        self.before_background = before_background
 
     def close(self) -> None:
         for conn in self.connections:
@@ -409,6 +413,8 @@ class Client:
 
     def submit_background(self, copies: Sequence[Copy], precedence: str = "normal") -> int:
         """Submit background jobs; returns once gearmand accepted them all."""
+        if self.before_background is not None:
+            self.before_background({c.function for c in copies})
         self._submit(copies, background=True, precedence=precedence)
         return len(copies)
 

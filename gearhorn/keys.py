@@ -27,6 +27,11 @@ All keys start with the configured prefix (default ``gearhorn:``):
                                 only be sent to one of these
 ``<p>ledger``                   stream: the delivery ledger (gearhorn/ledger.py),
                                 trimmed to about ``ledger_maxlen`` entries
+``<p>dashed-functions``         set: Gearman functions with a ``-`` that gearhorn
+                                submitted background jobs to (gearhorn/replay.py)
+``<p>held:<key>``               hash, in gearmand's queue Redis: a queued job moved
+                                out of gearmand's sight until gearhorn resubmits
+                                it (gearhorn/replay.py)
 ==============================  ====================================================
 
 The matchmaking channel (default ``__matchmaking``, not prefixed so other
@@ -88,3 +93,10 @@ class Keys:
 
     def worker(self, worker_id: str) -> str:
         return f"{self.prefix}worker:{worker_id}"
+
+    @property
+    def dashed_functions(self) -> str:
+        return self.prefix + "dashed-functions"
+
+    def held_job(self, queue_key: bytes) -> bytes:
+        return f"{self.prefix}held:".encode() + queue_key

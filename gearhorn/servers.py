@@ -147,26 +147,44 @@ GEARMAND_HASH_BUCKETS = 1_000_003
 
 
 def start_gearmand(port: int | None = None, data_dir: str | None = None,
-                   sqlite_queue: bool = False, threads: int = 0,
-                   hash_buckets: int = GEARMAND_HASH_BUCKETS) -> Managed:
-    """The C gearmand on 127.0.0.1; ``sqlite_queue`` persists background jobs."""
+                   queue: str = "none", queue_redis: tuple[str, int] | None = None,
+                   threads: int = 0, hash_buckets: int = GEARMAND_HASH_BUCKETS) -> Managed:
+    """The C gearmand on 127.0.0.1.
+
+    ``queue`` says where it keeps background jobs: ``"redis"`` (its redis
+    queue in the Redis at ``queue_redis``), ``"sqlite"`` (a file in
+    ``data_dir``) or ``"none"`` (memory only).
+    """
     binary = find_binary("gearmand")
     if binary is None:
         raise ServerError("gearmand not found: apt-get install gearman-job-server")
     port = port or free_port()
     argv = [binary, "--listen", HOST, "--port", str(port), "--threads", str(threads),
             "--log-file", "stderr", "--verbose", "WARNING",
-            "--hashtable-buckets", str(hash_buckets)]
+            "--hashtable-buckets", str(hash_buckets), *queue_options(queue, data_dir, queue_redis)]
     log_path = None
     if data_dir:
         os.makedirs(data_dir, exist_ok=True)
         log_path = os.path.join(data_dir, "gearmand.log")
-        if sqlite_queue:
-            db = os.path.join(os.path.abspath(data_dir), "gearmand.sqlite")
-            argv += ["--queue-type", "libsqlite3", "--libsqlite3-db", db]
-    elif sqlite_queue:
-        raise ServerError("a sqlite queue needs a data_dir")
     return _spawn("gearmand", argv, port, log_path)
+
+
+def queue_options(queue: str, data_dir: str | None = None,
+                  queue_redis: tuple[str, int] | None = None) -> list[str]:
+    """gearmand's command-line options for a persistent queue (docs/reliability.rst)."""
+    if queue == "redis":
+        if queue_redis is None:
+            raise ServerError("a redis queue needs the address of its Redis")
+        return ["--queue-type", "redis", "--redis-server", queue_redis[0],
+                "--redis-port", str(queue_redis[1])]
+    if queue == "sqlite":
+        if not data_dir:
+            raise ServerError("a sqlite queue needs a data_dir")
+        db = os.path.join(os.path.abspath(data_dir), "gearmand.sqlite")
+        return ["--queue-type", "libsqlite3", "--libsqlite3-db", db]
+    if queue == "none":
+        return []
+    raise ServerError(f"unknown gearmand queue {queue!r}")
 
 
 def start_gear_server(port: int | None = None, data_dir: str | None = None,

@@ -36,6 +36,7 @@ from gearhorn.janitor import BridgeLiveness, queue_entry, topic_entry
 from gearhorn.ledger import Ledger
 from gearhorn.messages import BadRequest, Subscription, copy_unique, validate_topic
 from gearhorn.registry import Registry
+from gearhorn.replay import DashedFunctions
 from gearhorn.stomp.auth import Credentials, Principal
 from gearhorn.stomp.sending import PLAIN, SendOptions
 
@@ -357,7 +358,8 @@ class Broker:
         self.scheduler = Scheduler(registry.redis, registry.keys, config.delay_shard_seconds,
                                    config.delay_lease)
         # The bridge's own jobs (dead letters, replies) share one client, one at a time.
-        self._client = gearman.Client(config.gearman_servers)
+        self.dashed = DashedFunctions(registry.redis, registry.keys)
+        self._client = self.new_client()
         self._client_lock = gevent.lock.Semaphore()
         # Five times a worker's: the janitor removes a bridge's subscriptions
         # only when it is surely dead, not merely busy for a few seconds.
@@ -365,6 +367,10 @@ class Broker:
         self._flush_soon = False
         self._ledger_flusher = gevent.spawn(self._flush_ledger_forever)
         self._heart = gevent.spawn(self._heartbeats)
+
+    def new_client(self) -> gearman.Client:
+        """A Gearman client for one connection's jobs."""
+        return gearman.Client(self.config.gearman_servers, before_background=self.dashed.record)
 
     def authenticate(self, login: str | None, passcode: str | None) -> Principal | None:
         """Check a CONNECT's login in a thread (a hash costs ~0.05 s of CPU that

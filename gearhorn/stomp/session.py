@@ -165,7 +165,7 @@ class Session:
     @property
     def gearman(self) -> gearman.Client:
         if self._gearman is None:
-            self._gearman = gearman.Client(self.broker.config.gearman_servers)
+            self._gearman = self.broker.new_client()
         return self._gearman
 
     # -- entry points ------------------------------------------------------------

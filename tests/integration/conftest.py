@@ -124,7 +124,7 @@ class Restartable:
     def __init__(self, data_dir):
         self.gearmand_dir = os.path.join(data_dir, "gearmand")
         self.redis_dir = os.path.join(data_dir, "redis")
-        self.gearmand = servers.start_gearmand(data_dir=self.gearmand_dir, sqlite_queue=True)
+        self.gearmand = servers.start_gearmand(data_dir=self.gearmand_dir, queue="sqlite")
         self.redis = servers.start_redis(data_dir=self.redis_dir, appendonly=True)
         self.redis_url = self.redis.details["url"]
 
@@ -134,7 +134,7 @@ class Restartable:
 
     def start_gearmand(self):
         self.gearmand = servers.start_gearmand(port=self.gearmand.port,
-                                               data_dir=self.gearmand_dir, sqlite_queue=True)
+                                               data_dir=self.gearmand_dir, queue="sqlite")
 
     def restart_redis(self):
         self.redis.stop()

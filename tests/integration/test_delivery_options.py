@@ -121,7 +121,7 @@ def test_a_delayed_fanout_reaches_a_sleeping_gearman_worker_on_time(gearmand, st
 def test_a_delayed_message_survives_a_gearmand_restart_with_its_sqlite_queue(
         redis_url, start_pool, tmp_path, gearman_cli_tool):
     data_dir = str(tmp_path / "gearmand")
-    gearmand = servers.start_gearmand(data_dir=data_dir, sqlite_queue=True)
+    gearmand = servers.start_gearmand(data_dir=data_dir, queue="sqlite")
     try:
         start_pool([gearmand], processes=1)
         topic = unique_topic()
@@ -131,7 +131,7 @@ def test_a_delayed_message_survives_a_gearmand_restart_with_its_sqlite_queue(
         fanout(gearmand, topic=topic, payload="queued\n", background=True)
         gearmand.stop()
         gearmand = servers.start_gearmand(port=gearmand.port, data_dir=data_dir,
-                                          sqlite_queue=True)
+                                          queue="sqlite")
         # The copy queued before the restart came back from sqlite; the delayed
         # one was in Redis and arrives after its time.
         assert work(gearmand, f"{topic}_cli", 1) == ["queued"]

@@ -62,6 +62,9 @@ class FakeBroker:
         self.logins = getattr(self, "logins", []) + [login]
         return self.principal if passcode != "Wr0ngPass" else None
 
+    def new_client(self):
+        return gearman.Client(self.config.gearman_servers)
+
     def record(self, event, subscriber, unique="", redelivered=False):
         self.ledger = getattr(self, "ledger", []) + [(event, subscriber, unique)]
 

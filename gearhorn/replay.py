@@ -1,0 +1,174 @@
+"""Making gearmand's redis queue give back exactly what it was given.
+
+gearmand ``-q redis`` keeps each background job in a Redis hash named
+``<prefix>-<function>-<unique>`` (fields ``data`` and ``priority``) and, when
+it starts, replays every such key. gearmand 1.1.20 (Debian 12's) parses the
+name with ``sscanf("%[^-]-%[^-]-%[^*]")`` and copies the data with
+``strdup``, so, as measured in tests/integration/test_durable.py:
+
+- a function with a ``-`` comes back as the part before its first ``-``, the
+  rest glued to the unique: ``price-feed_alice`` / ``m1:al-ice`` is replayed
+  as ``price`` / ``feed_alice-m1:al-ice`` (wrong queue, wrong consumer);
+- a unique with a ``*`` is cut there;
+- data is cut at its first NUL byte.
+
+gearhorn mends that around gearmand's start, in two steps that are safe to
+repeat (a crash between them loses nothing):
+
+1. :func:`hold`, before gearmand starts: every job key that gearmand would
+   replay wrong is renamed out of its sight (``<gearhorn prefix>held:<key>``).
+2. :func:`resubmit`, once gearmand listens: each held job is submitted again
+   with its real function, unique, data and priority (gearmand writes its key
+   anew), then the held key is deleted.
+
+A key alone cannot tell where a function with a ``-`` ends, so every gearhorn
+process records such function names in the registry before it first submits
+a background job to one (:class:`DashedFunctions`).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Collection, Iterable, Iterator
+from dataclasses import dataclass
+
+import redis
+
+from gearhorn import gearman
+from gearhorn.keys import Keys
+
+log = logging.getLogger(__name__)
+
+# gearmand's default --redis-prefix; gearhorn starts gearmand with it.
+GEARMAND_PREFIX = b"_gear_"
+_PRECEDENCE = {0: "high", 1: "normal", 2: "low"}  # gearmand's priority numbers
+_SCAN_COUNT = 1000
+
+# Returns the 1-based positions of the KEYS whose job data holds a NUL byte.
+_FIND_NUL = """
+local found = {}
+for i, key in ipairs(KEYS) do
+  local data = redis.call('HGET', key, 'data')
+  if data and string.find(data, '\\0', 1, true) then found[#found + 1] = i end
+end
+return found
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class QueuedJob:
+    """One job as gearmand's queue stores it."""
+
+    function: bytes
+    unique: bytes
+
+
+def split_key(key: bytes, dashed: Collection[bytes],
+              prefix: bytes = GEARMAND_PREFIX) -> QueuedJob | None:
+    """The job a queue key stands for; None for a key that is not gearmand's.
+
+    The function is the longest recorded name with a ``-`` that the key's body
+    starts with, else the body up to its first ``-`` (as gearmand reads it).
+    """
+    head = prefix + b"-"
+    if not key.startswith(head):
+        return None
+    body = key[len(head):]
+    cut = -1
+    for at, char in enumerate(body):
+        if char == 0x2D and body[:at] in dashed:  # "-"
+            cut = at
+    if cut < 0:
+        cut = body.find(b"-")
+        if cut < 0:
+            return None
+    return QueuedJob(body[:cut], body[cut + 1:])
+
+
+def replayed_wrong(job: QueuedJob, data_has_nul: bool) -> bool:
+    """Whether gearmand 1.1.20 would replay ``job`` as something else."""
+    return b"-" in job.function or b"*" in job.unique or data_has_nul
+
+
+class DashedFunctions:
+    """The registry's set of function names with a ``-`` that gearhorn
+    submitted background jobs to; each process adds a name once."""
+
+    def __init__(self, client: redis.Redis, keys: Keys) -> None:
+        self.client = client
+        self.key = keys.dashed_functions
+        self._known: set[str] = set()
+
+    def record(self, functions: Iterable[str]) -> None:
+        """Add the new names among ``functions`` before any job is submitted
+        to them (called by :class:`gearman.Client` for background jobs)."""
+        new = {f for f in functions if "-" in f and f not in self._known}
+        if new:
+            self.client.sadd(self.key, *new)
+            self._known |= new
+
+    def load(self) -> set[bytes]:
+        return set(self.client.smembers(self.key))
+
+
+def hold(queue: redis.Redis, dashed: Collection[bytes], keys: Keys,
+         prefix: bytes = GEARMAND_PREFIX) -> int:
+    """Step 1, before gearmand starts: move aside every job key gearmand
+    would replay wrong; returns how many."""
+    find_nul = queue.register_script(_FIND_NUL)
+    held = 0
+    for batch in _scan(queue, prefix + b"-*"):
+        with_nul = {batch[i - 1] for i in find_nul(keys=batch)}
+        pipe = queue.pipeline(transaction=False)
+        for key in batch:
+            job = split_key(key, dashed, prefix)
+            if job is not None and replayed_wrong(job, key in with_nul):
+                pipe.rename(key, keys.held_job(key))
+                held += 1
+        pipe.execute()
+    if held:
+        log.info("held %d queued jobs that gearmand would replay wrong", held)
+    return held
+
+
+def resubmit(queue: redis.Redis, dashed: Collection[bytes], keys: Keys,
+             client: gearman.Client, prefix: bytes = GEARMAND_PREFIX) -> int:
+    """Step 2, once gearmand listens: submit every held job again, then drop
+    its held key; returns how many."""
+    done = 0
+    for batch in _scan(queue, keys.held_job(b"*")):
+        pipe = queue.pipeline(transaction=False)
+        for key in batch:
+            pipe.hgetall(key)
+        by_precedence: dict[str, list[tuple[bytes, gearman.Copy]]] = {}
+        for key, fields in zip(batch, pipe.execute(), strict=True):
+            copy, precedence = _copy(key[len(keys.held_job(b"")):], fields, dashed, prefix)
+            if copy is not None:
+                by_precedence.setdefault(precedence, []).append((key, copy))
+        for precedence, items in by_precedence.items():
+            client.submit_background([copy for _, copy in items], precedence)
+            queue.delete(*[key for key, _ in items])
+            done += len(items)
+    if done:
+        log.info("resubmitted %d held jobs to gearmand", done)
+    return done
+
+
+def _copy(key: bytes, fields: dict[bytes, bytes], dashed: Collection[bytes],
+          prefix: bytes) -> tuple[gearman.Copy | None, str]:
+    job = split_key(key, dashed, prefix)
+    if job is None or b"data" not in fields:
+        log.error("held key %r is not a gearmand job; left in place", key)
+        return None, "normal"
+    precedence = _PRECEDENCE.get(int(fields.get(b"priority", b"1")), "normal")
+    return gearman.Copy(job.function.decode(), job.unique.decode(), fields[b"data"]), precedence
+
+
+def _scan(client: redis.Redis, pattern: bytes) -> Iterator[list[bytes]]:
+    cursor = 0
+    while True:
+        cursor, found = client.scan(cursor, match=pattern, count=_SCAN_COUNT)
+        if found:
+            yield list(found)
+        if cursor == 0:
+            return
