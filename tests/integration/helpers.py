@@ -152,6 +152,24 @@ def _get_job(worker, timeout):
         timer.cancel()
 
 
+def drain_jobs(server, function):
+    """Every job in ``function`` (gearhorn.gearman.GrabbedJob), taken in bursts
+    and completed, until gearmand reports the queue empty."""
+    worker = gearman.WorkerConnection(server.host, server.port, [function], "tests-drain")
+    worker.open()
+    got = []
+    try:
+        while True:
+            jobs = worker.grab(64)
+            for job in jobs:
+                got.append(job)
+                worker.complete(job.handle)
+            if not jobs and queue_depth(server, function) == 0:
+                return got
+    finally:
+        worker.close()
+
+
 def queue_depth(server, function):
     for f in gearman.status(server.host, server.port):
         if f.name == function:

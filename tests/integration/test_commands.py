@@ -70,14 +70,15 @@ def test_unreachable_gearmand_is_a_clear_error():
 
 
 def test_up_starts_everything_and_stops_it_on_ctrl_c(tmp_path, redis_server, gearman_cli_tool):
-    redis_port, gearman_port, stomp_port = (servers.free_port() for _ in range(3))
+    redis_port, gearman_port, stomp_port, queue_port = (servers.free_port() for _ in range(4))
     log = open(tmp_path / "up.log", "wb")  # noqa: SIM115
     up = subprocess.Popen(
         [sys.executable, "-m", "gearhorn", "up", "--processes", "2",
          "--data-dir", str(tmp_path / "data"),
          "--redis-url", f"redis://127.0.0.1:{redis_port}/0",
          "--gearman", f"127.0.0.1:{gearman_port}"],
-        env=dict(os.environ, GEARHORN_BRIDGE_PORT=str(stomp_port)),
+        env=dict(os.environ, GEARHORN_BRIDGE_PORT=str(stomp_port),
+                 GEARHORN_QUEUE_REDIS_URL=f"redis://127.0.0.1:{queue_port}/0"),
         stdout=log, stderr=subprocess.STDOUT, preexec_fn=servers._die_with_parent)
     try:
         text = lambda: (tmp_path / "up.log").read_text()  # noqa: E731
@@ -106,4 +107,5 @@ def test_up_starts_everything_and_stops_it_on_ctrl_c(tmp_path, redis_server, gea
     assert not servers.is_listening("127.0.0.1", redis_port)
     assert not servers.is_listening("127.0.0.1", gearman_port)
     assert not servers.is_listening("127.0.0.1", stomp_port)
+    assert not servers.is_listening("127.0.0.1", queue_port)
     assert os.path.exists(tmp_path / "data" / "appendonlydir")

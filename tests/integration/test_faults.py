@@ -20,7 +20,7 @@ import pytest
 from gearhorn import gearman
 from gearhorn.client import Producer
 
-from .helpers import PoolProcess, unique_topic, wait_for
+from .helpers import PoolProcess, drain_jobs, queue_depth, unique_topic, wait_for
 from .stomp_helpers import BridgeProcess
 
 pytestmark = [pytest.mark.integration, pytest.mark.faults, pytest.mark.timeout(300)]
@@ -31,27 +31,13 @@ SUBSCRIBERS = 10
 
 def depth(server, function):
     try:
-        return next((f.queued for f in gearman.status(server.host, server.port)
-                     if f.name == function), 0)
+        return queue_depth(server, function)
     except OSError:
         return 0  # gearmand is restarting
 
 
 def drain(server, function):
-    """Every job in ``function``, taken in bursts and completed."""
-    worker = gearman.WorkerConnection(server.host, server.port, [function], "faults-drain")
-    worker.open()
-    got = []
-    try:
-        while True:
-            jobs = worker.grab(64)
-            for job in jobs:
-                got.append(job.data.decode())
-                worker.complete(job.handle)
-            if not jobs and depth(server, function) == 0:
-                return got
-    finally:
-        worker.close()
+    return [job.data.decode() for job in drain_jobs(server, function)]
 
 
 class SteadyProducer(threading.Thread):

@@ -1,0 +1,200 @@
+"""Durable by default: gearmand's redis queue, its replay mended, kill -9 of everything.
+
+Real redis-server, real gearmand 1.1.20 ``-q redis``, a real ``gearhorn up``.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections import Counter
+
+import pytest
+import redis
+
+from gearhorn import gearman, replay, servers
+from gearhorn.client import Producer
+from gearhorn.keys import Keys
+from tests.conftest import require_binary
+
+from .helpers import drain_jobs, queue_depth, wait_for
+from .stomp_helpers import StompClient
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
+
+
+@pytest.fixture
+def queue_redis(tmp_path):
+    require_binary("redis-server", "redis-server")
+    server = servers.start_redis(data_dir=str(tmp_path / "queue-redis"), appendonly=True)
+    yield server
+    server.stop()
+
+
+def start_gearmand(queue_redis, port=None):
+    require_binary("gearmand", "gearman-job-server")
+    return servers.start_gearmand(port, queue="redis", queue_redis=(queue_redis.host,
+                                                                    queue_redis.port))
+
+
+# (function, unique, data, precedence): every shape gearmand 1.1.20 replays wrong, and
+# the ones it gets right, side by side.
+JOBS = [
+    ("news_alice", "m1:alice", b"plain", "normal"),
+    ("price-feed_alice", "m1:al-ice", b"dashed function and unique", "normal"),
+    ("news_bob", "u*x:bob", b"star in the unique", "normal"),
+    ("news_carol", "m2:carol", b"a\0b\0", "normal"),
+    ("news_dave", "d" * 63, b"longest unique", "normal"),
+    ("news_erin", "big:erin", os.urandom(1024 * 1024).replace(b"\0", b"\1"), "normal"),
+    ("prio-q", "low", b"low", "low"),
+    ("prio-q", "normal", b"normal", "normal"),
+    ("prio-q", "high", b"high", "high"),
+]
+
+
+def test_every_queued_job_comes_back_exactly_after_kill_9_of_gearmand_and_its_redis(
+        queue_redis, redis_url):
+    keys = Keys()
+    dashed = replay.DashedFunctions(redis.Redis.from_url(redis_url), keys)
+    gm = start_gearmand(queue_redis)
+    client = gearman.Client([(gm.host, gm.port)], before_background=dashed.record)
+    try:
+        for function, unique, data, precedence in JOBS:
+            client.submit_background([gearman.Copy(function, unique, data)], precedence)
+    finally:
+        client.close()
+    gm.kill()
+    queue_redis.kill()  # AOF: what Redis answered is in the file
+
+    restarted = servers.start_redis(queue_redis.port, data_dir=os.path.dirname(
+        queue_redis.log_path), appendonly=True)
+    queue = redis.Redis.from_url(restarted.details["url"])
+    names = dashed.load()
+    assert replay.hold(queue, names, keys) == 6  # the dashed (4), starred and NUL ones
+    gm = start_gearmand(restarted, gm.port)
+    client = gearman.Client([(gm.host, gm.port)])
+    try:
+        assert replay.resubmit(queue, names, keys, client) == 6
+        functions = {name for name, _, _, _ in JOBS}
+        assert {f.name for f in gearman.status(gm.host, gm.port) if f.queued} == functions
+        got = [(j.function, j.unique, j.data) for f in sorted(functions)
+               for j in drain_jobs(gm, f)]
+        assert Counter(got) == Counter((f, u, d) for f, u, d, _ in JOBS)
+        order = [j for j in got if j[0] == "prio-q"]
+        assert [data for _, _, data in order] == [b"high", b"normal", b"low"]
+    finally:
+        client.close()
+        gm.stop()
+        restarted.stop()
+
+
+class Up:
+    """``gearhorn up`` in a process group of its own, on free loopback ports."""
+
+    def __init__(self, data_dir, ports=None, extra=()):
+        require_binary("gearmand", "gearman-job-server")
+        require_binary("redis-server", "redis-server")
+        self.data_dir = str(data_dir)
+        self.ports = ports or {name: servers.free_port()
+                               for name in ("redis", "queue", "gearman", "stomp")}
+        self.log_path = os.path.join(self.data_dir, f"up-{len(os.listdir(self.data_dir))}.log")
+        env = dict(os.environ, GEARHORN_BRIDGE_PORT=str(self.ports["stomp"]),
+                   GEARHORN_QUEUE_REDIS_URL=f"redis://127.0.0.1:{self.ports['queue']}/0",
+                   GEARHORN_HEARTBEAT_INTERVAL="0.3", GEARHORN_WORKER_TTL="1.5")
+        with open(self.log_path, "ab") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "gearhorn", "up", "--processes", "2",
+                 "--data-dir", os.path.join(self.data_dir, "data"),
+                 "--redis-url", f"redis://127.0.0.1:{self.ports['redis']}/0",
+                 "--gearman", f"127.0.0.1:{self.ports['gearman']}", *extra],
+                env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        wait_for(self._banner, timeout=90, message="the banner of gearhorn up")
+        self.gearmand = servers.Managed("gearmand", None, self.ports["gearman"])
+
+    def text(self):
+        with open(self.log_path, errors="replace") as fp:
+            return fp.read()
+
+    def _banner(self):
+        if self.process.poll() is not None:
+            raise AssertionError(f"gearhorn up exited:\n{self.text()[-3000:]}")
+        return "gearhorn is up" in self.text()
+
+    def kill_everything(self):
+        """SIGKILL to every process at once: up, workers, bridge, gearmand, both Redis."""
+        os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait()
+        wait_for(lambda: not any(servers.is_listening("127.0.0.1", p)
+                                 for p in self.ports.values()), 30, message="all dead")
+
+    def stop(self):
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGINT)
+            self.process.wait(60)
+
+
+@pytest.fixture
+def ups():
+    started = []
+
+    def start(*args, **kwargs):
+        started.append(Up(*args, **kwargs))
+        return started[-1]
+    yield start
+    for up in started:
+        up.stop()
+
+
+SUBSCRIBERS = [f"s{i}" for i in range(10)]
+TOPICS = ("news", "price-feed")  # a "-" in the queue name, as gearmand misreads it
+
+
+def test_gearhorn_up_keeps_every_copy_exactly_once_through_kill_9_of_everything(
+        tmp_path, ups):
+    first = ups(tmp_path)
+    assert "durable: gearmand's redis queue" in first.text()
+    gm = [("127.0.0.1", first.ports["gearman"])]
+    expected = {topic: Counter() for topic in TOPICS}
+    with Producer(gm) as producer:
+        for topic in TOPICS:
+            for who in SUBSCRIBERS:
+                producer.subscribe(topic, who)
+            for i in range(150):  # completes once gearmand holds every copy
+                producer.publish(topic, f"{topic}-{i}\0", background=True)
+                expected[topic][f"{topic}-{i}\0".encode()] += 1
+    # Background fanouts: JOB_CREATED is all they had; a worker may not have run them yet.
+    client = gearman.Client(gm)
+    client.submit_background([gearman.Copy("fanout", f"bg{i}", json.dumps(
+        {"topic": "news", "payload": f"bg{i}", "background": True}).encode())
+        for i in range(100)])
+    client.close()
+    expected["news"].update(f"bg{i}".encode() for i in range(100))
+    stomp = StompClient(first.ports["stomp"])
+    stomp.send("/queue/orders-eu", b"receipted")  # waits for its RECEIPT
+    stomp.send("/topic/news", b"from stomp")
+    expected["news"][b"from stomp"] += 1
+    first.kill_everything()
+
+    second = ups(tmp_path, ports=first.ports)
+    wait_for(lambda: queue_depth(second.gearmand, "fanout") == 0, 60,
+             message="the replayed fanouts to run")
+    assert [j.data for j in drain_jobs(second.gearmand, "orders-eu")] == [b"receipted"]
+    for topic in TOPICS:
+        for who in SUBSCRIBERS:
+            got = Counter(j.data for j in drain_jobs(second.gearmand, f"{topic}_{who}"))
+            assert got == expected[topic], f"{topic}_{who}: {len(got)} distinct copies"
+    status = {f.name for f in gearman.status("127.0.0.1", first.ports["gearman"]) if f.queued}
+    assert status == set(), f"jobs in queues nobody expected: {status}"
+
+
+def test_no_persistence_is_said_in_the_banner_and_loses_the_queue(tmp_path, ups):
+    first = ups(tmp_path, extra=["--no-persistence"])
+    assert "NONE: queued copies are lost" in first.text()
+    gm = [("127.0.0.1", first.ports["gearman"])]
+    with Producer(gm) as producer:
+        producer.subscribe("news", "alice")
+        producer.publish("news", "gone", background=True)
+    first.kill_everything()
+    second = ups(tmp_path, ports=first.ports, extra=["--no-persistence"])
+    assert queue_depth(second.gearmand, "news_alice") == 0
