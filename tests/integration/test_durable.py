@@ -14,7 +14,7 @@ import pytest
 import redis
 
 from gearhorn import gearman, replay, servers
-from gearhorn.client import Producer
+from gearhorn.client import JobFailed, Producer
 from gearhorn.keys import Keys
 from tests.conftest import require_binary
 
@@ -198,3 +198,28 @@ def test_no_persistence_is_said_in_the_banner_and_loses_the_queue(tmp_path, ups)
     first.kill_everything()
     second = ups(tmp_path, ports=first.ports, extra=["--no-persistence"])
     assert queue_depth(second.gearmand, "news_alice") == 0
+
+
+def test_up_starts_gearmand_and_its_redis_again_when_that_redis_is_killed(tmp_path, ups):
+    # gearmand 1.1.20 never reconnects to its queue's Redis: without a restart
+    # it answers QUEUE_ERROR to every background job from then on.
+    up = ups(tmp_path)
+    gm = [("127.0.0.1", up.ports["gearman"])]
+    with Producer(gm) as producer:
+        producer.subscribe("news", "alice")
+        producer.publish("news", "before", background=True)
+    queue = redis.Redis(port=up.ports["queue"])
+    os.kill(queue.info("server")["process_id"], signal.SIGKILL)
+    wait_for(lambda: "gearmand's queue Redis crashed: starting it again" in up.text(), 30,
+             message="up to notice")
+
+    def publish_after():
+        try:
+            with Producer(gm, timeout=10) as producer:
+                # the unique key coalesces a retry with an attempt that got through
+                return producer.publish("news", "after", background=True,
+                                        unique="after")["copies"] == 1
+        except (gearman.GearmanError, JobFailed, OSError):
+            return False  # gearmand is starting again
+    wait_for(publish_after, 60, interval=0.2, message="a publish after the restart")
+    assert sorted(j.data for j in drain_jobs(up.gearmand, "news_alice")) == [b"after", b"before"]
