@@ -144,17 +144,9 @@ class Embedded:
                                           queue=self.config.persistence)
         url = urlparse(self.config.queue_redis_url)
         queue = redis.Redis.from_url(self.config.queue_redis_url, socket_timeout=60)
-        dashed = replay.DashedFunctions(self._registry_redis(), self._keys()).load()
-        replay.hold(queue, dashed, self._keys())
-        started = servers.start_gearmand(port, self.config.data_dir, queue="redis",
-                                         queue_redis=(url.hostname or "127.0.0.1",
-                                                      url.port or 6379))
-        client = gearman.Client([(servers.HOST, port)], connect_timeout=60)
-        try:
-            replay.resubmit(queue, dashed, self._keys(), client)
-        finally:
-            client.close()
-        return started
+        return replay.start_mended(queue, self._registry_redis(), self._keys(), lambda: (
+            servers.start_gearmand(port, self.config.data_dir, queue="redis",
+                                   queue_redis=(url.hostname or "127.0.0.1", url.port or 6379))))
 
     def _ensure_bridge(self) -> None:
         host, port = self.config.bridge_host, self.config.bridge_port

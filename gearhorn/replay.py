@@ -29,13 +29,14 @@ a background job to one (:class:`DashedFunctions`).
 from __future__ import annotations
 
 import logging
-from collections.abc import Collection, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator
 from dataclasses import dataclass
 
 import redis
 
 from gearhorn import gearman
 from gearhorn.keys import Keys
+from gearhorn.servers import Managed
 
 log = logging.getLogger(__name__)
 
@@ -152,6 +153,20 @@ def resubmit(queue: redis.Redis, dashed: Collection[bytes], keys: Keys,
     if done:
         log.info("resubmitted %d held jobs to gearmand", done)
     return done
+
+
+def start_mended(queue: redis.Redis, registry: redis.Redis, keys: Keys,
+                 start: Callable[[], Managed]) -> Managed:
+    """``start()`` gearmand on its redis queue with both steps around it."""
+    dashed = DashedFunctions(registry, keys).load()
+    hold(queue, dashed, keys)
+    started = start()
+    client = gearman.Client([(started.host, started.port)], connect_timeout=60)
+    try:
+        resubmit(queue, dashed, keys, client)
+    finally:
+        client.close()
+    return started
 
 
 def _copy(key: bytes, fields: dict[bytes, bytes], dashed: Collection[bytes],

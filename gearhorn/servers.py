@@ -137,7 +137,23 @@ def start_redis(port: int | None = None, data_dir: str | None = None,
         log_path = os.path.join(data_dir, "redis.log")
     server = _spawn("redis-server", argv, port, log_path)
     server.details["url"] = f"redis://{HOST}:{port}/0"
+    _wait_until_loaded(server)
     return server
+
+
+def _wait_until_loaded(server: Managed, timeout: float = 600.0) -> None:
+    """Redis answers LOADING until its AOF is read back; gearmand started on
+    it then would replay nothing and fail every job, so wait for a PONG."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if server.process.poll() is not None:
+            raise ServerError(f"redis-server exited while loading\n{server.log_tail()}")
+        with socket.create_connection((server.host, server.port), timeout=5) as sock:
+            sock.sendall(b"PING\r\n")
+            if sock.recv(64).startswith(b"+PONG"):
+                return
+        time.sleep(0.05)
+    raise ServerError(f"redis-server on {server.address} still loading after {timeout}s")
 
 
 # gearmand's job hash tables default to 991 buckets: with unique keys its

@@ -5,7 +5,8 @@ import tempfile
 import pytest
 import redis
 
-from gearhorn import servers
+from gearhorn import replay, servers
+from gearhorn.keys import Keys
 from tests.conftest import require_binary
 
 from .helpers import PoolProcess
@@ -118,23 +119,39 @@ def _free_mb(path):
 
 
 class Restartable:
-    """gearmand with its sqlite queue and Redis with AOF, each restarted on
-    the same port with the same data."""
+    """gearmand with a persistent queue (``"redis"``: its redis queue in a Redis
+    of its own; ``"sqlite"``) and the registry's Redis with AOF, each started
+    again on the same port with the same data, as ``gearhorn up`` does."""
 
-    def __init__(self, data_dir):
+    def __init__(self, data_dir, queue="redis"):
+        self.queue = queue
         self.gearmand_dir = os.path.join(data_dir, "gearmand")
         self.redis_dir = os.path.join(data_dir, "redis")
-        self.gearmand = servers.start_gearmand(data_dir=self.gearmand_dir, queue="sqlite")
+        self.queue_redis_dir = os.path.join(data_dir, "queue-redis")
         self.redis = servers.start_redis(data_dir=self.redis_dir, appendonly=True)
         self.redis_url = self.redis.details["url"]
+        self.queue_redis = None
+        if queue == "redis":
+            self.queue_redis = servers.start_redis(data_dir=self.queue_redis_dir,
+                                                   appendonly=True)
+        self.gearmand = self._start_gearmand(servers.free_port())
+
+    def _start_gearmand(self, port):
+        def start():
+            return servers.start_gearmand(port, self.gearmand_dir, queue=self.queue,
+                                          queue_redis=self.queue_redis and (
+                                              self.queue_redis.host, self.queue_redis.port))
+        if self.queue != "redis":
+            return start()
+        return replay.start_mended(redis.Redis.from_url(self.queue_redis.details["url"]),
+                                   redis.Redis.from_url(self.redis_url), Keys(), start)
 
     def restart_gearmand(self):
         self.gearmand.stop()
         self.start_gearmand()
 
     def start_gearmand(self):
-        self.gearmand = servers.start_gearmand(port=self.gearmand.port,
-                                               data_dir=self.gearmand_dir, queue="sqlite")
+        self.gearmand = self._start_gearmand(self.gearmand.port)
 
     def restart_redis(self):
         self.redis.stop()
@@ -144,16 +161,42 @@ class Restartable:
         self.redis = servers.start_redis(port=self.redis.port, data_dir=self.redis_dir,
                                          appendonly=True)
 
+    def kill_queue_redis(self):
+        """kill -9 the Redis of gearmand's queue, then start it and gearmand
+        again (gearmand 1.1.20 never reconnects to it)."""
+        self.queue_redis.kill()
+        self.queue_redis = servers.start_redis(self.queue_redis.port,
+                                               data_dir=self.queue_redis_dir, appendonly=True)
+        self.gearmand.kill()
+        self.start_gearmand()
+
+    def power_cut(self):
+        """SIGKILL to gearmand and both Redis at once, then all started again."""
+        for server in (self.gearmand, self.redis, self.queue_redis):
+            if server is not None:
+                server.process.kill()
+        for server in (self.gearmand, self.redis, self.queue_redis):
+            if server is not None:
+                server.process.wait()
+        if self.queue_redis is not None:
+            self.queue_redis = servers.start_redis(
+                self.queue_redis.port, data_dir=self.queue_redis_dir, appendonly=True)
+        self.start_redis()
+        self.start_gearmand()
+
     def stop(self):
-        self.gearmand.stop()
-        self.redis.stop()
+        for server in (self.gearmand, self.redis, self.queue_redis):
+            if server is not None:
+                server.stop()
 
 
-@pytest.fixture
-def persistent_servers(fast_disk):
+@pytest.fixture(params=["redis", "sqlite"])
+def persistent_servers(fast_disk, request):
+    """Runs the test with gearmand's redis queue (the default of gearhorn up)
+    and with its sqlite queue."""
     require_binary("gearmand", "gearman-job-server")
     require_binary("redis-server", "redis-server")
-    running = Restartable(fast_disk)
+    running = Restartable(fast_disk, request.param)
     yield running
     running.stop()
 

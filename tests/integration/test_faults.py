@@ -1,8 +1,10 @@
 """Fault injection on real servers: nothing accepted is lost.
 
-kill -9 of a worker mid-broadcast, restarts of gearmand (sqlite queue) and
-Redis (AOF) while 10,000 messages go to 10 subscribers, and kill -9 of the
-bridge holding unacknowledged messages. Every subscriber must end with
+While 10,000 messages go to 10 subscribers: kill -9 of a worker, a restart
+of gearmand (its redis queue, and its sqlite queue), kill -9 of the Redis
+holding gearmand's queue, a restart of the registry's Redis (AOF), then a
+power cut (every server and worker killed at once, all started again); and
+kill -9 of the bridge holding unacknowledged messages. Every subscriber must end with
 every message; duplicates are allowed only where docs/reliability.rst says
 they can happen, and their count is printed. Run alone: ``-m faults``.
 """
@@ -38,6 +40,21 @@ def depth(server, function):
 
 def drain(server, function):
     return [job.data.decode() for job in drain_jobs(server, function)]
+
+
+def children(pid):
+    """Process ids whose parent is ``pid``."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as fp:
+                    fields = fp.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == pid:
+                found.append(int(entry))
+    return found
 
 
 class SteadyProducer(threading.Thread):
@@ -97,9 +114,22 @@ def test_a_broadcast_survives_a_killed_worker_and_restarts_of_gearmand_and_redis
         wait_for(lambda: depth(s.gearmand, first_queue) >= 2_500, 60, message="2,500 copies")
         s.restart_gearmand()
 
+        if s.queue == "redis":
+            wait_for(lambda: depth(s.gearmand, first_queue) >= 4_000, 60,
+                     message="4,000 copies")
+            s.kill_queue_redis()
+
         wait_for(lambda: depth(s.gearmand, first_queue) >= 5_000, 60, message="5,000 copies")
         s.restart_redis()
         submitted_at_restart = producer.submitted
+
+        wait_for(lambda: depth(s.gearmand, first_queue) >= 7_000, 60, message="7,000 copies")
+        for pid in [pool.process.pid, *children(pool.process.pid)]:
+            os.kill(pid, signal.SIGKILL)  # with the servers below: a power cut
+        s.power_cut()
+        pool.process.wait()
+        pool = PoolProcess([s.gearmand], s.redis_url, processes=2, log_dir=str(tmp_path))
+        pool.wait_ready()
 
         producer.join(120)
         assert producer.error is None and not producer.is_alive()
@@ -111,10 +141,10 @@ def test_a_broadcast_survives_a_killed_worker_and_restarts_of_gearmand_and_redis
             missing = expected - set(got)
             assert not missing, f"{who} lacks {len(missing)} messages, e.g. {sorted(missing)[:5]}"
             duplicates += sum(got.values()) - len(got)
-        report(f"{MESSAGES:,} messages x {SUBSCRIBERS} subscribers all delivered; "
-               f"duplicates: {duplicates}; producer resubmitted {producer.retries} batches; "
-               f"worker {victim} killed, gearmand and redis restarted (redis with "
-               f"{submitted_at_restart:,} of the fanouts submitted)")
+        report(f"{s.queue} queue: {MESSAGES:,} messages x {SUBSCRIBERS} subscribers all "
+               f"delivered; duplicates: {duplicates}; producer resubmitted {producer.retries} "
+               f"batches; worker {victim} killed, gearmand and redis restarted (redis with "
+               f"{submitted_at_restart:,} of the fanouts submitted), then a power cut")
         # gear logs its own reconnect tracebacks while gearmand restarts; no
         # gearhorn module may log an error (a job that failed on a bug, say).
         errors = re.findall(r".* ERROR \[\d+\] gearhorn\..*", pool.log(full=True))
