@@ -134,7 +134,10 @@ class Embedded:
     def _start_queue_redis(self) -> servers.Managed:
         port = urlparse(self.config.queue_redis_url).port or 6379
         return servers.start_redis(port, os.path.join(self.config.data_dir, "gearmand-queue"),
-                                   appendonly=True)
+                                   appendonly=True, cpus=self._queue_cpus())
+
+    def _queue_cpus(self) -> set[int] | None:
+        return servers.queue_cpus() if self.config.pin_queue else None
 
     def _start_gearmand(self, port: int) -> servers.Managed:
         """gearmand with the configured queue; with the redis queue, the jobs it
@@ -146,7 +149,8 @@ class Embedded:
         queue = redis.Redis.from_url(self.config.queue_redis_url, socket_timeout=60)
         return replay.start_mended(queue, self._registry_redis(), self._keys(), lambda: (
             servers.start_gearmand(port, self.config.data_dir, queue="redis",
-                                   queue_redis=(url.hostname or "127.0.0.1", url.port or 6379))))
+                                   queue_redis=(url.hostname or "127.0.0.1", url.port or 6379),
+                                   cpus=self._queue_cpus())))
 
     def _ensure_bridge(self) -> None:
         host, port = self.config.bridge_host, self.config.bridge_port

@@ -1,0 +1,265 @@
+"""Durable copies per second: gearmand's redis queue, its sqlite queue, none, and RabbitMQ.
+
+    python bench/durable.py            # all of it (about 3 minutes on 2 cores)
+    python bench/durable.py --quick    # smaller counts, for a smoke run
+    python bench/durable.py --replay 1000000   # gearmand's restart with that many copies queued
+
+Each gearhorn mode gets fresh servers on free loopback ports, with their data
+on disk (a temporary folder under the current directory): the registry's
+Redis, gearmand with the queue under test (the redis queue in a Redis of its
+own with AOF, ``appendfsync everysec``, as ``gearhorn up`` starts it) and a
+pool of 2 ``gearhorn worker`` processes. The rate is copies per second for
+which the producer got its answer: a foreground ``fanout`` job completes once
+gearmand acknowledged every copy (JOB_CREATED), which with a persistent queue
+comes after the copy is written there.
+
+The peer is RabbitMQ (Debian's rabbitmq-server), in the same run: N durable
+STOMP subscriptions to one topic (durable queues bound to amq.topic), and
+messages sent ``persistent:true`` with a receipt each, which RabbitMQ gives
+once the message is confirmed in every queue; copies = messages x N.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import sys
+import tempfile
+import threading
+import time
+
+import redis
+import stomp
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+from fanout import gearhorn_rate, start_pool, subscribe_many  # noqa: E402
+from stomp_bridge import RabbitMQ, connect  # noqa: E402
+
+from gearhorn import gearman, servers  # noqa: E402
+from gearhorn.keys import Keys  # noqa: E402
+from gearhorn.registry import Registry  # noqa: E402
+
+WIDTHS = (10, 100, 1000)
+PAYLOAD = "x" * 100
+
+
+class GearhornServers:
+    """Registry Redis, gearmand on ``queue`` (and its Redis), a worker pool."""
+
+    def __init__(self, queue: str, processes: int, pinned: bool = True) -> None:
+        self.queue = queue
+        # as gearhorn up does: gearmand and the Redis of its queue on one core
+        cpus = servers.queue_cpus() if pinned and queue == "redis" else None
+        self.tmp = tempfile.mkdtemp(prefix="bench-durable-", dir=os.getcwd())
+        self.redis = servers.start_redis(data_dir=os.path.join(self.tmp, "redis"),
+                                         appendonly=True)
+        self.queue_redis = None
+        if queue == "redis":
+            self.queue_redis = servers.start_redis(
+                data_dir=os.path.join(self.tmp, "queue-redis"), appendonly=True, cpus=cpus)
+        self.gearmand = servers.start_gearmand(
+            data_dir=os.path.join(self.tmp, "gearmand"), queue=queue,
+            queue_redis=self.queue_redis and (self.queue_redis.host, self.queue_redis.port),
+            cpus=cpus)
+        self.registry = Registry(redis.Redis.from_url(self.redis.details["url"]), Keys())
+        for width in WIDTHS:
+            subscribe_many(self.registry, f"bench{width}", width)
+        self.pool = start_pool(self.gearmand, self.redis.details["url"], processes)
+
+    def rate(self, width: int, copies: int) -> float:
+        fanouts = max(1, copies // width)
+        gearhorn_rate(self.gearmand, f"bench{width}", max(1, fanouts // 10), width)  # warm-up
+        return gearhorn_rate(self.gearmand, f"bench{width}", fanouts, width)
+
+    def close(self) -> None:
+        self.pool.send_signal(signal.SIGTERM)
+        self.pool.wait(30)
+        for server in (self.gearmand, self.queue_redis, self.redis):
+            if server is not None:
+                server.stop()
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+class Receipts(stomp.ConnectionListener):
+    def __init__(self) -> None:
+        self.count = 0
+        self.changed = threading.Condition()
+
+    def on_receipt(self, frame) -> None:
+        with self.changed:
+            self.count += 1
+            self.changed.notify_all()
+
+    def wait_for(self, count: int, timeout: float = 600) -> None:
+        with self.changed:
+            if not self.changed.wait_for(lambda: self.count >= count, timeout):
+                raise SystemExit(f"RabbitMQ gave {self.count} of {count} receipts")
+
+
+def rabbitmq_rate(port: int, login: dict, width: int, copies: int) -> float:
+    """Copies/s into ``width`` durable queues: persistent SENDs with receipts."""
+    topic = f"durable{width}"
+    setup = connect(port, login)
+    done = Receipts()
+    setup.set_listener("r", done)
+    for i in range(width):  # durable queues that outlive this connection
+        setup.subscribe(f"/topic/{topic}", id=f"s{i}", ack="client",
+                        headers={"durable": "true", "auto-delete": "false",
+                                 "prefetch-count": "1", "receipt": f"sub{i}"})
+    done.wait_for(width)
+    setup.disconnect()
+    messages = max(1, copies // width)
+    producer = connect(port, login)
+    sent = Receipts()
+    producer.set_listener("r", sent)
+    start = time.perf_counter()
+    for i in range(messages):
+        producer.send(f"/topic/{topic}", PAYLOAD.encode(),
+                      headers={"persistent": "true", "receipt": f"m{i}"})
+    sent.wait_for(messages)
+    elapsed = time.perf_counter() - start
+    producer.disconnect()
+    return messages * width / elapsed
+
+
+def bench_modes(processes: int, quick: bool) -> dict[str, dict[int, float]]:
+    # sqlite syncs every job: a few thousand copies take seconds already.
+    durable = 20_000 if quick else 100_000
+    modes = {"redis": ("redis", True, durable), "redis, not pinned": ("redis", False, durable),
+             "sqlite": ("sqlite", False, 2_000 if quick else 5_000),
+             "none": ("none", False, durable)}
+    rates: dict[str, dict[int, float]] = {}
+    for mode, (queue, pinned, budget) in modes.items():
+        running = GearhornServers(queue, processes, pinned)
+        try:
+            rates[mode] = {width: running.rate(width, budget) for width in WIDTHS}
+        finally:
+            running.close()
+        print(f"  gearmand queue {mode:17}  " + "   ".join(
+            f"x{w}: {rates[mode][w]:>8,.0f}" for w in WIDTHS) + "  copies/s", flush=True)
+    if RabbitMQ.installed():
+        with RabbitMQ() as rabbit:
+            rates["rabbitmq"] = {w: rabbitmq_rate(rabbit.port, rabbit.login, w,
+                                                  durable) for w in WIDTHS}
+        print("  RabbitMQ persistent                " + "   ".join(
+            f"x{w}: {rates['rabbitmq'][w]:>8,.0f}" for w in WIDTHS) + "  copies/s", flush=True)
+    else:
+        print("  RabbitMQ: not installed (apt-get install rabbitmq-server); no comparison")
+    return rates
+
+
+def bench_replay(copies: int) -> None:
+    """gearmand -q redis restarted with ``copies`` queued: time until it
+    answers, its memory, and how long its Redis stalls meanwhile."""
+    tmp = tempfile.mkdtemp(prefix="bench-replay-", dir=os.getcwd())
+    cpus = servers.queue_cpus()  # as gearhorn up runs them
+    queue_redis = servers.start_redis(data_dir=os.path.join(tmp, "queue-redis"),
+                                      appendonly=True, cpus=cpus)
+    address = (queue_redis.host, queue_redis.port)
+    gm = servers.start_gearmand(queue="redis", queue_redis=address, cpus=cpus)
+    try:
+        client = gearman.Client([(gm.host, gm.port)])
+        start = time.perf_counter()
+        for i in range(0, copies, 1000):
+            client.submit_background([gearman.Copy(f"topic_s{j % 100}", f"{j:032x}:s{j % 100}",
+                                                   PAYLOAD.encode())
+                                      for j in range(i, min(copies, i + 1000))])
+        filled = time.perf_counter() - start
+        client.close()
+        used = redis.Redis.from_url(queue_redis.details["url"]).info("memory")["used_memory"]
+        print(f"  {copies:,} copies queued in {filled:.1f} s ({copies / filled:,.0f}/s); "
+              f"the queue's Redis uses {used / 2**20:,.0f} MiB", flush=True)
+        gm.kill()
+        stalls = PingProbe(queue_redis.details["url"])
+        start = time.perf_counter()
+        gm = servers.start_gearmand(gm.port, queue="redis", queue_redis=address, cpus=cpus)
+        while not answers_status(gm):
+            time.sleep(0.1)
+        serving = time.perf_counter() - start
+        stalls.stop()
+        queued = sum(f.queued for f in gearman.status(gm.host, gm.port, timeout=60))
+        print(f"  restart: listening at once, answering after {serving:.1f} s with "
+              f"{queued:,} jobs; gearmand RSS {rss_mib(gm.process.pid):,.0f} MiB; its "
+              f"Redis's longest stall {stalls.longest * 1000:,.0f} ms (KEYS), p99 ping "
+              f"{stalls.p99 * 1000:.1f} ms", flush=True)
+    finally:
+        gm.stop()
+        queue_redis.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def answers_status(gm: servers.Managed) -> bool:
+    try:
+        gearman.status(gm.host, gm.port, timeout=1)
+        return True
+    except OSError:
+        return False
+
+
+class PingProbe(threading.Thread):
+    """PINGs a Redis every 10 ms and keeps the round-trip times."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__(daemon=True)
+        self.client = redis.Redis.from_url(url)
+        self.times: list[float] = []
+        self.stopping = threading.Event()
+        self.start()
+
+    def run(self) -> None:
+        while not self.stopping.wait(0.01):
+            start = time.perf_counter()
+            self.client.ping()
+            self.times.append(time.perf_counter() - start)
+
+    def stop(self) -> None:
+        self.stopping.set()
+        self.join()
+
+    @property
+    def longest(self) -> float:
+        return max(self.times, default=0.0)
+
+    @property
+    def p99(self) -> float:
+        ordered = sorted(self.times) or [0.0]
+        return ordered[int(0.99 * (len(ordered) - 1))]
+
+
+def rss_mib(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as fp:
+        for line in fp:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--processes", type=int, default=2)
+    parser.add_argument("--replay", type=int, metavar="COPIES",
+                        help="only measure gearmand's restart with COPIES queued")
+    args = parser.parse_args()
+    if args.replay:
+        print(f"gearmand -q redis replay ({os.cpu_count()} cores)", flush=True)
+        bench_replay(args.replay)
+        return
+    print(f"durable copies/s, 1 topic x {', '.join(map(str, WIDTHS))} subscribers "
+          f"({os.cpu_count()} cores, {args.processes} worker processes, data on disk, "
+          f"{'quick' if args.quick else 'full'} run)", flush=True)
+    rates = bench_modes(args.processes, args.quick)
+    for width in WIDTHS:
+        line = (f"  x{width}: redis queue / sqlite "
+                f"{rates['redis'][width] / rates['sqlite'][width]:5.1f}"
+                f"   / none {rates['redis'][width] / rates['none'][width]:4.2f}")
+        if "rabbitmq" in rates:
+            line += f"   / RabbitMQ {rates['redis'][width] / rates['rabbitmq'][width]:5.2f}"
+        print(line)
+
+
+if __name__ == "__main__":
+    main()
