@@ -198,8 +198,8 @@ def queue_cpus() -> set[int] | None:
 
     gearmand writes each job to its redis queue with a blocking round trip,
     so the pair runs in lockstep: on one core the hand-over is a context
-    switch, across cores a cross-CPU wake-up. Measured here: 33,000 jobs/s
-    pinned against 10,000 free (docs/benchmarks.rst, bench/durable.py).
+    switch, across cores a cross-CPU wake-up: 2 to 3 times the durable
+    rate here (bench/durable.py, docs/benchmarks.rst).
     """
     allowed = sorted(os.sched_getaffinity(0))
     return {allowed[-1]} if len(allowed) > 1 else None
