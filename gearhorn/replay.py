@@ -49,8 +49,10 @@ _SCAN_COUNT = 1000
 _FIND_NUL = """
 local found = {}
 for i, key in ipairs(KEYS) do
-  local data = redis.call('HGET', key, 'data')
-  if data and string.find(data, '\\0', 1, true) then found[#found + 1] = i end
+  if redis.call('TYPE', key)['ok'] == 'hash' then
+    local data = redis.call('HGET', key, 'data')
+    if data and string.find(data, '\\0', 1, true) then found[#found + 1] = i end
+  end
 end
 return found
 """
@@ -142,7 +144,7 @@ def resubmit(queue: redis.Redis, dashed: Collection[bytes], keys: Keys,
         for key in batch:
             pipe.hgetall(key)
         by_precedence: dict[str, list[tuple[bytes, gearman.Copy]]] = {}
-        for key, fields in zip(batch, pipe.execute(), strict=True):
+        for key, fields in zip(batch, pipe.execute(raise_on_error=False), strict=True):
             copy, precedence = _copy(key[len(keys.held_job(b"")):], fields, dashed, prefix)
             if copy is not None:
                 by_precedence.setdefault(precedence, []).append((key, copy))
@@ -172,11 +174,15 @@ def start_mended(queue: redis.Redis, registry: redis.Redis, keys: Keys,
 def _copy(key: bytes, fields: dict[bytes, bytes], dashed: Collection[bytes],
           prefix: bytes) -> tuple[gearman.Copy | None, str]:
     job = split_key(key, dashed, prefix)
-    if job is None or b"data" not in fields:
-        log.error("held key %r is not a gearmand job; left in place", key)
+    if not isinstance(fields, dict):  # not a hash: gearmand <= 1.1.15 kept strings
+        fields = {}
+    try:
+        priority = int(fields.get(b"priority", b"1"))
+        copy = gearman.Copy(job.function.decode(), job.unique.decode(), fields[b"data"])
+    except (AttributeError, KeyError, ValueError):  # no job, no data, not text
+        log.error("held key %r is not a job gearhorn can resubmit; left in place", key)
         return None, "normal"
-    precedence = _PRECEDENCE.get(int(fields.get(b"priority", b"1")), "normal")
-    return gearman.Copy(job.function.decode(), job.unique.decode(), fields[b"data"]), precedence
+    return copy, _PRECEDENCE.get(priority, "normal")
 
 
 def _scan(client: redis.Redis, pattern: bytes) -> Iterator[list[bytes]]:

@@ -87,3 +87,13 @@ def test_hold_moves_aside_only_what_would_come_back_wrong_and_resubmit_restores_
     ]
     assert fake_redis.keys(b"t:held:*") == []
     assert replay.resubmit(fake_redis, dashed, KEYS, RecordingClient()) == 0
+
+
+def test_keys_gearhorn_cannot_read_are_left_where_they_are(fake_redis):
+    fake_redis.set(job_key(b"old-style", b"u*1"), b"gearmand <= 1.1.15 kept a string")
+    fake_redis.hset(job_key(b"bad", b"u*2"), mapping={"data": b"x", "priority": b"high?"})
+    fake_redis.hset(job_key(b"\xff\xfe", b"u*3"), mapping={"data": b"x", "priority": b"1"})
+    assert replay.hold(fake_redis, set(), KEYS) == 3  # '*' in every unique
+    client = RecordingClient()
+    assert replay.resubmit(fake_redis, set(), KEYS, client) == 0
+    assert client.submitted == [] and len(fake_redis.keys(b"t:held:*")) == 3
