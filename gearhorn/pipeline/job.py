@@ -156,14 +156,19 @@ def reconcile(events):
     and cached (it is small; ``unpersist`` it when done): the problem keys
     first (one aggregation each), then their names, broadcast when few."""
     copies_wrong = T.copy_problems(events).cache()
-    widths_wrong = T.width_problems(events).cache()
+    suspects = T.width_suspects(events).cache()
+    widths_wrong = suspects
     try:
+        suspected = suspects.count()
+        if suspected:  # else the distinct count would be a pass for nothing
+            widths_wrong = T.width_problems(events, suspects,
+                                            broadcast=suspected <= BROADCAST_PROBLEMS).cache()
         few = copies_wrong.count() + widths_wrong.count() <= BROADCAST_PROBLEMS
         table = T.name_problems(events, copies_wrong, widths_wrong, broadcast=few).cache()
         table.count()
     finally:
-        copies_wrong.unpersist()
-        widths_wrong.unpersist()
+        for frame in {id(f): f for f in (copies_wrong, suspects, widths_wrong)}.values():
+            frame.unpersist()
     return table
 
 

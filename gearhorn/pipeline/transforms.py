@@ -187,15 +187,38 @@ def copy_problems(events: DataFrame) -> DataFrame:
                     firsts.alias("first_deliveries")))
 
 
-def width_problems(events: DataFrame) -> DataFrame:
-    """message_key, count, enqueued of every message whose published
-    subscriber count differs from the copies enqueued for it."""
+def width_suspects(events: DataFrame) -> DataFrame:
+    """message_key, count, enqueued (rows) of every message whose published
+    subscriber count differs from the ``enqueued`` rows logged for it: one
+    aggregation of numbers. A fanout that ran again (its worker died, or
+    gearmand replayed it) logs its copies again, so these are only suspects:
+    :func:`width_problems` counts their distinct copies."""
     event = F.col("event")
     return (events.filter(event.isin("published", "enqueued") & F.col("message_key").isNotNull())
             .groupBy("message_key")
             .agg(F.max(F.when(event == "published", F.col("count"))).alias("count"),
                  F.count(F.when(event == "enqueued", F.lit(1))).alias("enqueued"))
             .filter(F.col("count").isNotNull() & (F.col("count") != F.col("enqueued"))))
+
+
+def width_problems(events: DataFrame, suspects: DataFrame | None = None,
+                   broadcast: bool = True) -> DataFrame:
+    """message_key, count, enqueued of every message whose published
+    subscriber count differs from the distinct copies enqueued for it.
+
+    Only the ``suspects`` (:func:`width_suspects`) are counted again, by
+    copy key; ``broadcast`` (they are few) sends them to every task.
+    """
+    suspects = width_suspects(events) if suspects is None else suspects
+    keys = suspects.select("message_key", "count")
+    wanted = F.broadcast(keys) if broadcast else keys
+    distinct = (events.filter(F.col("event") == "enqueued")
+                .join(wanted.select("message_key"), "message_key")
+                .groupBy("message_key").agg(F.countDistinct("copy_key").alias("copies")))
+    enqueued = F.coalesce(F.col("copies"), F.lit(0))
+    return (keys.join(distinct, "message_key", "left")
+            .select("message_key", "count", enqueued.alias("enqueued"))
+            .filter(F.col("count") != F.col("enqueued")))
 
 
 def name_problems(events: DataFrame, copies_wrong: DataFrame, widths_wrong: DataFrame,

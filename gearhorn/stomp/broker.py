@@ -365,6 +365,7 @@ class Broker:
         # only when it is surely dead, not merely busy for a few seconds.
         self.liveness = BridgeLiveness(registry, bridge_id, 5 * config.worker_ttl)
         self._flush_soon = False
+        self._retired = False
         self._ledger_flusher = gevent.spawn(self._flush_ledger_forever)
         self._heart = gevent.spawn(self._heartbeats)
 
@@ -411,13 +412,16 @@ class Broker:
     def retire(self) -> None:
         """A clean stop (after every session ended and cleaned up)."""
         self._heart.kill(block=False)
+        self._retired = True
+        self._ledger_flusher.join(timeout=5)  # lets a flush under way finish
+        self.flush_ledger()  # the last deliveries and acks of the sessions just ended
         try:
             self.liveness.retire()
         except redis.RedisError as exc:
             log.warning("could not retire bridge %s: %s", self.bridge_id, exc)
 
     def _flush_ledger_forever(self) -> None:
-        while True:
+        while not self._retired:
             gevent.sleep(0.2)
             self.flush_ledger()
 

@@ -9,23 +9,28 @@ every message; duplicates are allowed only where docs/reliability.rst says
 they can happen, and their count is printed. Run alone: ``-m faults``.
 """
 
+import contextlib
 import json
 import os
 import re
 import signal
+import subprocess
+import sys
 import threading
 import time
 from collections import Counter
 
+import pyarrow.parquet as pq
 import pytest
 
 from gearhorn import gearman
 from gearhorn.client import Producer
+from tests.conftest import require_binary
 
 from .helpers import PoolProcess, drain_jobs, queue_depth, unique_topic, wait_for
-from .stomp_helpers import BridgeProcess
+from .stomp_helpers import BridgeProcess, StompClient
 
-pytestmark = [pytest.mark.integration, pytest.mark.faults, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.integration, pytest.mark.faults, pytest.mark.timeout(420)]
 
 MESSAGES = 10_000
 SUBSCRIBERS = 10
@@ -40,6 +45,33 @@ def depth(server, function):
 
 def drain(server, function):
     return [job.data.decode() for job in drain_jobs(server, function)]
+
+
+@contextlib.contextmanager
+def stomp_subscriber(servers, log_dir, topic):
+    """A bridge and a durable STOMP subscriber of ``topic`` on it."""
+    bridge = BridgeProcess([servers.gearmand], servers.redis_url, str(log_dir))
+    client = StompClient(bridge.port, **{"client-id": "faults-stomp"})
+    try:
+        client.subscribe(f"/topic/{topic}", "d", durable="true")
+        yield bridge, client
+    finally:
+        client.close()
+        bridge.stop()
+
+
+def reconcile(redis_url, folder):
+    """``gearhorn ledger export`` and ``gearhorn report``: (kind, subscriber)
+    of every problem in the reconciliation."""
+    require_binary("java", "default-jre-headless")
+    ledger, out = folder / "ledger", folder / "report"
+    for args in (["ledger", "export", "--out", str(ledger), "--redis-url", redis_url],
+                 ["report", "--ledger", str(ledger), "--out", str(out)]):
+        done = subprocess.run([sys.executable, "-m", "gearhorn", *args], capture_output=True,
+                              timeout=240)
+        assert done.returncode == 0, done.stderr.decode()[-3000:]
+    table = pq.read_table(f"{out}/tables/reconciliation").to_pylist()
+    return sorted((row["kind"], row["subscriber"]) for row in table)
 
 
 def children(pid):
@@ -103,6 +135,10 @@ def test_a_broadcast_survives_a_killed_worker_and_restarts_of_gearmand_and_redis
         with Producer([(s.gearmand.host, s.gearmand.port)]) as admin:
             for who in subscribers:
                 admin.subscribe(topic, who)
+        # One more subscriber, through a bridge: durable, away during the faults
+        # (its queue fills), so the ledger records its deliveries at the end.
+        with stomp_subscriber(s, tmp_path, topic):
+            pass
         first_queue = f"{topic}_{subscribers[0]}"
         producer = SteadyProducer([(s.gearmand.host, s.gearmand.port)], topic, MESSAGES)
         producer.start()
@@ -141,10 +177,19 @@ def test_a_broadcast_survives_a_killed_worker_and_restarts_of_gearmand_and_redis
             missing = expected - set(got)
             assert not missing, f"{who} lacks {len(missing)} messages, e.g. {sorted(missing)[:5]}"
             duplicates += sum(got.values()) - len(got)
-        report(f"{s.queue} queue: {MESSAGES:,} messages x {SUBSCRIBERS} subscribers all "
-               f"delivered; duplicates: {duplicates}; producer resubmitted {producer.retries} "
-               f"batches; worker {victim} killed, gearmand and redis restarted (redis with "
-               f"{submitted_at_restart:,} of the fanouts submitted), then a power cut")
+        with stomp_subscriber(s, tmp_path, topic) as (bridge, client):
+            got = Counter(m.body.decode() for m in client.messages(MESSAGES, timeout=120))
+            assert set(got) == expected
+            duplicates += sum(got.values()) - len(got)
+        report(f"{s.queue} queue: {MESSAGES:,} messages x {SUBSCRIBERS} subscribers + 1 STOMP "
+               f"subscriber all delivered; duplicates: {duplicates}; producer resubmitted "
+               f"{producer.retries} batches; worker {victim} killed, gearmand and redis "
+               f"restarted (redis with {submitted_at_restart:,} of the fanouts submitted), "
+               f"then a power cut")
+        if s.queue == "redis":
+            problems = reconcile(s.redis_url, tmp_path)
+            report(f"ledger reconciliation: {dict(Counter(kind for kind, _ in problems))}")
+            assert not [p for p in problems if p[0] == "never_delivered"], problems[:5]
         # gear logs its own reconnect tracebacks while gearmand restarts; no
         # gearhorn module may log an error (a job that failed on a bug, say).
         errors = re.findall(r".* ERROR \[\d+\] gearhorn\..*", pool.log(full=True))

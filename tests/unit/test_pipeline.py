@@ -106,6 +106,22 @@ def test_reconciliation_finds_a_missing_a_duplicate_and_a_width_mismatch(spark):
                      ("width_mismatch", "m4", None)]
 
 
+def test_a_fanout_that_ran_again_is_no_width_mismatch_but_a_lost_copy_is(spark):
+    rows = good_ledger()
+    rows += published("m5", "news", 7000, ["a", "b"])
+    rows += published("m5", "news", 7100, ["a", "b"])  # its worker died: it ran again
+    rows += published("m6", "news", 7200, ["a", "b"])
+    rows += published("m6", "news", 7300, ["a"])  # ran again: 3 rows, 2 copies
+    rows.append(ev("published", 7400, "m7", "news", count=2))  # no copy at all
+    rows += [ev("delivered", 8000 + i, subscriber=f"news_{s}", unique=f"{m}:{s}")
+             for i, (m, s) in enumerate([("m5", "a"), ("m5", "b"), ("m6", "a"), ("m6", "b")])]
+    events = T.with_keys(frame(spark, rows))
+    found = sorted((r.kind, r.message_id, r.detail) for r in T.reconciliation(events).collect())
+    assert found == [("width_mismatch", "m7", "published to 2 subscribers, 0 copies enqueued")]
+    suspects = {r.message_key for r in T.width_suspects(events).collect()}
+    assert len(suspects) == 3  # m5, m6 and m7: counted again by copy key
+
+
 def planted_problems():
     rows = good_ledger()
     rows += published("m3", "news", 5000, ["a", "b"])  # b never gets m3
