@@ -13,7 +13,8 @@ which the producer got its answer: a foreground ``fanout`` job completes once
 gearmand acknowledged every copy (JOB_CREATED), which with a persistent queue
 comes after the copy is written there.
 
-The peer is RabbitMQ (Debian's rabbitmq-server), in the same run: N durable
+gearmand's MySQL queue runs on Debian's MariaDB (durable defaults) when
+installed. The peer is RabbitMQ (Debian's rabbitmq-server), in the same run: N durable
 STOMP subscriptions to one topic (durable queues bound to amq.topic), and
 messages sent ``persistent:true`` with a receipt each, which RabbitMQ gives
 once the message is confirmed in every queue; copies = messages x N.
@@ -25,6 +26,7 @@ import argparse
 import os
 import shutil
 import signal
+import subprocess
 import sys
 import tempfile
 import threading
@@ -56,13 +58,17 @@ class GearhornServers:
         self.tmp = tempfile.mkdtemp(prefix="bench-durable-", dir=os.getcwd())
         self.redis = servers.start_redis(data_dir=os.path.join(self.tmp, "redis"),
                                          appendonly=True)
-        self.queue_redis = None
+        self.queue_redis = self.mariadb = None
+        address = None
         if queue == "redis":
             self.queue_redis = servers.start_redis(
                 data_dir=os.path.join(self.tmp, "queue-redis"), appendonly=True, cpus=cpus)
+            address = (self.queue_redis.host, self.queue_redis.port)
+        elif queue == "mysql":
+            self.mariadb = MariaDB(self.tmp)
+            address = ("127.0.0.1", self.mariadb.port)
         self.gearmand = servers.start_gearmand(
-            data_dir=os.path.join(self.tmp, "gearmand"), queue=queue,
-            queue_redis=self.queue_redis and (self.queue_redis.host, self.queue_redis.port),
+            data_dir=os.path.join(self.tmp, "gearmand"), queue=queue, queue_server=address,
             cpus=cpus)
         self.registry = Registry(redis.Redis.from_url(self.redis.details["url"]), Keys())
         for width in WIDTHS:
@@ -77,10 +83,45 @@ class GearhornServers:
     def close(self) -> None:
         self.pool.send_signal(signal.SIGTERM)
         self.pool.wait(30)
-        for server in (self.gearmand, self.queue_redis, self.redis):
+        for server in (self.gearmand, self.queue_redis, self.mariadb, self.redis):
             if server is not None:
                 server.stop()
         shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+class MariaDB:
+    """Debian's MariaDB on a free loopback port, data in ``folder``, with its
+    durable defaults (InnoDB syncs its log at every commit); root without a
+    passcode, database ``gearman`` (gearmand makes its table)."""
+
+    @staticmethod
+    def installed() -> bool:
+        return bool(servers.find_binary("mariadbd") and shutil.which("mariadb-install-db"))
+
+    def __init__(self, folder: str) -> None:
+        data = os.path.join(folder, "mariadb")
+        subprocess.run(["mariadb-install-db", "--no-defaults", f"--datadir={data}", "--user=root",
+                        "--auth-root-authentication-method=normal", "--skip-test-db"],
+                       check=True, capture_output=True, timeout=300)
+        self.port = servers.free_port()
+        self.socket = os.path.join(folder, "mariadb.sock")
+        self.process = subprocess.Popen(
+            [servers.find_binary("mariadbd"), "--no-defaults", f"--datadir={data}",
+             "--user=root", "--bind-address=127.0.0.1", f"--port={self.port}",
+             f"--socket={self.socket}", "--skip-log-bin"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            preexec_fn=servers._die_with_parent)
+        deadline = time.monotonic() + 120
+        while not servers.is_listening("127.0.0.1", self.port):
+            if time.monotonic() > deadline or self.process.poll() is not None:
+                raise SystemExit("MariaDB did not start")
+            time.sleep(0.2)
+        subprocess.run(["mariadb", f"--socket={self.socket}", "-uroot", "-e",
+                        "CREATE DATABASE gearman"], check=True, timeout=60)
+
+    def stop(self) -> None:
+        self.process.terminate()
+        self.process.wait(60)
 
 
 class Receipts(stomp.ConnectionListener):
@@ -130,9 +171,13 @@ def bench_modes(processes: int, quick: bool) -> dict[str, dict[int, float]]:
     durable = 20_000 if quick else 100_000
     modes = {"redis": ("redis", True, durable), "redis, not pinned": ("redis", False, durable),
              "sqlite": ("sqlite", False, 2_000 if quick else 5_000),
+             "MySQL (MariaDB)": ("mysql", False, 2_000 if quick else 5_000),
              "none": ("none", False, durable)}
     rates: dict[str, dict[int, float]] = {}
     for mode, (queue, pinned, budget) in modes.items():
+        if queue == "mysql" and not MariaDB.installed():
+            print("  MySQL: not installed (apt-get install mariadb-server); not measured")
+            continue
         running = GearhornServers(queue, processes, pinned)
         try:
             rates[mode] = {width: running.rate(width, budget) for width in WIDTHS}
@@ -159,7 +204,7 @@ def bench_replay(copies: int) -> None:
     queue_redis = servers.start_redis(data_dir=os.path.join(tmp, "queue-redis"),
                                       appendonly=True, cpus=cpus)
     address = (queue_redis.host, queue_redis.port)
-    gm = servers.start_gearmand(queue="redis", queue_redis=address, cpus=cpus)
+    gm = servers.start_gearmand(queue="redis", queue_server=address, cpus=cpus)
     try:
         client = gearman.Client([(gm.host, gm.port)])
         start = time.perf_counter()
@@ -175,7 +220,7 @@ def bench_replay(copies: int) -> None:
         gm.kill()
         stalls = PingProbe(queue_redis.details["url"])
         start = time.perf_counter()
-        gm = servers.start_gearmand(gm.port, queue="redis", queue_redis=address, cpus=cpus)
+        gm = servers.start_gearmand(gm.port, queue="redis", queue_server=address, cpus=cpus)
         while not answers_status(gm):
             time.sleep(0.1)
         serving = time.perf_counter() - start

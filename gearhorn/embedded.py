@@ -149,7 +149,7 @@ class Embedded:
         queue = redis.Redis.from_url(self.config.queue_redis_url, socket_timeout=60)
         return replay.start_mended(queue, self._registry_redis(), self._keys(), lambda: (
             servers.start_gearmand(port, self.config.data_dir, queue="redis",
-                                   queue_redis=(url.hostname or "127.0.0.1", url.port or 6379),
+                                   queue_server=(url.hostname or "127.0.0.1", url.port or 6379),
                                    cpus=self._queue_cpus())))
 
     def _ensure_bridge(self) -> None:

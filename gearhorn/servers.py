@@ -170,13 +170,14 @@ GEARMAND_HASH_BUCKETS = 1_000_003
 
 
 def start_gearmand(port: int | None = None, data_dir: str | None = None,
-                   queue: str = "none", queue_redis: tuple[str, int] | None = None,
+                   queue: str = "none", queue_server: tuple[str, int] | None = None,
                    threads: int = 0, hash_buckets: int = GEARMAND_HASH_BUCKETS,
                    cpus: set[int] | None = None) -> Managed:
     """The C gearmand on 127.0.0.1.
 
     ``queue`` says where it keeps background jobs: ``"redis"`` (its redis
-    queue in the Redis at ``queue_redis``), ``"sqlite"`` (a file in
+    queue in the Redis at ``queue_server``), ``"mysql"`` (database ``gearman``
+    as root at ``queue_server``: benchmarks), ``"sqlite"`` (a file in
     ``data_dir``) or ``"none"`` (memory only).
     """
     binary = find_binary("gearmand")
@@ -185,7 +186,7 @@ def start_gearmand(port: int | None = None, data_dir: str | None = None,
     port = port or free_port()
     argv = [binary, "--listen", HOST, "--port", str(port), "--threads", str(threads),
             "--log-file", "stderr", "--verbose", "WARNING",
-            "--hashtable-buckets", str(hash_buckets), *queue_options(queue, data_dir, queue_redis)]
+            "--hashtable-buckets", str(hash_buckets), *queue_options(queue, data_dir, queue_server)]
     log_path = None
     if data_dir:
         os.makedirs(data_dir, exist_ok=True)
@@ -206,13 +207,17 @@ def queue_cpus() -> set[int] | None:
 
 
 def queue_options(queue: str, data_dir: str | None = None,
-                  queue_redis: tuple[str, int] | None = None) -> list[str]:
+                  queue_server: tuple[str, int] | None = None) -> list[str]:
     """gearmand's command-line options for a persistent queue (docs/reliability.rst)."""
+    if queue in ("redis", "mysql") and queue_server is None:
+        raise ServerError(f"a {queue} queue needs the address of its server")
     if queue == "redis":
-        if queue_redis is None:
-            raise ServerError("a redis queue needs the address of its Redis")
-        return ["--queue-type", "redis", "--redis-server", queue_redis[0],
-                "--redis-port", str(queue_redis[1])]
+        return ["--queue-type", "redis", "--redis-server", queue_server[0],
+                "--redis-port", str(queue_server[1])]
+    if queue == "mysql":
+        return ["--queue-type", "MySQL", "--mysql-host", queue_server[0],
+                "--mysql-port", str(queue_server[1]), "--mysql-user", "root",
+                "--mysql-db", "gearman"]
     if queue == "sqlite":
         if not data_dir:
             raise ServerError("a sqlite queue needs a data_dir")

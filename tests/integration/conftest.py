@@ -139,7 +139,7 @@ class Restartable:
     def _start_gearmand(self, port):
         def start():
             return servers.start_gearmand(port, self.gearmand_dir, queue=self.queue,
-                                          queue_redis=self.queue_redis and (
+                                          queue_server=self.queue_redis and (
                                               self.queue_redis.host, self.queue_redis.port))
         if self.queue != "redis":
             return start()

@@ -34,7 +34,7 @@ def queue_redis(tmp_path):
 
 def start_gearmand(queue_redis, port=None):
     require_binary("gearmand", "gearman-job-server")
-    return servers.start_gearmand(port, queue="redis", queue_redis=(queue_redis.host,
+    return servers.start_gearmand(port, queue="redis", queue_server=(queue_redis.host,
                                                                     queue_redis.port))
 
 
