@@ -15,8 +15,12 @@ from gearhorn.logs import setup_logging
 log = logging.getLogger(__name__)
 
 
-def _common() -> argparse.ArgumentParser:
-    common = argparse.ArgumentParser(add_help=False)
+def _common(nested: bool = False) -> argparse.ArgumentParser:
+    """The options every command takes. ``nested``: for a sub-command of a
+    command that takes them too (``gearhorn ledger --redis-url X export``),
+    so an option not repeated after the sub-command keeps its value."""
+    common = argparse.ArgumentParser(add_help=False,
+                                     argument_default=argparse.SUPPRESS if nested else None)
     common.add_argument("--config", metavar="FILE",
                         help="INI file with a [gearhorn] section (env GEARHORN_CONFIG)")
     common.add_argument("--gearman", metavar="HOST:PORT", action="append",
@@ -93,7 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     ledger = sub.add_parser("ledger", parents=[common], help="the delivery ledger")
     ledger_sub = ledger.add_subparsers(dest="ledger_command", required=True, metavar="ACTION")
-    export = ledger_sub.add_parser("export", parents=[common],
+    export = ledger_sub.add_parser("export", parents=[_common(nested=True)],
                                    help="write new ledger events to files, by date")
     export.add_argument("--out", required=True, metavar="DIR")
     export.add_argument("--format", choices=("parquet", "jsonl"), default="parquet")
