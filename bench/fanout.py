@@ -189,7 +189,7 @@ def bench_redis_memory(quick: bool) -> float:
             for c in range(per_topic):
                 keys = [registry.keys.topic(topic), registry.keys.topics, registry.keys.versions]
                 script(keys=keys, args=["1", topic, f"client-{c:06d}", topic,
-                                        registry.keys.channel, "{}"], client=pipe)
+                                        registry.keys.channel], client=pipe)
             if t % 100 == 99:
                 pipe.execute()
         pipe.execute()

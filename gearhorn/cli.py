@@ -9,7 +9,8 @@ import os
 import sys
 
 from gearhorn import config as configuration
-from gearhorn.config import Config, ConfigError
+from gearhorn.config import Config
+from gearhorn.errors import GearhornError
 from gearhorn.logs import setup_logging
 
 log = logging.getLogger(__name__)
@@ -143,23 +144,18 @@ def main(argv: list[str] | None = None) -> int:
     args.argv = argv
     try:
         config = load_config(args)
-    except ConfigError as exc:
-        print(f"gearhorn: {exc}", file=sys.stderr)
-        return 2
-    setup_logging(config.log_level)
-    if args.command not in ("report", "passwd"):
-        from gearhorn import gearman
-        gearman.use_tls_files(config.gearman_tls_ca, config.gearman_tls_cert,
-                              config.gearman_tls_key)
-    handler = globals()[f"cmd_{args.command}"]
-    try:
-        return handler(config, args) or 0
-    except CommandError as exc:
+        setup_logging(config.log_level)
+        if args.command not in ("report", "passwd"):
+            from gearhorn import gearman
+            gearman.use_tls_files(config.gearman_tls_ca, config.gearman_tls_cert,
+                                  config.gearman_tls_key)
+        return globals()[f"cmd_{args.command}"](config, args) or 0
+    except GearhornError as exc:  # one line for a person; anything else is a bug
         print(f"gearhorn {args.command}: {exc}", file=sys.stderr)
-        return 1
+        return exc.exit_code
 
 
-class CommandError(Exception):
+class CommandError(GearhornError):
     """Ends a command with a one-line message and exit status 1."""
 
 
@@ -184,12 +180,8 @@ def cmd_bridge(config: Config, args: argparse.Namespace) -> int:
 
 def cmd_up(config: Config, args: argparse.Namespace) -> int:
     from gearhorn.embedded import Embedded
-    from gearhorn.servers import ServerError
 
-    try:
-        return Embedded(config).run()
-    except ServerError as exc:
-        raise CommandError(str(exc)) from None
+    return Embedded(config).run()
 
 
 def cmd_replay(config: Config, args: argparse.Namespace) -> int:
@@ -222,14 +214,8 @@ def _producer(config: Config):
 
 
 def _run_job(config: Config, method: str, *args, **kwargs) -> int:
-    from gearhorn.client import JobFailed
-    from gearhorn.gearman import GearmanError
-
     with _producer(config) as producer:
-        try:
-            result = getattr(producer, method)(*args, **kwargs)
-        except (JobFailed, GearmanError) as exc:
-            raise CommandError(str(exc)) from None
+        result = getattr(producer, method)(*args, **kwargs)
     print(json.dumps(result))
     return 0
 
@@ -265,12 +251,8 @@ def cmd_publish(config: Config, args: argparse.Namespace) -> int:
 
 def cmd_consume(config: Config, args: argparse.Namespace) -> int:
     from gearhorn.client import Consumer
-    from gearhorn.messages import BadRequest
 
-    try:
-        consumer = Consumer(config.gearman_servers, args.topic, args.client_id)
-    except BadRequest as exc:
-        raise CommandError(str(exc)) from None
+    consumer = Consumer(config.gearman_servers, args.topic, args.client_id)
     received = 0
     with consumer:
         while args.count is None or received < args.count:
@@ -304,14 +286,11 @@ def cmd_ledger(config: Config, args: argparse.Namespace) -> int:
 
 
 def cmd_report(config: Config, args: argparse.Namespace) -> int:
-    from gearhorn.pipeline.job import Options, PipelineError, run
+    from gearhorn.pipeline.job import Options, run
 
     options = Options(args.ledger, args.out, args.master, args.stale_after,
                       args.shuffle_partitions)
-    try:
-        summary = run(options)
-    except PipelineError as exc:
-        raise CommandError(str(exc)) from None
+    summary = run(options)
     problems = sum(summary["reconciliation"].values())
     print(f"{summary['events']:,} events ({summary['malformed']:,} malformed rows skipped); "
           f"reconciliation: {problems:,} problems; report: {args.out}/report.html "

@@ -30,12 +30,13 @@ from collections.abc import Callable, Sequence
 import gear
 
 from gearhorn import gearman
+from gearhorn.errors import GearhornError
 from gearhorn.messages import queue_name, validate_client_id, validate_topic
 
 Servers = Sequence[tuple[str, int]]
 
 
-class JobFailed(RuntimeError):
+class JobFailed(GearhornError, RuntimeError):
     """A gearhorn job failed; the message is the worker's one-line reason."""
 
 

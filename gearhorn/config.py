@@ -14,6 +14,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 
+from gearhorn.errors import GearhornError
 from gearhorn.messages import DEFAULT_MAX_PAYLOAD
 
 ENV_PREFIX = "GEARHORN_"
@@ -24,7 +25,8 @@ _ENV_ALIASES = {"gearman_servers": "GEARHORN_GEARMAN"}
 PERSISTENCE = ("redis", "sqlite", "none")
 
 
-class ConfigError(ValueError):
+class ConfigError(GearhornError, ValueError):
+    exit_code = 2
     """A setting that cannot be used; the message names the setting and source."""
 
 

@@ -3,7 +3,7 @@
 gearmand's own epoch jobs (SUBMIT_JOB_EPOCH) are not enough: measured with
 gearmand 1.1.20, a due epoch job does not wake a sleeping worker, so
 ``gearman -w`` (or any worker waiting in PRE_SLEEP) never receives it until
-other work arrives (docs/delayed.rst). So gearhorn keeps a delayed message
+other work arrives (docs/delivery.rst). So gearhorn keeps a delayed message
 in a sorted set per time shard (``<p>due:<n>``, ``delay_shard_seconds``
 wide) and every worker of the pool polls for due messages
 (``lua/release.lua``): each one is taken by one worker, sent, then removed.

@@ -21,6 +21,7 @@ from gearhorn import gearman
 from gearhorn.cache import InvalidationListener, SubscriberCache
 from gearhorn.config import Config
 from gearhorn.delayed import DelayedItem, Releaser, Scheduler
+from gearhorn.errors import GearhornError
 from gearhorn.headers import HeaderStore
 from gearhorn.janitor import Janitor
 from gearhorn.keys import Keys
@@ -46,7 +47,7 @@ FANOUT = "fanout"
 FUNCTIONS = (SUBSCRIBE, SUBSCRIBE_ALIAS, UNSUBSCRIBE, FANOUT)
 
 
-class Unavailable(Exception):
+class Unavailable(GearhornError):
     """Redis or gearmand cannot take the request now; the message says which."""
 
 
@@ -77,12 +78,13 @@ class FanoutService:
 
         ``job_unique`` is the Gearman unique key of the job, which makes a
         fanout's message ids the same each time the job runs."""
+        handler = self._handlers.get(function)
+        if handler is None:  # looked up apart: a KeyError inside a handler is a bug
+            raise BadRequest(f"unknown function {function!r}")
         try:
             if function == FANOUT:
                 return self.fanout(data, job_unique)
-            return self._handlers[function](data)
-        except KeyError:
-            raise BadRequest(f"unknown function {function!r}") from None
+            return handler(data)
         except redis.RedisError as exc:
             raise Unavailable(f"registry unavailable (redis: {exc})") from None
         except gearman.GearmanError as exc:

@@ -22,6 +22,8 @@ from dataclasses import dataclass
 
 import gear
 
+from gearhorn.errors import GearhornError
+
 log = logging.getLogger(__name__)
 
 REQ = b"\0REQ"
@@ -76,7 +78,7 @@ _SUBMIT = {
 }
 
 
-class GearmanError(Exception):
+class GearmanError(GearhornError):
     """gearmand answered ERROR, or the connection broke."""
 
 
@@ -358,7 +360,7 @@ def wait_for_results(conn: Connection, handles: Sequence[bytes],
     except GearmanError as exc:
         lost = Outcome("failed", reason=str(exc))
         return [o or lost for o in outcomes]
-    late = Outcome("timeout", reason=f"no answer within {timeout:g}s")
+    late = Outcome("timeout", reason=f"no answer within {timeout:.3g}s")
     return [o or late for o in outcomes]
 
 

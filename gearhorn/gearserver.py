@@ -1,6 +1,6 @@
 """``python -m gearhorn.gearserver``: gear's pure-Python Gearman server.
 
-For tests and ``gearman up`` where C gearmand is not installed. It cannot
+For tests and ``gearhorn up`` where C gearmand is not installed. It cannot
 run in a gevent-patched process, so it always gets a process of its own.
 Not for production: no persistence, no unique coalescing (DESIGN.md).
 """

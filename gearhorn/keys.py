@@ -36,7 +36,9 @@ All keys start with the configured prefix (default ``gearhorn:``):
 
 The matchmaking channel (default ``__matchmaking``, not prefixed so other
 tools find it) carries one JSON message per change:
-``{"op": "subscribe"|"unsubscribe", "topic": T, "client_id": C, "version": "tv.pv"}``.
+``{"op": "subscribe"|"unsubscribe", "topic": T, "client_id": C, "version": "N"}``,
+N being the new change counter of the topic (or of all prefix subscriptions,
+for a pattern) as a string.
 """
 
 from __future__ import annotations

@@ -21,6 +21,8 @@ import uuid
 from dataclasses import dataclass, field
 from datetime import datetime
 
+from gearhorn.errors import GearhornError
+
 MAX_NAME_BYTES = 128
 # gearmand 1.1.20 answers ERROR ARGUMENT_TOO_LARGE to a unique key over 64
 # bytes, and a key of exactly 64 comes back to the worker cut to 63 bytes with
@@ -38,7 +40,7 @@ _QUEUE = re.compile(rf"[!-~]{{1,{2 * MAX_NAME_BYTES + 1}}}")
 PREFIX_WILDCARD = "*"
 
 
-class BadRequest(ValueError):
+class BadRequest(GearhornError, ValueError):
     """A job payload gearhorn refuses; ``str(exc)`` is the one-line reason."""
 
 
@@ -129,8 +131,9 @@ def split_queue_name(name: str) -> tuple[str, str]:
 def copy_unique(base: str, client_id: str, header_id: str | None = None) -> str:
     """The Gearman unique key of one copy: ``<base>:<client_id>``.
 
-    Keys over gearmand's 64-byte limit become a SHA-256 digest of the same
-    text, so the key stays deterministic (coalescing still works) and valid.
+    Keys over 63 bytes (gearmand's real limit: docs/design.rst, "Unique
+    keys") become a SHA-256 digest of the same text, so the key stays
+    deterministic (coalescing still works) and valid.
     A message with headers has ``@<header id>:<client_id>`` instead (the
     client id digested when too long), so whoever grabs the copy finds its
     headers without a lookup per job (see :func:`header_id_of`).

@@ -6,7 +6,6 @@ its index, the version counter and the announcement change together.
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 import time
@@ -17,8 +16,6 @@ import redis
 
 from gearhorn.keys import PREFIX_VERSION_FIELD, Keys
 from gearhorn.messages import PREFIX_WILDCARD, Subscription, queue_name
-
-_VERSION_MARK = "%VERSION%"
 
 
 def _script(name: str) -> str:
@@ -74,11 +71,7 @@ class Registry:
         else:
             keys = [self.keys.topic(sub.topic), self.keys.topics]
             field = sub.topic
-        op = "subscribe" if subscribe else "unsubscribe"
-        note = json.dumps({"op": op, "topic": sub.topic, "client_id": sub.client_id,
-                           "version": _VERSION_MARK})
-        args = ["1" if subscribe else "0", sub.topic, sub.client_id, field,
-                self.keys.channel, note]
+        args = ["1" if subscribe else "0", sub.topic, sub.client_id, field, self.keys.channel]
         return int(self._subscribe(keys=keys + [self.keys.versions], args=args))
 
     def members(self, topic: str, cached_token: str = "") -> Members | None:

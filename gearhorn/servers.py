@@ -17,12 +17,14 @@ import sys
 import time
 from dataclasses import dataclass, field
 
+from gearhorn.errors import GearhornError
+
 HOST = "127.0.0.1"
 _SBIN = ("/usr/sbin", "/usr/local/sbin", "/sbin")
 _PR_SET_PDEATHSIG = 1
 
 
-class ServerError(RuntimeError):
+class ServerError(GearhornError, RuntimeError):
     """A server could not be started; the message says why and what to install."""
 
 
@@ -164,7 +166,7 @@ def _wait_until_loaded(server: Managed, timeout: float = 600.0) -> None:
 
 
 # gearmand's job hash tables default to 991 buckets: with unique keys its
-# ingest falls from ~120,000 to ~25,000 jobs/s by 200,000 queued jobs (measured,
+# ingest falls from ~184,000 to ~29,000 jobs/s by 200,000 queued jobs (measured,
 # docs/benchmarks.rst). A million buckets cost 8 MB and keep it flat.
 GEARMAND_HASH_BUCKETS = 1_000_003
 

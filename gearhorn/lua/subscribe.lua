@@ -7,7 +7,8 @@
 -- ARGV[3] client id
 -- ARGV[4] version field: the topic, or "*" for a prefix pattern
 -- ARGV[5] matchmaking channel
--- ARGV[6] the JSON announcement, with "%VERSION%" where the new version goes
+-- Publishes {"op", "topic", "client_id", "version"} on the channel (JSON made
+-- here with cjson, so no name can be mistaken for a placeholder).
 -- Returns the number of subscribers after the change.
 local changed
 if ARGV[1] == '1' then
@@ -23,5 +24,8 @@ end
 -- bump the version only on a real change (it invalidates caches).
 local version = redis.call('HGET', KEYS[3], ARGV[4]) or '0'
 if changed == 1 then version = redis.call('HINCRBY', KEYS[3], ARGV[4], 1) end
-redis.call('PUBLISH', ARGV[5], (string.gsub(ARGV[6], '%%VERSION%%', tostring(version))))
+local op = 'unsubscribe'
+if ARGV[1] == '1' then op = 'subscribe' end
+redis.call('PUBLISH', ARGV[5], cjson.encode({op = op, topic = ARGV[2], client_id = ARGV[3],
+                                              version = tostring(version)}))
 return redis.call('SCARD', KEYS[1])

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 if __package__ in (None, ""):  # run as a file by spark-submit
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
 
+from gearhorn.errors import GearhornError
 from gearhorn.pipeline import transforms as T  # noqa: E402
 
 # Problem rows the reconciliation sends to every task to find their names;
@@ -32,7 +33,7 @@ BROADCAST_PROBLEMS = 1_000_000
 LOCAL_JAVA_OPTIONS = "-XX:+UseParallelGC"
 
 
-class PipelineError(RuntimeError):
+class PipelineError(GearhornError, RuntimeError):
     """A problem a person can fix; the message says how."""
 
 

@@ -30,6 +30,8 @@ import os
 from dataclasses import dataclass
 from io import StringIO
 
+from gearhorn.errors import GearhornError
+
 SCHEME = "pbkdf2_sha256"
 # About 0.05 s of one core per check: slow for a guesser, and the bridge runs
 # checks in a thread pool and remembers passcodes it verified (by digest).
@@ -37,7 +39,7 @@ ITERATIONS = 200_000
 ANONYMOUS = "anonymous"
 
 
-class CredentialsError(ValueError):
+class CredentialsError(GearhornError, ValueError):
     """The credentials file cannot be used; the message says where and why."""
 
 

@@ -31,10 +31,11 @@ import redis
 from gearhorn import gearman
 from gearhorn.config import Config
 from gearhorn.delayed import DelayedItem, Scheduler
+from gearhorn.errors import GearhornError
 from gearhorn.headers import HeaderStore
 from gearhorn.janitor import BridgeLiveness, queue_entry, topic_entry
 from gearhorn.ledger import Ledger
-from gearhorn.messages import BadRequest, Subscription, copy_unique, validate_topic
+from gearhorn.messages import Subscription, copy_unique, validate_topic
 from gearhorn.registry import Registry
 from gearhorn.replay import DashedFunctions
 from gearhorn.stomp.auth import Credentials, Principal
@@ -45,6 +46,11 @@ log = logging.getLogger(__name__)
 # Jobs grabbed per GRAB burst at most; credit beyond it is used next round.
 _GRAB_BURST = 64
 
+
+
+class FanoutFailed(GearhornError):
+    """A fanout job the bridge submitted failed or timed out (not the
+    client's fault: its request was valid); the message says why."""
 
 class Consumer(Protocol):
     """What a dispatcher needs from a STOMP subscription."""
@@ -486,7 +492,7 @@ class Broker:
         outcome = client.call("fanout", json.dumps(job).encode(), self.config.fanout_timeout,
                               options.priority)
         if not outcome.ok:
-            raise BadRequest(f"fanout to {topic} failed: {outcome.reason}")
+            raise FanoutFailed(f"fanout to {topic} failed: {outcome.reason}")
         return json.loads(outcome.data)
 
     def request(self, function: str, body: bytes, options: SendOptions,

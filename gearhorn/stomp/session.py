@@ -27,7 +27,13 @@ from gearhorn.messages import (
     validate_topic,
 )
 from gearhorn.stomp.auth import OPEN
-from gearhorn.stomp.broker import Broker, Delivery, QueueDispatcher, durable_client_id
+from gearhorn.stomp.broker import (
+    Broker,
+    Delivery,
+    FanoutFailed,
+    QueueDispatcher,
+    durable_client_id,
+)
 from gearhorn.stomp.frames import Frame, encode
 from gearhorn.stomp.sending import TEMP_QUEUE, SendOptions, send_options
 
@@ -183,6 +189,9 @@ class Session:
             handler(frame)
         except (ProtocolError, BadRequest) as exc:
             self.error(str(exc), frame)
+        except FanoutFailed as exc:
+            log.warning("session %s: %s", self.id, exc)
+            self.error(str(exc), frame)
         except (gearman.GearmanError, redis.RedisError) as exc:
             log.warning("session %s: %s failed: %s", self.id, frame.command, exc)
             self.error(f"service unavailable: {exc}", frame)
@@ -235,7 +244,7 @@ class Session:
                 self.broker.send_to_queue(self.gearman, dest.name, bodies)
             else:
                 self.broker.publish(self.gearman, dest.name, bodies)
-        except (ProtocolError, BadRequest) as exc:
+        except (ProtocolError, BadRequest, FanoutFailed) as exc:
             self.error(str(exc), batch[0])
             return
         except (gearman.GearmanError, redis.RedisError) as exc:

@@ -109,3 +109,25 @@ def test_up_starts_everything_and_stops_it_on_ctrl_c(tmp_path, redis_server, gea
     assert not servers.is_listening("127.0.0.1", stomp_port)
     assert not servers.is_listening("127.0.0.1", queue_port)
     assert os.path.exists(tmp_path / "data" / "appendonlydir")
+
+
+@pytest.mark.parametrize(("credentials", "reason"), [
+    ("[users]\nalice = not-a-hash\n", "unknown key 'alice'"),
+    (None, "cannot read credentials file"),
+])
+def test_a_bad_credentials_file_stops_the_bridge_with_one_line(tmp_path, credentials, reason):
+    path = tmp_path / "credentials.ini"
+    if credentials is not None:
+        path.write_text(credentials)
+    out = gearhorn("bridge", "--port", str(servers.free_port()),
+                   env=dict(os.environ, GEARHORN_STOMP_CREDENTIALS_FILE=str(path)))
+    assert out.returncode == 1
+    lines = out.stderr.decode().strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("gearhorn bridge: ") and reason in lines[0]
+
+
+def test_a_bad_setting_is_one_line_and_exit_status_2():
+    out = gearhorn("status", env=dict(os.environ, GEARHORN_PERSISTENCE="sometimes"))
+    assert out.returncode == 2
+    assert out.stderr.decode().strip() == (
+        "gearhorn status: persistence must be one of redis, sqlite, none, got 'sometimes'")

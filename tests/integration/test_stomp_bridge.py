@@ -422,3 +422,15 @@ def test_connection_limit(gearmand, start_pool, start_bridge, stomp_clients):
     assert answers[1] in ("CONNECTED", "too many connections (limit 2)")
     for raw in held:
         raw.close()
+
+
+def test_a_fanout_no_worker_answers_is_an_error_that_says_so(gearmand, start_bridge,
+                                                             stomp_clients):
+    bridge = start_bridge([gearmand], env={"GEARHORN_FANOUT_TIMEOUT": "1"})  # and no pool
+    client = stomp_clients(bridge.port)
+    topic = unique_topic()
+    client.conn.send(f"/topic/{topic}", b"x", receipt="r1")
+    client.wait(lambda: client.listener.errors, message="an ERROR")
+    message = client.listener.errors[0].headers["message"]
+    assert message == f"fanout to {topic} failed: no answer within 1s"
+    assert not client.listener.receipts

@@ -118,6 +118,17 @@ def test_bad_input_raises_bad_request_and_nothing_is_sent(service):
     assert client.background == client.foreground == []
 
 
+def test_a_key_error_inside_a_handler_is_a_bug_not_an_unknown_function(service, monkeypatch):
+    svc, _ = service
+
+    def broken(data):
+        return {}["missing"]
+
+    monkeypatch.setitem(svc._handlers, "subscribe_fanout", broken)
+    with pytest.raises(KeyError, match="missing"):
+        svc.handle("subscribe_fanout", b"{}")
+
+
 def test_redis_down_is_reported_as_unavailable(registry, monkeypatch):
     svc = FanoutService(Config(), registry, SubscriberCache(registry), RecordingClient())
 

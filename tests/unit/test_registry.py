@@ -87,6 +87,19 @@ def test_every_change_is_announced(registry, fake_redis):
     assert notes[0]["version"] == "1" and notes[1]["version"] == "2"
 
 
+def test_an_announcement_keeps_names_that_look_like_placeholders(registry, fake_redis):
+    pubsub = fake_redis.pubsub(ignore_subscribe_messages=True)
+    pubsub.subscribe("chan")
+    pubsub.get_message(timeout=1)
+    registry.subscribe(Subscription('odd%VERSION%"\\topic', "%VERSION%"))
+    message = None
+    for _ in range(10):
+        message = message or pubsub.get_message(timeout=1)
+    note = json.loads(message["data"])
+    assert (note["topic"], note["client_id"], note["version"]) == (
+        'odd%VERSION%"\\topic', "%VERSION%", "1")
+
+
 def test_liveness_expires_without_anyone_removing_the_worker(registry):
     registry.heartbeat("w1", ttl=5, info={"pid": 1}, now=1000)
     registry.heartbeat("w2", ttl=5, now=1000)
