@@ -18,6 +18,7 @@ import base64
 import json
 import logging
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import resources
@@ -78,13 +79,27 @@ class Scheduler:
     def schedule(self, item: DelayedItem) -> bool:
         """Keep ``item`` until due; False if it is due already (send it now)."""
         due_ms = int(item.due * 1000)
-        return bool(self._schedule(args=[due_ms, item.to_json(), self.width_ms,
-                                         self.keys.prefix]))
+        shard = due_ms // self.width_ms
+        return bool(self._schedule(keys=[self.keys.due(shard), self.keys.due_cursor],
+                                   args=[due_ms, item.to_json(), shard]))
 
-    def take(self, limit: int = 1000, max_shards: int = 10_000) -> list[tuple[bytes, DelayedItem]]:
-        """Due messages (raw member, item), each leased to this caller alone."""
-        raw = self._release(args=[limit, self.lease_ms, self.width_ms, self.keys.prefix,
-                                  max_shards])
+    def take(self, limit: int = 1000, max_shards: int = 1000,
+             now: float | None = None) -> list[tuple[bytes, DelayedItem]]:
+        """Due messages (raw member, item), each leased to this caller alone.
+
+        Looks at the shards from the cursor to the one after the current one
+        by this machine's clock (a clock up to one shard behind Redis's is
+        covered), at most ``max_shards`` in one call; the script moves the
+        cursor over empty shards, so a long outage is caught up call by call.
+        """
+        cursor = self.redis.get(self.keys.due_cursor)
+        if cursor is None:
+            return []
+        first = int(cursor)
+        current = int((time.time() if now is None else now) * 1000) // self.width_ms
+        shards = range(first, max(first, min(current + 1, first + max_shards - 1)) + 1)
+        raw = self._release(keys=[self.keys.due_cursor, *map(self.keys.due, shards)],
+                            args=[limit, self.lease_ms, self.width_ms, first])
         return [(member, DelayedItem.from_json(member)) for member in raw]
 
     def done(self, taken: list[tuple[bytes, DelayedItem]]) -> None:
@@ -104,12 +119,12 @@ class Scheduler:
         pipe.execute()
 
     def shard_key(self, due: float) -> str:
-        return f"{self.keys.prefix}due:{int(due * 1000) // self.width_ms}"
+        return self.keys.due(int(due * 1000) // self.width_ms)
 
     def pending(self) -> int:
         """Messages kept and not yet sent (scans the shard keys; for tools and tests)."""
         total = 0
-        for key in self.redis.scan_iter(match=f"{self.keys.prefix}due:[0-9]*", count=1000):
+        for key in self.redis.scan_iter(match=self.keys.due("[0-9]*"), count=1000):
             total += self.redis.zcard(key)
         return total
 

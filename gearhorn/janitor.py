@@ -13,11 +13,11 @@ and drops their queues in gearmand.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable
 
 import redis
 
+from gearhorn.liveness import Liveness
 from gearhorn.messages import Subscription, queue_name
 from gearhorn.registry import Registry
 
@@ -44,13 +44,13 @@ class BridgeLiveness:
         self.bridge_id = bridge_id
         self.ttl = ttl
         self.entries: set[str] = set()  # what this bridge holds now
+        self.liveness = Liveness(self.redis, self.keys.bridges)
         self._beating = False
 
     def heartbeat(self, now: float | None = None) -> None:
         """Renew; if the janitor swept this bridge anyway (its heartbeats were
         late, not missing), put back what it holds and say so."""
-        now = time.time() if now is None else now
-        added = self.redis.zadd(self.keys.bridges, {self.bridge_id: now + self.ttl})
+        added = self.liveness.beat(self.bridge_id, self.ttl, now)
         if added and self._beating and self.entries:
             log.error("bridge %s was taken for dead (heartbeats late by over %.0fs): "
                       "registering its %d subscriptions again", self.bridge_id, self.ttl,
@@ -89,7 +89,7 @@ class BridgeLiveness:
     def retire(self) -> None:
         """A clean stop: the bridge removed its subscriptions itself."""
         pipe = self.redis.pipeline(transaction=False)
-        pipe.zrem(self.keys.bridges, self.bridge_id)
+        self.liveness.retire(self.bridge_id, pipe)
         pipe.delete(self.keys.bridge(self.bridge_id))
         pipe.execute()
 
@@ -105,13 +105,10 @@ class Janitor:
 
     def sweep(self, now: float | None = None) -> int:
         """Clean up after every bridge whose heartbeat expired; returns how many."""
-        now = time.time() if now is None else now
         cleaned = 0
-        for raw in self.redis.zrangebyscore(self.keys.bridges, "-inf", now):
-            bridge_id = raw.decode() if isinstance(raw, bytes) else raw
+        for bridge_id in Liveness(self.redis, self.keys.bridges).dead(now):
             # One sweeper per dead bridge; the claim expires if that one dies too.
-            if not self.redis.set(self.keys.bridge(bridge_id) + ":sweeping", "1", nx=True,
-                                  ex=60):
+            if not self.redis.set(self.keys.sweeping(bridge_id), "1", nx=True, ex=60):
                 continue
             try:
                 self._clean(bridge_id)

@@ -23,6 +23,8 @@ All keys start with the configured prefix (default ``gearhorn:``):
 ``<p>bridge:<id>``              set: what dies with that bridge: ``topic\t<pattern>\t<client
                                 id>`` (non-durable subscriptions), ``queue\t<function>``
                                 (temp queues); the janitor cleans up after a dead bridge
+``<p>bridge:<id>:sweeping``     string: a janitor's claim on cleaning up after that
+                                bridge (expires after 60 s)
 ``<p>temp-queues``              set: every live ``/temp-queue/`` function; a reply may
                                 only be sent to one of these
 ``<p>ledger``                   stream: the delivery ledger (gearhorn/ledger.py),
@@ -92,6 +94,16 @@ class Keys:
 
     def bridge(self, bridge_id: str) -> str:
         return f"{self.prefix}bridge:{bridge_id}"
+
+    def sweeping(self, bridge_id: str) -> str:
+        return f"{self.prefix}bridge:{bridge_id}:sweeping"
+
+    def due(self, shard: int | str) -> str:
+        return f"{self.prefix}due:{shard}"
+
+    @property
+    def due_cursor(self) -> str:
+        return self.prefix + "due:cursor"
 
     def worker(self, worker_id: str) -> str:
         return f"{self.prefix}worker:{worker_id}"

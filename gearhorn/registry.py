@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import os
 import socket
-import time
 from dataclasses import dataclass
 from importlib import resources
 
 import redis
 
 from gearhorn.keys import PREFIX_VERSION_FIELD, Keys
+from gearhorn.liveness import Liveness
 from gearhorn.messages import PREFIX_WILDCARD, Subscription, queue_name
 
 
@@ -53,6 +53,10 @@ class Registry:
         self.keys = keys or Keys()
         self._subscribe = client.register_script(_script("subscribe.lua"))
         self._members = client.register_script(_script("members.lua"))
+        self.workers = Liveness(client, self.keys.workers)
+        # Every prefix pattern, as of the prefix version (lua/members.lua).
+        self._patterns: tuple[str, ...] = ()
+        self._patterns_version = ""
 
     # -- subscriptions -------------------------------------------------------
 
@@ -75,13 +79,33 @@ class Registry:
         return int(self._subscribe(keys=keys + [self.keys.versions], args=args))
 
     def members(self, topic: str, cached_token: str = "") -> Members | None:
-        """Recipients of a fanout to ``topic``; None if ``cached_token`` is current."""
-        keys = [self.keys.versions, self.keys.topic(topic), self.keys.prefixes]
-        reply = self._members(keys=keys, args=[topic, cached_token, self.keys.prefix])
+        """Recipients of a fanout to ``topic``; None if ``cached_token`` is current.
+
+        One round trip, unless a prefix subscription changed since this
+        registry last read the list of patterns: then it reads it again.
+        """
+        while True:
+            patterns = [p for p in self._patterns if topic.startswith(p[:-1])]
+            keys = [self.keys.versions, self.keys.topic(topic),
+                    *map(self.keys.prefix_set, patterns)]
+            reply = self._members(keys=keys, args=[topic, cached_token,
+                                                   self._patterns_version, *patterns])
+            if _text(reply[0]) != _STALE_PATTERNS:
+                break
+            self._read_patterns()
         token = _text(reply[0])
         if len(reply) == 1 and token == cached_token:
             return None
         return Members(token, tuple(_recipient(topic, _text(m)) for m in reply[1:]))
+
+    def _read_patterns(self) -> None:
+        """The prefix patterns with their version, read together."""
+        pipe = self.redis.pipeline(transaction=True)
+        pipe.hget(self.keys.versions, PREFIX_VERSION_FIELD)
+        pipe.smembers(self.keys.prefixes)
+        version, patterns = pipe.execute()
+        self._patterns_version = _text(version or b"0")
+        self._patterns = tuple(sorted(_text(p) for p in patterns))
 
     def subscribers(self, topic: str) -> set[str]:
         """Direct subscribers of a topic or prefix pattern (for status and tests)."""
@@ -104,10 +128,9 @@ class Registry:
     def heartbeat(self, worker_id: str, ttl: float, info: dict[str, object] | None = None,
                   now: float | None = None) -> None:
         """Mark ``worker_id`` alive for ``ttl`` seconds and forget the dead."""
-        now = time.time() if now is None else now
         pipe = self.redis.pipeline(transaction=False)
-        pipe.zadd(self.keys.workers, {worker_id: now + ttl})
-        pipe.zremrangebyscore(self.keys.workers, "-inf", now)
+        self.workers.beat(worker_id, ttl, now, pipe)
+        self.workers.forget_dead(now, pipe)
         if info:
             pipe.hset(self.keys.worker(worker_id), mapping={k: str(v) for k, v in info.items()})
         pipe.pexpire(self.keys.worker(worker_id), max(1, int(ttl * 1000)))
@@ -116,20 +139,22 @@ class Registry:
     def retire(self, worker_id: str) -> None:
         """Remove a worker that stops cleanly."""
         pipe = self.redis.pipeline(transaction=False)
-        pipe.zrem(self.keys.workers, worker_id)
+        self.workers.retire(worker_id, pipe)
         pipe.delete(self.keys.worker(worker_id))
         pipe.execute()
 
     def live_workers(self, now: float | None = None) -> dict[str, dict[str, str]]:
         """Workers whose last heartbeat has not expired, with their info."""
-        now = time.time() if now is None else now
-        ids = [_text(w) for w in self.redis.zrangebyscore(self.keys.workers, now, "+inf")]
+        ids = self.workers.alive(now)
         pipe = self.redis.pipeline(transaction=False)
         for worker_id in ids:
             pipe.hgetall(self.keys.worker(worker_id))
         infos = pipe.execute()
         return {w: {_text(k): _text(v) for k, v in info.items()}
                 for w, info in zip(ids, infos, strict=True)}
+
+
+_STALE_PATTERNS = "!prefixes"  # lua/members.lua's answer to an old list of patterns
 
 
 def new_worker_id() -> str:

@@ -1,19 +1,18 @@
 -- Keep a delayed message until it is due.
+-- KEYS[1] the message's time shard (<p>due:<shard>), a sorted set by due time
+-- KEYS[2] the cursor (<p>due:cursor): the oldest shard that may hold messages
 -- ARGV[1] due time, epoch milliseconds
 -- ARGV[2] the message (a DelayedItem as JSON, unique by its message id)
--- ARGV[3] shard width, milliseconds
--- ARGV[4] key prefix
+-- ARGV[3] the shard's number (due time // shard width)
 -- Returns 0 when the message is already due by Redis's clock (the caller
--- sends it now), else 1. Writes <p>due:<shard>, one sorted set per shard of
--- time, so messages due at different times land on different keys, and
--- lowers <p>due:cursor (the oldest shard that may hold messages) if needed.
+-- sends it now), else 1. Messages due at different times land on different
+-- keys; the cursor is lowered to this shard if it was past it.
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local due = tonumber(ARGV[1])
 if due <= now then return 0 end
-local shard = math.floor(due / tonumber(ARGV[3]))
-redis.call('ZADD', ARGV[4] .. 'due:' .. shard, due, ARGV[2])
-local cursor_key = ARGV[4] .. 'due:cursor'
-local cursor = tonumber(redis.call('GET', cursor_key))
-if cursor == nil or shard < cursor then redis.call('SET', cursor_key, shard) end
+local shard = tonumber(ARGV[3])
+redis.call('ZADD', KEYS[1], due, ARGV[2])
+local cursor = tonumber(redis.call('GET', KEYS[2]))
+if cursor == nil or shard < cursor then redis.call('SET', KEYS[2], shard) end
 return 1

@@ -94,3 +94,17 @@ def test_releaser_sends_due_messages_and_keeps_failed_ones(scheduler):
     while "m2" not in sent:
         releaser.release_due()
     assert sorted(sent) == ["m1", "m2"] and scheduler.pending() == 0
+
+
+def test_a_cursor_far_behind_catches_up_call_by_call(scheduler, fake_redis):
+    due = time.time() + 0.05
+    scheduler.schedule(item(1, due))
+    shard = int(due * 1000) // scheduler.width_ms
+    fake_redis.set("t:due:cursor", shard - 3500)  # as after a long outage
+    calls, taken = 0, []
+    while not taken and calls < 50:
+        calls += 1
+        taken = scheduler.take(max_shards=1000)
+        time.sleep(0.01)
+    assert [i.message_ids for _, i in taken] == [("m1",)]
+    assert calls >= 4  # 1,000 shards a call at most

@@ -1,7 +1,7 @@
 import json
 
 from gearhorn.messages import Subscription
-from gearhorn.registry import Recipient
+from gearhorn.registry import Recipient, Registry
 
 
 def queues(members):
@@ -67,6 +67,16 @@ def test_prefix_change_invalidates_every_topic_token(registry):
     token = registry.members("news.sports").token
     registry.subscribe(Subscription("n*", "dave"))
     assert queues(registry.members("news.sports", token)) == ["n*_dave", "news.sports_alice"]
+
+
+def test_a_prefix_added_by_another_process_is_seen_at_the_next_lookup(registry, fake_redis):
+    other = Registry(fake_redis, registry.keys)  # another worker process
+    registry.subscribe(Subscription("news.sports", "alice"))
+    token = other.members("news.sports").token
+    registry.subscribe(Subscription("news.*", "dave"))
+    assert queues(other.members("news.sports", token)) == ["news.*_dave", "news.sports_alice"]
+    registry.unsubscribe(Subscription("news.*", "dave"))
+    assert queues(other.members("news.sports", token)) == ["news.sports_alice"]
 
 
 def test_every_change_is_announced(registry, fake_redis):
