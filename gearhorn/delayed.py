@@ -21,12 +21,12 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from importlib import resources
 
 import redis
 
 from gearhorn.gearman import GearmanError
 from gearhorn.keys import Keys
+from gearhorn.redisutil import script
 
 log = logging.getLogger(__name__)
 
@@ -60,9 +60,6 @@ class DelayedItem:
                    obj["queue"], obj["unique"], obj["priority"], tuple(obj["hids"]))
 
 
-def _script(name: str) -> str:
-    return resources.files("gearhorn").joinpath(f"lua/{name}").read_text()
-
 
 class Scheduler:
     """Keeps delayed messages in Redis and hands out the due ones."""
@@ -73,8 +70,8 @@ class Scheduler:
         self.keys = keys
         self.width_ms = max(1, int(shard_seconds * 1000))
         self.lease_ms = max(1, int(lease_seconds * 1000))
-        self._schedule = client.register_script(_script("schedule.lua"))
-        self._release = client.register_script(_script("release.lua"))
+        self._schedule = script(client, "schedule.lua")
+        self._release = script(client, "release.lua")
 
     def schedule(self, item: DelayedItem) -> bool:
         """Keep ``item`` until due; False if it is due already (send it now)."""

@@ -19,6 +19,7 @@ import redis
 
 from gearhorn.liveness import Liveness
 from gearhorn.messages import Subscription, queue_name
+from gearhorn.redisutil import text
 from gearhorn.registry import Registry
 
 log = logging.getLogger(__name__)
@@ -118,8 +119,7 @@ class Janitor:
         return cleaned
 
     def _clean(self, bridge_id: str) -> None:
-        entries = [e.decode() if isinstance(e, bytes) else e
-                   for e in self.redis.smembers(self.keys.bridge(bridge_id))]
+        entries = [text(e) for e in self.redis.smembers(self.keys.bridge(bridge_id))]
         for entry in entries:
             kind, _, rest = entry.partition("\t")
             if kind == TOPIC:

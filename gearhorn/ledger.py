@@ -34,6 +34,7 @@ import redis
 import xxhash
 
 from gearhorn.keys import Keys
+from gearhorn.redisutil import text
 
 log = logging.getLogger(__name__)
 
@@ -216,12 +217,7 @@ def _int(value: str | None) -> int | None:
 
 
 def _decode(fields: dict) -> dict[str, str]:
-    return {k.decode() if isinstance(k, bytes) else k: v.decode() if isinstance(v, bytes) else v
-            for k, v in fields.items()}
-
-
-def _id(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value
+    return {text(k): text(v) for k, v in fields.items()}
 
 
 class ExportResult(dict):
@@ -245,19 +241,19 @@ def export(client: redis.Redis, keys: Keys, out_dir: str, fmt: str = "parquet",
     result = ExportResult(rows=0, files=[], first_id=None, last_id=since, trimmed=False)
     if not head:
         return result
-    end = _id(head[0][0])
+    end = text(head[0][0])
     first = client.xrange(keys.ledger, count=1)
-    if since and first and _id(first[0][0]) > _next_id(since):
+    if since and first and text(first[0][0]) > _next_id(since):
         result["trimmed"] = True  # MAXLEN dropped events nobody exported
         log.warning("ledger: events between %s and %s were trimmed before export",
-                    since, _id(first[0][0]))
+                    since, text(first[0][0]))
     rows_by_date: dict[str, list[dict]] = {}
     start = "(" + since if since else "-"
     while True:
         batch = client.xrange(keys.ledger, min=start, max=end, count=chunk)
         if not batch:
             break
-        entries = [(_id(i), _decode(f)) for i, f in batch]
+        entries = [(text(i), _decode(f)) for i, f in batch]
         result["first_id"] = result["first_id"] or entries[0][0]
         for row in rows_from_entries(entries):
             day = datetime.fromtimestamp((row["ts"] or 0) / 1000, UTC).strftime("%Y-%m-%d")

@@ -12,6 +12,8 @@ import time
 
 import redis
 
+from gearhorn.redisutil import text
+
 
 class Liveness:
     """Heartbeats of one kind of process in the sorted set ``key``.
@@ -36,18 +38,15 @@ class Liveness:
 
     def alive(self, now: float | None = None) -> list[str]:
         now = time.time() if now is None else now
-        return [_text(m) for m in self.redis.zrangebyscore(self.key, now, "+inf")]
+        return [text(m) for m in self.redis.zrangebyscore(self.key, now, "+inf")]
 
     def dead(self, now: float | None = None) -> list[str]:
         """Members whose heartbeat ran out and who are still listed."""
         now = time.time() if now is None else now
-        return [_text(m) for m in self.redis.zrangebyscore(self.key, "-inf", now)]
+        return [text(m) for m in self.redis.zrangebyscore(self.key, "-inf", now)]
 
     def forget_dead(self, now: float | None = None,
                     pipe: redis.client.Pipeline | None = None) -> object:
         now = time.time() if now is None else now
         return (pipe or self.redis).zremrangebyscore(self.key, "-inf", now)
 
-
-def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value

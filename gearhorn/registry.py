@@ -9,17 +9,13 @@ from __future__ import annotations
 import os
 import socket
 from dataclasses import dataclass
-from importlib import resources
 
 import redis
 
 from gearhorn.keys import PREFIX_VERSION_FIELD, Keys
 from gearhorn.liveness import Liveness
 from gearhorn.messages import PREFIX_WILDCARD, Subscription, queue_name
-
-
-def _script(name: str) -> str:
-    return resources.files("gearhorn").joinpath(f"lua/{name}").read_text()
+from gearhorn.redisutil import script, text
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,8 +47,8 @@ class Registry:
     def __init__(self, client: redis.Redis, keys: Keys | None = None) -> None:
         self.redis = client
         self.keys = keys or Keys()
-        self._subscribe = client.register_script(_script("subscribe.lua"))
-        self._members = client.register_script(_script("members.lua"))
+        self._subscribe = script(client, "subscribe.lua")
+        self._members = script(client, "members.lua")
         self.workers = Liveness(client, self.keys.workers)
         # Every prefix pattern, as of the prefix version (lua/members.lua).
         self._patterns: tuple[str, ...] = ()
@@ -90,13 +86,13 @@ class Registry:
                     *map(self.keys.prefix_set, patterns)]
             reply = self._members(keys=keys, args=[topic, cached_token,
                                                    self._patterns_version, *patterns])
-            if _text(reply[0]) != _STALE_PATTERNS:
+            if text(reply[0]) != _STALE_PATTERNS:
                 break
             self._read_patterns()
-        token = _text(reply[0])
+        token = text(reply[0])
         if len(reply) == 1 and token == cached_token:
             return None
-        return Members(token, tuple(_recipient(topic, _text(m)) for m in reply[1:]))
+        return Members(token, tuple(_recipient(topic, text(m)) for m in reply[1:]))
 
     def _read_patterns(self) -> None:
         """The prefix patterns with their version, read together."""
@@ -104,19 +100,19 @@ class Registry:
         pipe.hget(self.keys.versions, PREFIX_VERSION_FIELD)
         pipe.smembers(self.keys.prefixes)
         version, patterns = pipe.execute()
-        self._patterns_version = _text(version or b"0")
-        self._patterns = tuple(sorted(_text(p) for p in patterns))
+        self._patterns_version = text(version or b"0")
+        self._patterns = tuple(sorted(text(p) for p in patterns))
 
     def subscribers(self, topic: str) -> set[str]:
         """Direct subscribers of a topic or prefix pattern (for status and tests)."""
         key = (self.keys.prefix_set(topic) if topic.endswith(PREFIX_WILDCARD)
                else self.keys.topic(topic))
-        return {_text(m) for m in self.redis.smembers(key)}
+        return {text(m) for m in self.redis.smembers(key)}
 
     def topics(self) -> dict[str, int]:
         """Every topic and prefix pattern with its subscriber count."""
-        names = [_text(t) for t in self.redis.smembers(self.keys.topics)]
-        names += [_text(p) for p in self.redis.smembers(self.keys.prefixes)]
+        names = [text(t) for t in self.redis.smembers(self.keys.topics)]
+        names += [text(p) for p in self.redis.smembers(self.keys.prefixes)]
         pipe = self.redis.pipeline(transaction=False)
         for name in names:
             pipe.scard(self.keys.prefix_set(name) if name.endswith(PREFIX_WILDCARD)
@@ -150,7 +146,7 @@ class Registry:
         for worker_id in ids:
             pipe.hgetall(self.keys.worker(worker_id))
         infos = pipe.execute()
-        return {w: {_text(k): _text(v) for k, v in info.items()}
+        return {w: {text(k): text(v) for k, v in info.items()}
                 for w, info in zip(ids, infos, strict=True)}
 
 
@@ -167,6 +163,3 @@ def _recipient(topic: str, member: str) -> Recipient:
         return Recipient(queue_name(topic, member), member)
     return Recipient(queue_name(pattern, client_id), client_id, pattern)
 
-
-def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value
