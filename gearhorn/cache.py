@@ -17,6 +17,7 @@ from collections import OrderedDict
 
 import redis
 
+from gearhorn.background import Backoff, StoppableThread
 from gearhorn.messages import PREFIX_WILDCARD
 from gearhorn.registry import Members, Recipient, Registry
 
@@ -73,7 +74,7 @@ class SubscriberCache:
         self.invalidate(None if str(topic).endswith(PREFIX_WILDCARD) else topic)
 
 
-class InvalidationListener(threading.Thread):
+class InvalidationListener(StoppableThread):
     """Follows the matchmaking channel and invalidates ``cache``.
 
     While disconnected it cannot know what changed, so it clears the cache
@@ -81,24 +82,23 @@ class InvalidationListener(threading.Thread):
     """
 
     def __init__(self, client: redis.Redis, channel: str, cache: SubscriberCache) -> None:
-        super().__init__(name="gearhorn-invalidation", daemon=True)
+        super().__init__("gearhorn-invalidation")
         self.client = client
         self.channel = channel
         self.cache = cache
         self.subscribed = threading.Event()
-        self._stopping = threading.Event()
 
     def run(self) -> None:
-        delay = 0.1
-        while not self._stopping.is_set():
+        backoff = Backoff()
+        while not self.stopping.is_set():
             try:
                 self._listen()
-                delay = 0.1
+                backoff.succeeded()
             except redis.RedisError as exc:
                 self.subscribed.clear()
-                log.warning("matchmaking channel lost (%s); retrying in %.1fs", exc, delay)
-                self._stopping.wait(delay)
-                delay = min(delay * 2, 5.0)
+                pause = backoff.failed()
+                log.warning("matchmaking channel lost (%s); retrying in %.1fs", exc, pause)
+                self.stopping.wait(pause)
 
     def _listen(self) -> None:
         pubsub = self.client.pubsub(ignore_subscribe_messages=True)
@@ -106,12 +106,9 @@ class InvalidationListener(threading.Thread):
             pubsub.subscribe(self.channel)
             self.cache.invalidate()
             self.subscribed.set()
-            while not self._stopping.is_set():
+            while not self.stopping.is_set():
                 message = pubsub.get_message(timeout=1.0)
                 if message and message["type"] == "message":
                     self.cache.handle_announcement(message["data"])
         finally:
             pubsub.close()
-
-    def stop(self) -> None:
-        self._stopping.set()

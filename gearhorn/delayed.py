@@ -17,13 +17,13 @@ from __future__ import annotations
 import base64
 import json
 import logging
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import redis
 
+from gearhorn.background import Backoff, StoppableThread
 from gearhorn.gearman import GearmanError
 from gearhorn.keys import Keys
 from gearhorn.redisutil import script
@@ -126,7 +126,7 @@ class Scheduler:
         return total
 
 
-class Releaser(threading.Thread):
+class Releaser(StoppableThread):
     """Sends due messages with ``send`` until stopped (one per worker process).
 
     A message whose ``send`` fails stays leased; when the lease ends it is
@@ -135,26 +135,26 @@ class Releaser(threading.Thread):
 
     def __init__(self, scheduler: Scheduler, send: Callable[[DelayedItem], None],
                  interval: float = 0.1, batch: int = 1000) -> None:
-        super().__init__(name="gearhorn-releaser", daemon=True)
+        super().__init__("gearhorn-releaser")
         self.scheduler = scheduler
         self.send = send
         self.interval = interval
         self.batch = batch
         self.released = 0
-        self._stopping = threading.Event()
 
     def run(self) -> None:
-        pause = self.interval
-        while not self._stopping.is_set():
+        backoff = Backoff(self.interval)
+        while not self.stopping.is_set():
             try:
                 taken = self.release_due()
+                backoff.succeeded()
                 pause = self.interval
             except (redis.RedisError, GearmanError) as exc:
+                pause = backoff.failed()
                 log.warning("delayed messages not released: %s; retrying in %.1fs", exc, pause)
                 taken = 0
-                pause = min(pause * 2, 5.0)
             if taken < self.batch:
-                self._stopping.wait(pause)
+                self.stopping.wait(pause)
 
     def release_due(self) -> int:
         """Send what is due now; returns how many were taken."""
@@ -170,6 +170,3 @@ class Releaser(threading.Thread):
             if len(sent) < len(taken):
                 self.scheduler.due_again(taken[len(sent):])
         return len(taken)
-
-    def stop(self) -> None:
-        self._stopping.set()

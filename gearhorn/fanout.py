@@ -18,6 +18,7 @@ import gear
 import redis
 
 from gearhorn import gearman
+from gearhorn.background import Backoff
 from gearhorn.cache import InvalidationListener, SubscriberCache
 from gearhorn.config import Config
 from gearhorn.delayed import DelayedItem, Releaser, Scheduler
@@ -175,14 +176,13 @@ class FanoutService:
         deadline = time.monotonic() + self.config.fanout_timeout
         outcomes = self.client.submit_foreground(copies, self.config.fanout_timeout, priority)
         attempts = [1] * len(copies)
-        pause = self.config.retry_backoff
+        backoff = Backoff(self.config.retry_backoff)
         for attempt in range(2, self.config.max_deliveries + 1):
             again = [i for i, o in enumerate(outcomes) if o.status == "failed"]
             left = deadline - time.monotonic()
-            if not again or left <= pause:
+            if not again or left <= backoff.pause:
                 break
-            self._sleep(pause)
-            pause = min(pause * 2, 5.0)
+            self._sleep(backoff.failed())
             retried = self.client.submit_foreground(
                 [copies[i] for i in again], deadline - time.monotonic(), priority)
             for i, outcome in zip(again, retried, strict=True):
@@ -309,7 +309,7 @@ class WorkerProcess:
         with a growing pause instead of failing it (a failed background job
         would be gone). The worker takes no other job meanwhile, so new work
         waits in gearmand. A foreground client gets one WORK_WARNING saying why."""
-        pause, warned, since = 0.2, False, time.monotonic()
+        backoff, warned, since = Backoff(0.2), False, time.monotonic()
         while True:
             try:
                 result = self.service.handle(job.name, job.arguments, unique)
@@ -321,8 +321,7 @@ class WorkerProcess:
                                 job.handle, exc)
                     self._send(job.sendWorkWarning, f"{exc}; retrying".encode())
                     warned = True
-                self._draining.wait(pause)
-                pause = min(pause * 2, 5.0)
+                self._draining.wait(backoff.failed())
                 continue
             if warned:
                 log.info("%s job %s done after %.1fs of outage", job.name, job.handle,

@@ -33,6 +33,7 @@ from datetime import UTC, datetime
 import redis
 import xxhash
 
+from gearhorn.background import StoppableThread
 from gearhorn.keys import Keys
 from gearhorn.redisutil import text
 
@@ -122,23 +123,21 @@ class Ledger:
             log.warning("ledger: %d events lost: %s", len(events), exc)
 
 
-class Flusher(threading.Thread):
+class Flusher(StoppableThread):
     """Flushes a ledger every ``interval`` seconds (worker processes)."""
 
     def __init__(self, ledger: Ledger, interval: float = 0.1) -> None:
-        super().__init__(name="gearhorn-ledger", daemon=True)
+        super().__init__("gearhorn-ledger")
         self.ledger = ledger
         self.interval = interval
-        self._stopping = threading.Event()
 
     def run(self) -> None:
-        while not self._stopping.wait(self.interval):
+        while not self.stopping.wait(self.interval):
             self.ledger.flush()
 
-    def stop(self) -> None:
-        self._stopping.set()
-        self.join(5)
-        self.ledger.flush()
+    def stop(self, timeout: float | None = 5.0) -> None:
+        super().stop(timeout)
+        self.ledger.flush()  # what the last turn left
 
 
 # -- entries to rows (pure) ------------------------------------------------------

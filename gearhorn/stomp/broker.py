@@ -29,6 +29,7 @@ import gevent.lock
 import redis
 
 from gearhorn import gearman
+from gearhorn.background import Backoff
 from gearhorn.config import Config
 from gearhorn.delayed import DelayedItem, Scheduler
 from gearhorn.errors import GearhornError
@@ -258,22 +259,22 @@ class QueueDispatcher:
     # -- gearman -----------------------------------------------------------------
 
     def _grab_loop(self, worker: gearman.WorkerConnection) -> None:
-        delay = 0.1
+        backoff = Backoff()
         while not self._closed:
             try:
                 if worker not in self._workers:
                     worker.open()
                     self._workers.append(worker)
-                delay = 0.1
+                backoff.succeeded()
                 self._grab_while_open(worker)
             except gearman.GearmanError as exc:
                 if self._closed:
                     return
+                pause = backoff.failed()
                 log.warning("queue %s: gearmand %s:%s: %s; retrying in %.1fs", self.function,
-                            worker.conn.host, worker.conn.port, exc, delay)
+                            worker.conn.host, worker.conn.port, exc, pause)
                 self._forget_worker(worker)
-                gevent.sleep(delay)
-                delay = min(delay * 2, 5.0)
+                gevent.sleep(pause)
 
     def _grab_while_open(self, worker: gearman.WorkerConnection) -> None:
         while not self._closed:
