@@ -1,13 +1,7 @@
-"""The bridge's side of Gearman and Redis (runs under gevent).
-
-A :class:`QueueDispatcher` works one Gearman function for every STOMP
-subscription of it in this bridge: it grabs only as many jobs as its
-subscribers have credit for, hands them out round-robin, and completes a job
-only when its STOMP client acknowledged it. NACK, an ack timeout or a
-subscriber that leaves gives the job to another subscriber; when the last
-one leaves, the dispatcher closes its Gearman connections and gearmand
-requeues every job it still held. So a message is never completed before
-its ack and never vanishes.
+"""What the STOMP sessions of one bridge share (runs under gevent): the
+Gearman and Redis side of sending, publishing, requests and replies, dead
+letters, temp queues, topic subscriptions, the ledger and the bridge's
+heartbeats. Queues live in :mod:`gearhorn.stomp.queues`.
 """
 
 from __future__ import annotations
@@ -19,9 +13,7 @@ import logging
 import re
 import time
 import uuid
-from collections import deque
 from collections.abc import Callable, Sequence
-from typing import Protocol
 
 import gevent
 import gevent.event
@@ -29,7 +21,6 @@ import gevent.lock
 import redis
 
 from gearhorn import gearman
-from gearhorn.background import Backoff
 from gearhorn.config import Config
 from gearhorn.delayed import DelayedItem, Scheduler
 from gearhorn.errors import GearhornError
@@ -40,307 +31,16 @@ from gearhorn.messages import Subscription, copy_unique, validate_topic
 from gearhorn.registry import Registry
 from gearhorn.replay import DashedFunctions
 from gearhorn.stomp.auth import Credentials, Principal
+from gearhorn.stomp.queues import Consumer, Delivery, QueueDispatcher
 from gearhorn.stomp.sending import PLAIN, SendOptions
 
 log = logging.getLogger(__name__)
-
-# Jobs grabbed per GRAB burst at most; credit beyond it is used next round.
-_GRAB_BURST = 64
 
 
 
 class FanoutFailed(GearhornError):
     """A fanout job the bridge submitted failed or timed out (not the
     client's fault: its request was valid); the message says why."""
-
-class Consumer(Protocol):
-    """What a dispatcher needs from a STOMP subscription."""
-
-    ack_timeout: float | None
-
-    def credit(self) -> int: ...
-
-    def deliver(self, delivery: Delivery) -> None: ...
-
-    def forget(self, delivery: Delivery) -> None: ...
-
-
-class Delivery:
-    """One grabbed Gearman job on its way to (or at) a STOMP subscriber."""
-
-    __slots__ = ("job", "worker", "dispatcher", "consumer", "redelivered", "deliveries",
-                 "timer", "done", "message_id", "headers")
-
-    def __init__(self, job: gearman.GrabbedJob, worker: gearman.WorkerConnection,
-                 dispatcher: QueueDispatcher, headers: dict[str, str] | None = None) -> None:
-        self.job = job
-        self.headers = headers or {}  # the sender's, from the HeaderStore
-        self.worker = worker
-        self.dispatcher = dispatcher
-        self.consumer: Consumer | None = None
-        self.redelivered = False
-        self.deliveries = 0
-        self.timer: gevent.Greenlet | None = None
-        self.done = False
-        self.message_id = ""  # set by the session at each delivery
-
-    @property
-    def body(self) -> bytes:
-        return self.job.data
-
-    def ack(self) -> None:
-        self.dispatcher.ack(self)
-
-    def nack(self) -> None:
-        self.dispatcher.give_back(self)
-
-
-class QueueDispatcher:
-    """Hands the jobs of one Gearman function to this bridge's subscribers."""
-
-    def __init__(self, function: str, servers: tuple[tuple[str, int], ...],
-                 client_id: str, on_empty: Callable[[QueueDispatcher], None], *,
-                 lookup: Callable[[list[str]], dict[str, dict[str, str]]] | None = None,
-                 dead_letter: Callable[[Delivery, str], None] | None = None,
-                 max_deliveries: int = 0) -> None:
-        self.function = function
-        self._lookup = lookup  # unique keys -> headers of those that have some
-        self._dead_letter = dead_letter
-        self.max_deliveries = max_deliveries  # 0: redeliver forever
-        self.consumers: list[Consumer] = []
-        self.waiting: deque[Delivery] = deque()
-        self._next = 0
-        self._wake = gevent.event.Event()
-        self._closed = False
-        self._on_empty = on_empty
-        self._workers: list[gearman.WorkerConnection] = []
-        # Connect (and send CAN_DO) before SUBSCRIBE's receipt, so gearmand
-        # counts this bridge as a worker of the queue from then on.
-        self._loops = [gevent.spawn(self._grab_loop, self._open(host, port, client_id))
-                       for host, port in servers]
-
-    def _open(self, host: str, port: int, client_id: str) -> gearman.WorkerConnection:
-        worker = gearman.WorkerConnection(host, port, [self.function], client_id)
-        worker.coalesce = _run_soon
-        try:
-            worker.open()
-            self._workers.append(worker)
-        except gearman.GearmanError as exc:
-            log.warning("queue %s: gearmand %s:%s: %s", self.function, host, port, exc)
-        return worker
-
-    # -- consumers -------------------------------------------------------------
-
-    def add(self, consumer: Consumer) -> None:
-        self.consumers.append(consumer)
-        self.credit_changed()
-
-    def remove(self, consumer: Consumer, unacked: list[Delivery]) -> None:
-        """``consumer`` leaves; its ``unacked`` deliveries go to the others."""
-        if consumer in self.consumers:
-            self.consumers.remove(consumer)
-        for delivery in reversed(unacked):
-            if not self._exhausted(delivery, "its subscriber went away"):
-                self._requeue(delivery, front=True)
-        if not self.consumers:
-            self.close()
-            self._on_empty(self)
-        else:
-            self.dispatch()
-
-    def credit_changed(self) -> None:
-        self.dispatch()
-        self._wake.set()
-
-    def _credit(self) -> int:
-        return sum(max(0, c.credit()) for c in self.consumers)
-
-    # -- delivery ----------------------------------------------------------------
-
-    def dispatch(self, avoid: Consumer | None = None) -> None:
-        """Give waiting jobs to consumers with credit, round-robin."""
-        while self.waiting:
-            consumer = self._pick(avoid)
-            if consumer is None:
-                return
-            delivery = self.waiting.popleft()
-            delivery.consumer = consumer
-            delivery.deliveries += 1
-            if consumer.ack_timeout:
-                delivery.timer = gevent.spawn_later(consumer.ack_timeout, self._expired, delivery)
-            consumer.deliver(delivery)
-
-    def _pick(self, avoid: Consumer | None) -> Consumer | None:
-        n = len(self.consumers)
-        fallback = None
-        for i in range(n):
-            consumer = self.consumers[(self._next + i) % n]
-            if consumer.credit() > 0:
-                if consumer is avoid and n > 1:
-                    fallback = fallback or consumer
-                    continue
-                self._next = (self._next + i + 1) % n
-                return consumer
-        return fallback
-
-    def ack(self, delivery: Delivery) -> None:
-        if delivery.done:
-            return
-        self._settle(delivery)
-        try:
-            delivery.worker.complete(delivery.job.handle)
-        except gearman.GearmanError as exc:
-            # gearmand requeued it when the connection broke: it comes again.
-            log.warning("ack of %s on %s not delivered: %s", delivery.job.handle,
-                        self.function, exc)
-        self.credit_changed()
-
-    def give_back(self, delivery: Delivery) -> None:
-        """NACK: the job goes to another subscriber (or back in line)."""
-        if delivery.done or self._exhausted(delivery, "rejected with NACK"):
-            return
-        previous = delivery.consumer
-        self._requeue(delivery, front=True)
-        self.dispatch(avoid=previous)
-        self._wake.set()
-
-    def _expired(self, delivery: Delivery) -> None:
-        if delivery.done or delivery.consumer is None:
-            return
-        log.info("ack timeout on %s: redelivering %s", self.function, delivery.job.handle)
-        previous = delivery.consumer
-        previous.forget(delivery)
-        delivery.timer = None
-        if self._exhausted(delivery, f"not acknowledged within {previous.ack_timeout:g}s"):
-            return
-        self._requeue(delivery, front=True)
-        self.dispatch(avoid=previous)
-
-    def _exhausted(self, delivery: Delivery, reason: str) -> bool:
-        """After ``max_deliveries`` the message goes to the dead-letter queue
-        instead of back in line (in a greenlet of its own: it waits for gearmand)."""
-        if not self.max_deliveries or self._dead_letter is None \
-                or delivery.deliveries < self.max_deliveries:
-            return False
-        self._settle(delivery)
-        delivery.consumer = None
-        gevent.spawn(self._move_to_dead_letters, delivery, reason)
-        return True
-
-    def _move_to_dead_letters(self, delivery: Delivery, reason: str) -> None:
-        try:
-            self._dead_letter(delivery, reason)
-        except (gearman.GearmanError, redis.RedisError) as exc:
-            log.warning("%s: could not dead-letter %s (%s); it stays in the queue",
-                        self.function, delivery.job.handle, exc)
-            if not self._closed and delivery.worker in self._workers:
-                delivery.done = False
-                self._requeue(delivery, front=False)
-                self.credit_changed()
-
-    def _settle(self, delivery: Delivery) -> None:
-        delivery.done = True
-        if delivery.timer is not None:
-            delivery.timer.kill(block=False)
-            delivery.timer = None
-
-    def _requeue(self, delivery: Delivery, front: bool) -> None:
-        if delivery.timer is not None:
-            delivery.timer.kill(block=False)
-            delivery.timer = None
-        if delivery.consumer is not None:
-            delivery.redelivered = True
-        delivery.consumer = None
-        if front:
-            self.waiting.appendleft(delivery)
-        else:
-            self.waiting.append(delivery)
-
-    # -- gearman -----------------------------------------------------------------
-
-    def _grab_loop(self, worker: gearman.WorkerConnection) -> None:
-        backoff = Backoff()
-        while not self._closed:
-            try:
-                if worker not in self._workers:
-                    worker.open()
-                    self._workers.append(worker)
-                backoff.succeeded()
-                self._grab_while_open(worker)
-            except gearman.GearmanError as exc:
-                if self._closed:
-                    return
-                pause = backoff.failed()
-                log.warning("queue %s: gearmand %s:%s: %s; retrying in %.1fs", self.function,
-                            worker.conn.host, worker.conn.port, exc, pause)
-                self._forget_worker(worker)
-                gevent.sleep(pause)
-
-    def _grab_while_open(self, worker: gearman.WorkerConnection) -> None:
-        while not self._closed:
-            want = self._credit() - len(self.waiting)
-            if want <= 0:
-                self._wake.clear()
-                self._wake.wait(1.0)
-                continue
-            jobs = worker.grab(min(want, _GRAB_BURST))
-            if jobs:
-                headers = self._headers_of(jobs)
-                self.waiting.extend(Delivery(job, worker, self, headers.get(job.unique))
-                                    for job in jobs)
-                self.dispatch()
-            else:
-                worker.sleep(1.0)
-
-    def _headers_of(self, jobs: list[gearman.GrabbedJob]) -> dict[str, dict[str, str]]:
-        if self._lookup is None:
-            return {}
-        try:
-            return self._lookup([job.unique for job in jobs])
-        except redis.RedisError as exc:
-            # Never deliver without the headers (a reply-to would be lost):
-            # drop the connection, gearmand takes the jobs back, and we retry.
-            raise gearman.GearmanError(f"message headers unavailable (redis: {exc})") from None
-
-    @property
-    def connected(self) -> int:
-        return len(self._workers)
-
-    def _forget_worker(self, worker: gearman.WorkerConnection) -> None:
-        """Jobs grabbed on a broken connection are gearmand's again: drop them."""
-        worker.close()
-        if worker in self._workers:
-            self._workers.remove(worker)
-        self.waiting = deque(d for d in self.waiting if d.worker is not worker)
-
-    def close(self) -> None:
-        """Stop grabbing; gearmand requeues every job still held."""
-        if self._closed:
-            return
-        self._closed = True
-        self._wake.set()
-        gevent.killall(self._loops, block=False)
-        for worker in self._workers:
-            worker.close()
-        self._workers.clear()
-        self.waiting.clear()
-
-
-def _run_soon(callback: Callable[[], None]) -> None:
-    """Run ``callback`` in a greenlet of its own once the current one yields, so
-    acks given together leave in one write. Not ``loop.run_callback``: that
-    runs in the hub, where a socket write that has to wait is not allowed
-    (and a half-written packet would corrupt the connection)."""
-    gevent.spawn(_guarded, callback)
-
-
-def _guarded(callback: Callable[[], None]) -> None:
-    try:
-        callback()
-    except gearman.GearmanError as exc:
-        # The connection broke: gearmand requeues what we held; it comes again.
-        log.warning("acks not delivered: %s", exc)
-
 
 def durable_client_id(name: str) -> str:
     """A registry client id for a durable subscription name (stable, no '_')."""

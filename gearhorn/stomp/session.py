@@ -27,14 +27,9 @@ from gearhorn.messages import (
     validate_topic,
 )
 from gearhorn.stomp.auth import OPEN
-from gearhorn.stomp.broker import (
-    Broker,
-    Delivery,
-    FanoutFailed,
-    QueueDispatcher,
-    durable_client_id,
-)
+from gearhorn.stomp.broker import Broker, FanoutFailed, durable_client_id
 from gearhorn.stomp.frames import Frame, encode
+from gearhorn.stomp.queues import Delivery, QueueDispatcher
 from gearhorn.stomp.sending import TEMP_QUEUE, SendOptions, send_options
 
 log = logging.getLogger(__name__)

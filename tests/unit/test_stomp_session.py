@@ -5,8 +5,8 @@ import pytest
 from gearhorn import gearman
 from gearhorn.config import Config
 from gearhorn.stomp.auth import OPEN, Principal
-from gearhorn.stomp.broker import Delivery
 from gearhorn.stomp.frames import Frame, FrameParser
+from gearhorn.stomp.queues import Delivery
 from gearhorn.stomp.sending import PLAIN
 from gearhorn.stomp.session import Session, SessionSettings, parse_destination
 
