@@ -3,6 +3,7 @@ import random
 import pytest
 
 from gearhorn import gearman as g
+from gearhorn.gearman import connection
 
 
 def stream():
@@ -68,7 +69,7 @@ class FakeGearmand:
     def __init__(self, monkeypatch):
         import socket
         ours, self.theirs = socket.socketpair()
-        monkeypatch.setattr(g, "connect", lambda host, port, timeout=5.0: ours)
+        monkeypatch.setattr(connection, "connect", lambda host, port, timeout=5.0: ours)
         self.conn = g.Connection("fake", 1)
 
     def reply(self, *packets):

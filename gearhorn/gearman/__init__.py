@@ -1,0 +1,51 @@
+"""Talking Gearman: packets, connections, pipelined submission, admin, workers.
+
+Why not ``gear.Client``: it waits for JOB_CREATED before sending the next
+job and keeps every background job in ``related_jobs`` forever. Here a batch
+of SUBMIT_JOB packets goes out in one write and the JOB_CREATED replies are
+read in order (gearmand answers a connection's requests in order), with no
+per-job state kept after the call. Every socket has TCP_NODELAY.
+
+=================  =====================================================
+``packets``        packet types, encoding and decoding, errors; pure
+``connection``     one connection to a gearmand (TLS, TCP_NODELAY)
+``client``         submitting to several servers: batches, results, failover
+``admin``          the text admin protocol (``status``, ``drop function``)
+``worker``         taking jobs: gear's worker, the bridge's grabbing worker
+=================  =====================================================
+"""
+
+from gearhorn.gearman.admin import FunctionStatus, admin, drop_function, status
+from gearhorn.gearman.client import Client, _outcome, wait_for_results
+from gearhorn.gearman.connection import (
+    Connection,
+    TlsFiles,
+    add_server,
+    connect,
+    use_tls,
+    use_tls_files,
+)
+from gearhorn.gearman.packets import (
+    MAX_PACKET,
+    REQ,
+    RES,
+    Copy,
+    GearmanError,
+    Outcome,
+    P,
+    Packet,
+    PacketReader,
+    PartialSubmit,
+    ProtocolError,
+    Unavailable,
+    encode,
+)
+from gearhorn.gearman.worker import GrabbedJob, NoDelayWorker, WorkerConnection
+
+__all__ = [
+    "MAX_PACKET", "REQ", "RES", "Client", "Connection", "Copy", "FunctionStatus", "GearmanError",
+    "GrabbedJob", "NoDelayWorker", "Outcome", "P", "Packet", "PacketReader", "PartialSubmit",
+    "ProtocolError", "TlsFiles", "Unavailable", "WorkerConnection", "_outcome", "add_server",
+    "admin", "connect", "drop_function", "encode", "status", "use_tls", "use_tls_files",
+    "wait_for_results",
+]

@@ -1,0 +1,60 @@
+"""gearmand's text admin protocol: ``status``, ``version``, ``drop function``."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from gearhorn.gearman.connection import connect
+from gearhorn.gearman.packets import GearmanError
+
+log = logging.getLogger(__name__)
+
+
+# Admin commands answered with several lines ending in ".\n"; the others answer one line.
+_MULTI_LINE_ADMIN = {"status", "workers", "show", "prioritystatus"}
+
+
+def admin(host: str, port: int, command: str, timeout: float = 5.0) -> list[str]:
+    """Run a text admin command (``status``, ``workers``, ``version``)."""
+    with connect(host, port, timeout) as sock:
+        sock.settimeout(timeout)
+        sock.sendall(command.encode() + b"\n")
+        data = b""
+        single = command.split(" ", 1)[0] not in _MULTI_LINE_ADMIN
+        while not (data.endswith(b"\n.\n") or data == b".\n" or (single and b"\n" in data)):
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            data += chunk
+    lines = data.decode("utf-8", "replace").splitlines()
+    return [line for line in lines if line != "."]
+
+
+def drop_function(servers: Sequence[tuple[str, int]], function: str) -> None:
+    """Delete a queue nobody will read again, on every server (admin ``drop
+    function``); a failure is logged, not raised."""
+    for host, port in servers:
+        try:
+            admin(host, port, f"drop function {function}")
+        except (OSError, GearmanError) as exc:
+            log.warning("could not drop %s on %s:%s: %s", function, host, port, exc)
+
+
+@dataclass(frozen=True, slots=True)
+class FunctionStatus:
+    name: str
+    queued: int
+    running: int
+    workers: int
+
+
+def status(host: str, port: int, timeout: float = 5.0) -> list[FunctionStatus]:
+    """gearmand's ``status``: jobs queued (total), running, and capable workers."""
+    result = []
+    for line in admin(host, port, "status", timeout):
+        parts = line.split("\t")
+        if len(parts) == 4 and all(p.isdigit() for p in parts[1:]):
+            result.append(FunctionStatus(parts[0], *map(int, parts[1:])))
+    return result

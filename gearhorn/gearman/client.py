@@ -1,0 +1,177 @@
+"""Submitting jobs to a list of gearmand servers: pipelined batches,
+foreground results, failover."""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Callable, Iterable, Sequence
+
+from gearhorn.gearman.connection import Connection
+from gearhorn.gearman.packets import (
+    Copy,
+    GearmanError,
+    Outcome,
+    P,
+    Packet,
+    PartialSubmit,
+    Unavailable,
+)
+
+log = logging.getLogger(__name__)
+
+
+def wait_for_results(conn: Connection, handles: Sequence[bytes],
+                     timeout: float) -> list[Outcome]:
+    """Collect foreground outcomes for ``handles`` until done or ``timeout``.
+
+    Blocks in recv() with a timeout (no spinning). Packets for other handles (left over
+    from an earlier call that timed out) are ignored.
+    """
+    index = {h: i for i, h in enumerate(handles)}
+    outcomes: list[Outcome | None] = [None] * len(handles)
+    warnings: dict[bytes, bytes] = {}
+    left = len(handles)
+    deadline = time.monotonic() + timeout
+    try:
+        while left:
+            packet = conn.read(deadline)
+            if packet is None:
+                break
+            handle = packet.args[0] if packet.args else b""
+            if handle not in index or outcomes[index[handle]] is not None:
+                continue
+            outcome = _outcome(packet, warnings)
+            if outcome is not None:
+                outcomes[index[handle]] = outcome
+                left -= 1
+    except GearmanError as exc:
+        lost = Outcome("failed", reason=str(exc))
+        return [o or lost for o in outcomes]
+    late = Outcome("timeout", reason=f"no answer within {timeout:.3g}s")
+    return [o or late for o in outcomes]
+
+
+def _outcome(packet: Packet, warnings: dict[bytes, bytes]) -> Outcome | None:
+    handle = packet.args[0]
+    if packet.type == P.WORK_COMPLETE:
+        return Outcome("complete", packet.args[1])
+    if packet.type == P.WORK_WARNING:
+        warnings[handle] = packet.args[1]
+    elif packet.type == P.WORK_EXCEPTION:
+        return Outcome("failed", reason=_text(packet.args[1]) or "exception")
+    elif packet.type == P.WORK_FAIL:
+        return Outcome("failed", reason=_text(warnings.pop(handle, b"")) or "job failed")
+    return None
+
+
+def _text(data: bytes) -> str:
+    return data.decode("utf-8", "replace").strip()
+
+
+class Client:
+    """Submits jobs to a list of gearmand servers, failing over in turn.
+
+    Each call starts at the next server (spreading load); when a server
+    fails mid-batch, the copies it did not accept go to the next one.
+
+    >>> client = Client([("127.0.0.1", 4730)])             # doctest: +SKIP
+    >>> client.submit_background([Copy("news_alice", "m1:alice", b"hi")])  # doctest: +SKIP
+    1
+    """
+
+    def __init__(self, servers: Sequence[tuple[str, int]], batch: int = 1000,
+                 connect_timeout: float = 5.0,
+                 before_background: Callable[[Iterable[str]], None] | None = None) -> None:
+        if not servers:
+            raise ValueError("at least one gearmand server is needed")
+        self.connections = [Connection(h, p, connect_timeout) for h, p in servers]
+        self.batch = batch
+        self._next = 0
+        # Told the functions of every background batch before it is sent
+        # (gearhorn/replay.py records names gearmand's redis queue misreads).
+        self.before_background = before_background
+
+    def close(self) -> None:
+        for conn in self.connections:
+            conn.close()
+
+    def _rotation(self) -> list[Connection]:
+        start = self._next
+        self._next = (self._next + 1) % len(self.connections)
+        return self.connections[start:] + self.connections[:start]
+
+    def submit_background(self, copies: Sequence[Copy], precedence: str = "normal") -> int:
+        """Submit background jobs; returns once gearmand accepted them all."""
+        if self.before_background is not None:
+            self.before_background({c.function for c in copies})
+        self._submit(copies, background=True, precedence=precedence)
+        return len(copies)
+
+    def submit_foreground(self, copies: Sequence[Copy], timeout: float,
+                          precedence: str = "normal") -> list[Outcome]:
+        """Submit foreground jobs and wait up to ``timeout`` s for their outcomes."""
+        placed = self._submit(copies, background=False, precedence=precedence)
+        deadline = time.monotonic() + timeout
+        outcomes: list[Outcome] = []
+        for conn, handles in placed:
+            if conn is None:
+                lost = Outcome("failed", reason="lost the gearmand connection after submitting")
+                outcomes += [lost] * handles
+            else:
+                outcomes += wait_for_results(conn, handles, max(0.0, deadline - time.monotonic()))
+        return outcomes
+
+    def call(self, function: str, data: bytes, timeout: float = 30.0,
+             precedence: str = "normal") -> Outcome:
+        """Run one foreground job and return its outcome."""
+        # Unique per call: gearmand merges foreground jobs with equal unique
+        # keys, and a merged call would get another caller's result.
+        unique = f"call:{uuid.uuid4().hex}"
+        return self.submit_foreground([Copy(function, unique, data)], timeout, precedence)[0]
+
+    def _submit(self, copies: Sequence[Copy], *, background: bool,
+                precedence: str) -> list[tuple[Connection | None, int | list[bytes]]]:
+        """Place ``copies`` on the servers in turn.
+
+        Returns ``(connection, handles)`` per server used; a server that broke
+        after accepting some appears as ``(None, count)``: its jobs are in
+        gearmand, but their foreground results are lost with the connection.
+        """
+        placed: list[tuple[Connection | None, int | list[bytes]]] = []
+        done, errors = 0, []
+        for conn in self._rotation():
+            handles: list[bytes] = []
+            try:
+                while done < len(copies):
+                    chunk = copies[done:done + self.batch]
+                    handles += _submit_once_more_if_stale(conn, chunk, background, precedence)
+                    done += len(chunk)
+                placed.append((conn, handles))
+                return placed
+            except PartialSubmit as exc:
+                done += exc.accepted
+                log.warning("gearmand %s:%s failed: %s", conn.host, conn.port, exc)
+                errors.append(str(exc))
+                conn.close()
+                if handles or exc.accepted:
+                    placed.append((None, len(handles) + exc.accepted))
+            if done == len(copies):
+                return placed
+        raise Unavailable(f"no gearmand accepted the jobs ({done} of {len(copies)} "
+                          f"accepted): {'; '.join(errors)}")
+
+
+def _submit_once_more_if_stale(conn: Connection, copies: Sequence[Copy], background: bool,
+                               precedence: str) -> list[bytes]:
+    """``conn.submit``; a connection left open from before that fails with
+    nothing accepted (gearmand restarted since) is reopened and tried once more."""
+    reused = conn.is_open
+    try:
+        return conn.submit(copies, background=background, precedence=precedence)
+    except PartialSubmit as exc:
+        if not reused or exc.accepted:
+            raise
+        conn.close()
+        return conn.submit(copies, background=background, precedence=precedence)
