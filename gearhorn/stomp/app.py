@@ -18,8 +18,8 @@ from gearhorn.registry import Registry
 from gearhorn.stomp import auth
 from gearhorn.stomp.broker import Broker
 from gearhorn.stomp.frames import Limits
+from gearhorn.stomp.rules import SessionSettings
 from gearhorn.stomp.server import BridgeServer
-from gearhorn.stomp.session import SessionSettings
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +51,8 @@ def build_server(config: Config) -> BridgeServer:
     settings = SessionSettings(heartbeat_send_ms=config.stomp_heartbeat_ms,
                                heartbeat_receive_ms=config.stomp_heartbeat_ms,
                                max_subscriptions=config.stomp_max_subscriptions,
-                               max_backlog=config.stomp_max_backlog_bytes)
+                               max_backlog=config.stomp_max_backlog_bytes,
+                               max_payload_bytes=config.max_payload_bytes)
     return BridgeServer(broker, config.bridge_host, config.bridge_port, limits=limits,
                         settings=settings, max_connections=config.stomp_max_connections,
                         connect_timeout=config.stomp_connect_timeout,

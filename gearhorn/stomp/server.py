@@ -23,7 +23,8 @@ from gevent.server import StreamServer
 
 from gearhorn.stomp.broker import Broker
 from gearhorn.stomp.frames import HEARTBEAT, FrameError, FrameParser, Limits, encode
-from gearhorn.stomp.session import Session, SessionSettings
+from gearhorn.stomp.rules import SessionSettings
+from gearhorn.stomp.session import Session
 
 log = logging.getLogger(__name__)
 

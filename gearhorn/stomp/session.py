@@ -11,10 +11,7 @@ from __future__ import annotations
 import itertools
 import logging
 import uuid
-from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Protocol
 
 import redis
 
@@ -24,121 +21,37 @@ from gearhorn.messages import (
     BadRequest,
     queue_name,
     validate_queue,
-    validate_topic,
 )
 from gearhorn.stomp.auth import OPEN
-from gearhorn.stomp.broker import Broker, FanoutFailed, durable_client_id
+from gearhorn.stomp.backend import Backend, Transport
+from gearhorn.stomp.broker import FanoutFailed, durable_client_id
 from gearhorn.stomp.frames import Frame, encode
-from gearhorn.stomp.queues import Delivery, QueueDispatcher
+from gearhorn.stomp.queues import Delivery
+from gearhorn.stomp.rules import (
+    ACK_MODES,
+    SERVER_NAME,
+    SUPPORTED_VERSIONS,
+    TEMP_FUNCTION_PREFIX,
+    Destination,
+    ProtocolError,
+    SessionSettings,
+    Transactions,
+    ack_timeout,
+    heartbeat_header,
+    parse_destination,
+    plain,
+    prefetch,
+    require,
+)
 from gearhorn.stomp.sending import TEMP_QUEUE, SendOptions, send_options
+from gearhorn.stomp.subscription import StompSubscription
 
 log = logging.getLogger(__name__)
-
-SUPPORTED_VERSIONS = ("1.0", "1.1", "1.2")
-ACK_MODES = ("auto", "client", "client-individual")
-SERVER_NAME = "gearhorn/0.1.0"
-# Gearman functions behind /temp-queue/ reply queues: tmp.<prefix><session>.<NAME>
-TEMP_FUNCTION_PREFIX = "gearhorn.tmp."
-
-
-class ProtocolError(Exception):
-    """A client broke the protocol; the text becomes the ERROR's message."""
-
-
-class Transport(Protocol):
-    backlog: int
-
-    def send(self, data: bytes, on_sent: Callable[[], None] | None = None,
-             on_dropped: Callable[[], None] | None = None) -> None: ...
-
-    def close(self) -> None: ...
-
-
-@dataclass(frozen=True)
-class SessionSettings:
-    heartbeat_send_ms: int = 10_000  # what the bridge offers to send
-    heartbeat_receive_ms: int = 10_000  # what it asks the client to send
-    max_subscriptions: int = 100
-    max_transaction_frames: int = 10_000
-    auto_ack_window: int = 256  # messages in flight to an auto-ack subscription
-    max_backlog: int = 1024 * 1024  # bytes queued to a slow client before we stop
-    max_prefetch: int = 100_000
-    # Requests (SEND with a temp reply-to) awaiting their answer: each holds a
-    # gearmand connection, so a flood must not exhaust the bridge's sockets.
-    max_pending_requests: int = 100
-
-
-@dataclass(frozen=True, slots=True)
-class Destination:
-    kind: str  # queue, topic, control
-    name: str
-    control: str = ""  # count-msgs, count-subscribers
-    target: str = ""  # queue or topic, for control destinations
-
-
-def parse_destination(text: str) -> Destination:
-    """``/queue/Q``, ``/topic/T``, ``/control/count-msgs/queue/Q`` and the like."""
-    for kind in ("queue", "topic"):
-        prefix = f"/{kind}/"
-        if text.startswith(prefix):
-            name = text[len(prefix):]
-            if kind == "queue":
-                validate_queue(name)
-            else:
-                validate_topic(name, allow_prefix=True)
-            return Destination(kind, name)
-    parts = text.split("/", 4)
-    if (len(parts) == 5 and parts[:2] == ["", "control"]
-            and parts[2] in ("count-msgs", "count-subscribers") and parts[3] in ("queue", "topic")
-            and not (parts[2] == "count-msgs" and parts[3] == "topic")):
-        inner = parse_destination(f"/{parts[3]}/{parts[4]}")
-        return Destination("control", inner.name, parts[2], parts[3])
-    raise ProtocolError(f"unknown destination {text[:80]!r}: use /queue/NAME or /topic/NAME")
-
-
-class StompSubscription:
-    """A SUBSCRIBE: the consumer a QueueDispatcher hands jobs to."""
-
-    def __init__(self, session: Session, sub_id: str, destination: str, ack: str,
-                 prefetch: int, ack_timeout: float | None) -> None:
-        self.session = session
-        self.id = sub_id
-        self.destination = destination
-        self.ack = ack
-        self.prefetch = prefetch
-        self.ack_timeout = ack_timeout
-        self.unacked: OrderedDict[str, Delivery] = OrderedDict()
-        self.in_flight = 0  # auto-ack messages queued but not yet written
-        self.dispatcher: QueueDispatcher | None = None
-        self.function = ""
-        # For topic subscriptions: the registry entry behind the queue.
-        self.pattern: str | None = None
-        self.client_id: str | None = None
-        self.durable = False
-        self.temporary = False  # a /temp-queue/ reply queue
-        self.closed = False
-
-    def credit(self) -> int:
-        if self.closed or self.session.closed:
-            return 0
-        if self.ack == "auto":
-            if self.session.transport.backlog >= self.session.settings.max_backlog:
-                return 0
-            return self.prefetch - self.in_flight
-        return self.prefetch - len(self.unacked)
-
-    def deliver(self, delivery: Delivery) -> None:
-        self.session.deliver(self, delivery)
-
-    def forget(self, delivery: Delivery) -> None:
-        self.unacked.pop(delivery.message_id, None)
-        self.session.acks.pop(delivery.message_id, None)
-
 
 class Session:
     """Protocol state of one STOMP connection."""
 
-    def __init__(self, broker: Broker, transport: Transport,
+    def __init__(self, broker: Backend, transport: Transport,
                  settings: SessionSettings | None = None) -> None:
         self.broker = broker
         self.transport = transport
@@ -153,7 +66,7 @@ class Session:
         self.pending_requests = 0
         self.subscriptions: dict[str, StompSubscription] = {}
         self.acks: dict[str, StompSubscription] = {}
-        self.transactions: dict[str, list[Frame]] = {}
+        self.transactions = Transactions(self.settings.max_transaction_frames)
         self._counter = itertools.count(1)
         self._gearman: gearman.Client | None = None
         self._handlers = {
@@ -217,11 +130,11 @@ class Session:
                 or len(batch) >= MAX_BATCH):
             return False
         dest = frame.headers.get("destination", "")
-        if not _plain(frame):
+        if not plain(frame):
             return False
         if batch:
             return dest == batch[0].headers["destination"] and \
-                size + len(frame.body) <= self.broker.config.max_payload_bytes
+                size + len(frame.body) <= self.settings.max_payload_bytes
         return dest.startswith(("/queue/", "/topic/")) and not dest.endswith("*")
 
     def _flush(self, batch: list[Frame]) -> None:
@@ -298,7 +211,7 @@ class Session:
             raise ProtocolError("access refused: unknown login, wrong passcode, or no "
                                 "login where anonymous access is not allowed")
         self.principal = principal
-        cx, cy = _heartbeat_header(frame.get("heart-beat", "0,0"))
+        cx, cy = heartbeat_header(frame.get("heart-beat", "0,0"))
         sx, sy = self.settings.heartbeat_send_ms, self.settings.heartbeat_receive_ms
         self.heartbeat = (max(sx, cy) if sx and cy else 0, max(cx, sy) if cx and sy else 0)
         self.client_name = frame.get("client-id", "")
@@ -311,7 +224,7 @@ class Session:
     # -- SEND --------------------------------------------------------------------
 
     def on_send(self, frame: Frame) -> None:
-        _require(frame, "destination")
+        require(frame, "destination")
         if self._in_transaction(frame):
             return
         extra = self._send(frame)
@@ -319,9 +232,9 @@ class Session:
 
     def _send(self, frame: Frame) -> dict[str, str]:
         dest = parse_destination(frame.headers["destination"])
-        if len(frame.body) > self.broker.config.max_payload_bytes:
+        if len(frame.body) > self.settings.max_payload_bytes:
             raise ProtocolError(f"message body is {len(frame.body)} bytes, over the limit of "
-                                f"{self.broker.config.max_payload_bytes} bytes")
+                                f"{self.settings.max_payload_bytes} bytes")
         if dest.kind == "control":
             self._check(self.principal.may_read, f"/{dest.target}/{dest.name}", "read")
             return self._control(dest)
@@ -395,7 +308,7 @@ class Session:
     # -- SUBSCRIBE / UNSUBSCRIBE -------------------------------------------------
 
     def on_subscribe(self, frame: Frame) -> None:
-        destination = _require(frame, "destination")
+        destination = require(frame, "destination")
         sub_id = frame.get("id") or (destination if self.version == "1.0" else None)
         if sub_id is None:
             raise ProtocolError("SUBSCRIBE needs an id header")
@@ -414,8 +327,8 @@ class Session:
         ack = frame.get("ack", "auto")
         if ack not in ACK_MODES:
             raise ProtocolError(f"unknown ack mode {ack!r}: use auto, client or client-individual")
-        sub = StompSubscription(self, sub_id, destination, ack, self._prefetch(frame, ack),
-                                _ack_timeout(frame))
+        sub = StompSubscription(self, sub_id, destination, ack, prefetch(frame, ack, self.settings),
+                                ack_timeout(frame))
         if dest.kind == "topic":
             self._subscribe_topic(sub, dest.name, frame)
         else:
@@ -469,15 +382,6 @@ class Session:
                 self.broker.drop_queue(sub.function)
         if sub.temporary:
             self.broker.temp_queue_closed(sub.function)
-
-    def _prefetch(self, frame: Frame, ack: str) -> int:
-        raw = frame.get("prefetch-count", frame.get("prefetch"))
-        if raw is None:
-            return self.settings.auto_ack_window if ack == "auto" else 1
-        if not raw.isdigit() or not 0 < int(raw) <= self.settings.max_prefetch:
-            raise ProtocolError(f"invalid prefetch {raw[:20]!r}: a whole number from 1 to "
-                                f"{self.settings.max_prefetch}")
-        return int(raw)
 
     # -- delivery ----------------------------------------------------------------
 
@@ -557,28 +461,17 @@ class Session:
     # -- transactions ------------------------------------------------------------
 
     def _in_transaction(self, frame: Frame) -> bool:
-        tx = frame.get("transaction")
-        if tx is None:
+        if not self.transactions.hold(frame):
             return False
-        frames = self.transactions.get(tx)
-        if frames is None:
-            raise ProtocolError(f"transaction {tx!r} was not begun")
-        if len(frames) >= self.settings.max_transaction_frames:
-            raise ProtocolError(f"more than {self.settings.max_transaction_frames} frames in "
-                                "one transaction")
-        frames.append(frame)
         self._receipt(frame)
         return True
 
     def on_begin(self, frame: Frame) -> None:
-        tx = _require(frame, "transaction")
-        if tx in self.transactions:
-            raise ProtocolError(f"transaction {tx!r} already begun")
-        self.transactions[tx] = []
+        self.transactions.begin(require(frame, "transaction"))
         self._receipt(frame)
 
     def on_commit(self, frame: Frame) -> None:
-        frames = self._pop_transaction(frame)
+        frames = self.transactions.end(require(frame, "transaction"))
         for queued in frames:
             if queued.command == "SEND":
                 self._send(queued)
@@ -589,14 +482,8 @@ class Session:
         self._receipt(frame)
 
     def on_abort(self, frame: Frame) -> None:
-        self._pop_transaction(frame)
+        self.transactions.end(require(frame, "transaction"))
         self._receipt(frame)
-
-    def _pop_transaction(self, frame: Frame) -> list[Frame]:
-        tx = _require(frame, "transaction")
-        if tx not in self.transactions:
-            raise ProtocolError(f"transaction {tx!r} was not begun")
-        return self.transactions.pop(tx)
 
     # -- DISCONNECT --------------------------------------------------------------
 
@@ -609,37 +496,3 @@ class Session:
         if receipt is not None:
             headers = {"receipt-id": receipt, **(extra or {})}
             self.transport.send(encode("RECEIPT", headers, b"", self.version))
-
-
-def _plain(frame: Frame) -> bool:
-    try:
-        return send_options(frame.headers).plain
-    except BadRequest:
-        return False  # handled alone, so its ERROR names it
-
-
-def _require(frame: Frame, header: str) -> str:
-    value = frame.get(header)
-    if value is None:
-        raise ProtocolError(f"{frame.command} needs a {header} header")
-    return value
-
-
-def _heartbeat_header(value: str) -> tuple[int, int]:
-    parts = value.split(",")
-    if len(parts) != 2 or not all(p.strip().isdigit() for p in parts):
-        raise ProtocolError(f"invalid heart-beat header {value[:40]!r}")
-    return int(parts[0]), int(parts[1])
-
-
-def _ack_timeout(frame: Frame) -> float | None:
-    raw = frame.get("ack-timeout")
-    if raw is None:
-        return None
-    try:
-        value = float(raw)
-    except ValueError:
-        value = -1.0
-    if not 0 < value <= 86_400:
-        raise ProtocolError(f"invalid ack-timeout {raw[:20]!r}: seconds, above 0")
-    return value

@@ -7,8 +7,9 @@ from gearhorn.config import Config
 from gearhorn.stomp.auth import OPEN, Principal
 from gearhorn.stomp.frames import Frame, FrameParser
 from gearhorn.stomp.queues import Delivery
+from gearhorn.stomp.rules import SessionSettings, parse_destination
 from gearhorn.stomp.sending import PLAIN
-from gearhorn.stomp.session import Session, SessionSettings, parse_destination
+from gearhorn.stomp.session import Session
 
 
 class FakeTransport:
@@ -52,7 +53,7 @@ class FakeDispatcher:
 
 class FakeBroker:
     def __init__(self):
-        self.config = Config(max_payload_bytes=100)
+        self.config = Config()
         self.sent, self.published, self.topics = [], [], []
         self.dispatchers = {}
 
@@ -120,7 +121,7 @@ def session():
     transport, broker = FakeTransport(), FakeBroker()
     s = Session(broker, transport, SessionSettings(heartbeat_send_ms=500,
                                                    heartbeat_receive_ms=1000,
-                                                   max_subscriptions=2))
+                                                   max_subscriptions=2, max_payload_bytes=100))
     return s, transport, broker
 
 
@@ -439,7 +440,7 @@ def test_allowed_frames_pass(session):
 
 def test_requests_waiting_for_replies_are_limited_per_connection():
     transport, broker = FakeTransport(), FakeBroker()
-    s = Session(broker, transport, SessionSettings(max_pending_requests=2))
+    s = Session(broker, transport, SessionSettings(max_pending_requests=2, max_payload_bytes=100))
     s.handle(Frame("CONNECT", {"accept-version": "1.2"}))
     send = Frame("SEND", {"destination": "/queue/svc", "reply-to": "/temp-queue/r"}, b"?")
     s.handle(send)

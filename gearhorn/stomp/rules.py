@@ -1,0 +1,145 @@
+"""What STOMP frames and destinations mean to the bridge: pure, no I/O.
+
+The versions and ack modes it speaks, its settings per connection, how a
+destination and the headers of SUBSCRIBE and CONNECT are read, and the
+error a client's mistake becomes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gearhorn.messages import DEFAULT_MAX_PAYLOAD, BadRequest, validate_queue, validate_topic
+from gearhorn.stomp.frames import Frame
+from gearhorn.stomp.sending import send_options
+
+SUPPORTED_VERSIONS = ("1.0", "1.1", "1.2")
+ACK_MODES = ("auto", "client", "client-individual")
+SERVER_NAME = "gearhorn/0.1.0"
+# Gearman functions behind /temp-queue/ reply queues: tmp.<prefix><session>.<NAME>
+TEMP_FUNCTION_PREFIX = "gearhorn.tmp."
+
+
+class ProtocolError(Exception):
+    """A client broke the protocol; the text becomes the ERROR's message."""
+
+
+@dataclass(frozen=True)
+class SessionSettings:
+    heartbeat_send_ms: int = 10_000  # what the bridge offers to send
+    heartbeat_receive_ms: int = 10_000  # what it asks the client to send
+    max_subscriptions: int = 100
+    max_transaction_frames: int = 10_000
+    auto_ack_window: int = 256  # messages in flight to an auto-ack subscription
+    max_backlog: int = 1024 * 1024  # bytes queued to a slow client before we stop
+    max_prefetch: int = 100_000
+    max_payload_bytes: int = DEFAULT_MAX_PAYLOAD  # a SEND's body at most
+    # Requests (SEND with a temp reply-to) awaiting their answer: each holds a
+    # gearmand connection, so a flood must not exhaust the bridge's sockets.
+    max_pending_requests: int = 100
+
+
+@dataclass(frozen=True, slots=True)
+class Destination:
+    kind: str  # queue, topic, control
+    name: str
+    control: str = ""  # count-msgs, count-subscribers
+    target: str = ""  # queue or topic, for control destinations
+
+
+def parse_destination(text: str) -> Destination:
+    """``/queue/Q``, ``/topic/T``, ``/control/count-msgs/queue/Q`` and the like."""
+    for kind in ("queue", "topic"):
+        prefix = f"/{kind}/"
+        if text.startswith(prefix):
+            name = text[len(prefix):]
+            if kind == "queue":
+                validate_queue(name)
+            else:
+                validate_topic(name, allow_prefix=True)
+            return Destination(kind, name)
+    parts = text.split("/", 4)
+    if (len(parts) == 5 and parts[:2] == ["", "control"]
+            and parts[2] in ("count-msgs", "count-subscribers") and parts[3] in ("queue", "topic")
+            and not (parts[2] == "count-msgs" and parts[3] == "topic")):
+        inner = parse_destination(f"/{parts[3]}/{parts[4]}")
+        return Destination("control", inner.name, parts[2], parts[3])
+    raise ProtocolError(f"unknown destination {text[:80]!r}: use /queue/NAME or /topic/NAME")
+
+
+def plain(frame: Frame) -> bool:
+    try:
+        return send_options(frame.headers).plain
+    except BadRequest:
+        return False  # handled alone, so its ERROR names it
+
+
+def require(frame: Frame, header: str) -> str:
+    value = frame.get(header)
+    if value is None:
+        raise ProtocolError(f"{frame.command} needs a {header} header")
+    return value
+
+
+def heartbeat_header(value: str) -> tuple[int, int]:
+    parts = value.split(",")
+    if len(parts) != 2 or not all(p.strip().isdigit() for p in parts):
+        raise ProtocolError(f"invalid heart-beat header {value[:40]!r}")
+    return int(parts[0]), int(parts[1])
+
+
+def ack_timeout(frame: Frame) -> float | None:
+    raw = frame.get("ack-timeout")
+    if raw is None:
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not 0 < value <= 86_400:
+        raise ProtocolError(f"invalid ack-timeout {raw[:20]!r}: seconds, above 0")
+    return value
+
+
+def prefetch(frame: Frame, ack: str, settings: SessionSettings) -> int:
+    """A SUBSCRIBE's ``prefetch-count`` (RabbitMQ) or ``prefetch`` (ocamlmq):
+    unacknowledged messages it may hold."""
+    raw = frame.get("prefetch-count", frame.get("prefetch"))
+    if raw is None:
+        return settings.auto_ack_window if ack == "auto" else 1
+    if not raw.isdigit() or not 0 < int(raw) <= settings.max_prefetch:
+        raise ProtocolError(f"invalid prefetch {raw[:20]!r}: a whole number from 1 to "
+                            f"{settings.max_prefetch}")
+    return int(raw)
+
+
+class Transactions:
+    """The frames each open transaction holds until COMMIT or ABORT."""
+
+    def __init__(self, max_frames: int) -> None:
+        self.max_frames = max_frames
+        self.open: dict[str, list[Frame]] = {}
+
+    def begin(self, tx: str) -> None:
+        if tx in self.open:
+            raise ProtocolError(f"transaction {tx!r} already begun")
+        self.open[tx] = []
+
+    def hold(self, frame: Frame) -> bool:
+        """Keep ``frame`` if it names a transaction; False if it names none."""
+        tx = frame.get("transaction")
+        if tx is None:
+            return False
+        frames = self.open.get(tx)
+        if frames is None:
+            raise ProtocolError(f"transaction {tx!r} was not begun")
+        if len(frames) >= self.max_frames:
+            raise ProtocolError(f"more than {self.max_frames} frames in one transaction")
+        frames.append(frame)
+        return True
+
+    def end(self, tx: str) -> list[Frame]:
+        """COMMIT or ABORT: the frames ``tx`` held, in order."""
+        if tx not in self.open:
+            raise ProtocolError(f"transaction {tx!r} was not begun")
+        return self.open.pop(tx)

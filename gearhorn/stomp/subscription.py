@@ -1,0 +1,50 @@
+"""A SUBSCRIBE of one session: the consumer a QueueDispatcher hands jobs to."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import TYPE_CHECKING
+
+from gearhorn.stomp.queues import Delivery, QueueDispatcher
+
+if TYPE_CHECKING:
+    from gearhorn.stomp.session import Session
+
+
+class StompSubscription:
+    """A SUBSCRIBE: the consumer a QueueDispatcher hands jobs to."""
+
+    def __init__(self, session: Session, sub_id: str, destination: str, ack: str,
+                 prefetch: int, ack_timeout: float | None) -> None:
+        self.session = session
+        self.id = sub_id
+        self.destination = destination
+        self.ack = ack
+        self.prefetch = prefetch
+        self.ack_timeout = ack_timeout
+        self.unacked: OrderedDict[str, Delivery] = OrderedDict()
+        self.in_flight = 0  # auto-ack messages queued but not yet written
+        self.dispatcher: QueueDispatcher | None = None
+        self.function = ""
+        # For topic subscriptions: the registry entry behind the queue.
+        self.pattern: str | None = None
+        self.client_id: str | None = None
+        self.durable = False
+        self.temporary = False  # a /temp-queue/ reply queue
+        self.closed = False
+
+    def credit(self) -> int:
+        if self.closed or self.session.closed:
+            return 0
+        if self.ack == "auto":
+            if self.session.transport.backlog >= self.session.settings.max_backlog:
+                return 0
+            return self.prefetch - self.in_flight
+        return self.prefetch - len(self.unacked)
+
+    def deliver(self, delivery: Delivery) -> None:
+        self.session.deliver(self, delivery)
+
+    def forget(self, delivery: Delivery) -> None:
+        self.unacked.pop(delivery.message_id, None)
+        self.session.acks.pop(delivery.message_id, None)
