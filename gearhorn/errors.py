@@ -10,3 +10,8 @@ class GearhornError(Exception):
     """An error with a one-line message for the person running gearhorn."""
 
     exit_code = 1
+
+
+class BadRequest(GearhornError, ValueError):
+    """Input gearhorn refuses (a job payload, a name); ``str(exc)`` is the
+    one-line reason."""

@@ -36,6 +36,7 @@ from gearhorn.messages import (
     parse_fanout,
     parse_subscription,
 )
+from gearhorn.naming import delayed_unique
 from gearhorn.registry import Recipient, Registry, new_worker_id
 from gearhorn.replay import DashedFunctions
 
@@ -136,7 +137,7 @@ class FanoutService:
     def release(self, item: DelayedItem) -> None:
         """Send a delayed message that is due (called by the worker's releaser)."""
         if item.queue:  # the bridge set its unique key (headers mark included)
-            unique = item.unique or f"delayed:{item.message_ids[0]}"
+            unique = item.unique or delayed_unique(item.message_ids[0])
             self.client.submit_background([gearman.Copy(item.queue, unique, item.bodies[0])],
                                           item.priority)
             return

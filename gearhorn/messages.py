@@ -12,22 +12,30 @@ Naming rules (DESIGN.md):
 from __future__ import annotations
 
 import base64
-import hashlib
 import json
 import math
 import re
 import time
-import uuid
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from gearhorn.errors import GearhornError
+from gearhorn.errors import BadRequest
+from gearhorn.naming import (  # noqa: F401 - the naming rules, re-exported
+    HEADER_MARK,
+    MAX_UNIQUE_BYTES,
+    copy_unique,
+    header_id_for,
+    header_id_of,
+    message_ids_for,
+    new_message_id,
+    queue_name,
+    split_queue_name,
+)
 
 MAX_NAME_BYTES = 128
 # gearmand 1.1.20 answers ERROR ARGUMENT_TOO_LARGE to a unique key over 64
 # bytes, and a key of exactly 64 comes back to the worker cut to 63 bytes with
 # a NUL that lands in front of the job's data (measured). So 63 at most.
-MAX_UNIQUE_BYTES = 63
 DEFAULT_MAX_PAYLOAD = 1024 * 1024
 # A job bigger than this multiple of the payload limit is refused before
 # json.loads, so a huge job never costs its parse (JSON escaping can at most
@@ -38,10 +46,6 @@ _RAW_SLACK = 4096
 _NAME = re.compile(rf"[!-~]{{1,{MAX_NAME_BYTES}}}")  # printable, no space
 _QUEUE = re.compile(rf"[!-~]{{1,{2 * MAX_NAME_BYTES + 1}}}")
 PREFIX_WILDCARD = "*"
-
-
-class BadRequest(GearhornError, ValueError):
-    """A job payload gearhorn refuses; ``str(exc)`` is the one-line reason."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,76 +117,6 @@ def validate_queue(name: object) -> str:
         raise BadRequest(f"invalid queue name {_shorten(str(name))}: use 1 to "
                          f"{2 * MAX_NAME_BYTES + 1} printable ASCII characters without whitespace")
     return name
-
-
-def queue_name(topic: str, client_id: str) -> str:
-    """The Gearman function that receives ``client_id``'s copies of ``topic``."""
-    return f"{topic}_{client_id}"
-
-
-def split_queue_name(name: str) -> tuple[str, str]:
-    """Inverse of :func:`queue_name`: ``"a_b_c"`` -> ``("a_b", "c")``."""
-    topic, sep, client_id = name.rpartition("_")
-    if not sep or not topic or not client_id:
-        raise BadRequest(f"{_shorten(name)} is not a <topic>_<client_id> queue name")
-    return topic, client_id
-
-
-def copy_unique(base: str, client_id: str, header_id: str | None = None) -> str:
-    """The Gearman unique key of one copy: ``<base>:<client_id>``.
-
-    Keys over 63 bytes (gearmand's real limit: docs/design.rst, "Unique
-    keys") become a SHA-256 digest of the same text, so the key stays
-    deterministic (coalescing still works) and valid.
-    A message with headers has ``@<header id>:<client_id>`` instead (the
-    client id digested when too long), so whoever grabs the copy finds its
-    headers without a lookup per job (see :func:`header_id_of`).
-    """
-    if header_id is not None:
-        key = f"{HEADER_MARK}{header_id}:{client_id}"
-        if len(key) > MAX_UNIQUE_BYTES:
-            key = f"{HEADER_MARK}{header_id}:" + hashlib.sha256(client_id.encode()).hexdigest()
-        return key[:MAX_UNIQUE_BYTES]
-    key = f"{base}:{client_id}"
-    if len(key) <= MAX_UNIQUE_BYTES:
-        return key
-    return "h:" + hashlib.sha256(key.encode()).hexdigest()[:60]
-
-
-# A unique key that starts with this and a 32-digit header id says the job's
-# STOMP headers are in Redis (gearhorn/headers.py).
-HEADER_MARK = "@"
-_HEADER_ID = re.compile(r"[0-9a-f]{32}")
-
-
-def header_id_for(message_id: str, unique: str | None) -> str:
-    """Where a message's headers are kept: its message id, or for a request
-    with a ``unique`` a digest of it, so a retry coalesces with the first."""
-    if unique is None:
-        return message_id
-    return hashlib.sha256(f"unique:{unique}".encode()).hexdigest()[:32]
-
-
-def header_id_of(unique: str) -> str | None:
-    """The header id a job's unique key carries, or None."""
-    if unique.startswith(HEADER_MARK) and _HEADER_ID.fullmatch(unique[1:33]):
-        return unique[1:33]
-    return None
-
-
-def new_message_id() -> str:
-    return uuid.uuid4().hex
-
-
-def message_ids_for(job_unique: str, count: int) -> list[str]:
-    """Message ids of a fanout job: derived from the job's Gearman unique key
-    when it has one, so a job run again (its worker died, or gearmand replayed
-    it from its persistent queue) makes the same copies with the same unique
-    keys, and gearmand coalesces those still queued. Random without one."""
-    if not job_unique:
-        return [new_message_id() for _ in range(count)]
-    return [hashlib.sha256(f"job:{job_unique}:{i}".encode()).hexdigest()[:32]
-            for i in range(count)]
 
 
 def parse_subscription(data: bytes) -> Subscription:

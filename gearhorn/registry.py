@@ -6,8 +6,6 @@ its index, the version counter and the announcement change together.
 
 from __future__ import annotations
 
-import os
-import socket
 from dataclasses import dataclass
 
 import redis
@@ -15,6 +13,7 @@ import redis
 from gearhorn.keys import PREFIX_VERSION_FIELD, Keys
 from gearhorn.liveness import Liveness
 from gearhorn.messages import PREFIX_WILDCARD, Subscription, queue_name
+from gearhorn.naming import process_id
 from gearhorn.redisutil import script, text
 
 
@@ -154,7 +153,7 @@ _STALE_PATTERNS = "!prefixes"  # lua/members.lua's answer to an old list of patt
 
 
 def new_worker_id() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}:{os.urandom(3).hex()}"
+    return process_id()
 
 
 def _recipient(topic: str, member: str) -> Recipient:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import logging
 import time
-import uuid
 from collections.abc import Callable, Iterable, Sequence
 
 from gearhorn.gearman.connection import Connection
@@ -18,6 +17,7 @@ from gearhorn.gearman.packets import (
     PartialSubmit,
     Unavailable,
 )
+from gearhorn.naming import call_unique
 
 log = logging.getLogger(__name__)
 
@@ -126,9 +126,7 @@ class Client:
     def call(self, function: str, data: bytes, timeout: float = 30.0,
              precedence: str = "normal") -> Outcome:
         """Run one foreground job and return its outcome."""
-        # Unique per call: gearmand merges foreground jobs with equal unique
-        # keys, and a merged call would get another caller's result.
-        unique = f"call:{uuid.uuid4().hex}"
+        unique = call_unique()
         return self.submit_foreground([Copy(function, unique, data)], timeout, precedence)[0]
 
     def _submit(self, copies: Sequence[Copy], *, background: bool,

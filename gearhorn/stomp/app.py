@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import logging
-import os
 import signal
-import socket
 
 import gevent
 import gevent.event
@@ -14,6 +12,7 @@ import redis
 from gearhorn import gearman
 from gearhorn.config import Config
 from gearhorn.keys import Keys
+from gearhorn.naming import process_id
 from gearhorn.registry import Registry
 from gearhorn.stomp import auth
 from gearhorn.stomp.broker import Broker
@@ -44,8 +43,9 @@ def build_server(config: Config) -> BridgeServer:
         credentials = auth.Credentials.open()
         log.warning("no stomp_credentials_file: anyone who reaches the bridge may connect")
     # Unique across hosts and restarts: the janitor cleans up by this id.
-    bridge_id = f"{socket.gethostname()}:{os.getpid()}:{os.urandom(3).hex()}"
+    bridge_id = process_id()
     broker = Broker(config, registry, bridge_id=bridge_id, credentials=credentials)
+    broker.start()
     limits = Limits(config.stomp_max_frame_bytes, config.stomp_max_headers,
                     config.stomp_max_header_length)
     settings = SessionSettings(heartbeat_send_ms=config.stomp_heartbeat_ms,

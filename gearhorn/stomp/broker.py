@@ -7,10 +7,8 @@ heartbeats. Queues live in :mod:`gearhorn.stomp.queues`.
 from __future__ import annotations
 
 import base64
-import hashlib
 import json
 import logging
-import re
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -27,7 +25,8 @@ from gearhorn.errors import GearhornError
 from gearhorn.headers import HeaderStore
 from gearhorn.janitor import BridgeLiveness, queue_entry, topic_entry
 from gearhorn.ledger import Ledger
-from gearhorn.messages import Subscription, copy_unique, validate_topic
+from gearhorn.messages import Subscription, validate_topic
+from gearhorn.naming import dead_letter_queue, queue_copy_unique, stomp_unique
 from gearhorn.registry import Registry
 from gearhorn.replay import DashedFunctions
 from gearhorn.stomp.auth import Credentials, Principal
@@ -41,13 +40,6 @@ log = logging.getLogger(__name__)
 class FanoutFailed(GearhornError):
     """A fanout job the bridge submitted failed or timed out (not the
     client's fault: its request was valid); the message says why."""
-
-def durable_client_id(name: str) -> str:
-    """A registry client id for a durable subscription name (stable, no '_')."""
-    if re.fullmatch(r"[!-~]{1,100}", name) and "_" not in name and "*" not in name:
-        return "d-" + name
-    return "d-" + hashlib.sha256(name.encode()).hexdigest()[:32]
-
 
 class Broker:
     """What the STOMP sessions of one bridge process share."""
@@ -73,6 +65,12 @@ class Broker:
         self.liveness = BridgeLiveness(registry, bridge_id, 5 * config.worker_ttl)
         self._flush_soon = False
         self._retired = False
+        self._ledger_flusher: gevent.Greenlet | None = None
+        self._heart: gevent.Greenlet | None = None
+
+    def start(self) -> None:
+        """Start the background work: heartbeats and the ledger's flusher
+        (called by the composition root, gearhorn/stomp/app.py)."""
         self._ledger_flusher = gevent.spawn(self._flush_ledger_forever)
         self._heart = gevent.spawn(self._heartbeats)
 
@@ -118,9 +116,11 @@ class Broker:
 
     def retire(self) -> None:
         """A clean stop (after every session ended and cleaned up)."""
-        self._heart.kill(block=False)
+        if self._heart is not None:
+            self._heart.kill(block=False)
         self._retired = True
-        self._ledger_flusher.join(timeout=5)  # lets a flush under way finish
+        if self._ledger_flusher is not None:
+            self._ledger_flusher.join(timeout=5)  # lets a flush under way finish
         self.flush_ledger()  # the last deliveries and acks of the sessions just ended
         try:
             self.liveness.retire()
@@ -141,6 +141,7 @@ class Broker:
                                          dead_letter=self.dead_letter,
                                          max_deliveries=self.config.max_deliveries)
             self.dispatchers[function] = dispatcher
+            dispatcher.start()
         dispatcher.add(consumer)
         return dispatcher
 
@@ -155,16 +156,16 @@ class Broker:
         """Background jobs on ``function``, in order, in one pipelined write;
         returns once gearmand accepted them all (or, delayed, Redis kept them)."""
         if options.plain:
-            client.submit_background([gearman.Copy(function, f"stomp:{uuid.uuid4().hex}", body)
+            client.submit_background([gearman.Copy(function, stomp_unique(uuid.uuid4().hex), body)
                                       for body in bodies])
             return
         (body,) = bodies  # a SEND with options is never batched
         message_id = uuid.uuid4().hex
-        unique = f"stomp:{message_id}"
+        unique = stomp_unique(message_id)
         header_ids: tuple[str, ...] = ()
         if options.headers:
             self.headers.put(message_id, options.headers)
-            unique, header_ids = copy_unique("", "q", message_id), (message_id,)
+            unique, header_ids = queue_copy_unique(message_id), (message_id,)
         if options.delay is not None:
             item = DelayedItem(time.time() + options.delay, (message_id,), (body,),
                                queue=function, unique=unique, priority=options.priority,
@@ -207,7 +208,7 @@ class Broker:
         accepted the job."""
         message_id = uuid.uuid4().hex
         self.headers.put(message_id, options.headers)
-        job = gearman.Copy(function, copy_unique("", "q", message_id), body)
+        job = gearman.Copy(function, queue_copy_unique(message_id), body)
         errors = []
         for host, port in self.config.gearman_servers:
             conn = gearman.Connection(host, port)
@@ -252,7 +253,7 @@ class Broker:
         headers = {**kept, "dlq-reason": reason,
                    "dlq-delivery-count": str(delivery.deliveries),
                    "dlq-original-destination": f"/queue/{function}"}
-        self.send_own(f"{function}.dlq", delivery.body, headers)
+        self.send_own(dead_letter_queue(function), delivery.body, headers)
         log.info("%s: message %s dead-lettered after %d deliveries: %s", function,
                  delivery.job.unique, delivery.deliveries, reason)
         self.ledger.failed(f"dead-lettered: {reason}", subscriber=function,
@@ -265,7 +266,7 @@ class Broker:
         self.headers.put(message_id, headers)
         with self._client_lock:
             self._client.submit_background(
-                [gearman.Copy(function, copy_unique("", "q", message_id), body)])
+                [gearman.Copy(function, queue_copy_unique(message_id), body)])
 
     # -- topics ------------------------------------------------------------------
 

@@ -86,10 +86,15 @@ class QueueDispatcher:
         self._closed = False
         self._on_empty = on_empty
         self._workers: list[gearman.WorkerConnection] = []
-        # Connect (and send CAN_DO) before SUBSCRIBE's receipt, so gearmand
-        # counts this bridge as a worker of the queue from then on.
-        self._loops = [gevent.spawn(self._grab_loop, self._open(host, port, client_id))
-                       for host, port in servers]
+        self._servers, self._client_id = servers, client_id
+        self._loops: list[gevent.Greenlet] = []
+
+    def start(self) -> None:
+        """Connect to every server and grab from then on. Connects (and sends
+        CAN_DO) before it returns, so before SUBSCRIBE's receipt gearmand
+        counts this bridge as a worker of the queue."""
+        self._loops = [gevent.spawn(self._grab_loop, self._open(host, port, self._client_id))
+                       for host, port in self._servers]
 
     def _open(self, host: str, port: int, client_id: str) -> gearman.WorkerConnection:
         worker = gearman.WorkerConnection(host, port, [self.function], client_id)

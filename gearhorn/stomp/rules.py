@@ -16,8 +16,6 @@ from gearhorn.stomp.sending import send_options
 SUPPORTED_VERSIONS = ("1.0", "1.1", "1.2")
 ACK_MODES = ("auto", "client", "client-individual")
 SERVER_NAME = "gearhorn/0.1.0"
-# Gearman functions behind /temp-queue/ reply queues: tmp.<prefix><session>.<NAME>
-TEMP_FUNCTION_PREFIX = "gearhorn.tmp."
 
 
 class ProtocolError(Exception):

@@ -22,16 +22,16 @@ from gearhorn.messages import (
     queue_name,
     validate_queue,
 )
+from gearhorn.naming import TEMP_FUNCTION_PREFIX, durable_client_id, temp_queue
 from gearhorn.stomp.auth import OPEN
 from gearhorn.stomp.backend import Backend, Transport
-from gearhorn.stomp.broker import FanoutFailed, durable_client_id
+from gearhorn.stomp.broker import FanoutFailed
 from gearhorn.stomp.frames import Frame, encode
 from gearhorn.stomp.queues import Delivery
 from gearhorn.stomp.rules import (
     ACK_MODES,
     SERVER_NAME,
     SUPPORTED_VERSIONS,
-    TEMP_FUNCTION_PREFIX,
     Destination,
     ProtocolError,
     SessionSettings,
@@ -289,7 +289,7 @@ class Session:
             if len(self.subscriptions) >= self.settings.max_subscriptions:
                 raise ProtocolError(f"more than {self.settings.max_subscriptions} "
                                     "subscriptions on one connection")
-            function = validate_queue(f"{TEMP_FUNCTION_PREFIX}{self.id}.{name}")
+            function = validate_queue(temp_queue(self.id, name))
             sub = StompSubscription(self, sub_id, f"/queue/{function}", "auto",
                                     self.settings.auto_ack_window, None)
             sub.function, sub.temporary = function, True

@@ -1,0 +1,147 @@
+"""The naming rules: every Gearman function name and unique key gearhorn
+makes, and the ids of its processes, in one place.
+
+=============================  ==============================================
+``<topic>_<client id>``        a subscriber's queue (:func:`queue_name`)
+``<base>:<client id>``         a copy's unique key; ``h:<sha256>`` when over
+                               63 bytes; ``@<header id>:<client id>`` when
+                               the message has headers (:func:`copy_unique`)
+``stomp:<message id>``         a STOMP SEND to a queue (:func:`stomp_unique`)
+``delayed:<message id>``       a delayed queue message (:func:`delayed_unique`)
+``call:<uuid>``                a request/reply call (:func:`call_unique`)
+``<queue>.dlq``                a queue's dead letters (:func:`dead_letter_queue`)
+``gearhorn.tmp.<s>.<name>``    a STOMP ``/temp-queue/`` (:func:`temp_queue`)
+``d-<name>``                   a durable STOMP subscription's client id
+                               (:func:`durable_client_id`)
+``<host>:<pid>:<random>``      a worker's or a bridge's id (:func:`process_id`)
+=============================  ==============================================
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import socket
+import uuid
+
+from gearhorn.errors import BadRequest
+
+# gearmand refuses longer unique keys and mangles 64-byte ones (docs/design.rst).
+MAX_UNIQUE_BYTES = 63
+# Gearman functions behind /temp-queue/ reply queues.
+TEMP_FUNCTION_PREFIX = "gearhorn.tmp."
+
+
+def _shorten(value: str, limit: int = 40) -> str:
+    return repr(value if len(value) <= limit else value[:limit] + "...")
+
+
+def queue_name(topic: str, client_id: str) -> str:
+    """The Gearman function that receives ``client_id``'s copies of ``topic``."""
+    return f"{topic}_{client_id}"
+
+
+def split_queue_name(name: str) -> tuple[str, str]:
+    """Inverse of :func:`queue_name`: ``"a_b_c"`` -> ``("a_b", "c")``."""
+    topic, sep, client_id = name.rpartition("_")
+    if not sep or not topic or not client_id:
+        raise BadRequest(f"{_shorten(name)} is not a <topic>_<client_id> queue name")
+    return topic, client_id
+
+
+def copy_unique(base: str, client_id: str, header_id: str | None = None) -> str:
+    """The Gearman unique key of one copy: ``<base>:<client_id>``.
+
+    Keys over 63 bytes (gearmand's real limit: docs/design.rst, "Unique
+    keys") become a SHA-256 digest of the same text, so the key stays
+    deterministic (coalescing still works) and valid.
+    A message with headers has ``@<header id>:<client_id>`` instead (the
+    client id digested when too long), so whoever grabs the copy finds its
+    headers without a lookup per job (see :func:`header_id_of`).
+    """
+    if header_id is not None:
+        key = f"{HEADER_MARK}{header_id}:{client_id}"
+        if len(key) > MAX_UNIQUE_BYTES:
+            key = f"{HEADER_MARK}{header_id}:" + hashlib.sha256(client_id.encode()).hexdigest()
+        return key[:MAX_UNIQUE_BYTES]
+    key = f"{base}:{client_id}"
+    if len(key) <= MAX_UNIQUE_BYTES:
+        return key
+    return "h:" + hashlib.sha256(key.encode()).hexdigest()[:60]
+
+
+# A unique key that starts with this and a 32-digit header id says the job's
+# STOMP headers are in Redis (gearhorn/headers.py).
+HEADER_MARK = "@"
+_HEADER_ID = re.compile(r"[0-9a-f]{32}")
+
+
+def header_id_for(message_id: str, unique: str | None) -> str:
+    """Where a message's headers are kept: its message id, or for a request
+    with a ``unique`` a digest of it, so a retry coalesces with the first."""
+    if unique is None:
+        return message_id
+    return hashlib.sha256(f"unique:{unique}".encode()).hexdigest()[:32]
+
+
+def header_id_of(unique: str) -> str | None:
+    """The header id a job's unique key carries, or None."""
+    if unique.startswith(HEADER_MARK) and _HEADER_ID.fullmatch(unique[1:33]):
+        return unique[1:33]
+    return None
+
+
+def new_message_id() -> str:
+    return uuid.uuid4().hex
+
+
+def message_ids_for(job_unique: str, count: int) -> list[str]:
+    """Message ids of a fanout job: derived from the job's Gearman unique key
+    when it has one, so a job run again (its worker died, or gearmand replayed
+    it from its persistent queue) makes the same copies with the same unique
+    keys, and gearmand coalesces those still queued. Random without one."""
+    if not job_unique:
+        return [new_message_id() for _ in range(count)]
+    return [hashlib.sha256(f"job:{job_unique}:{i}".encode()).hexdigest()[:32]
+            for i in range(count)]
+
+
+def queue_copy_unique(message_id: str) -> str:
+    """A queue message with headers (the bridge's SENDs, replies, dead
+    letters): a copy for no subscriber, marked as carrying headers."""
+    return copy_unique("", "q", message_id)
+
+
+def stomp_unique(message_id: str) -> str:
+    return f"stomp:{message_id}"
+
+
+def delayed_unique(message_id: str) -> str:
+    return f"delayed:{message_id}"
+
+
+def call_unique() -> str:
+    """Unique per call: gearmand merges foreground jobs with equal unique
+    keys, and a merged call would get another caller's result."""
+    return f"call:{uuid.uuid4().hex}"
+
+
+def dead_letter_queue(function: str) -> str:
+    return f"{function}.dlq"
+
+
+def temp_queue(session_id: str, name: str) -> str:
+    return f"{TEMP_FUNCTION_PREFIX}{session_id}.{name}"
+
+
+def durable_client_id(name: str) -> str:
+    """A registry client id for a durable subscription name (stable, no '_')."""
+    if re.fullmatch(r"[!-~]{1,100}", name) and "_" not in name and "*" not in name:
+        return "d-" + name
+    return "d-" + hashlib.sha256(name.encode()).hexdigest()[:32]
+
+
+def process_id() -> str:
+    """Unique across hosts and restarts: the janitor and status go by it."""
+    return f"{socket.gethostname()}:{os.getpid()}:{os.urandom(3).hex()}"
