@@ -103,16 +103,9 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--out", required=True, metavar="DIR")
     export.add_argument("--format", choices=("parquet", "jsonl"), default="parquet")
 
-    report = sub.add_parser("report", help="Spark job: statistics and reconciliation of "
-                                           "an exported ledger")
-    report.add_argument("--ledger", required=True, metavar="DIR",
-                        help="folder written by `gearhorn ledger export`")
-    report.add_argument("--out", required=True, metavar="DIR",
-                        help="folder for tables/ (Parquet) and report.html")
-    report.add_argument("--master", help="Spark master URL (default: Spark's, local[*])")
-    report.add_argument("--stale-after", type=float, default=300.0, metavar="SECONDS",
-                        help="a subscriber with a backlog and no ack this long is stale")
-    report.add_argument("--shuffle-partitions", type=int, default=4)
+    # Listed for --help; its options are the Spark job's own (pipeline/job.py).
+    sub.add_parser("report", help="Spark job: statistics and reconciliation of an exported "
+                                  "ledger (gearhorn report --help)")
 
     passwd = sub.add_parser("passwd", help="set a STOMP user's passcode (hashed) in a "
                                            "credentials file; reads it from stdin or asks")
@@ -126,7 +119,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def load_config(args: argparse.Namespace) -> Config:
-    if args.command in ("report", "passwd"):  # no gearhorn servers involved
+    if args.command == "passwd":  # no gearhorn servers involved
         return configuration.load({}, None)
     servers = tuple(args.gearman) if args.gearman else None
     flags = {"gearman_servers": servers, "redis_url": args.redis_url,
@@ -140,12 +133,16 @@ def load_config(args: argparse.Namespace) -> Config:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["report"]:  # the Spark job parses its own options
+        from gearhorn.pipeline.job import main as report
+
+        return report(argv[1:])
     args = build_parser().parse_args(argv)
     args.argv = argv
     try:
         config = load_config(args)
         setup_logging(config.log_level)
-        if args.command not in ("report", "passwd"):
+        if args.command != "passwd":
             from gearhorn import gearman
             gearman.use_tls_files(config.gearman_tls_ca, config.gearman_tls_cert,
                                   config.gearman_tls_key)
@@ -282,19 +279,6 @@ def cmd_ledger(config: Config, args: argparse.Namespace) -> int:
     if result["trimmed"]:
         print("warning: the ledger was trimmed (ledger_maxlen) before some events were "
               "exported; export more often", file=sys.stderr)
-    return 0
-
-
-def cmd_report(config: Config, args: argparse.Namespace) -> int:
-    from gearhorn.pipeline.job import Options, run
-
-    options = Options(args.ledger, args.out, args.master, args.stale_after,
-                      args.shuffle_partitions)
-    summary = run(options)
-    problems = sum(summary["reconciliation"].values())
-    print(f"{summary['events']:,} events ({summary['malformed']:,} malformed rows skipped); "
-          f"reconciliation: {problems:,} problems; report: {args.out}/report.html "
-          f"({summary['seconds']}s)")
     return 0
 
 

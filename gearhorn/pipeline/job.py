@@ -251,9 +251,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"gearhorn report: {exc}", file=sys.stderr)
         return 1
     problems = sum(summary["reconciliation"].values())
+    kinds = summary["reconciliation"]
     print(f"{summary['events']:,} events ({summary['malformed']:,} malformed rows skipped); "
-          f"reconciliation: {problems:,} problems {summary['reconciliation'] or ''}; "
-          f"{summary['seconds']}s")
+          f"reconciliation: {problems:,} problems{f' {kinds}' if kinds else ''}; "
+          f"report: {summary['report']} ({summary['seconds']}s)")
     return 0
 
 
