@@ -31,16 +31,14 @@ from collections.abc import Iterable, Iterator, Sequence
 from datetime import UTC, datetime
 
 import redis
-import xxhash
 
 from gearhorn.background import StoppableThread
+from gearhorn.events import FIELDS, Event, copy_key, message_key
 from gearhorn.keys import Keys
 from gearhorn.redisutil import text
 
 log = logging.getLogger(__name__)
 
-ROW_FIELDS = ("event", "ts", "message_id", "topic", "subscriber", "unique", "count",
-              "reason", "redelivered", "source", "stream_id", "copy_key", "message_key")
 CHECKPOINT = "_checkpoint"
 
 
@@ -71,13 +69,13 @@ class Ledger:
                   copies: Sequence[tuple[str, str]]) -> None:
         """``message_id`` of ``topic`` went to ``copies`` (queue, unique)."""
         subs = "\n".join(f"{queue}\t{unique}" for queue, unique in copies)
-        self._add({"e": "published", "ts": str(now_ms()), "mid": message_id, "topic": topic,
-                   "n": str(len(copies)), "subs": subs})
+        self._add({"e": Event.PUBLISHED.value, "ts": str(now_ms()), "mid": message_id,
+                   "topic": topic, "n": str(len(copies)), "subs": subs})
 
     def failed(self, reason: str, topic: str = "", subscriber: str = "", unique: str = "",
                message_id: str = "") -> None:
-        self._add({"e": "failed", "ts": str(now_ms()), "reason": reason[:500], "topic": topic,
-                   "sub": subscriber, "u": unique, "mid": message_id})
+        self._add({"e": Event.FAILED.value, "ts": str(now_ms()), "reason": reason[:500],
+                   "topic": topic, "sub": subscriber, "u": unique, "mid": message_id})
 
     def record(self, event: str, subscriber: str, unique: str = "",
                redelivered: bool = False) -> None:
@@ -142,29 +140,6 @@ class Flusher(StoppableThread):
 
 # -- entries to rows (pure) ------------------------------------------------------
 
-_SPARK_HASH_SEED = 42  # the seed of Spark's xxhash64()
-
-
-def _xxhash64(text: str, seed: int) -> int:
-    """XXH64 of the UTF-8 text as Spark computes it (an unsigned seed in, a
-    signed result out)."""
-    value = xxhash.xxh64_intdigest(text.encode(), seed=seed & 0xFFFF_FFFF_FFFF_FFFF)
-    return value - (1 << 64) if value >= 1 << 63 else value
-
-
-def copy_key(subscriber: str | None, unique: str | None) -> int | None:
-    """Spark's ``xxhash64(subscriber, unique)``; None unless both are set."""
-    if not subscriber or not unique:
-        return None
-    return _xxhash64(unique, _xxhash64(subscriber, _SPARK_HASH_SEED))
-
-
-def message_key(message_id: str | None) -> int | None:
-    """Spark's ``xxhash64(message_id)``; None without a message id."""
-    return _xxhash64(message_id, _SPARK_HASH_SEED) if message_id else None
-
-
-
 def rows_from_entries(entries: Iterable[tuple[str, dict[str, str]]]) -> Iterator[dict]:
     """Stream entries ``(id, fields)`` -> flat rows (``ROW_FIELDS``).
 
@@ -183,14 +158,14 @@ def rows_from_entries(entries: Iterable[tuple[str, dict[str, str]]]) -> Iterator
                 "redelivered": fields.get("r") == "1", "source": fields.get("src") or None,
                 "stream_id": stream_id}
         base["message_key"] = message_key(base["message_id"])
-        if event != "published":
+        if event != Event.PUBLISHED:
             yield {**base, "copy_key": copy_key(base["subscriber"], base["unique"])}
             continue
         yield {**base, "count": _int(fields.get("n")), "copy_key": None}
         for line in filter(None, fields.get("subs", "").split("\n")):
             queue, _, unique = line.partition("\t")
-            yield {**base, "event": "enqueued", "subscriber": queue, "unique": unique or None,
-                   "copy_key": copy_key(queue, unique)}
+            yield {**base, "event": Event.ENQUEUED.value, "subscriber": queue,
+                   "unique": unique or None, "copy_key": copy_key(queue, unique)}
 
 
 def _batch_rows(stream_id: str, fields: dict[str, str]) -> Iterator[dict]:
@@ -316,11 +291,7 @@ def _write_parquet(path: str, rows: list[dict]) -> None:
     except ImportError:
         raise RuntimeError("Parquet export needs pyarrow (pip install pyarrow), "
                            "or use --format jsonl") from None
-    schema = pa.schema([("event", pa.string()), ("ts", pa.int64()), ("message_id", pa.string()),
-                        ("topic", pa.string()), ("subscriber", pa.string()),
-                        ("unique", pa.string()), ("count", pa.int64()), ("reason", pa.string()),
-                        ("redelivered", pa.bool_()), ("source", pa.string()),
-                        ("stream_id", pa.string()), ("copy_key", pa.int64()),
-                        ("message_key", pa.int64())])
+    types = {"string": pa.string(), "int64": pa.int64(), "bool": pa.bool_()}
+    schema = pa.schema([(name, types[kind]) for name, kind in FIELDS])
     table = pa.Table.from_pylist(rows, schema=schema)
     pq.write_table(table, path, compression="zstd")

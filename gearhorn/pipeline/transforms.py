@@ -23,23 +23,13 @@ from pyspark.sql.types import (
     StructType,
 )
 
-EVENT_TYPES = ("published", "enqueued", "attached", "delivered", "acked", "failed")
+from gearhorn.events import FIELDS
+from gearhorn.events import Event as E
 
-EVENT_SCHEMA = StructType([
-    StructField("event", StringType()),
-    StructField("ts", LongType()),
-    StructField("message_id", StringType()),
-    StructField("topic", StringType()),
-    StructField("subscriber", StringType()),
-    StructField("unique", StringType()),
-    StructField("count", LongType()),
-    StructField("reason", StringType()),
-    StructField("redelivered", BooleanType()),
-    StructField("source", StringType()),
-    StructField("stream_id", StringType()),
-    StructField("copy_key", LongType()),
-    StructField("message_key", LongType()),
-])
+EVENT_TYPES = tuple(e.value for e in E)
+
+_SPARK_TYPES = {"string": StringType, "int64": LongType, "bool": BooleanType}
+EVENT_SCHEMA = StructType([StructField(name, _SPARK_TYPES[kind]()) for name, kind in FIELDS])
 
 RECONCILIATION_COLUMNS = ("kind", "message_id", "topic", "subscriber", "unique", "detail")
 
@@ -67,7 +57,7 @@ def _of(events: DataFrame, event: str) -> DataFrame:
 
 def volume_per_topic_hour(events: DataFrame) -> DataFrame:
     """topic, hour, messages published, copies enqueued."""
-    return (_of(events, "published")
+    return (_of(events, E.PUBLISHED)
             .withColumn("hour", F.date_trunc("hour", F.timestamp_millis("ts")))
             .groupBy("topic", "hour")
             .agg(F.count("*").alias("messages"), F.sum("count").alias("copies"))
@@ -76,7 +66,7 @@ def volume_per_topic_hour(events: DataFrame) -> DataFrame:
 
 def fanout_width(events: DataFrame) -> DataFrame:
     """width (subscribers of a message), messages with that width."""
-    return (_of(events, "published")
+    return (_of(events, E.PUBLISHED)
             .groupBy(F.col("count").alias("width"))
             .agg(F.count("*").alias("messages"))
             .orderBy("width"))
@@ -97,18 +87,18 @@ def copies(events: DataFrame) -> DataFrame:
         return F.when(event == kind, value)
 
     one = F.lit(1)
-    return (events.filter(event.isin("enqueued", "delivered", "acked")
+    return (events.filter(event.isin(E.ENQUEUED, E.DELIVERED, E.ACKED)
                           & F.col("copy_key").isNotNull())
             .groupBy("subscriber", "copy_key")
-            .agg(F.min(when("enqueued", F.col("ts"))).alias("enqueued_ts"),
-                 F.count(when("enqueued", one)).alias("enqueues"),
-                 F.max(when("enqueued", F.xxhash64("topic"))).alias("topic_key"),
-                 F.min(when("delivered", F.col("ts"))).alias("delivered_ts"),
-                 F.count(when("delivered", one)).alias("deliveries"),
-                 F.count(F.when((event == "delivered") & F.col("redelivered"), one))
+            .agg(F.min(when(E.ENQUEUED, F.col("ts"))).alias("enqueued_ts"),
+                 F.count(when(E.ENQUEUED, one)).alias("enqueues"),
+                 F.max(when(E.ENQUEUED, F.xxhash64("topic"))).alias("topic_key"),
+                 F.min(when(E.DELIVERED, F.col("ts"))).alias("delivered_ts"),
+                 F.count(when(E.DELIVERED, one)).alias("deliveries"),
+                 F.count(F.when((event == E.DELIVERED) & F.col("redelivered"), one))
                  .alias("redeliveries"),
-                 F.min(when("acked", F.col("ts"))).alias("acked_ts"),
-                 F.count(when("acked", one)).alias("acks"))
+                 F.min(when(E.ACKED, F.col("ts"))).alias("acked_ts"),
+                 F.count(when(E.ACKED, one)).alias("acks"))
             .filter(F.col("enqueues") > 0))  # queue messages are not fanout copies
 
 
@@ -120,11 +110,11 @@ def latency_per_topic(copy_rows: DataFrame, events: DataFrame) -> DataFrame:
     aggregated = copy_rows.groupBy("topic_key").agg(
         F.percentile_approx(delivery, quantiles, 10_000).alias("d"),
         F.percentile_approx(ack, quantiles, 10_000).alias("a"),
-        F.count("delivered_ts").alias("delivered"), F.count("acked_ts").alias("acked"))
-    names = (_of(events, "published").filter(F.col("topic").isNotNull())
+        F.count("delivered_ts").alias(E.DELIVERED), F.count("acked_ts").alias(E.ACKED))
+    names = (_of(events, E.PUBLISHED).filter(F.col("topic").isNotNull())
              .select(F.xxhash64("topic").alias("topic_key"), "topic").distinct())
     return aggregated.join(names, "topic_key").select(
-        "topic", "delivered", "acked",
+        "topic", E.DELIVERED, E.ACKED,
         *[F.col("d")[i].alias(f"delivery_p{int(q * 100)}_ms") for i, q in enumerate(quantiles)],
         *[F.col("a")[i].alias(f"ack_p{int(q * 100)}_ms") for i, q in enumerate(quantiles)],
     ).orderBy("topic")
@@ -134,7 +124,7 @@ def tracked_subscribers(events: DataFrame) -> DataFrame:
     """Subscribers whose deliveries the ledger sees (a bridge attached them,
     or delivered to them). Plain Gearman consumers report nothing, so the
     pipeline cannot say whether their copies arrived."""
-    return (events.filter(F.col("event").isin("attached", "delivered"))
+    return (events.filter(F.col("event").isin(E.ATTACHED, E.DELIVERED))
             .select("subscriber").distinct())
 
 
@@ -146,11 +136,11 @@ def subscriber_backlog(copy_rows: DataFrame, events: DataFrame, now_ms: int,
     """
     tracked = tracked_subscribers(events).withColumn("tracked", F.lit(True))
     per = copy_rows.groupBy("subscriber").agg(
-        F.count("*").alias("enqueued"), F.count("delivered_ts").alias("delivered"),
-        F.count("acked_ts").alias("acked"), F.max("acked_ts").alias("last_ack_ts"))
+        F.count("*").alias(E.ENQUEUED), F.count("delivered_ts").alias(E.DELIVERED),
+        F.count("acked_ts").alias(E.ACKED), F.max("acked_ts").alias("last_ack_ts"))
     return (per.join(tracked, "subscriber", "left")
             .fillna(False, ["tracked"])
-            .withColumn("backlog", F.col("enqueued") - F.col("acked"))
+            .withColumn("backlog", F.col(E.ENQUEUED) - F.col(E.ACKED))
             .withColumn("stale", F.col("tracked") & (F.col("backlog") > 0) & (
                 F.col("last_ack_ts").isNull() | (F.lit(now_ms) - F.col("last_ack_ts")
                                                  > stale_after_ms)))
@@ -174,13 +164,13 @@ def copy_problems(events: DataFrame) -> DataFrame:
     fanout copies and are left out.
     """
     event = F.col("event")
-    counted = (F.when(event == "enqueued", F.lit(_ENQUEUE))
+    counted = (F.when(event == E.ENQUEUED, F.lit(_ENQUEUE))
                .when(F.col("redelivered"), F.lit(_DELIVERY))
                .otherwise(F.lit(_DELIVERY + _FIRST)))
     total = F.col("total")
     deliveries = F.shiftright(total, 20).bitwiseAND(_LOW20)
     firsts = total.bitwiseAND(_LOW20)
-    return (events.filter(event.isin("enqueued", "delivered") & F.col("copy_key").isNotNull())
+    return (events.filter(event.isin(E.ENQUEUED, E.DELIVERED) & F.col("copy_key").isNotNull())
             .groupBy("copy_key").agg(F.sum(counted).alias("total"))
             .filter((F.shiftright(total, 40) > 0) & ((deliveries == 0) | (firsts > 1)))
             .select("copy_key", deliveries.alias("deliveries"),
@@ -194,11 +184,11 @@ def width_suspects(events: DataFrame) -> DataFrame:
     gearmand replayed it) logs its copies again, so these are only suspects:
     :func:`width_problems` counts their distinct copies."""
     event = F.col("event")
-    return (events.filter(event.isin("published", "enqueued") & F.col("message_key").isNotNull())
+    return (events.filter(event.isin(E.PUBLISHED, E.ENQUEUED) & F.col("message_key").isNotNull())
             .groupBy("message_key")
-            .agg(F.max(F.when(event == "published", F.col("count"))).alias("count"),
-                 F.count(F.when(event == "enqueued", F.lit(1))).alias("enqueued"))
-            .filter(F.col("count").isNotNull() & (F.col("count") != F.col("enqueued"))))
+            .agg(F.max(F.when(event == E.PUBLISHED, F.col("count"))).alias("count"),
+                 F.count(F.when(event == E.ENQUEUED, F.lit(1))).alias(E.ENQUEUED))
+            .filter(F.col("count").isNotNull() & (F.col("count") != F.col(E.ENQUEUED))))
 
 
 def width_problems(events: DataFrame, suspects: DataFrame | None = None,
@@ -212,13 +202,13 @@ def width_problems(events: DataFrame, suspects: DataFrame | None = None,
     suspects = width_suspects(events) if suspects is None else suspects
     keys = suspects.select("message_key", "count")
     wanted = F.broadcast(keys) if broadcast else keys
-    distinct = (events.filter(F.col("event") == "enqueued")
+    distinct = (events.filter(F.col("event") == E.ENQUEUED)
                 .join(wanted.select("message_key"), "message_key")
                 .groupBy("message_key").agg(F.countDistinct("copy_key").alias("copies")))
     enqueued = F.coalesce(F.col("copies"), F.lit(0))
     return (keys.join(distinct, "message_key", "left")
-            .select("message_key", "count", enqueued.alias("enqueued"))
-            .filter(F.col("count") != F.col("enqueued")))
+            .select("message_key", "count", enqueued.alias(E.ENQUEUED))
+            .filter(F.col("count") != F.col(E.ENQUEUED)))
 
 
 def name_problems(events: DataFrame, copies_wrong: DataFrame, widths_wrong: DataFrame,
@@ -235,12 +225,12 @@ def name_problems(events: DataFrame, copies_wrong: DataFrame, widths_wrong: Data
     if broadcast:
         copies_wrong, widths_wrong = F.broadcast(copies_wrong), F.broadcast(widths_wrong)
         tracked = F.broadcast(tracked)
-    named = (events.filter(event.isin("published", "enqueued"))
+    named = (events.filter(event.isin(E.PUBLISHED, E.ENQUEUED))
              .select("event", "copy_key", "message_key", "message_id", "topic", "subscriber",
                      "unique", F.col("count").alias("published_count"))
-             .join(copies_wrong, (event == "enqueued")
+             .join(copies_wrong, (event == E.ENQUEUED)
                    & (F.col("copy_key") == F.col("wrong_copy")), "left")
-             .join(widths_wrong, (event == "published")
+             .join(widths_wrong, (event == E.PUBLISHED)
                    & (F.col("message_key") == F.col("wrong_message")), "left")
              .filter(F.col("wrong_copy").isNotNull() | F.col("wrong_message").isNotNull())
              .join(tracked, "subscriber", "left"))
@@ -250,7 +240,7 @@ def name_problems(events: DataFrame, copies_wrong: DataFrame, widths_wrong: Data
             .when((deliveries == 0) & F.col("tracked"), F.lit("never_delivered")))
     detail = (F.when(F.col("wrong_message").isNotNull(),
                      F.format_string("published to %d subscribers, %d copies enqueued",
-                                     "published_count", "enqueued"))
+                                     "published_count", E.ENQUEUED))
               .when(firsts > 1, F.format_string("delivered %d times", deliveries))
               .otherwise(F.lit("enqueued, no delivery recorded")))
     width_row = F.col("wrong_message").isNotNull()
@@ -282,5 +272,5 @@ def reconciliation(events: DataFrame) -> DataFrame:
 
 def failures(events: DataFrame) -> DataFrame:
     """reason, topic, failures: what the workers refused or could not deliver."""
-    return (_of(events, "failed").groupBy("reason", "topic")
+    return (_of(events, E.FAILED).groupBy("reason", "topic")
             .agg(F.count("*").alias("failures")).orderBy(F.desc("failures")))

@@ -16,6 +16,7 @@ from collections.abc import Callable
 import redis
 
 from gearhorn import gearman
+from gearhorn.events import Event
 from gearhorn.messages import (
     MAX_BATCH,
     BadRequest,
@@ -335,7 +336,7 @@ class Session:
             sub.function = dest.name
         self.subscriptions[sub_id] = sub
         sub.dispatcher = self.broker.attach(sub.function, sub)
-        self.broker.record("attached", sub.function)
+        self.broker.record(Event.ATTACHED, sub.function)
         self._receipt(frame)
 
     def _subscribe_topic(self, sub: StompSubscription, pattern: str, frame: Frame) -> None:
@@ -396,14 +397,14 @@ class Session:
         if delivery.redelivered:
             headers["redelivered"] = "true"
         data = encode("MESSAGE", headers, delivery.body, self.version)
-        self.broker.record("delivered", sub.function, delivery.job.unique, delivery.redelivered)
+        self.broker.record(Event.DELIVERED, sub.function, delivery.job.unique, delivery.redelivered)
         if sub.ack == "auto":
             sub.in_flight += 1
 
             def sent() -> None:
                 sub.in_flight -= 1
                 delivery.ack()
-                self.broker.record("acked", sub.function, delivery.job.unique)
+                self.broker.record(Event.ACKED, sub.function, delivery.job.unique)
 
             def dropped() -> None:
                 sub.in_flight -= 1
@@ -454,7 +455,7 @@ class Session:
         for delivery in settled:
             if ack:
                 delivery.ack()
-                self.broker.record("acked", sub.function, delivery.job.unique)
+                self.broker.record(Event.ACKED, sub.function, delivery.job.unique)
             else:
                 delivery.nack()
 

@@ -4,6 +4,7 @@ import os
 import pytest
 
 from gearhorn import ledger as L
+from gearhorn.events import ROW_FIELDS
 from gearhorn.keys import Keys
 
 
@@ -28,7 +29,7 @@ def test_a_published_entry_becomes_one_row_per_copy(book, fake_redis):
         ("enqueued", "news_b", "m1:b", None), ("delivered", "news_a", "m1:a", None)]
     assert rows[0]["message_id"] == rows[1]["message_id"] == "m1"
     assert rows[3]["redelivered"] is True and rows[0]["source"] == "w1"
-    assert set(rows[0]) == set(L.ROW_FIELDS)
+    assert set(rows[0]) == set(ROW_FIELDS)
 
 
 def test_disabled_ledger_writes_nothing(fake_redis):
@@ -81,7 +82,7 @@ def test_export_parquet(book, fake_redis, tmp_path):
     result = L.export(fake_redis, Keys("t:"), str(tmp_path), "parquet")
     table = pq.read_table(result["files"][0])
     assert table.num_rows == 3
-    assert table.column_names == list(L.ROW_FIELDS)
+    assert table.column_names == list(ROW_FIELDS)
 
 
 def test_trimmed_ledger_is_reported(fake_redis, tmp_path):

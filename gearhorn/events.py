@@ -1,0 +1,52 @@
+"""The ledger's contract: event names, the row fields and their types, and
+the 64-bit keys. Pure; the writer (ledger.py), the Parquet export and the
+Spark schema (pipeline/transforms.py) all derive from this one list.
+"""
+
+from __future__ import annotations
+
+import enum
+
+import xxhash
+
+
+class Event(enum.StrEnum):
+    """What a ledger row records."""
+
+    PUBLISHED = "published"  # a fanout: its message id, topic, subscriber count
+    ENQUEUED = "enqueued"  # one copy in a subscriber's queue
+    ATTACHED = "attached"  # a bridge started consuming a queue for a subscriber
+    DELIVERED = "delivered"  # the bridge gave a copy to a STOMP client
+    ACKED = "acked"  # the STOMP client acknowledged it
+    FAILED = "failed"  # a fanout or a copy failed (reason)
+
+
+# (name, type) of every row field, in order; types are "string", "int64", "bool".
+FIELDS: tuple[tuple[str, str], ...] = (
+    ("event", "string"), ("ts", "int64"), ("message_id", "string"), ("topic", "string"),
+    ("subscriber", "string"), ("unique", "string"), ("count", "int64"),
+    ("reason", "string"), ("redelivered", "bool"), ("source", "string"),
+    ("stream_id", "string"), ("copy_key", "int64"), ("message_key", "int64"),
+)
+ROW_FIELDS = tuple(name for name, _ in FIELDS)
+
+_SPARK_HASH_SEED = 42  # the seed of Spark's xxhash64()
+
+
+def _xxhash64(text: str, seed: int) -> int:
+    """XXH64 of the UTF-8 text as Spark computes it (an unsigned seed in, a
+    signed result out)."""
+    value = xxhash.xxh64_intdigest(text.encode(), seed=seed & 0xFFFF_FFFF_FFFF_FFFF)
+    return value - (1 << 64) if value >= 1 << 63 else value
+
+
+def copy_key(subscriber: str | None, unique: str | None) -> int | None:
+    """Spark's ``xxhash64(subscriber, unique)``; None unless both are set."""
+    if not subscriber or not unique:
+        return None
+    return _xxhash64(unique, _xxhash64(subscriber, _SPARK_HASH_SEED))
+
+
+def message_key(message_id: str | None) -> int | None:
+    """Spark's ``xxhash64(message_id)``; None without a message id."""
+    return _xxhash64(message_id, _SPARK_HASH_SEED) if message_id else None
