@@ -253,23 +253,6 @@ def name_problems(events: DataFrame, copies_wrong: DataFrame, widths_wrong: Data
             .select(*RECONCILIATION_COLUMNS))
 
 
-def reconciliation(events: DataFrame) -> DataFrame:
-    """Everything that does not add up; empty when nothing was lost.
-
-    kind ``never_delivered``: a copy for a tracked subscriber with no
-    delivery; ``duplicate``: a copy delivered more than once without the
-    ``redelivered`` flag (the client may have processed it twice);
-    ``width_mismatch``: a message whose published subscriber count differs
-    from the copies enqueued for it.
-
-    Copies are told apart by their 64-bit key. Two copies whose keys collide
-    would be counted as one: the chance that this hides a problem is about
-    problems x copies / 2**64, below 1e-9 for 10M copies (docs/pipeline.rst).
-    """
-    keyed = with_keys(events)
-    return name_problems(keyed, copy_problems(keyed), width_problems(keyed))
-
-
 def failures(events: DataFrame) -> DataFrame:
     """reason, topic, failures: what the workers refused or could not deliver."""
     return (_of(events, E.FAILED).groupBy("reason", "topic")

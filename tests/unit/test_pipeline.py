@@ -84,9 +84,15 @@ def test_latency_percentiles_per_topic(spark):
     assert news.ack_p50_ms == 35
 
 
+def reconcile(events):
+    from gearhorn.pipeline.job import reconcile as job_reconcile
+
+    return job_reconcile(events)
+
+
 def test_reconciliation_is_empty_when_nothing_was_lost(spark):
     events = frame(spark, good_ledger())
-    assert T.reconciliation(events).collect() == []
+    assert reconcile(T.with_keys(events)).collect() == []
 
 
 def test_reconciliation_finds_a_missing_a_duplicate_and_a_width_mismatch(spark):
@@ -101,7 +107,7 @@ def test_reconciliation_finds_a_missing_a_duplicate_and_a_width_mismatch(spark):
              ev("delivered", 6001, subscriber="news_a", unique="m4:a")]  # ... but 1 copy
     events = frame(spark, rows)
     found = sorted((r.kind, r.message_id, r.subscriber) for r in
-                   T.reconciliation(events).collect())
+                   reconcile(T.with_keys(events)).collect())
     assert found == [("duplicate", "m3", "news_a"), ("never_delivered", "m3", "news_b"),
                      ("width_mismatch", "m4", None)]
 
@@ -116,7 +122,7 @@ def test_a_fanout_that_ran_again_is_no_width_mismatch_but_a_lost_copy_is(spark):
     rows += [ev("delivered", 8000 + i, subscriber=f"news_{s}", unique=f"{m}:{s}")
              for i, (m, s) in enumerate([("m5", "a"), ("m5", "b"), ("m6", "a"), ("m6", "b")])]
     events = T.with_keys(frame(spark, rows))
-    found = sorted((r.kind, r.message_id, r.detail) for r in T.reconciliation(events).collect())
+    found = sorted((r.kind, r.message_id, r.detail) for r in reconcile(events).collect())
     assert found == [("width_mismatch", "m7", "published to 2 subscribers, 0 copies enqueued")]
     suspects = {r.message_key for r in T.width_suspects(events).collect()}
     assert len(suspects) == 3  # m5, m6 and m7: counted again by copy key
@@ -175,13 +181,13 @@ def test_a_copy_with_an_exported_key_meets_its_delivery_without_one(spark):
     published_row[-1] = message_key("m1")
     rows = [tuple(published_row), tuple(enqueued),
             ev("delivered", 5, subscriber="news_a", unique="m1:a")]
-    assert T.reconciliation(frame(spark, rows)).collect() == []
+    assert reconcile(T.with_keys(frame(spark, rows))).collect() == []
 
 
 def test_untracked_subscribers_are_not_reported_as_losses(spark):
     rows = published("g1", "jobs", 1000, ["gearmanworker"])  # a plain Gearman consumer
     events = T.with_keys(frame(spark, rows))
-    assert T.reconciliation(events).collect() == []
+    assert reconcile(T.with_keys(events)).collect() == []
     (sub,) = T.subscriber_backlog(T.copies(events), events, 10_000, 1000).collect()
     assert (sub.tracked, sub.backlog, sub.stale) == (False, 1, False)
 
