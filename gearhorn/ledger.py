@@ -221,27 +221,31 @@ def export(client: redis.Redis, keys: Keys, out_dir: str, fmt: str = "parquet",
         result["trimmed"] = True  # MAXLEN dropped events nobody exported
         log.warning("ledger: events between %s and %s were trimmed before export",
                     since, text(first[0][0]))
-    rows_by_date: dict[str, list[dict]] = {}
+    files: _DayFiles | None = None
     start = "(" + since if since else "-"
-    while True:
-        batch = client.xrange(keys.ledger, min=start, max=end, count=chunk)
-        if not batch:
-            break
-        entries = [(text(i), _decode(f)) for i, f in batch]
-        result["first_id"] = result["first_id"] or entries[0][0]
-        for row in rows_from_entries(entries):
-            day = datetime.fromtimestamp((row["ts"] or 0) / 1000, UTC).strftime("%Y-%m-%d")
-            rows_by_date.setdefault(day, []).append(row)
-        start = "(" + entries[-1][0]
-        if entries[-1][0] == end:
-            break
-    if result["first_id"] is None:
+    try:
+        while True:
+            batch = client.xrange(keys.ledger, min=start, max=end, count=chunk)
+            if not batch:
+                break
+            entries = [(text(i), _decode(f)) for i, f in batch]
+            if files is None:
+                result["first_id"] = entries[0][0]
+                files = _DayFiles(out_dir, f"part-{entries[0][0].replace('-', '_')}", fmt)
+            for day, rows in _by_day(rows_from_entries(entries)).items():
+                files.add(day, rows)  # written now: memory holds one chunk
+            start = "(" + entries[-1][0]
+            if entries[-1][0] == end:
+                break
+    except BaseException:
+        if files is not None:
+            files.abandon()
+        raise
+    if files is None:
         return result
-    name = f"part-{result['first_id'].replace('-', '_')}"
-    for day, rows in sorted(rows_by_date.items()):
-        path = _write(out_dir, day, name, rows, fmt)
+    for path, rows in files.finish():
         result["files"].append(path)
-        result["rows"] += len(rows)
+        result["rows"] += rows
     _write_checkpoint(out_dir, end)
     result["last_id"] = end
     return result
@@ -269,29 +273,85 @@ def _write_checkpoint(out_dir: str, last_id: str) -> None:
     os.replace(path + ".tmp", path)
 
 
-def _write(out_dir: str, day: str, name: str, rows: list[dict], fmt: str) -> str:
-    folder = os.path.join(out_dir, f"date={day}")
-    os.makedirs(folder, exist_ok=True)
-    path = os.path.join(folder, f"{name}.{fmt}")
-    tmp = path + ".tmp"
-    if fmt == "jsonl":
-        with open(tmp, "w") as fp:
-            for row in rows:
-                fp.write(json.dumps(row, separators=(",", ":")) + "\n")
-    else:
-        _write_parquet(tmp, rows)
-    os.replace(tmp, path)
-    return path
+def _by_day(rows: Iterable[dict]) -> dict[str, list[dict]]:
+    days: dict[str, list[dict]] = {}
+    for row in rows:
+        day = datetime.fromtimestamp((row["ts"] or 0) / 1000, UTC).strftime("%Y-%m-%d")
+        days.setdefault(day, []).append(row)
+    return days
+
+
+class _DayFiles:
+    """The files of one export, one per day (``date=YYYY-MM-DD/<name>.<fmt>``),
+    written chunk by chunk as ``.tmp`` and put in place by :meth:`finish`."""
+
+    def __init__(self, out_dir: str, name: str, fmt: str) -> None:
+        self.out_dir, self.name, self.fmt = out_dir, name, fmt
+        self.writers: dict[str, tuple[str, _ParquetRows | _JsonLines]] = {}
+        self.rows: dict[str, int] = {}
+
+    def add(self, day: str, rows: list[dict]) -> None:
+        if day not in self.writers:
+            folder = os.path.join(self.out_dir, f"date={day}")
+            os.makedirs(folder, exist_ok=True)
+            path = os.path.join(folder, f"{self.name}.{self.fmt}")
+            kind = _JsonLines if self.fmt == "jsonl" else _ParquetRows
+            self.writers[day] = (path, kind(path + ".tmp"))
+            self.rows[day] = 0
+        self.writers[day][1].write(rows)
+        self.rows[day] += len(rows)
+
+    def finish(self) -> list[tuple[str, int]]:
+        done = []
+        for day, (path, writer) in sorted(self.writers.items()):
+            writer.close()
+            os.replace(path + ".tmp", path)
+            done.append((path, self.rows[day]))
+        return done
+
+    def abandon(self) -> None:
+        for path, writer in self.writers.values():
+            writer.close()
+            os.remove(path + ".tmp")
+
+
+class _JsonLines:
+    def __init__(self, path: str) -> None:
+        self.fp = open(path, "w", encoding="utf-8")  # noqa: SIM115 - closed by close()
+
+    def write(self, rows: list[dict]) -> None:
+        self.fp.writelines(json.dumps(row, separators=(",", ":")) + "\n" for row in rows)
+
+    def close(self) -> None:
+        self.fp.close()
+
+
+class _ParquetRows:
+    """A Parquet file of ledger rows, one row group per chunk written."""
+
+    def __init__(self, path: str) -> None:
+        try:
+            import pyarrow as pa
+            import pyarrow.parquet as pq
+        except ImportError:
+            raise RuntimeError("Parquet export needs pyarrow (pip install pyarrow), "
+                               "or use --format jsonl") from None
+        types = {"string": pa.string(), "int64": pa.int64(), "bool": pa.bool_()}
+        self.schema = pa.schema([(name, types[kind]) for name, kind in FIELDS])
+        self.table = pa.Table
+        self.writer = pq.ParquetWriter(path, self.schema, compression="zstd")
+
+    def write(self, rows: list[dict]) -> None:
+        self.writer.write_table(self.table.from_pylist(rows, schema=self.schema))
+
+    def close(self) -> None:
+        self.writer.close()
 
 
 def _write_parquet(path: str, rows: list[dict]) -> None:
+    """``rows`` as one Parquet file (tests and benchmarks make ledgers with it)."""
+    writer = _ParquetRows(path)
     try:
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-    except ImportError:
-        raise RuntimeError("Parquet export needs pyarrow (pip install pyarrow), "
-                           "or use --format jsonl") from None
-    types = {"string": pa.string(), "int64": pa.int64(), "bool": pa.bool_()}
-    schema = pa.schema([(name, types[kind]) for name, kind in FIELDS])
-    table = pa.Table.from_pylist(rows, schema=schema)
-    pq.write_table(table, path, compression="zstd")
+        writer.write(rows)
+    finally:
+        writer.close()

@@ -118,3 +118,26 @@ def test_flusher_writes_in_the_background(book, fake_redis):
         time.sleep(0.01)
     flusher.stop()
     assert fake_redis.xlen("t:ledger") == 1
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "jsonl"])
+def test_export_writes_chunk_by_chunk_with_the_same_rows(book, fake_redis, tmp_path, fmt):
+    pytest.importorskip("pyarrow.parquet")
+    for i in range(25):
+        publish(book, fake_redis, f"m{i}", [("news_a", f"m{i}:a")])
+    small = L.export(fake_redis, Keys("t:"), str(tmp_path / "small"), fmt, chunk=4)
+    whole = L.export(fake_redis, Keys("t:"), str(tmp_path / "whole"), fmt, chunk=10_000)
+    assert small["rows"] == whole["rows"] == 50
+
+    def rows(path):
+        if fmt == "jsonl":
+            with open(path) as fp:
+                return [json.loads(line) for line in fp]
+        import pyarrow.parquet as pq
+        return pq.read_table(path).to_pylist()
+
+    assert rows(small["files"][0]) == rows(whole["files"][0])
+    if fmt == "parquet":  # one row group per chunk written: never all rows in memory
+        import pyarrow.parquet as pq
+        assert pq.ParquetFile(small["files"][0]).num_row_groups == 7
+    assert not list(tmp_path.rglob("*.tmp"))
