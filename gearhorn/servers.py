@@ -201,7 +201,7 @@ def queue_cpus() -> set[int] | None:
 
     gearmand writes each job to its redis queue with a blocking round trip,
     so the pair runs in lockstep: on one core the hand-over is a context
-    switch, across cores a cross-CPU wake-up: 2 to 3 times the durable
+    switch, across cores a cross-CPU wake-up: 1.4 to 3.3 times the durable
     rate here (bench/durable.py, docs/benchmarks.rst).
     """
     allowed = sorted(os.sched_getaffinity(0))
