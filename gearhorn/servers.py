@@ -157,10 +157,13 @@ def _wait_until_loaded(server: Managed, timeout: float = 600.0) -> None:
     while time.monotonic() < deadline:
         if server.process.poll() is not None:
             raise ServerError(f"redis-server exited while loading\n{server.log_tail()}")
-        with socket.create_connection((server.host, server.port), timeout=5) as sock:
-            sock.sendall(b"PING\r\n")
-            if sock.recv(64).startswith(b"+PONG"):
-                return
+        try:
+            with socket.create_connection((server.host, server.port), timeout=5) as sock:
+                sock.sendall(b"PING\r\n")
+                if sock.recv(64).startswith(b"+PONG"):
+                    return
+        except OSError:
+            pass  # exiting (the poll above says so next) or busy: ask again
         time.sleep(0.05)
     raise ServerError(f"redis-server on {server.address} still loading after {timeout}s")
 

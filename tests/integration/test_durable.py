@@ -108,7 +108,8 @@ class Up:
                  "--data-dir", os.path.join(self.data_dir, "data"),
                  "--redis-url", f"redis://127.0.0.1:{self.ports['redis']}/0",
                  "--gearman", f"127.0.0.1:{self.ports['gearman']}", *extra],
-                env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+                env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                preexec_fn=servers._die_with_parent)  # its children die with it in turn
         wait_for(self._banner, timeout=90, message="the banner of gearhorn up")
         self.gearmand = servers.Managed("gearmand", None, self.ports["gearman"])
 
@@ -131,7 +132,11 @@ class Up:
     def stop(self):
         if self.process.poll() is None:
             os.killpg(self.process.pid, signal.SIGINT)
-            self.process.wait(60)
+            try:
+                self.process.wait(60)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait()
 
 
 @pytest.fixture
@@ -223,3 +228,30 @@ def test_up_starts_gearmand_and_its_redis_again_when_that_redis_is_killed(tmp_pa
             return False  # gearmand is starting again
     wait_for(publish_after, 60, interval=0.2, message="a publish after the restart")
     assert sorted(j.data for j in drain_jobs(up.gearmand, "news_alice")) == [b"after", b"before"]
+
+
+def test_the_replay_commands_mend_a_gearmand_started_by_hand(queue_redis, redis_url):
+    """The production steps of docs/reliability.rst, as commands."""
+    dashed = replay.DashedFunctions(redis.Redis.from_url(redis_url), Keys())
+    gm = start_gearmand(queue_redis)
+    client = gearman.Client([(gm.host, gm.port)], before_background=dashed.record)
+    client.submit_background([gearman.Copy("orders-eu_bob", "m9:bob", b"x\0y")])
+    client.close()
+    gm.kill()
+    common = ["--redis-url", redis_url, "--queue-redis-url", queue_redis.details["url"]]
+
+    def gearhorn(*args):
+        out = subprocess.run([sys.executable, "-m", "gearhorn", "replay", *args, *common,
+                              "--gearman", f"127.0.0.1:{gm.port}"],
+                             capture_output=True, timeout=60)
+        assert out.returncode == 0, out.stderr.decode()
+        return out.stdout.decode().strip()
+
+    assert gearhorn("hold") == "held 1 jobs"
+    gm = start_gearmand(queue_redis, gm.port)
+    try:
+        assert gearhorn("resubmit") == "resubmitted 1 jobs"
+        jobs = drain_jobs(gm, "orders-eu_bob")
+        assert [(j.unique, j.data) for j in jobs] == [("m9:bob", b"x\0y")]
+    finally:
+        gm.stop()
