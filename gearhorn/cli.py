@@ -142,10 +142,6 @@ def main(argv: list[str] | None = None) -> int:
     try:
         config = load_config(args)
         setup_logging(config.log_level)
-        if args.command != "passwd":
-            from gearhorn import gearman
-            gearman.use_tls_files(config.gearman_tls_ca, config.gearman_tls_cert,
-                                  config.gearman_tls_key)
         return globals()[f"cmd_{args.command}"](config, args) or 0
     except GearhornError as exc:  # one line for a person; anything else is a bug
         print(f"gearhorn {args.command}: {exc}", file=sys.stderr)
@@ -194,7 +190,8 @@ def cmd_replay(config: Config, args: argparse.Namespace) -> int:
         if args.step == "hold":
             print(f"held {replay.hold(queue, dashed, keys):,} jobs")
             return 0
-        client = gearman.Client(config.gearman_servers, connect_timeout=60)
+        client = gearman.Client(config.gearman_servers, connect_timeout=60,
+                                tls=config.gearman_tls)
         try:
             print(f"resubmitted {replay.resubmit(queue, dashed, keys, client):,} jobs")
         finally:
@@ -207,7 +204,7 @@ def cmd_replay(config: Config, args: argparse.Namespace) -> int:
 def _producer(config: Config):
     from gearhorn.client import Producer
 
-    return Producer(config.gearman_servers)
+    return Producer(config.gearman_servers, tls=config.gearman_tls)
 
 
 def _run_job(config: Config, method: str, *args, **kwargs) -> int:
@@ -249,7 +246,8 @@ def cmd_publish(config: Config, args: argparse.Namespace) -> int:
 def cmd_consume(config: Config, args: argparse.Namespace) -> int:
     from gearhorn.client import Consumer
 
-    consumer = Consumer(config.gearman_servers, args.topic, args.client_id)
+    consumer = Consumer(config.gearman_servers, args.topic, args.client_id,
+                        tls=config.gearman_tls)
     received = 0
     with consumer:
         while args.count is None or received < args.count:

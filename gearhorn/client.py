@@ -43,8 +43,9 @@ class JobFailed(GearhornError, RuntimeError):
 class Producer:
     """Calls ``subscribe_fanout``, ``unsubscribe_fanout`` and ``fanout``."""
 
-    def __init__(self, servers: Servers, timeout: float = 60.0) -> None:
-        self.client = gearman.Client(servers)
+    def __init__(self, servers: Servers, timeout: float = 60.0,
+                 tls: gearman.TlsFiles | None = None) -> None:
+        self.client = gearman.Client(servers, tls=tls)
         self.timeout = timeout
 
     def subscribe(self, topic: str, client_id: str) -> dict:
@@ -98,12 +99,13 @@ class Producer:
 class Consumer:
     """Works ``<topic>_<client_id>``: one call returns one copy."""
 
-    def __init__(self, servers: Servers, topic: str, client_id: str) -> None:
+    def __init__(self, servers: Servers, topic: str, client_id: str,
+                 tls: gearman.TlsFiles | None = None) -> None:
         self.queue = queue_name(validate_topic(topic, allow_prefix=True),
                                 validate_client_id(client_id))
         self.worker = gearman.NoDelayWorker(client_id=f"gearhorn-consumer-{client_id}")
         for host, port in servers:
-            gearman.add_server(self.worker, host, port)
+            gearman.add_server(self.worker, host, port, tls)
         self.worker.registerFunction(self.queue)
 
     def get(self, timeout: float | None = None) -> bytes | None:

@@ -13,9 +13,13 @@ import dataclasses
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
+from typing import TYPE_CHECKING
 
 from gearhorn.errors import GearhornError
 from gearhorn.messages import DEFAULT_MAX_PAYLOAD
+
+if TYPE_CHECKING:
+    from gearhorn.gearman import TlsFiles
 
 ENV_PREFIX = "GEARHORN_"
 # Environment names that are not simply GEARHORN_<FIELD>.
@@ -104,6 +108,17 @@ class Config:
 
     def replace(self, **changes: object) -> Config:
         return dataclasses.replace(self, **changes)
+
+    @property
+    def gearman_tls(self) -> TlsFiles | None:
+        """The files for TLS to the Gearman servers; None for plain TCP.
+        Passed to every Gearman connection gearhorn opens."""
+        # Imported here: the config is read before anything talks Gearman
+        # (``gearhorn passwd`` never does), and gear is slow to import.
+        from gearhorn.gearman import TlsFiles
+
+        return TlsFiles.from_settings(self.gearman_tls_ca, self.gearman_tls_cert,
+                                      self.gearman_tls_key)
 
 
 def to_env(config: Config) -> dict[str, str]:

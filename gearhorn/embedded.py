@@ -115,7 +115,7 @@ class Embedded:
             self._ensure_queue_redis()
         self.gearmand = self._start_gearmand(port)
         self.started.append(self.gearmand)
-        version = " ".join(gearman.admin(host, port, "version"))
+        version = " ".join(gearman.admin(host, port, "version", tls=self.config.gearman_tls))
         self.notes["gearman"] = f"started gearmand ({version})"
         self.notes["persistence"] = _PERSISTENCE_NOTES[self.config.persistence].format(
             url=self.config.queue_redis_url, dir=self.config.data_dir)

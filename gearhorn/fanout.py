@@ -235,8 +235,6 @@ class WorkerProcess:
 
     def __init__(self, config: Config) -> None:
         self.config = config
-        gearman.use_tls_files(config.gearman_tls_ca, config.gearman_tls_cert,
-                              config.gearman_tls_key)
         self.worker_id = new_worker_id()
         self.redis = redis.Redis.from_url(config.redis_url, socket_timeout=10,
                                           socket_connect_timeout=5, health_check_interval=30)
@@ -244,8 +242,9 @@ class WorkerProcess:
         self.registry = Registry(self.redis, keys)
         self.cache = SubscriberCache(self.registry, config.cache_size)
         dashed = DashedFunctions(self.redis, keys)
+        tls = config.gearman_tls
         self.client = gearman.Client(config.gearman_servers, batch=config.submit_batch,
-                                     before_background=dashed.record)
+                                     before_background=dashed.record, tls=tls)
         self.ledger = Ledger(self.redis, keys, config.ledger_maxlen, config.ledger_enabled,
                              source=self.worker_id)
         self.service = FanoutService(config, self.registry, self.cache, self.client,
@@ -254,14 +253,14 @@ class WorkerProcess:
         # Due delayed messages go out from a thread of their own, with their
         # own Gearman connection (a Client is not shared between threads).
         self.release_client = gearman.Client(config.gearman_servers, batch=config.submit_batch,
-                                             before_background=dashed.record)
+                                             before_background=dashed.record, tls=tls)
         releasing = FanoutService(config, self.registry, self.cache, self.release_client,
                                   self.ledger)
         self.releaser = Releaser(releasing.scheduler, releasing.release,
                                  config.delay_poll_interval)
         self.listener = InvalidationListener(self.redis, keys.channel, self.cache)
         self.janitor = Janitor(self.registry, lambda function: gearman.drop_function(
-            config.gearman_servers, function))
+            config.gearman_servers, function, tls))
         self.worker = gearman.NoDelayWorker(client_id=self.worker_id)
         self.jobs_done = 0
         self.started = time.time()
@@ -274,7 +273,7 @@ class WorkerProcess:
         self.releaser.start()
         threading.Thread(target=self._heartbeats, name="gearhorn-heartbeat", daemon=True).start()
         for host, port in self.config.gearman_servers:
-            gearman.add_server(self.worker, host, port)
+            gearman.add_server(self.worker, host, port, self.config.gearman_tls)
         for name in FUNCTIONS:
             self.worker.registerFunction(name)
         log.info("worker %s serving %s on %s", self.worker_id, ", ".join(FUNCTIONS),

@@ -27,7 +27,8 @@ def collect(config: Config) -> dict:
         try:
             entry["functions"] = [
                 {"name": f.name, "queued": f.queued, "running": f.running, "workers": f.workers}
-                for f in sorted(gearman.status(host, port), key=lambda f: f.name)]
+                for f in sorted(gearman.status(host, port, tls=config.gearman_tls),
+                                key=lambda f: f.name)]
         except OSError as exc:
             entry["error"] = str(exc)
         report["gearman"].append(entry)

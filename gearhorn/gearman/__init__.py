@@ -8,7 +8,7 @@ per-job state kept after the call. Every socket has TCP_NODELAY.
 
 =================  =====================================================
 ``packets``        packet types, encoding and decoding, errors; pure
-``connection``     one connection to a gearmand (TLS, TCP_NODELAY)
+``connection``     one connection to a gearmand (TCP_NODELAY; TLS when given files)
 ``client``         submitting to several servers: batches, results, failover
 ``admin``          the text admin protocol (``status``, ``drop function``)
 ``worker``         taking jobs: gear's worker, the bridge's grabbing worker
@@ -16,14 +16,12 @@ per-job state kept after the call. Every socket has TCP_NODELAY.
 """
 
 from gearhorn.gearman.admin import FunctionStatus, admin, drop_function, status
-from gearhorn.gearman.client import Client, _outcome, wait_for_results
+from gearhorn.gearman.client import Client, Placed, _outcome, wait_for_results
 from gearhorn.gearman.connection import (
     Connection,
     TlsFiles,
     add_server,
     connect,
-    use_tls,
-    use_tls_files,
 )
 from gearhorn.gearman.packets import (
     MAX_PACKET,
@@ -45,7 +43,6 @@ from gearhorn.gearman.worker import GrabbedJob, NoDelayWorker, WorkerConnection
 __all__ = [
     "MAX_PACKET", "REQ", "RES", "Client", "Connection", "Copy", "FunctionStatus", "GearmanError",
     "GrabbedJob", "NoDelayWorker", "Outcome", "P", "Packet", "PacketReader", "PartialSubmit",
-    "ProtocolError", "TlsFiles", "Unavailable", "WorkerConnection", "_outcome", "add_server",
-    "admin", "connect", "drop_function", "encode", "status", "use_tls", "use_tls_files",
-    "wait_for_results",
+    "Placed", "ProtocolError", "TlsFiles", "Unavailable", "WorkerConnection", "_outcome",
+    "add_server", "admin", "connect", "drop_function", "encode", "status", "wait_for_results",
 ]

@@ -6,7 +6,7 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from gearhorn.gearman.connection import connect
+from gearhorn.gearman.connection import TlsFiles, connect
 from gearhorn.gearman.packets import GearmanError
 
 log = logging.getLogger(__name__)
@@ -16,9 +16,10 @@ log = logging.getLogger(__name__)
 _MULTI_LINE_ADMIN = {"status", "workers", "show", "prioritystatus"}
 
 
-def admin(host: str, port: int, command: str, timeout: float = 5.0) -> list[str]:
+def admin(host: str, port: int, command: str, timeout: float = 5.0,
+          tls: TlsFiles | None = None) -> list[str]:
     """Run a text admin command (``status``, ``workers``, ``version``)."""
-    with connect(host, port, timeout) as sock:
+    with connect(host, port, timeout, tls) as sock:
         sock.settimeout(timeout)
         sock.sendall(command.encode() + b"\n")
         data = b""
@@ -32,12 +33,13 @@ def admin(host: str, port: int, command: str, timeout: float = 5.0) -> list[str]
     return [line for line in lines if line != "."]
 
 
-def drop_function(servers: Sequence[tuple[str, int]], function: str) -> None:
+def drop_function(servers: Sequence[tuple[str, int]], function: str,
+                  tls: TlsFiles | None = None) -> None:
     """Delete a queue nobody will read again, on every server (admin ``drop
     function``); a failure is logged, not raised."""
     for host, port in servers:
         try:
-            admin(host, port, f"drop function {function}")
+            admin(host, port, f"drop function {function}", tls=tls)
         except (OSError, GearmanError) as exc:
             log.warning("could not drop %s on %s:%s: %s", function, host, port, exc)
 
@@ -50,10 +52,11 @@ class FunctionStatus:
     workers: int
 
 
-def status(host: str, port: int, timeout: float = 5.0) -> list[FunctionStatus]:
+def status(host: str, port: int, timeout: float = 5.0,
+           tls: TlsFiles | None = None) -> list[FunctionStatus]:
     """gearmand's ``status``: jobs queued (total), running, and capable workers."""
     result = []
-    for line in admin(host, port, "status", timeout):
+    for line in admin(host, port, "status", timeout, tls):
         parts = line.split("\t")
         if len(parts) == 4 and all(p.isdigit() for p in parts[1:]):
             result.append(FunctionStatus(parts[0], *map(int, parts[1:])))

@@ -6,8 +6,9 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 
-from gearhorn.gearman.connection import Connection
+from gearhorn.gearman.connection import Connection, TlsFiles
 from gearhorn.gearman.packets import (
     Copy,
     GearmanError,
@@ -83,10 +84,11 @@ class Client:
 
     def __init__(self, servers: Sequence[tuple[str, int]], batch: int = 1000,
                  connect_timeout: float = 5.0,
-                 before_background: Callable[[Iterable[str]], None] | None = None) -> None:
+                 before_background: Callable[[Iterable[str]], None] | None = None,
+                 tls: TlsFiles | None = None) -> None:
         if not servers:
             raise ValueError("at least one gearmand server is needed")
-        self.connections = [Connection(h, p, connect_timeout) for h, p in servers]
+        self.connections = [Connection(h, p, connect_timeout, tls) for h, p in servers]
         self.batch = batch
         self._next = 0
         # Told the functions of every background batch before it is sent
@@ -112,16 +114,14 @@ class Client:
     def submit_foreground(self, copies: Sequence[Copy], timeout: float,
                           precedence: str = "normal") -> list[Outcome]:
         """Submit foreground jobs and wait up to ``timeout`` s for their outcomes."""
-        placed = self._submit(copies, background=False, precedence=precedence)
-        deadline = time.monotonic() + timeout
-        outcomes: list[Outcome] = []
-        for conn, handles in placed:
-            if conn is None:
-                lost = Outcome("failed", reason="lost the gearmand connection after submitting")
-                outcomes += [lost] * handles
-            else:
-                outcomes += wait_for_results(conn, handles, max(0.0, deadline - time.monotonic()))
-        return outcomes
+        return self.start_foreground(copies, precedence).wait(timeout)
+
+    def start_foreground(self, copies: Sequence[Copy], precedence: str = "normal") -> Placed:
+        """Submit foreground jobs; their outcomes are read later with
+        :meth:`Placed.wait` (from another greenlet or thread, say). Until
+        then, use this client for nothing else: the outcomes arrive on its
+        connections."""
+        return Placed(self._submit(copies, background=False, precedence=precedence))
 
     def call(self, function: str, data: bytes, timeout: float = 30.0,
              precedence: str = "normal") -> Outcome:
@@ -159,6 +159,27 @@ class Client:
                 return placed
         raise Unavailable(f"no gearmand accepted the jobs ({done} of {len(copies)} "
                           f"accepted): {'; '.join(errors)}")
+
+
+@dataclass(frozen=True)
+class Placed:
+    """Foreground jobs gearmand accepted, per server: ``(connection,
+    handles)``, or ``(None, count)`` for a server that broke after accepting
+    some (their jobs are in gearmand, their results lost with the connection)."""
+
+    parts: list[tuple[Connection | None, int | list[bytes]]]
+
+    def wait(self, timeout: float) -> list[Outcome]:
+        """The outcomes, in submission order, within ``timeout`` s in all."""
+        deadline = time.monotonic() + timeout
+        outcomes: list[Outcome] = []
+        for conn, handles in self.parts:
+            if conn is None:
+                lost = Outcome("failed", reason="lost the gearmand connection after submitting")
+                outcomes += [lost] * handles
+            else:
+                outcomes += wait_for_results(conn, handles, max(0.0, deadline - time.monotonic()))
+        return outcomes
 
 
 def _submit_once_more_if_stale(conn: Connection, copies: Sequence[Copy], background: bool,

@@ -9,6 +9,7 @@ import time
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 import gear
 
@@ -36,45 +37,38 @@ class TlsFiles:
     cert: str
     key: str
 
+    @classmethod
+    def from_settings(cls, ca: str, cert: str, key: str) -> TlsFiles | None:
+        """From config values; empty strings mean no TLS."""
+        return cls(ca, cert, key) if ca else None
+
+    @cached_property
     def context(self) -> ssl.SSLContext:
+        """Built once: loading the files costs a millisecond per connection."""
         context = ssl.create_default_context(cafile=self.ca)
         context.check_hostname = False
         context.load_cert_chain(self.cert, self.key)
         return context
 
 
-# Set once per process from the config (use_tls); every connection gearhorn
-# opens to a Gearman server then speaks TLS.
-_tls: TlsFiles | None = None
-_tls_context: ssl.SSLContext | None = None
-
-
-def use_tls(files: TlsFiles | None) -> None:
-    global _tls, _tls_context
-    _tls, _tls_context = files, files.context() if files else None
-
-
-def use_tls_files(ca: str, cert: str, key: str) -> None:
-    """:func:`use_tls` from config values; empty strings mean no TLS."""
-    use_tls(TlsFiles(ca, cert, key) if ca else None)
-
-
-def add_server(worker: gear.BaseClient, host: str, port: int) -> None:
-    """``worker.addServer`` with this process's TLS files, if any."""
-    if _tls is None:
+def add_server(worker: gear.BaseClient, host: str, port: int,
+               tls: TlsFiles | None = None) -> None:
+    """``worker.addServer``, over TLS when ``tls`` is given."""
+    if tls is None:
         worker.addServer(host, port)
     else:
-        worker.addServer(host, port, ssl_key=_tls.key, ssl_cert=_tls.cert, ssl_ca=_tls.ca)
+        worker.addServer(host, port, ssl_key=tls.key, ssl_cert=tls.cert, ssl_ca=tls.ca)
 
 
-def connect(host: str, port: int, timeout: float = 5.0) -> socket.socket:
+def connect(host: str, port: int, timeout: float = 5.0,
+            tls: TlsFiles | None = None) -> socket.socket:
     """A TCP connection with TCP_NODELAY (Nagle costs ~40 ms per small job),
-    over TLS when :func:`use_tls` was given files."""
+    over TLS when ``tls`` is given."""
     sock = socket.create_connection((host, port), timeout=timeout)
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    if _tls_context is not None:
+    if tls is not None:
         try:
-            sock = _tls_context.wrap_socket(sock, server_hostname=host)
+            sock = tls.context.wrap_socket(sock, server_hostname=host)
         except (ssl.SSLError, OSError):
             sock.close()
             raise
@@ -85,9 +79,11 @@ def connect(host: str, port: int, timeout: float = 5.0) -> socket.socket:
 class Connection:
     """One client connection to one gearmand."""
 
-    def __init__(self, host: str, port: int, connect_timeout: float = 5.0) -> None:
+    def __init__(self, host: str, port: int, connect_timeout: float = 5.0,
+                 tls: TlsFiles | None = None) -> None:
         self.host, self.port = host, port
         self.connect_timeout = connect_timeout
+        self.tls = tls
         self._sock: socket.socket | None = None
         self._reader = PacketReader()
         self._pending: deque[Packet] = deque()
@@ -98,7 +94,7 @@ class Connection:
     def open(self) -> None:
         if self._sock is None:
             try:
-                self._sock = connect(self.host, self.port, self.connect_timeout)
+                self._sock = connect(self.host, self.port, self.connect_timeout, self.tls)
             except OSError as exc:
                 raise GearmanError(f"cannot connect to gearmand {self.host}:{self.port}: "
                                    f"{exc.strerror or exc}") from None

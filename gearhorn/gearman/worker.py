@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import gear
 
-from gearhorn.gearman.connection import Connection
+from gearhorn.gearman.connection import Connection, TlsFiles
 from gearhorn.gearman.packets import GearmanError, P, encode
 
 log = logging.getLogger(__name__)
@@ -45,9 +45,8 @@ class WorkerConnection:
     """
 
     def __init__(self, host: str, port: int, functions: Sequence[str],
-                 client_id: str = "gearhorn") -> None:
-
-        self.conn = Connection(host, port)
+                 client_id: str = "gearhorn", tls: TlsFiles | None = None) -> None:
+        self.conn = Connection(host, port, tls=tls)
         self.functions = tuple(functions)
         self.client_id = client_id
         self._send_lock = threading.Lock()

@@ -9,7 +9,6 @@ import gevent
 import gevent.event
 import redis
 
-from gearhorn import gearman
 from gearhorn.config import Config
 from gearhorn.keys import Keys
 from gearhorn.naming import process_id
@@ -24,8 +23,6 @@ log = logging.getLogger(__name__)
 
 
 def build_server(config: Config) -> BridgeServer:
-    gearman.use_tls_files(config.gearman_tls_ca, config.gearman_tls_cert,
-                          config.gearman_tls_key)
     # Thousands of greenlets may need Redis at once (a burst of SUBSCRIBEs):
     # they wait for one of 64 connections instead of failing (redis-py's
     # plain pool raises "Too many connections" beyond 100).

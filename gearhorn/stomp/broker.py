@@ -76,7 +76,8 @@ class Broker:
 
     def new_client(self) -> gearman.Client:
         """A Gearman client for one connection's jobs."""
-        return gearman.Client(self.config.gearman_servers, before_background=self.dashed.record)
+        return gearman.Client(self.config.gearman_servers, before_background=self.dashed.record,
+                              tls=self.config.gearman_tls)
 
     def authenticate(self, login: str | None, passcode: str | None) -> Principal | None:
         """Check a CONNECT's login in a thread (a hash costs ~0.05 s of CPU that
@@ -139,7 +140,8 @@ class Broker:
                                          f"gearhorn-bridge-{self.bridge_id}", self._drop,
                                          lookup=self.headers.for_uniques,
                                          dead_letter=self.dead_letter,
-                                         max_deliveries=self.config.max_deliveries)
+                                         max_deliveries=self.config.max_deliveries,
+                                         tls=self.config.gearman_tls)
             self.dispatchers[function] = dispatcher
             dispatcher.start()
         dispatcher.add(consumer)
@@ -209,27 +211,23 @@ class Broker:
         message_id = uuid.uuid4().hex
         self.headers.put(message_id, options.headers)
         job = gearman.Copy(function, queue_copy_unique(message_id), body)
-        errors = []
-        for host, port in self.config.gearman_servers:
-            conn = gearman.Connection(host, port)
-            try:
-                conn.open()
-                handles = conn.submit([job], background=False, precedence=options.priority)
-            except gearman.GearmanError as exc:
-                conn.close()
-                errors.append(str(exc))
-                continue
-            gevent.spawn(self._forward_reply, conn, handles, reply_queue,
-                         options.headers.get("correlation-id"), done)
-            return
-        raise gearman.Unavailable(f"no gearmand accepted the request: {'; '.join(errors)}")
+        # A client of its own: the answer may take request_timeout to come,
+        # and arrives on the connection that submitted the job.
+        client = self.new_client()
+        try:
+            placed = client.start_foreground([job], options.priority)
+        except gearman.GearmanError:
+            client.close()
+            raise
+        gevent.spawn(self._forward_reply, client, placed, reply_queue,
+                     options.headers.get("correlation-id"), done)
 
-    def _forward_reply(self, conn: gearman.Connection, handles: list[bytes], reply_queue: str,
+    def _forward_reply(self, client: gearman.Client, placed: gearman.Placed, reply_queue: str,
                        correlation_id: str | None, done: Callable[[], None] | None) -> None:
         try:
-            outcome = gearman.wait_for_results(conn, handles, self.config.request_timeout)[0]
+            (outcome,) = placed.wait(self.config.request_timeout)
         finally:
-            conn.close()
+            client.close()
             if done is not None:
                 done()
         if outcome.ok and not outcome.data:
@@ -292,7 +290,7 @@ class Broker:
 
     def drop_queue(self, function: str) -> None:
         """Delete a queue nobody will read again (a non-durable subscription's)."""
-        gearman.drop_function(self.config.gearman_servers, function)
+        gearman.drop_function(self.config.gearman_servers, function, self.config.gearman_tls)
 
     # -- control -----------------------------------------------------------------
 
@@ -314,5 +312,6 @@ class Broker:
     def _status(self, function: str) -> list[gearman.FunctionStatus]:
         found = []
         for host, port in self.config.gearman_servers:
-            found += [f for f in gearman.status(host, port) if f.name == function]
+            found += [f for f in gearman.status(host, port, tls=self.config.gearman_tls)
+                      if f.name == function]
         return found

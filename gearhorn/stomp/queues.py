@@ -77,8 +77,9 @@ class QueueDispatcher:
                  client_id: str, on_empty: Callable[[QueueDispatcher], None], *,
                  lookup: Callable[[list[str]], dict[str, dict[str, str]]] | None = None,
                  dead_letter: Callable[[Delivery, str], None] | None = None,
-                 max_deliveries: int = 0) -> None:
+                 max_deliveries: int = 0, tls: gearman.TlsFiles | None = None) -> None:
         self.function = function
+        self._tls = tls
         self._lookup = lookup  # unique keys -> headers of those that have some
         self._dead_letter = dead_letter
         self.state = dispatch.Dispatch(max_deliveries)
@@ -97,7 +98,7 @@ class QueueDispatcher:
                        for host, port in self._servers]
 
     def _open(self, host: str, port: int, client_id: str) -> gearman.WorkerConnection:
-        worker = gearman.WorkerConnection(host, port, [self.function], client_id)
+        worker = gearman.WorkerConnection(host, port, [self.function], client_id, self._tls)
         worker.coalesce = _run_soon
         try:
             worker.open()

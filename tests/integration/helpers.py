@@ -37,8 +37,10 @@ def unique_topic(stem="t"):
 class PoolProcess:
     """``gearhorn worker`` as a real child process."""
 
-    def __init__(self, gearman_servers, redis_url, processes=2, log_dir=None, extra=()):
+    def __init__(self, gearman_servers, redis_url, processes=2, log_dir=None, extra=(),
+                 tls=None):
         self.gearman_servers = list(gearman_servers)
+        self.tls = tls  # gearman.TlsFiles of the servers; the pool reads its own from env
         self.redis_url = redis_url
         self.processes = processes
         self.registry = Registry(redis.Redis.from_url(redis_url), Keys())
@@ -64,7 +66,8 @@ class PoolProcess:
             if len(self.live()) < self.processes:
                 return False
             for server in self.gearman_servers:
-                table = {f.name: f for f in gearman.status(server.host, server.port)}
+                table = {f.name: f for f in gearman.status(server.host, server.port,
+                                                           tls=self.tls)}
                 if "fanout" not in table or table["fanout"].workers < self.processes:
                     return False
             return True

@@ -5,6 +5,7 @@ real gearmand, Redis, the worker pool and the bridge, with stomp.py and the
 import json
 import subprocess
 import time
+import types
 
 import pytest
 
@@ -221,6 +222,25 @@ def test_request_reply_with_a_gearman_service(gearmand, stack, stomp_clients,
     finally:
         worker.kill()
         worker.wait()
+
+
+def test_a_request_fails_over_past_a_dead_gearmand(gearmand, start_bridge, stomp_clients):
+    """Requests take the Gearman client's failover path: the first server
+    listed is down, the request goes to the next one."""
+    dead = types.SimpleNamespace(address=f"127.0.0.1:{servers.free_port()}")
+    bridge = start_bridge([dead, gearmand])
+    function = unique_topic("svc")
+    worker = gearman.WorkerConnection(gearmand.host, gearmand.port, [function])
+    worker.open()
+    try:
+        requester = stomp_clients(bridge.port)
+        requester.send(f"/queue/{function}", b"ping", **{"reply-to": "/temp-queue/r"})
+        (job,) = wait_for(lambda: worker.grab(1), interval=0.1, message="the request")
+        worker.complete(job.handle, b"pong")
+        (reply,) = requester.messages(1)
+        assert reply.body == b"pong" and reply.headers["gearman-status"] == "complete"
+    finally:
+        worker.close()
 
 
 def test_temp_queues_are_private_and_gone_with_the_connection(gearmand, stack, stomp_clients):

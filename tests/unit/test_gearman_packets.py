@@ -69,7 +69,7 @@ class FakeGearmand:
     def __init__(self, monkeypatch):
         import socket
         ours, self.theirs = socket.socketpair()
-        monkeypatch.setattr(connection, "connect", lambda host, port, timeout=5.0: ours)
+        monkeypatch.setattr(connection, "connect", lambda host, port, timeout=5.0, tls=None: ours)
         self.conn = g.Connection("fake", 1)
 
     def reply(self, *packets):
