@@ -204,11 +204,19 @@ def encode(command: str, headers: dict[str, str] | None = None, body: bytes = b"
         if table is not None:
             name, value = name.translate(table), value.translate(table)
         else:  # STOMP 1.0 has no escapes: a line break would end the header
+            if not _fits_10(name):
+                continue  # unrepresentable; docs/stomp.rst says so
             value = value.replace("\n", " ").replace("\r", " ")
         lines.append(f"{name}:{value}")
     if body and "content-length" not in (headers or {}):
         lines.append(f"content-length:{len(body)}")
     return ("\n".join(lines) + "\n\n").encode() + body + NUL
+
+
+def _fits_10(name: str) -> bool:
+    """Whether a header name can be written without escapes (STOMP 1.0,
+    CONNECTED): no ':' and no line break."""
+    return not any(ch in name for ch in ":\n\r")
 
 
 HEARTBEAT = b"\n"

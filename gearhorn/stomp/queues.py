@@ -67,7 +67,7 @@ class Delivery:
         self.dispatcher.ack(self)
 
     def nack(self) -> None:
-        self.dispatcher.give_back(self)
+        self.dispatcher.give_back([self])
 
 
 class QueueDispatcher:
@@ -160,14 +160,31 @@ class QueueDispatcher:
                         self.function, exc)
         self.credit_changed()
 
-    def give_back(self, delivery: Delivery) -> None:
-        """NACK: the job goes to another subscriber (or back in line)."""
-        if delivery.done or self._exhausted(delivery, "rejected with NACK"):
+    def give_back(self, deliveries: list[Delivery]) -> None:
+        """NACK: the jobs go to another subscriber (or back in line), first
+        in line, in the order they had been delivered."""
+        back = [d for d in deliveries
+                if not d.done and not self._exhausted(d, "rejected with NACK")]
+        if not back:
             return
-        previous = delivery.consumer
-        self._requeue(delivery, front=True)
+        previous = back[0].consumer
+        for delivery in back:
+            _stop_timer(delivery)
+        self.state.requeue_all(back)
         self.dispatch(avoid=previous)
         self._wake.set()
+
+    def reject(self, deliveries: list[Delivery]) -> None:
+        """NACK with ``requeue:false``: straight to the dead-letter queue."""
+        if self._dead_letter is None:
+            self.give_back(deliveries)
+            return
+        for delivery in deliveries:
+            if not delivery.done:
+                self._settle(delivery)
+                delivery.consumer = None
+                gevent.spawn(self._move_to_dead_letters, delivery, "rejected")
+        self.credit_changed()
 
     def _expired(self, delivery: Delivery) -> None:
         if delivery.done or delivery.consumer is None:

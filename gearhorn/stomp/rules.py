@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gearhorn.messages import DEFAULT_MAX_PAYLOAD, BadRequest, validate_queue, validate_topic
-from gearhorn.stomp.frames import Frame
+from gearhorn.stomp.frames import Frame, encode
 from gearhorn.stomp.sending import send_options
 
 SUPPORTED_VERSIONS = ("1.0", "1.1", "1.2")
@@ -76,6 +76,32 @@ def require(frame: Frame, header: str) -> str:
     value = frame.get(header)
     if value is None:
         raise ProtocolError(f"{frame.command} needs a {header} header")
+    return value
+
+
+def negotiate_version(accept_version: str) -> str | None:
+    """The highest version both sides speak, or None."""
+    offered = {v.strip() for v in accept_version.split(",")}
+    common = [v for v in SUPPORTED_VERSIONS if v in offered]
+    return common[-1] if common else None
+
+
+def version_error() -> bytes:
+    """The ERROR for a CONNECT with no version in common (the spec's own words)."""
+    return encode("ERROR", {"version": ",".join(SUPPORTED_VERSIONS),
+                            "content-type": "text/plain",
+                            "message": "no STOMP version in common"},
+                  f"Supported protocol versions are {' '.join(SUPPORTED_VERSIONS)}".encode(),
+                  "1.0")
+
+
+def settle_target(frame: Frame, version: str) -> str:
+    """The message an ACK or NACK names: ``id`` in STOMP 1.2 (the MESSAGE's
+    ``ack`` header), ``message-id`` before."""
+    header = "id" if version == "1.2" else "message-id"
+    value = frame.get(header)
+    if value is None:
+        raise ProtocolError(f"{frame.command} needs an {header} header (STOMP {version})")
     return value
 
 

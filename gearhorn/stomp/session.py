@@ -32,17 +32,19 @@ from gearhorn.stomp.queues import Delivery
 from gearhorn.stomp.rules import (
     ACK_MODES,
     SERVER_NAME,
-    SUPPORTED_VERSIONS,
     Destination,
     ProtocolError,
     SessionSettings,
     Transactions,
     ack_timeout,
     heartbeat_header,
+    negotiate_version,
     parse_destination,
     plain,
     prefetch,
     require,
+    settle_target,
+    version_error,
 )
 from gearhorn.stomp.sending import TEMP_QUEUE, SendOptions, send_options
 from gearhorn.stomp.subscription import StompSubscription
@@ -196,16 +198,12 @@ class Session:
     def on_connect(self, frame: Frame) -> None:
         if self.connected:
             raise ProtocolError("already connected")
-        offered = [v.strip() for v in frame.get("accept-version", "1.0").split(",")]
-        common = [v for v in SUPPORTED_VERSIONS if v in offered]
-        if not common:
-            self.transport.send(encode("ERROR", {
-                "version": ",".join(SUPPORTED_VERSIONS), "content-type": "text/plain",
-                "message": "supported protocol versions are " + ", ".join(SUPPORTED_VERSIONS)},
-                b"", "1.0"))
+        version = negotiate_version(frame.get("accept-version", "1.0"))
+        if version is None:
+            self.transport.send(version_error())
             self.close()
             return
-        self.version = common[-1]
+        self.version = version
         principal = self.broker.authenticate(frame.get("login"), frame.get("passcode"))
         if principal is None:
             # Never the passcode, in the ERROR or the log.
@@ -394,8 +392,7 @@ class Session:
                    "delivery-count": str(delivery.deliveries)}
         if sub.ack != "auto" and self.version == "1.2":
             headers["ack"] = message_id
-        if delivery.redelivered:
-            headers["redelivered"] = "true"
+        headers["redelivered"] = "true" if delivery.redelivered else "false"
         data = encode("MESSAGE", headers, delivery.body, self.version)
         self.broker.record(Event.DELIVERED, sub.function, delivery.job.unique, delivery.redelivered)
         if sub.ack == "auto":
@@ -419,53 +416,43 @@ class Session:
     # -- ACK / NACK --------------------------------------------------------------
 
     def on_ack(self, frame: Frame) -> None:
-        self._settle(frame, ack=True)
+        self._settle(frame)
 
     def on_nack(self, frame: Frame) -> None:
-        if self.version == "1.0":
-            raise ProtocolError("NACK is not part of STOMP 1.0")
-        self._settle(frame, ack=False)
+        # Not in STOMP 1.0, but RabbitMQ and ActiveMQ take it there too.
+        self._settle(frame)
 
-    def _settle(self, frame: Frame, ack: bool) -> None:
-        message_id = frame.get("id") if self.version == "1.2" else None
-        message_id = message_id or frame.get("message-id")
-        if message_id is None:
-            raise ProtocolError(f"{frame.command} needs an id header")
+    def _settle(self, frame: Frame) -> None:
+        settle_target(frame, self.version)  # a missing id is an error now, not at COMMIT
         if self._in_transaction(frame):
             return
-        self._apply_settle(message_id, ack)
+        self._apply_settle(frame)
         self._receipt(frame)
 
-    def _apply_settle(self, message_id: str, ack: bool) -> None:
+    def _apply_settle(self, frame: Frame) -> None:
+        message_id = settle_target(frame, self.version)
         sub = self.acks.get(message_id)
         if sub is None:
             # Already settled, or taken back after its ack-timeout: nothing to do.
             log.debug("session %s: ack for unknown message %s", self.id, message_id)
             return
-        settled = []
-        if sub.ack == "client":  # cumulative: this one and every one before it
-            for mid in list(sub.unacked):
-                settled.append(sub.unacked.pop(mid))
-                self.acks.pop(mid, None)
-                if mid == message_id:
-                    break
-        else:
-            settled.append(sub.unacked.pop(message_id))
-            self.acks.pop(message_id, None)
+        settled = sub.take(message_id)
         for delivery in settled:
-            if ack:
+            self.acks.pop(delivery.message_id, None)
+        if frame.command == "ACK":
+            for delivery in settled:
                 delivery.ack()
                 self.broker.record(Event.ACKED, sub.function, delivery.job.unique)
-            else:
-                delivery.nack()
+        elif frame.get("requeue", "true") == "false":
+            sub.dispatcher.reject(settled)
+        else:
+            sub.dispatcher.give_back(settled)
 
     # -- transactions ------------------------------------------------------------
 
     def _in_transaction(self, frame: Frame) -> bool:
-        if not self.transactions.hold(frame):
-            return False
-        self._receipt(frame)
-        return True
+        """Held for COMMIT; its RECEIPT comes when COMMIT made it take effect."""
+        return self.transactions.hold(frame)
 
     def on_begin(self, frame: Frame) -> None:
         self.transactions.begin(require(frame, "transaction"))
@@ -473,17 +460,19 @@ class Session:
 
     def on_commit(self, frame: Frame) -> None:
         frames = self.transactions.end(require(frame, "transaction"))
-        for queued in frames:
+        for queued in frames:  # in order; a failure ends the connection there
+            extra = None
             if queued.command == "SEND":
-                self._send(queued)
+                extra = self._send(queued)
             else:
-                message_id = (queued.get("id") if self.version == "1.2" else None) or \
-                    queued.get("message-id")
-                self._apply_settle(message_id, queued.command == "ACK")
+                self._apply_settle(queued)
+            self._receipt(queued, extra)
         self._receipt(frame)
 
     def on_abort(self, frame: Frame) -> None:
-        self.transactions.end(require(frame, "transaction"))
+        tx = require(frame, "transaction")
+        for queued in self.transactions.end(tx):
+            self._receipt(queued, {"transaction-aborted": tx})  # discarded, and said so
         self._receipt(frame)
 
     # -- DISCONNECT --------------------------------------------------------------

@@ -45,6 +45,21 @@ class StompSubscription:
     def deliver(self, delivery: Delivery) -> None:
         self.session.deliver(self, delivery)
 
+    def take(self, message_id: str) -> list[Delivery]:
+        """The deliveries an ACK or NACK of ``message_id`` settles, in the
+        order they were delivered: in ``client`` mode that one and every
+        earlier one (cumulative), else that one alone."""
+        if message_id not in self.unacked:
+            return []
+        if self.ack != "client":
+            return [self.unacked.pop(message_id)]
+        taken = []
+        for mid in list(self.unacked):
+            taken.append(self.unacked.pop(mid))
+            if mid == message_id:
+                break
+        return taken
+
     def forget(self, delivery: Delivery) -> None:
         self.unacked.pop(delivery.message_id, None)
         self.session.acks.pop(delivery.message_id, None)

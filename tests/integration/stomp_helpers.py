@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 import threading
@@ -11,6 +12,7 @@ import time
 import stomp
 
 from gearhorn import servers
+from gearhorn.stomp.frames import FrameParser, encode
 
 from .helpers import wait_for
 
@@ -50,6 +52,45 @@ class BridgeProcess:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
+
+
+class RawClient:
+    """A bare socket speaking STOMP by hand: for malformed input and sudden death."""
+
+    def __init__(self, port, version="1.2"):
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=20)
+        self.parser = FrameParser()
+        self.version = self.parser.version = version
+        self.frames = []
+
+    def send(self, data: bytes):
+        self.sock.sendall(data)
+
+    def frame(self, command, headers=None, body=b""):
+        self.send(encode(command, headers or {}, body, self.version))
+
+    def read_frame(self):
+        while not self.frames:
+            data = self.sock.recv(65536)
+            if not data:
+                return None
+            self.frames += self.parser.feed(data)
+        return self.frames.pop(0)
+
+    def connect(self, **headers):
+        accept = {} if self.version == "1.0" else {"accept-version": self.version}
+        self.frame("CONNECT", {**accept, "host": "x", **headers})
+        frame = self.read_frame()
+        assert frame.command == "CONNECTED", frame
+
+    def expect(self, command):
+        """The next frame, which must be a ``command``."""
+        frame = self.read_frame()
+        assert frame is not None and frame.command == command, frame
+        return frame
+
+    def close(self):
+        self.sock.close()
 
 
 class Collector(stomp.ConnectionListener):

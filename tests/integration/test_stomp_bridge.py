@@ -7,9 +7,10 @@ import threading
 
 import pytest
 
-from gearhorn.stomp.frames import FrameParser, encode
+from gearhorn.stomp.frames import encode
 
 from .helpers import gearman_cli, queue_depth, unique_topic, wait_for
+from .stomp_helpers import RawClient
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -18,37 +19,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 def stack(gearmand, start_pool, start_bridge):
     start_pool([gearmand])
     return start_bridge([gearmand], env={"GEARHORN_STOMP_HEARTBEAT_MS": "200"})
-
-
-class RawClient:
-    """A bare socket speaking STOMP by hand: for malformed input and sudden death."""
-
-    def __init__(self, port):
-        self.sock = socket.create_connection(("127.0.0.1", port), timeout=10)
-        self.parser = FrameParser()
-        self.parser.version = "1.2"
-        self.frames = []
-
-    def send(self, data: bytes):
-        self.sock.sendall(data)
-
-    def frame(self, command, headers=None, body=b""):
-        self.send(encode(command, headers or {}, body))
-
-    def read_frame(self):
-        while not self.frames:
-            data = self.sock.recv(65536)
-            if not data:
-                return None
-            self.frames += self.parser.feed(data)
-        return self.frames.pop(0)
-
-    def connect(self, **headers):
-        self.frame("CONNECT", {"accept-version": "1.2", "host": "x", **headers})
-        assert self.read_frame().command == "CONNECTED"
-
-    def close(self):
-        self.sock.close()
 
 
 def control(client, path):

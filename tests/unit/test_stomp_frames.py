@@ -128,3 +128,16 @@ def test_heartbeats_are_counted():
     parser = FrameParser()
     assert parser.feed(b"\n\n\r\n") == []
     assert parser.heartbeats == 3
+
+
+@pytest.mark.parametrize("version", ["1.1", "1.2"])
+def test_header_names_with_escapes_roundtrip(version):
+    headers = {"key:one": "v:1", "naïve name": "ü", "two\nlines": "a\\b"}
+    (parsed,) = parse_all(encode("MESSAGE", headers, b"x", version), version=version)
+    assert {k: parsed.headers[k] for k in headers} == headers
+
+
+def test_1_0_leaves_out_header_names_it_cannot_write():
+    wire = encode("MESSAGE", {"key:one": "1", "plain": "a:b\nc"}, b"", "1.0")
+    (parsed,) = parse_all(wire, version="1.0")
+    assert parsed.headers == {"plain": "a:b c"}

@@ -32,12 +32,16 @@ class FakeDispatcher:
     def __init__(self, function):
         self.function = function
         self.consumers, self.acked, self.given_back, self.returned = [], [], [], []
+        self.rejected = []
 
     def ack(self, delivery):
         self.acked.append(delivery.body)
 
-    def give_back(self, delivery):
-        self.given_back.append(delivery.body)
+    def give_back(self, deliveries):
+        self.given_back += [d.body for d in deliveries]
+
+    def reject(self, deliveries):
+        self.rejected += [d.body for d in deliveries]
 
     def remove(self, consumer, unacked):
         self.consumers.remove(consumer)
