@@ -125,7 +125,7 @@ def main() -> None:
         from gearhorn.config import Config, to_env
         port = servers.free_port()
         config = Config(gearman_servers=((gm.host, gm.port),), redis_url=rd.details["url"],
-                        processes=1, log_level="ERROR", bridge_port=port)
+                        processes=1, log_level="ERROR", bridge_port=port, bridge_ws_port=0)
         bridge = servers.start_bridge(to_env(config), "127.0.0.1", port)
         pid = bridge.process.pid
         started = time.monotonic()

@@ -138,7 +138,8 @@ class Gearhorn:
                                      preexec_fn=servers._die_with_parent)
         self.port = servers.free_port()
         self.bridge = subprocess.Popen([sys.executable, "-m", "gearhorn", "bridge",
-                                        "--port", str(self.port), *common], env=env,
+                                        "--port", str(self.port), "--ws-port", "0", *common],
+                                       env=env,
                                        preexec_fn=servers._die_with_parent)
         registry = Registry(redis.Redis.from_url(self.redis.details["url"]), Keys())
         deadline = time.monotonic() + 60

@@ -158,7 +158,7 @@ def main() -> None:
         from gearhorn.config import Config, to_env
         port = servers.free_port()
         config = Config(gearman_servers=((gm.host, gm.port),), redis_url=rd.details["url"],
-                        processes=2, log_level="WARNING", bridge_port=port,
+                        processes=2, log_level="WARNING", bridge_port=port, bridge_ws_port=0,
                         stomp_max_connections=args.connections + 100)
         env = {**os.environ, **to_env(config)}
         pool = start_pool(gm, rd.details["url"], 2)

@@ -67,6 +67,9 @@ def build_parser() -> argparse.ArgumentParser:
     bridge = sub.add_parser("bridge", parents=[common], help="run the STOMP bridge")
     bridge.add_argument("--host", help="address to listen on (default 127.0.0.1)")
     bridge.add_argument("--port", type=int, help="port to listen on (default 61613)")
+    bridge.add_argument("--ws-port", type=int, metavar="PORT",
+                        help="STOMP over WebSocket at ws://HOST:PORT/ws (default 15674; "
+                             "0: off)")
 
     for name, text in (("subscribe", "subscribe CLIENT_ID to TOPIC"),
                        ("unsubscribe", "unsubscribe CLIENT_ID from TOPIC")):
@@ -127,7 +130,8 @@ def load_config(args: argparse.Namespace) -> Config:
              "data_dir": getattr(args, "data_dir", None),
              "persistence": getattr(args, "persistence", None),
              "queue_redis_url": getattr(args, "queue_redis_url", None),
-             "bridge_host": getattr(args, "host", None), "bridge_port": getattr(args, "port", None)}
+             "bridge_host": getattr(args, "host", None), "bridge_port": getattr(args, "port", None),
+             "bridge_ws_port": getattr(args, "ws_port", None)}
     return configuration.load(flags, args.config)
 
 

@@ -74,6 +74,8 @@ class Config:
     # The STOMP bridge.
     bridge_host: str = "127.0.0.1"
     bridge_port: int = 61613
+    # STOMP over WebSocket at ws://bridge_host:bridge_ws_port/ws (browsers); 0: off.
+    bridge_ws_port: int = 15674
     stomp_max_frame_bytes: int = DEFAULT_MAX_PAYLOAD + 64 * 1024
     stomp_max_headers: int = 64
     stomp_max_header_length: int = 8192

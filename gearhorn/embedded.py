@@ -157,6 +157,12 @@ class Embedded:
         if servers.is_listening(host, port):
             self.notes["stomp"] = "already running, used as is"
             return
+        ws_port = self.config.bridge_ws_port
+        if ws_port and servers.is_listening(host, ws_port):
+            # Another program (RabbitMQ's web-stomp, say) has it: STOMP over
+            # TCP still starts, and the banner says why WebSocket did not.
+            self.notes["websocket"] = f"off: port {ws_port} is taken"
+            self.config = self.config.replace(bridge_ws_port=0)
         self.started.append(servers.start_bridge(to_env(self.config), host, port))
         self.notes["stomp"] = "started"
 
@@ -178,6 +184,14 @@ def _crashed(server: servers.Managed | None) -> bool:
     return server is not None and server.process.poll() not in (None, 0)
 
 
+def websocket_url(config: Config) -> str:
+    """Where browsers connect, or "" when STOMP over WebSocket is off."""
+    if not config.bridge_ws_port:
+        return ""
+    scheme = "wss" if config.stomp_tls_cert else "ws"
+    return f"{scheme}://{config.bridge_host}:{config.bridge_ws_port}/ws"
+
+
 def banner(config: Config, notes: dict[str, str]) -> str:
     host, port = config.gearman_servers[0]
     g = f"gearman -h {host} -p {port}"
@@ -187,6 +201,7 @@ gearhorn is up.
   gearman   {host}:{port}  ({notes.get('gearman', '')})
   queue     {notes.get('persistence', '')}
   stomp     {config.bridge_host}:{config.bridge_port}  ({notes.get('stomp', '')})
+  websocket {websocket_url(config) or notes.get('websocket', 'off')}
   workers   {config.processes} processes
 
 Broadcast from another terminal:

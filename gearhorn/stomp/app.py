@@ -55,7 +55,8 @@ def build_server(config: Config) -> BridgeServer:
                         connect_timeout=config.stomp_connect_timeout,
                         frame_timeout=config.stomp_frame_timeout,
                         certfile=config.stomp_tls_cert or None,
-                        keyfile=config.stomp_tls_key or None)
+                        keyfile=config.stomp_tls_key or None,
+                        ws_port=config.bridge_ws_port or None)
 
 
 def run_bridge(config: Config) -> int:

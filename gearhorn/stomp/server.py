@@ -21,6 +21,7 @@ import gevent
 import gevent.event
 from gevent.server import StreamServer
 
+from gearhorn.stomp import websocket
 from gearhorn.stomp.broker import Broker
 from gearhorn.stomp.frames import HEARTBEAT, FrameError, FrameParser, Limits, encode
 from gearhorn.stomp.rules import SessionSettings
@@ -36,9 +37,9 @@ _HEARTBEAT_GRACE = 2.0
 class Connection:
     """One client socket: the session's transport."""
 
-    def __init__(self, sock: socket.socket, address: tuple, broker: Broker,
-                 limits: Limits, settings: SessionSettings, connect_timeout: float,
-                 frame_timeout: float = 30.0) -> None:
+    def __init__(self, sock: socket.socket | websocket.WebSocketStream, address: tuple,
+                 broker: Broker, limits: Limits, settings: SessionSettings,
+                 connect_timeout: float, frame_timeout: float = 30.0) -> None:
         self.sock = sock
         self.frame_timeout = frame_timeout
         self._partial_since: float | None = None  # when the unfinished frame began
@@ -207,12 +208,14 @@ def _now() -> float:
 
 
 class BridgeServer:
-    """Accepts STOMP connections on ``host:port`` (TLS when a cert is given)."""
+    """Accepts STOMP connections on ``host:port``, and STOMP over WebSocket
+    on ``host:ws_port`` when given (TLS on both when a cert is given)."""
 
     def __init__(self, broker: Broker, host: str, port: int, *, limits: Limits,
                  settings: SessionSettings, max_connections: int = 10_000,
                  connect_timeout: float = 10.0, frame_timeout: float = 30.0,
-                 certfile: str | None = None, keyfile: str | None = None) -> None:
+                 certfile: str | None = None, keyfile: str | None = None,
+                 ws_port: int | None = None) -> None:
         self.broker = broker
         self.frame_timeout = frame_timeout
         self.limits = limits
@@ -224,6 +227,9 @@ class BridgeServer:
         if certfile:
             ssl_args = {"certfile": certfile, "keyfile": keyfile, "server_side": True}
         self.server = StreamServer((host, port), self._handle, **ssl_args)
+        self.ws_server = None
+        if ws_port is not None:
+            self.ws_server = StreamServer((host, ws_port), self._handle_websocket, **ssl_args)
 
     @property
     def address(self) -> tuple[str, int]:
@@ -232,15 +238,34 @@ class BridgeServer:
     def start(self) -> None:
         self.server.start()
         log.info("STOMP bridge listening on %s:%s", *self.server.address[:2])
+        if self.ws_server is not None:
+            self.ws_server.start()
+            log.info("STOMP over WebSocket on %s:%s%s", *self.ws_server.address[:2],
+                     websocket.PATH)
 
     def serve_forever(self) -> None:
         self.server.serve_forever()
 
     def stop(self, timeout: float = 5.0) -> None:
+        if self.ws_server is not None:
+            self.ws_server.stop(timeout)
         self.server.stop(timeout)
 
     def _handle(self, sock: socket.socket, address: tuple) -> None:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._serve(sock, address)
+
+    def _handle_websocket(self, sock: socket.socket, address: tuple) -> None:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        try:
+            stream = websocket.accept(sock, self.connect_timeout)
+        except (websocket.HandshakeFailed, OSError, ssl.SSLError) as exc:
+            log.info("%s: WebSocket upgrade failed: %s", address[0], exc)
+            sock.close()
+            return
+        self._serve(stream, address)
+
+    def _serve(self, sock: socket.socket | websocket.WebSocketStream, address: tuple) -> None:
         if len(self.connections) >= self.max_connections:
             _refuse(sock, f"too many connections (limit {self.max_connections})")
             return
@@ -253,7 +278,7 @@ class BridgeServer:
             self.connections.discard(conn)
 
 
-def _refuse(sock: socket.socket, message: str) -> None:
+def _refuse(sock: socket.socket | websocket.WebSocketStream, message: str) -> None:
     try:
         sock.sendall(encode("ERROR", {"message": message}, message.encode(), "1.0"))
     except OSError:

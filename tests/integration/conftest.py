@@ -73,8 +73,8 @@ def start_bridge(redis_url, tmp_path):
 
     bridges = []
 
-    def start(gearman_servers, env=None):
-        bridge = BridgeProcess(gearman_servers, redis_url, str(tmp_path), env)
+    def start(gearman_servers, env=None, websocket=False):
+        bridge = BridgeProcess(gearman_servers, redis_url, str(tmp_path), env, websocket)
         bridges.append(bridge)
         return bridge
 

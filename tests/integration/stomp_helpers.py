@@ -20,10 +20,11 @@ from .helpers import wait_for
 class BridgeProcess:
     """``gearhorn bridge`` as a child process on a free loopback port."""
 
-    def __init__(self, gearman_servers, redis_url, log_dir, env=None):
+    def __init__(self, gearman_servers, redis_url, log_dir, env=None, websocket=False):
         self.port = servers.free_port()
+        self.ws_port = servers.free_port() if websocket else 0
         argv = [sys.executable, "-m", "gearhorn", "bridge", "--port", str(self.port),
-                "--redis-url", redis_url]
+                "--ws-port", str(self.ws_port), "--redis-url", redis_url]
         for server in gearman_servers:
             argv += ["--gearman", server.address]
         self.log_path = os.path.join(log_dir, f"bridge-{self.port}.log")
@@ -36,7 +37,8 @@ class BridgeProcess:
     def _listening(self):
         if self.process.poll() is not None:
             raise AssertionError(f"bridge exited:\n{self.log()}")
-        return servers.is_listening("127.0.0.1", self.port)
+        ports = [self.port] + ([self.ws_port] if self.ws_port else [])
+        return all(servers.is_listening("127.0.0.1", port) for port in ports)
 
     def log(self, full=False):
         """The log's tail (for failure messages), or all of it."""

@@ -70,7 +70,8 @@ def test_unreachable_gearmand_is_a_clear_error():
 
 
 def test_up_starts_everything_and_stops_it_on_ctrl_c(tmp_path, redis_server, gearman_cli_tool):
-    redis_port, gearman_port, stomp_port, queue_port = (servers.free_port() for _ in range(4))
+    redis_port, gearman_port, stomp_port, queue_port, ws_port = (
+        servers.free_port() for _ in range(5))
     log = open(tmp_path / "up.log", "wb")  # noqa: SIM115
     up = subprocess.Popen(
         [sys.executable, "-m", "gearhorn", "up", "--processes", "2",
@@ -78,6 +79,7 @@ def test_up_starts_everything_and_stops_it_on_ctrl_c(tmp_path, redis_server, gea
          "--redis-url", f"redis://127.0.0.1:{redis_port}/0",
          "--gearman", f"127.0.0.1:{gearman_port}"],
         env=dict(os.environ, GEARHORN_BRIDGE_PORT=str(stomp_port),
+                 GEARHORN_BRIDGE_WS_PORT=str(ws_port),
                  GEARHORN_QUEUE_REDIS_URL=f"redis://127.0.0.1:{queue_port}/0"),
         stdout=log, stderr=subprocess.STDOUT, preexec_fn=servers._die_with_parent)
     try:
@@ -95,6 +97,8 @@ def test_up_starts_everything_and_stops_it_on_ctrl_c(tmp_path, redis_server, gea
         assert json.loads(outputs[1].stdout)["copies"] == 1
         assert outputs[2].stdout == b"hello"
         assert f"stomp     127.0.0.1:{stomp_port}  (started)" in text()
+        assert f"websocket ws://127.0.0.1:{ws_port}/ws" in text()
+        assert servers.is_listening("127.0.0.1", ws_port)
         client = StompClient(stomp_port)
         client.subscribe("/topic/news", "1")
         subprocess.run(["bash", "-c", commands[1]], capture_output=True, timeout=20)
@@ -107,6 +111,7 @@ def test_up_starts_everything_and_stops_it_on_ctrl_c(tmp_path, redis_server, gea
     assert not servers.is_listening("127.0.0.1", redis_port)
     assert not servers.is_listening("127.0.0.1", gearman_port)
     assert not servers.is_listening("127.0.0.1", stomp_port)
+    assert not servers.is_listening("127.0.0.1", ws_port)
     assert not servers.is_listening("127.0.0.1", queue_port)
     assert os.path.exists(tmp_path / "data" / "appendonlydir")
 

@@ -100,6 +100,7 @@ class Up:
                                for name in ("redis", "queue", "gearman", "stomp")}
         self.log_path = os.path.join(self.data_dir, f"up-{len(os.listdir(self.data_dir))}.log")
         env = dict(os.environ, GEARHORN_BRIDGE_PORT=str(self.ports["stomp"]),
+                   GEARHORN_BRIDGE_WS_PORT="0",
                    GEARHORN_QUEUE_REDIS_URL=f"redis://127.0.0.1:{self.ports['queue']}/0",
                    GEARHORN_HEARTBEAT_INTERVAL="0.3", GEARHORN_WORKER_TTL="1.5")
         with open(self.log_path, "ab") as log:

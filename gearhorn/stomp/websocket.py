@@ -1,0 +1,178 @@
+"""STOMP over WebSocket, as RabbitMQ's web-stomp serves it: the HTTP upgrade
+at ``/ws`` with the subprotocols ``v12.stomp``, ``v11.stomp`` and
+``v10.stomp``, then STOMP bytes carried in WebSocket messages.
+
+:class:`WebSocketStream` looks like a socket to
+:class:`gearhorn.stomp.server.Connection` (``recv``, ``sendall``,
+``settimeout``, ``shutdown``, ``close``), so a WebSocket connection has the
+same session, logins, rights, limits, heart-beats and TLS as a TCP one. The
+bytes of every message go to the same incremental frame parser: a message
+may hold one frame, several, or part of one. wsproto speaks the protocol
+without doing I/O (docs/design.rst says why it was chosen).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import time
+
+import gevent.lock
+from wsproto import ConnectionType, WSConnection
+from wsproto.connection import ConnectionState
+from wsproto.events import (
+    AcceptConnection,
+    CloseConnection,
+    Message,
+    Ping,
+    RejectConnection,
+    RejectData,
+    Request,
+)
+from wsproto.utilities import LocalProtocolError, RemoteProtocolError
+
+PATH = "/ws"
+# Best first: a client offering several gets the newest STOMP it names.
+SUBPROTOCOLS = ("v12.stomp", "v11.stomp", "v10.stomp")
+_READ_SIZE = 64 * 1024
+
+
+class HandshakeFailed(Exception):
+    """The HTTP upgrade was refused or broken; the client got an HTTP answer."""
+
+
+def choose_subprotocol(offered: list[str]) -> str | None:
+    """The STOMP subprotocol to answer with; None when the client offered
+    none (then none may be named)."""
+    for name in SUBPROTOCOLS:
+        if name in offered:
+            return name
+    if offered:
+        raise HandshakeFailed(f"no supported subprotocol in {', '.join(offered)[:200]}; "
+                              f"use one of {', '.join(SUBPROTOCOLS)}")
+    return None
+
+
+def accept(sock: socket.socket, timeout: float) -> WebSocketStream:
+    """Read the HTTP upgrade from ``sock`` within ``timeout`` s and accept it."""
+    ws = WSConnection(ConnectionType.SERVER)
+    deadline = time.monotonic() + timeout
+    while True:
+        request = next((e for e in ws.events() if isinstance(e, Request)), None)
+        if request is not None:
+            break
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise HandshakeFailed(f"no WebSocket upgrade within {timeout:g}s")
+        sock.settimeout(left)
+        try:
+            data = sock.recv(_READ_SIZE)
+        except TimeoutError:
+            continue
+        if not data:
+            raise HandshakeFailed("closed before the upgrade")
+        try:
+            ws.receive_data(data)
+        except RemoteProtocolError as exc:
+            _reject(sock, ws, 400, f"not a WebSocket upgrade: {exc}")
+    if request.target.split("?", 1)[0] != PATH:
+        _reject(sock, ws, 404, f"STOMP over WebSocket is served at {PATH}")
+    try:
+        subprotocol = choose_subprotocol(list(request.subprotocols))
+    except HandshakeFailed as exc:
+        _reject(sock, ws, 400, str(exc))
+    sock.settimeout(None)
+    sock.sendall(ws.send(AcceptConnection(subprotocol=subprotocol)))
+    return WebSocketStream(sock, ws, subprotocol)
+
+
+def _reject(sock: socket.socket, ws: WSConnection, status: int, reason: str) -> None:
+    """Answer with an HTTP error (when the request got that far) and give up."""
+    body = reason.encode()
+    try:
+        wire = ws.send(RejectConnection(status_code=status, has_body=True, headers=[
+            (b"content-type", b"text/plain"), (b"content-length", str(len(body)).encode())]))
+        wire += ws.send(RejectData(data=body))
+        sock.sendall(wire)
+    except (LocalProtocolError, OSError):
+        pass  # the request was too broken to answer
+    raise HandshakeFailed(reason)
+
+
+class WebSocketStream:
+    """An accepted WebSocket, read and written as a stream of STOMP bytes."""
+
+    def __init__(self, sock: socket.socket, ws: WSConnection,
+                 subprotocol: str | None) -> None:
+        self.sock = sock
+        self.ws = ws
+        self.subprotocol = subprotocol
+        self._inbox: list[bytes] = []
+        self._eof = False
+        # The reader answers pings and closes while the writer sends frames:
+        # one write at a time, or their bytes could interleave.
+        self._write_lock = gevent.lock.Semaphore()
+
+    def settimeout(self, timeout: float | None) -> None:
+        self.sock.settimeout(timeout)
+
+    def setsockopt(self, *args: int) -> None:
+        self.sock.setsockopt(*args)
+
+    def recv(self, size: int) -> bytes:
+        """STOMP bytes from the next messages; b"" once the WebSocket closed.
+        Raises TimeoutError like a socket when nothing came in time."""
+        while True:
+            self._take_events()
+            if self._inbox:
+                data = b"".join(self._inbox)
+                self._inbox.clear()
+                return data
+            if self._eof:
+                return b""
+            raw = self.sock.recv(size)
+            try:
+                self.ws.receive_data(raw or None)
+            except RemoteProtocolError:
+                self._eof = True
+            if not raw:
+                self._eof = True
+
+    def _take_events(self) -> None:
+        for event in self.ws.events():
+            if isinstance(event, Message):
+                data = event.data
+                self._inbox.append(data.encode() if isinstance(data, str) else bytes(data))
+            elif isinstance(event, Ping):
+                self._write(self.ws.send(event.response()))
+            elif isinstance(event, CloseConnection):
+                if self.ws.state is ConnectionState.REMOTE_CLOSING:
+                    self._write(self.ws.send(event.response()))
+                self._eof = True
+
+    def sendall(self, data: bytes) -> None:
+        """``data`` (whole frames, or a heart-beat) as one message: text when
+        it is UTF-8, as browsers' STOMP clients expect, else binary."""
+        try:
+            payload: str | bytes = data.decode("utf-8")
+        except UnicodeDecodeError:
+            payload = data
+        try:
+            wire = self.ws.send(Message(data=payload))
+        except LocalProtocolError as exc:  # the WebSocket is closing
+            raise ConnectionError(str(exc)) from None
+        self._write(wire)
+
+    def _write(self, wire: bytes) -> None:
+        with self._write_lock:
+            self.sock.sendall(wire)
+
+    def shutdown(self, how: int) -> None:
+        """Say goodbye with a close frame first, then shut the socket."""
+        if self.ws.state is ConnectionState.OPEN:
+            with contextlib.suppress(OSError):
+                self._write(self.ws.send(CloseConnection(code=1000)))
+        self.sock.shutdown(how)
+
+    def close(self) -> None:
+        self.sock.close()
