@@ -223,13 +223,11 @@ class BridgeServer:
         self.max_connections = max_connections
         self.connect_timeout = connect_timeout
         self.connections: set[Connection] = set()
-        ssl_args = {}
-        if certfile:
-            ssl_args = {"certfile": certfile, "keyfile": keyfile, "server_side": True}
-        self.server = StreamServer((host, port), self._handle, **ssl_args)
+        self.tls = tls_context(certfile, keyfile) if certfile else None
+        self.server = StreamServer((host, port), self._handle)
         self.ws_server = None
         if ws_port is not None:
-            self.ws_server = StreamServer((host, ws_port), self._handle_websocket, **ssl_args)
+            self.ws_server = StreamServer((host, ws_port), self._handle_websocket)
 
     @property
     def address(self) -> tuple[str, int]:
@@ -252,11 +250,14 @@ class BridgeServer:
         self.server.stop(timeout)
 
     def _handle(self, sock: socket.socket, address: tuple) -> None:
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self._serve(sock, address)
+        sock = self._secure(sock, address)
+        if sock is not None:
+            self._serve(sock, address)
 
     def _handle_websocket(self, sock: socket.socket, address: tuple) -> None:
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock = self._secure(sock, address)
+        if sock is None:
+            return
         try:
             stream = websocket.accept(sock, self.connect_timeout)
         except (websocket.HandshakeFailed, OSError, ssl.SSLError) as exc:
@@ -264,6 +265,23 @@ class BridgeServer:
             sock.close()
             return
         self._serve(stream, address)
+
+    def _secure(self, sock: socket.socket, address: tuple) -> socket.socket | None:
+        """TCP_NODELAY, and the TLS handshake when TLS is on: within
+        ``connect_timeout`` (a client that never finishes it holds nothing
+        for long), and a failed one is one log line, not a traceback."""
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if self.tls is None:
+            return sock
+        try:
+            sock.settimeout(self.connect_timeout)
+            secure = self.tls.wrap_socket(sock, server_side=True)
+            secure.settimeout(None)
+            return secure
+        except (OSError, ssl.SSLError) as exc:
+            log.info("%s: TLS handshake failed: %s", address[0], exc)
+            sock.close()
+            return None
 
     def _serve(self, sock: socket.socket | websocket.WebSocketStream, address: tuple) -> None:
         if len(self.connections) >= self.max_connections:
@@ -276,6 +294,19 @@ class BridgeServer:
             conn.serve()
         finally:
             self.connections.discard(conn)
+
+
+def tls_context(certfile: str, keyfile: str | None) -> ssl.SSLContext:
+    """The bridge's TLS settings. No TLS 1.3 session tickets: a ticket is a
+    message the server sends right after the handshake, and clients that
+    read in one thread while they write CONNECT in another (stomp.py) can
+    lose that CONNECT when the ticket arrives meanwhile (OpenSSL objects are
+    not thread-safe); the client then waits for CONNECTED forever. Seen as
+    one test run in five failing with two clients on a loaded machine."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(certfile, keyfile)
+    context.num_tickets = 0
+    return context
 
 
 def _refuse(sock: socket.socket | websocket.WebSocketStream, message: str) -> None:

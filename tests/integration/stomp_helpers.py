@@ -185,3 +185,78 @@ class StompClient:
                 self.conn.disconnect()
         except Exception:  # noqa: BLE001 - already gone is fine here
             pass
+
+
+class WsClient:
+    """STOMP over WebSocket by hand (wsproto as the client): for the
+    handshake, several frames in one message, heart-beats and wss://."""
+
+    def __init__(self, port, path="/ws", subprotocols=("v12.stomp",), tls_ca=None,
+                 version="1.2"):
+        from wsproto import ConnectionType, WSConnection
+        from wsproto.events import AcceptConnection, RejectConnection, Request
+
+        sock = socket.create_connection(("127.0.0.1", port), timeout=20)
+        if tls_ca is not None:
+            import ssl
+            context = ssl.create_default_context(cafile=tls_ca)
+            sock = context.wrap_socket(sock, server_hostname="127.0.0.1")
+        self.sock = sock
+        self.ws = WSConnection(ConnectionType.CLIENT)
+        self.parser = FrameParser()
+        self.parser.version = version
+        self.version = version
+        self.frames, self.messages, self.eof = [], 0, False
+        self.sock.sendall(self.ws.send(Request(host="127.0.0.1", target=path,
+                                               subprotocols=list(subprotocols))))
+        self.accepted = self.rejected = None
+        while self.accepted is None and self.rejected is None and not self.eof:
+            for event in self._events():
+                if isinstance(event, AcceptConnection):
+                    self.accepted = event
+                elif isinstance(event, RejectConnection):
+                    self.rejected = event
+
+    def _events(self):
+        data = self.sock.recv(65536)
+        if not data:
+            self.eof = True
+            return []
+        self.ws.receive_data(data)
+        return list(self.ws.events())
+
+    def send_message(self, *frames):
+        """Frames (bytes) in one WebSocket text message."""
+        from wsproto.events import Message
+
+        self.sock.sendall(self.ws.send(Message(data=b"".join(frames).decode())))
+
+    def frame(self, command, headers=None, body=b""):
+        self.send_message(encode(command, headers or {}, body, self.version))
+
+    def read_frame(self):
+        """The next STOMP frame (None once closed); heart-beats are counted
+        in ``parser.heartbeats``."""
+        from wsproto.events import CloseConnection, Message
+
+        while not self.frames:
+            events = self._events()
+            if self.eof:
+                return None
+            for event in events:
+                if isinstance(event, Message):
+                    self.messages += 1
+                    data = event.data
+                    self.frames += self.parser.feed(data.encode() if isinstance(data, str)
+                                                    else data)
+                elif isinstance(event, CloseConnection):
+                    return None
+        return self.frames.pop(0)
+
+    def expect(self, command):
+        frame = self.read_frame()
+        assert frame is not None and frame.command == command, frame
+        return frame
+
+    def close(self):
+        self.sock.close()
