@@ -239,19 +239,16 @@ class WsClient:
         in ``parser.heartbeats``."""
         from wsproto.events import CloseConnection, Message
 
-        while not self.frames:
-            events = self._events()
-            if self.eof:
-                return None
-            for event in events:
+        while not self.frames and not self.eof:
+            for event in self._events():
                 if isinstance(event, Message):
                     self.messages += 1
                     data = event.data
                     self.frames += self.parser.feed(data.encode() if isinstance(data, str)
                                                     else data)
                 elif isinstance(event, CloseConnection):
-                    return None
-        return self.frames.pop(0)
+                    self.eof = True
+        return self.frames.pop(0) if self.frames else None
 
     def expect(self, command):
         frame = self.read_frame()
