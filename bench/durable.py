@@ -110,7 +110,7 @@ class MariaDB:
              "--user=root", "--bind-address=127.0.0.1", f"--port={self.port}",
              f"--socket={self.socket}", "--skip-log-bin"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            preexec_fn=servers._die_with_parent)
+            preexec_fn=servers.die_with_parent)
         deadline = time.monotonic() + 120
         while not servers.is_listening("127.0.0.1", self.port):
             if time.monotonic() > deadline or self.process.poll() is not None:

@@ -43,7 +43,7 @@ def start_pool(gm: servers.Managed, redis_url: str, processes: int,
         [sys.executable, "-m", "gearhorn", "worker", "--processes", str(processes),
          "--gearman", gm.address, "--redis-url", redis_url, "--log-level", "WARNING"],
         env={**os.environ, "GEARHORN_LEDGER_ENABLED": str(ledger).lower()},
-        preexec_fn=servers._die_with_parent)
+        preexec_fn=servers.die_with_parent)
     registry = Registry(redis.Redis.from_url(redis_url), Keys())
     deadline = time.monotonic() + 60
     while len(registry.live_workers()) < processes:

@@ -39,6 +39,29 @@ from gearhorn.registry import Registry  # noqa: E402
 SUBSCRIBERS = 10
 
 
+def tree_cpu_seconds(pid: int) -> float:
+    """CPU time (user + system) of ``pid`` and every process under it."""
+    tick = os.sysconf("SC_CLK_TCK")
+    parents, times = {}, {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as fp:
+                fields = fp.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        parents[int(entry)] = int(fields[1])
+        times[int(entry)] = (int(fields[11]) + int(fields[12])) / tick
+    tree, frontier = {pid}, [pid]
+    while frontier:
+        parent = frontier.pop()
+        children = [p for p, pp in parents.items() if pp == parent and p not in tree]
+        tree.update(children)
+        frontier += children
+    return sum(times.get(p, 0.0) for p in tree)
+
+
 class Counter(stomp.ConnectionListener):
     def __init__(self, expected: int, conn=None, ack: bool = False) -> None:
         self.expected, self.conn, self.ack = expected, conn, ack
@@ -127,6 +150,13 @@ class Gearhorn:
     name = "gearhorn"
     login: dict = {}
 
+    def __init__(self, bridge_processes: int = 1) -> None:
+        self.bridge_processes = bridge_processes
+
+    def cpu_seconds(self) -> float:
+        """The bridge's CPU time so far (its processes, not the workers')."""
+        return tree_cpu_seconds(self.bridge.pid)
+
     def __enter__(self):
         self.tmp = tempfile.mkdtemp()
         self.redis = servers.start_redis()
@@ -135,12 +165,13 @@ class Gearhorn:
         common = ["--gearman", self.gearmand.address, "--redis-url", self.redis.details["url"]]
         self.pool = subprocess.Popen([sys.executable, "-m", "gearhorn", "worker",
                                       "--processes", "2", *common], env=env,
-                                     preexec_fn=servers._die_with_parent)
+                                     preexec_fn=servers.die_with_parent)
         self.port = servers.free_port()
         self.bridge = subprocess.Popen([sys.executable, "-m", "gearhorn", "bridge",
-                                        "--port", str(self.port), "--ws-port", "0", *common],
+                                        "--port", str(self.port), "--ws-port", "0",
+                                        "--processes", str(self.bridge_processes), *common],
                                        env=env,
-                                       preexec_fn=servers._die_with_parent)
+                                       preexec_fn=servers.die_with_parent)
         registry = Registry(redis.Redis.from_url(self.redis.details["url"]), Keys())
         deadline = time.monotonic() + 60
         while len(registry.live_workers()) < 2 or not servers.is_listening("127.0.0.1",
@@ -164,6 +195,9 @@ class RabbitMQ:
     # RabbitMQ takes the CONNECT host header as its virtual host.
     login = {"username": "guest", "passcode": "guest", "vhost": "/"}
     SERVER = "/usr/lib/rabbitmq/bin/rabbitmq-server"
+
+    def cpu_seconds(self) -> float:
+        return tree_cpu_seconds(self.proc.pid)
 
     @classmethod
     def installed(cls) -> bool:
@@ -191,7 +225,7 @@ class RabbitMQ:
         self.log = open(os.path.join(self.tmp, "server.out"), "wb")  # noqa: SIM115
         self.proc = subprocess.Popen([binary], env=env, stdout=self.log,
                                      stderr=subprocess.STDOUT, start_new_session=True,
-                                     preexec_fn=servers._die_with_parent)
+                                     preexec_fn=servers.die_with_parent)
         self.epmd_port = epmd
         deadline = time.monotonic() + 120
         while not servers.is_listening("127.0.0.1", self.port):

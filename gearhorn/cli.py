@@ -67,6 +67,9 @@ def build_parser() -> argparse.ArgumentParser:
     bridge = sub.add_parser("bridge", parents=[common], help="run the STOMP bridge")
     bridge.add_argument("--host", help="address to listen on (default 127.0.0.1)")
     bridge.add_argument("--port", type=int, help="port to listen on (default 61613)")
+    bridge.add_argument("--processes", type=int, metavar="N", dest="bridge_processes",
+                        help="bridge processes sharing the ports (default 1; one per "
+                             "core uses every core)")
     bridge.add_argument("--ws-port", type=int, metavar="PORT",
                         help="STOMP over WebSocket at ws://HOST:PORT/ws (default 15674; "
                              "0: off)")
@@ -131,7 +134,8 @@ def load_config(args: argparse.Namespace) -> Config:
              "persistence": getattr(args, "persistence", None),
              "queue_redis_url": getattr(args, "queue_redis_url", None),
              "bridge_host": getattr(args, "host", None), "bridge_port": getattr(args, "port", None),
-             "bridge_ws_port": getattr(args, "ws_port", None)}
+             "bridge_ws_port": getattr(args, "ws_port", None),
+             "bridge_processes": getattr(args, "bridge_processes", None)}
     return configuration.load(flags, args.config)
 
 

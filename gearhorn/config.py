@@ -76,6 +76,11 @@ class Config:
     bridge_port: int = 61613
     # STOMP over WebSocket at ws://bridge_host:bridge_ws_port/ws (browsers); 0: off.
     bridge_ws_port: int = 15674
+    # Bridge processes on the same ports (SO_REUSEPORT; the kernel spreads
+    # connections): one per core uses every core.
+    bridge_processes: int = 1
+    # Bind with SO_REUSEPORT, so that several bridges share the ports.
+    bridge_reuse_port: bool = False
     stomp_max_frame_bytes: int = DEFAULT_MAX_PAYLOAD + 64 * 1024
     stomp_max_headers: int = 64
     stomp_max_header_length: int = 8192
@@ -168,9 +173,13 @@ def _convert(name: str, raw: str, source: str) -> object:
             return raw
     except ValueError as exc:
         raise ConfigError(f"{source}: {name}={raw!r}: {exc}") from None
-    if value <= 0:
+    if value < 0 or (value == 0 and name not in _ZERO_MEANS_OFF):
         raise ConfigError(f"{source}: {name} must be positive, got {raw!r}")
     return value
+
+
+# Settings where 0 turns something off.
+_ZERO_MEANS_OFF = frozenset({"bridge_ws_port"})
 
 
 _TRUE = {"1", "true", "yes", "on"}
@@ -232,6 +241,8 @@ def load(
     if config.persistence not in PERSISTENCE:
         raise ConfigError(f"persistence must be one of {', '.join(PERSISTENCE)}, "
                           f"got {config.persistence!r}")
+    if not 1 <= config.bridge_processes <= 256:
+        raise ConfigError(f"bridge_processes must be 1 to 256, got {config.bridge_processes}")
     tls = [config.gearman_tls_ca, config.gearman_tls_cert, config.gearman_tls_key]
     if any(tls) and not all(tls):
         raise ConfigError("gearman_tls_ca, gearman_tls_cert and gearman_tls_key go together: "

@@ -54,7 +54,7 @@ def is_listening(host: str, port: int, timeout: float = 0.5) -> bool:
         return False
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
     libc = ctypes.CDLL("libc.so.6", use_errno=True)
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
@@ -98,7 +98,7 @@ def _spawn(name: str, argv: list[str], port: int, log_path: str | None,
            env: dict[str, str] | None = None, inherit_output: bool = False,
            cpus: set[int] | None = None) -> Managed:
     def prepare() -> None:
-        _die_with_parent()
+        die_with_parent()
         if cpus:  # before exec, so every thread the server starts inherits it
             os.sched_setaffinity(0, cpus)
 

@@ -3,16 +3,22 @@
 from __future__ import annotations
 
 import logging
+import os
 import signal
+import subprocess
+import sys
+import time
 
 import gevent
 import gevent.event
 import redis
 
-from gearhorn.config import Config
+from gearhorn.background import Backoff
+from gearhorn.config import Config, to_env
 from gearhorn.keys import Keys
 from gearhorn.naming import process_id
 from gearhorn.registry import Registry
+from gearhorn.servers import die_with_parent
 from gearhorn.stomp import auth
 from gearhorn.stomp.broker import Broker
 from gearhorn.stomp.frames import Limits
@@ -56,19 +62,47 @@ def build_server(config: Config) -> BridgeServer:
                         frame_timeout=config.stomp_frame_timeout,
                         certfile=config.stomp_tls_cert or None,
                         keyfile=config.stomp_tls_key or None,
-                        ws_port=config.bridge_ws_port or None)
+                        ws_port=config.bridge_ws_port or None,
+                        reuse_port=config.bridge_reuse_port or config.bridge_processes > 1)
 
 
 def run_bridge(config: Config) -> int:
     """Serve until SIGTERM or SIGINT; then close every connection (unacked
-    messages go back to gearmand) and exit."""
+    messages go back to gearmand) and exit. With ``bridge_processes`` N,
+    this process is one of N bridges on the same ports (each a bridge of
+    its own in the registry: topic subscriptions stay right whichever one
+    a client reaches); it starts the others and stops them with itself."""
     server = build_server(config)
     stop = gevent.event.Event()
     gevent.signal_handler(signal.SIGTERM, stop.set)
     gevent.signal_handler(signal.SIGINT, stop.set)
     server.start()
+    siblings = [gevent.spawn(_sibling, config, n, stop)
+                for n in range(1, config.bridge_processes)]
     stop.wait()
     log.info("bridge stopping")
+    gevent.joinall(siblings, timeout=30)
     server.stop(timeout=5)
     server.broker.retire()
     return 0
+
+
+def _sibling(config: Config, number: int, stop: gevent.event.Event) -> None:
+    """Keep bridge process ``number`` running until ``stop``; then SIGTERM it."""
+    env = {**os.environ, **to_env(config.replace(bridge_processes=1, bridge_reuse_port=True))}
+    backoff = Backoff(0.5, cap=10.0)
+    while not stop.is_set():
+        child = subprocess.Popen([sys.executable, "-m", "gearhorn.stomp"], env=env,
+                                 preexec_fn=die_with_parent)
+        log.info("bridge process %d started (pid %d)", number, child.pid)
+        started = time.monotonic()
+        while child.poll() is None and not stop.wait(0.5):
+            pass
+        if child.poll() is None:
+            child.terminate()
+            child.wait()
+            return
+        log.warning("bridge process %d exited with %s; restarting", number, child.returncode)
+        if time.monotonic() - started > 5:
+            backoff.succeeded()  # it ran a while: restart at once, not after a pause
+        stop.wait(backoff.failed())

@@ -215,7 +215,7 @@ class BridgeServer:
                  settings: SessionSettings, max_connections: int = 10_000,
                  connect_timeout: float = 10.0, frame_timeout: float = 30.0,
                  certfile: str | None = None, keyfile: str | None = None,
-                 ws_port: int | None = None) -> None:
+                 ws_port: int | None = None, reuse_port: bool = False) -> None:
         self.broker = broker
         self.frame_timeout = frame_timeout
         self.limits = limits
@@ -224,10 +224,11 @@ class BridgeServer:
         self.connect_timeout = connect_timeout
         self.connections: set[Connection] = set()
         self.tls = tls_context(certfile, keyfile) if certfile else None
-        self.server = StreamServer((host, port), self._handle)
+        self.server = StreamServer(listener(host, port, reuse_port), self._handle)
         self.ws_server = None
         if ws_port is not None:
-            self.ws_server = StreamServer((host, ws_port), self._handle_websocket)
+            self.ws_server = StreamServer(listener(host, ws_port, reuse_port),
+                                          self._handle_websocket)
 
     @property
     def address(self) -> tuple[str, int]:
@@ -294,6 +295,18 @@ class BridgeServer:
             conn.serve()
         finally:
             self.connections.discard(conn)
+
+
+def listener(host: str, port: int, reuse_port: bool) -> socket.socket:
+    """A listening socket; with ``reuse_port`` several bridge processes bind
+    the same port and the kernel spreads new connections over them."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if reuse_port:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    sock.bind((host, port))
+    sock.listen(1024)
+    return sock
 
 
 def tls_context(certfile: str, keyfile: str | None) -> ssl.SSLContext:

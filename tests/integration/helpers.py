@@ -54,7 +54,7 @@ class PoolProcess:
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(list(argv) + list(extra), stdout=log,
                                             stderr=subprocess.STDOUT, env=env,
-                                            preexec_fn=servers._die_with_parent)
+                                            preexec_fn=servers.die_with_parent)
 
     def live(self):
         return self.registry.live_workers()

@@ -31,7 +31,7 @@ class BridgeProcess:
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
                                             env=dict(os.environ, **(env or {})),
-                                            preexec_fn=servers._die_with_parent)
+                                            preexec_fn=servers.die_with_parent)
         wait_for(self._listening, timeout=30, message="bridge to listen")
 
     def _listening(self):

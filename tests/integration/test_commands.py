@@ -81,7 +81,7 @@ def test_up_starts_everything_and_stops_it_on_ctrl_c(tmp_path, redis_server, gea
         env=dict(os.environ, GEARHORN_BRIDGE_PORT=str(stomp_port),
                  GEARHORN_BRIDGE_WS_PORT=str(ws_port),
                  GEARHORN_QUEUE_REDIS_URL=f"redis://127.0.0.1:{queue_port}/0"),
-        stdout=log, stderr=subprocess.STDOUT, preexec_fn=servers._die_with_parent)
+        stdout=log, stderr=subprocess.STDOUT, preexec_fn=servers.die_with_parent)
     try:
         text = lambda: (tmp_path / "up.log").read_text()  # noqa: E731
         wait_for(lambda: "gearhorn is up" in text(), timeout=60, message="the banner")

@@ -110,7 +110,7 @@ class Up:
                  "--redis-url", f"redis://127.0.0.1:{self.ports['redis']}/0",
                  "--gearman", f"127.0.0.1:{self.ports['gearman']}", *extra],
                 env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                preexec_fn=servers._die_with_parent)  # its children die with it in turn
+                preexec_fn=servers.die_with_parent)  # its children die with it in turn
         wait_for(self._banner, timeout=90, message="the banner of gearhorn up")
         self.gearmand = servers.Managed("gearmand", None, self.ports["gearman"])
 

@@ -404,3 +404,36 @@ def test_a_fanout_no_worker_answers_is_an_error_that_says_so(gearmand, start_bri
     message = client.listener.errors[0].headers["message"]
     assert message == f"fanout to {topic} failed: no answer within 1s"
     assert not client.listener.receipts
+
+
+def test_bridge_processes_share_the_port_and_topics_stay_right(gearmand, start_pool,
+                                                               start_bridge, stomp_clients,
+                                                               redis_url):
+    import redis as redis_client
+
+    from gearhorn.keys import Keys
+    from gearhorn.liveness import Liveness
+
+    start_pool([gearmand])
+    bridge = start_bridge([gearmand], env={"GEARHORN_BRIDGE_PROCESSES": "2"})
+    client, keys = redis_client.Redis.from_url(redis_url, decode_responses=True), Keys()
+    bridges = Liveness(client, keys.bridges)
+    wait_for(lambda: len(bridges.alive()) == 2, timeout=60, message="two bridge processes")
+    topic = unique_topic()
+    subscribers = [stomp_clients(bridge.port) for _ in range(20)]
+    for i, sub in enumerate(subscribers):
+        sub.subscribe(f"/topic/{topic}", f"s{i}")
+    # Both processes hold some of the subscriptions: the kernel spread the
+    # connections (all 20 on one of two processes: one chance in 500,000).
+    held = [len(client.smembers(keys.bridge(b))) for b in bridges.alive()]
+    assert sorted(held)[0] > 0 and sum(held) == 20, held
+    producer = stomp_clients(bridge.port)
+    for i in range(100):
+        producer.conn.send(destination=f"/topic/{topic}", body=str(i).encode())
+    producer.send(f"/topic/{topic}", b"end")
+    expected = [str(i).encode() for i in range(100)] + [b"end"]
+    for sub in subscribers:
+        assert [m.body for m in sub.messages(101, timeout=60)] == expected
+    # Stopping the bridge stops both processes.
+    bridge.stop()
+    wait_for(lambda: not bridges.alive(), timeout=60, message="both bridges to retire")

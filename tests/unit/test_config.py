@@ -72,3 +72,12 @@ def test_sample_config_file_loads_and_matches_defaults():
     import pathlib
     sample = pathlib.Path(__file__).parents[2] / "etc" / "gearhorn.conf"
     assert c.load({}, config_file=str(sample), env={}) == c.Config()
+
+
+def test_every_config_survives_the_trip_through_the_environment():
+    """What ``gearhorn up`` and ``--processes`` hand their children: a
+    WebSocket port of 0 (off) included."""
+    config = c.Config(bridge_ws_port=0, bridge_processes=3, bridge_reuse_port=True)
+    assert c.load({}, env=c.to_env(config)) == config
+    with pytest.raises(c.ConfigError, match="bridge_processes must be 1 to 256"):
+        c.load({}, env={"GEARHORN_BRIDGE_PROCESSES": "300"})

@@ -1,0 +1,289 @@
+"""The STOMP bridge at its limit, against RabbitMQ, with a load generator
+that is not the bottleneck.
+
+    python bench/stomp_load.py                 # full run (a few minutes)
+    python bench/stomp_load.py --quick         # smaller
+    python bench/stomp_load.py --bridge-processes 2
+
+bench/stomp_bridge.py drives both brokers with stomp.py, which parses every
+frame in Python: there the client is the limit. Here the generator speaks
+raw STOMP. Producers write prepared SEND frames in large batches (TCP
+back-pressure paces them); subscribers only count frame terminators in
+what they read (``bytes.count``, in C); a queue consumer acknowledges
+cumulatively (``ack:client``) once per read, naming the last message in
+it. Each runs in processes of its own. Measured, for each broker, in one
+run with the same generator:
+
+- topic deliveries/s with 10 and 100 subscribers (1 producer);
+- queue send+ack msg/s (2 producers, 2 consumers);
+- p50/p99 latency of topic deliveries (10 subscribers) at half of the peak
+  rate just measured: producers pace themselves, every body carries its
+  send time, and subscribers parse each frame.
+
+Servers are started on free loopback ports and stopped at the end (see
+bench/stomp_bridge.py for RabbitMQ's private node). The bridge's CPU use
+is sampled too, so a run says whether the bridge or the machine was full.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import os
+import socket
+import sys
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+from bench.stomp_bridge import Gearhorn, RabbitMQ, percentile  # noqa: E402
+
+BATCH = 200  # SEND frames per write
+
+
+# -- raw STOMP ------------------------------------------------------------------------
+
+
+def connect(port: int, login: dict) -> socket.socket:
+    sock = socket.create_connection(("127.0.0.1", port), timeout=120)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    headers = {"accept-version": "1.2", "host": login.get("vhost", "/"),
+               "heart-beat": "0,0"}
+    if "username" in login:
+        headers.update(login=login["username"], passcode=login["passcode"])
+    sock.sendall(frame("CONNECT", headers))
+    reply = read_until(sock, b"\0")
+    if not reply.startswith(b"CONNECTED"):
+        raise SystemExit(f"CONNECT refused: {reply[:200]!r}")
+    return sock
+
+
+def frame(command: str, headers: dict, body: bytes = b"") -> bytes:
+    lines = [command] + [f"{k}:{v}" for k, v in headers.items()]
+    return ("\n".join(lines) + "\n\n").encode() + body + b"\0"
+
+
+def read_until(sock: socket.socket, marker: bytes) -> bytes:
+    data = b""
+    while marker not in data:
+        chunk = sock.recv(65536)
+        if not chunk:
+            raise SystemExit(f"connection closed: {data[:200]!r}")
+        data += chunk
+    return data
+
+
+def with_receipt(sock: socket.socket, command: str, headers: dict) -> None:
+    sock.sendall(frame(command, {**headers, "receipt": "r"}))
+    read_until(sock, b"receipt-id:r")
+
+
+# -- processes -------------------------------------------------------------------------
+
+
+def subscriber(port, login, destination, connections, expected, timed, ready, results):
+    """``connections`` subscriptions; counts MESSAGE frames until each has
+    ``expected``; with ``timed``, the latency of every one."""
+    socks = []
+    for i in range(connections):
+        sock = connect(port, login)
+        with_receipt(sock, "SUBSCRIBE", {"destination": destination, "id": str(i),
+                                         "ack": "auto", "prefetch-count": "1000"})
+        socks.append(sock)
+    ready.put(1)
+    import selectors
+    selector = selectors.DefaultSelector()
+    counts, tails, latencies = {}, {}, []
+    for sock in socks:
+        selector.register(sock, selectors.EVENT_READ)
+        counts[sock], tails[sock] = 0, b""
+    left = len(socks)
+    last = time.time()
+    while left:
+        for key, _ in selector.select(timeout=120):
+            sock = key.fileobj
+            data = sock.recv(1 << 20)
+            if not data:
+                raise SystemExit("a subscriber was disconnected")
+            counts[sock] += data.count(b"\0")
+            if timed:
+                now = time.time()
+                frames = (tails[sock] + data).split(b"\0")
+                tails[sock] = frames.pop()
+                latencies += [now - float(f[f.index(b"\n\n") + 2:])
+                              for f in frames if f.strip()]
+            if counts[sock] >= expected:
+                selector.unregister(sock)
+                left -= 1
+            last = time.time()
+    results.put((sum(counts.values()), last, latencies))
+
+
+def producer(port, login, destination, messages, rate, start, results):
+    """``messages`` SENDs in batches; paced to ``rate`` msg/s when given
+    (bodies then carry their send time), as fast as TCP takes them when not."""
+    sock = connect(port, login)
+    head = f"SEND\ndestination:{destination}\n\n".encode()
+    static = b"".join(head + b"x" * 16 + b"\0" for _ in range(BATCH))
+    start.wait()
+    began = time.time()
+    sent = 0
+    while sent < messages:
+        n = min(BATCH, messages - sent)
+        if rate:
+            due = began + sent / rate
+            while (wait := due - time.time()) > 0:
+                time.sleep(wait)
+            now = repr(time.time()).encode()
+            sock.sendall(b"".join(head + now + b"\0" for _ in range(n)))
+        else:
+            sock.sendall(static if n == BATCH else static[:len(static) // BATCH * n])
+        sent += n
+    with_receipt(sock, "DISCONNECT", {})
+    results.put(began)
+
+
+def queue_consumer(port, login, queue, expected, ready, results):
+    """``ack:client``: one cumulative ACK per read, for the last message in it."""
+    sock = connect(port, login)
+    with_receipt(sock, "SUBSCRIBE", {"destination": f"/queue/{queue}", "id": "q",
+                                     "ack": "client", "prefetch-count": "1000"})
+    ready.put(1)
+    got, tail = 0, b""
+    while got < expected:
+        data = sock.recv(1 << 20)
+        if not data:
+            raise SystemExit("the queue consumer was disconnected")
+        got += data.count(b"\0")
+        text = tail + data
+        end = text.rfind(b"\0")
+        tail = text[end + 1:]
+        at = text.rfind(b"\nack:", 0, end)
+        if at >= 0:
+            ack_id = text[at + 5:text.index(b"\n", at + 5)]
+            sock.sendall(b"ACK\nid:" + ack_id + b"\n\n\0")
+    results.put((got, time.time()))
+
+
+# -- runs --------------------------------------------------------------------------------
+
+
+def processes_for(subscribers: int) -> int:
+    return min(subscribers, 4)
+
+
+def topic_run(broker, subscribers: int, messages: int, rate: float = 0.0,
+              producers: int = 1) -> dict:
+    ctx = multiprocessing.get_context("spawn")
+    ready, results, start, sent = ctx.Queue(), ctx.Queue(), ctx.Event(), ctx.Queue()
+    destination = f"/topic/load{os.getpid()}x{subscribers}x{int(rate)}"
+    nproc = processes_for(subscribers)
+    per = [subscribers // nproc + (i < subscribers % nproc) for i in range(nproc)]
+    subs = [ctx.Process(target=subscriber, args=(broker.port, broker.login, destination, n,
+                                                  messages, bool(rate), ready, results))
+            for n in per]
+    for p in subs:
+        p.start()
+    for _ in subs:
+        ready.get(timeout=120)
+    prods = [ctx.Process(target=producer, args=(broker.port, broker.login, destination,
+                                                 messages // producers,
+                                                 rate / producers, start, sent))
+             for _ in range(producers)]
+    for p in prods:
+        p.start()
+    time.sleep(1)  # every producer connected and waiting
+    cpu_before = broker.cpu_seconds()
+    start.set()
+    began = min(sent.get(timeout=600) for _ in prods)
+    got = [results.get(timeout=600) for _ in subs]
+    cpu = broker.cpu_seconds() - cpu_before
+    for p in subs + prods:
+        p.join(30)
+    delivered = sum(n for n, _, _ in got)
+    elapsed = max(last for _, last, _ in got) - began
+    latencies = [lat for _, _, lats in got for lat in lats]
+    result = {"deliveries": delivered, "rate": delivered / elapsed,
+              "broker_cpu": cpu / elapsed}
+    if latencies:
+        result.update(p50_ms=percentile(latencies, 0.5) * 1000,
+                      p99_ms=percentile(latencies, 0.99) * 1000)
+    return result
+
+
+def queue_run(broker, messages: int, pairs: int = 2) -> dict:
+    ctx = multiprocessing.get_context("spawn")
+    ready, results, start, sent = ctx.Queue(), ctx.Queue(), ctx.Event(), ctx.Queue()
+    queue = f"load{os.getpid()}q"
+    per = messages // pairs
+    consumers = [ctx.Process(target=queue_consumer, args=(broker.port, broker.login, queue,
+                                                           per, ready, results))
+                 for _ in range(pairs)]
+    for p in consumers:
+        p.start()
+    for _ in consumers:
+        ready.get(timeout=120)
+    prods = [ctx.Process(target=producer, args=(broker.port, broker.login, f"/queue/{queue}",
+                                                 per, 0.0, start, sent))
+             for _ in range(pairs)]
+    for p in prods:
+        p.start()
+    time.sleep(1)
+    cpu_before = broker.cpu_seconds()
+    start.set()
+    began = min(sent.get(timeout=600) for _ in prods)
+    got = [results.get(timeout=600) for _ in consumers]
+    cpu = broker.cpu_seconds() - cpu_before
+    for p in consumers + prods:
+        p.join(30)
+    elapsed = max(t for _, t in got) - began
+    total = sum(n for n, _ in got)
+    return {"messages": total, "rate": total / elapsed, "broker_cpu": cpu / elapsed}
+
+
+def measure(broker_cls, args) -> dict:
+    with broker_cls(**({"bridge_processes": args.bridge_processes}
+                       if broker_cls is Gearhorn else {})) as broker:
+        topic_run(broker, 10, args.messages // 10)  # warm up
+        results = {}
+        for subscribers in (10, 100):
+            results[f"topic{subscribers}"] = topic_run(
+                broker, subscribers, args.messages * 10 // subscribers)
+        results["queue"] = queue_run(broker, args.messages)
+        half = results["topic10"]["rate"] / 10 / 2  # messages/s at half the peak
+        results["latency"] = topic_run(broker, 10, int(half * args.latency_seconds), rate=half)
+    show(broker_cls.name, results)
+    return results
+
+
+def show(name: str, r: dict) -> None:
+    print(f"  {name:9} topic x10 {r['topic10']['rate']:>9,.0f} deliveries/s "
+          f"(cpu {r['topic10']['broker_cpu']:.2f})  x100 {r['topic100']['rate']:>9,.0f} "
+          f"(cpu {r['topic100']['broker_cpu']:.2f})  queue send+ack "
+          f"{r['queue']['rate']:>8,.0f} msg/s (cpu {r['queue']['broker_cpu']:.2f})  "
+          f"at half load p50 {r['latency']['p50_ms']:.1f} ms p99 "
+          f"{r['latency']['p99_ms']:.1f} ms", flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--bridge-processes", type=int, default=1)
+    parser.add_argument("--no-rabbitmq", action="store_true")
+    args = parser.parse_args()
+    args.messages = 20_000 if args.quick else 100_000
+    args.latency_seconds = 5 if args.quick else 15
+    print(f"STOMP load: raw frames; topic {args.messages * 10:,} deliveries per subscriber "
+          f"count, queue {args.messages:,} messages; {os.cpu_count()} cores", flush=True)
+    ours = measure(Gearhorn, args)
+    if args.no_rabbitmq or not RabbitMQ.installed():
+        print("  RabbitMQ: not run (apt-get install rabbitmq-server)")
+        return
+    theirs = measure(RabbitMQ, args)
+    for key, label in (("topic10", "topic x10"), ("topic100", "topic x100"),
+                       ("queue", "queue send+ack")):
+        print(f"  ratio gearhorn/RabbitMQ {label}: {ours[key]['rate'] / theirs[key]['rate']:.2f}")
+
+
+if __name__ == "__main__":
+    main()
