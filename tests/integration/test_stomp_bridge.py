@@ -230,8 +230,11 @@ def test_receipts_for_every_frame_that_asks(stack):
               ("DISCONNECT", {})]
     for n, (command, headers) in enumerate(frames):
         raw.frame(command, {**headers, "receipt": f"rc-{n}"})
+    # In order; the SEND's receipt comes with the ABORT that discarded it.
+    for n in range(len(frames)):
         reply = raw.read_frame()
         assert (reply.command, reply.headers["receipt-id"]) == ("RECEIPT", f"rc-{n}")
+        assert (reply.headers.get("transaction-aborted") == "t") == (n == 2)
     assert raw.read_frame() is None  # closed after DISCONNECT
     raw.close()
 
