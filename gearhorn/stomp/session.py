@@ -27,7 +27,7 @@ from gearhorn.naming import TEMP_FUNCTION_PREFIX, durable_client_id, temp_queue
 from gearhorn.stomp.auth import OPEN
 from gearhorn.stomp.backend import Backend, Transport
 from gearhorn.stomp.broker import FanoutFailed
-from gearhorn.stomp.frames import Frame, encode
+from gearhorn.stomp.frames import Frame, encode, message_frame, message_prefix
 from gearhorn.stomp.queues import Delivery
 from gearhorn.stomp.rules import (
     ACK_MODES,
@@ -387,13 +387,7 @@ class Session:
     def deliver(self, sub: StompSubscription, delivery: Delivery) -> None:
         message_id = f"{self.id}-{next(self._counter)}"
         delivery.message_id = message_id
-        headers = {**delivery.headers, "subscription": sub.id, "message-id": message_id,
-                   "destination": delivery.headers.get("destination", sub.destination),
-                   "delivery-count": str(delivery.deliveries)}
-        if sub.ack != "auto" and self.version == "1.2":
-            headers["ack"] = message_id
-        headers["redelivered"] = "true" if delivery.redelivered else "false"
-        data = encode("MESSAGE", headers, delivery.body, self.version)
+        data = self._message(sub, delivery, message_id)
         self.broker.record(Event.DELIVERED, sub.function, delivery.job.unique, delivery.redelivered)
         if sub.ack == "auto":
             sub.in_flight += 1
@@ -412,6 +406,21 @@ class Session:
             sub.unacked[message_id] = delivery
             self.acks[message_id] = sub
             self.transport.send(data)
+
+    def _message(self, sub: StompSubscription, delivery: Delivery, message_id: str) -> bytes:
+        ack = sub.ack != "auto" and self.version == "1.2"
+        if not delivery.headers:
+            if sub.prefix is None:
+                sub.prefix = message_prefix(sub.id, sub.destination, self.version)
+            return message_frame(sub.prefix, message_id, delivery.deliveries,
+                                 delivery.redelivered, ack, delivery.body)
+        headers = {**delivery.headers, "subscription": sub.id, "message-id": message_id,
+                   "destination": delivery.headers.get("destination", sub.destination),
+                   "delivery-count": str(delivery.deliveries),
+                   "redelivered": "true" if delivery.redelivered else "false"}
+        if ack:
+            headers["ack"] = message_id
+        return encode("MESSAGE", headers, delivery.body, self.version)
 
     # -- ACK / NACK --------------------------------------------------------------
 

@@ -32,6 +32,7 @@ class StompSubscription:
         self.durable = False
         self.temporary = False  # a /temp-queue/ reply queue
         self.closed = False
+        self.prefix: bytes | None = None  # the start of its MESSAGE frames, made once
 
     def credit(self) -> int:
         if self.closed or self.session.closed:

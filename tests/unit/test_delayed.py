@@ -104,7 +104,7 @@ def test_a_cursor_far_behind_catches_up_call_by_call(scheduler, fake_redis):
     shard = int(due * 1000) // scheduler.width_ms
     fake_redis.set("t:due:cursor", shard - 3500)  # as after a long outage
     calls, taken = 0, []
-    while not taken and calls < 50:
+    while not taken and calls < 1000:  # polls until due (1 s), 10 ms apart
         calls += 1
         taken = scheduler.take(max_shards=1000)
         time.sleep(0.01)

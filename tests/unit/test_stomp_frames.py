@@ -141,3 +141,20 @@ def test_1_0_leaves_out_header_names_it_cannot_write():
     wire = encode("MESSAGE", {"key:one": "1", "plain": "a:b\nc"}, b"", "1.0")
     (parsed,) = parse_all(wire, version="1.0")
     assert parsed.headers == {"plain": "a:b c"}
+
+
+@pytest.mark.parametrize("version", ["1.0", "1.1", "1.2"])
+@pytest.mark.parametrize("ack", [False, True])
+def test_the_fast_message_frame_reads_as_encode_writes_it(version, ack):
+    from gearhorn.stomp.frames import message_frame, message_prefix
+
+    prefix = message_prefix("sub:1", "/queue/a:b", version)
+    wire = message_frame(prefix, "s-7", 3, True, ack, b"body\0with nul")
+    headers = {"subscription": "sub:1", "destination": "/queue/a:b", "message-id": "s-7",
+               "delivery-count": "3", "redelivered": "true"}
+    if ack:
+        headers["ack"] = "s-7"
+    expected = encode("MESSAGE", headers, b"body\0with nul", version)
+    (fast,) = parse_all(wire, version=version)
+    (slow,) = parse_all(expected, version=version)
+    assert fast == slow
