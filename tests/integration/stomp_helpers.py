@@ -237,18 +237,22 @@ class WsClient:
     def read_frame(self):
         """The next STOMP frame (None once closed); heart-beats are counted
         in ``parser.heartbeats``."""
+        while not self.frames and not self.eof:
+            self.receive_once()
+        return self.frames.pop(0) if self.frames else None
+
+    def receive_once(self):
+        """Read once from the socket and take in what came."""
         from wsproto.events import CloseConnection, Message
 
-        while not self.frames and not self.eof:
-            for event in self._events():
-                if isinstance(event, Message):
-                    self.messages += 1
-                    data = event.data
-                    self.frames += self.parser.feed(data.encode() if isinstance(data, str)
-                                                    else data)
-                elif isinstance(event, CloseConnection):
-                    self.eof = True
-        return self.frames.pop(0) if self.frames else None
+        for event in self._events():
+            if isinstance(event, Message):
+                self.messages += 1
+                data = event.data
+                self.frames += self.parser.feed(data.encode() if isinstance(data, str)
+                                                else data)
+            elif isinstance(event, CloseConnection):
+                self.eof = True
 
     def expect(self, command):
         frame = self.read_frame()

@@ -76,8 +76,11 @@ def test_one_frame_per_message_or_several_in_one(stack, ws_clients):
     assert [client.expect("MESSAGE").body for _ in range(3)] == [b"m1", b"m2", b"m3"]
 
 
-def test_heart_beats_over_websocket(stack, ws_clients):
-    client = ws_clients(stack.ws_port)
+def test_heart_beats_over_websocket(gearmand, start_bridge, ws_clients):
+    # The bridge offers 200 ms (10 s by default), so two beats come quickly.
+    bridge = start_bridge([gearmand], websocket=True,
+                          env={"GEARHORN_STOMP_HEARTBEAT_MS": "200"})
+    client = ws_clients(bridge.ws_port)
     client.send_message(b"CONNECT\naccept-version:1.2\nhost:x\nheart-beat:0,300\n\n\0")
     connected = client.expect("CONNECTED")
     assert connected.headers["heart-beat"].split(",")[0] != "0"
@@ -85,7 +88,7 @@ def test_heart_beats_over_websocket(stack, ws_clients):
     def beats():
         client.sock.settimeout(1)
         with contextlib.suppress(TimeoutError):
-            client.read_frame()
+            client.receive_once()
         return client.parser.heartbeats >= 2
 
     wait_for(beats, timeout=60, message="two heart-beats from the bridge")
