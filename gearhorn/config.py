@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import configparser
 import dataclasses
+import functools
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
@@ -120,12 +121,18 @@ class Config:
     def gearman_tls(self) -> TlsFiles | None:
         """The files for TLS to the Gearman servers; None for plain TCP.
         Passed to every Gearman connection gearhorn opens."""
-        # Imported here: the config is read before anything talks Gearman
-        # (``gearhorn passwd`` never does), and gear is slow to import.
-        from gearhorn.gearman import TlsFiles
+        return _tls_files(self.gearman_tls_ca, self.gearman_tls_cert, self.gearman_tls_key)
 
-        return TlsFiles.from_settings(self.gearman_tls_ca, self.gearman_tls_cert,
-                                      self.gearman_tls_key)
+
+@functools.cache
+def _tls_files(ca: str, cert: str, key: str) -> TlsFiles | None:
+    """One TlsFiles per set of files, so its SSL context is loaded once, not
+    for every request or queue that opens a connection."""
+    # Imported here: the config is read before anything talks Gearman
+    # (``gearhorn passwd`` never does), and gear is slow to import.
+    from gearhorn.gearman import TlsFiles
+
+    return TlsFiles.from_settings(ca, cert, key)
 
 
 def to_env(config: Config) -> dict[str, str]:
