@@ -118,6 +118,26 @@ def build_parser() -> argparse.ArgumentParser:
     passwd.add_argument("file", help="credentials file (created if missing)")
     passwd.add_argument("user")
 
+    dlq = sub.add_parser("dlq", parents=[common], help="dead letters of a queue "
+                                                      "(<queue>.dlq): list, requeue, purge")
+    dlq_sub = dlq.add_subparsers(dest="dlq_command", required=True, metavar="ACTION")
+    listing = dlq_sub.add_parser("list", parents=[_common(nested=True)],
+                                 help="show dead letters with reason and delivery count "
+                                      "(without consuming them)")
+    listing.add_argument("--limit", type=int, default=100, help="at most N (default 100)")
+    listing.add_argument("--json", action="store_true", help="machine-readable output")
+    requeue = dlq_sub.add_parser("requeue", parents=[_common(nested=True)],
+                                 help="move dead letters back to their queue")
+    requeue.add_argument("--count", type=int, help="at most N (default: all)")
+    dlq_sub.add_parser("purge", parents=[_common(nested=True)], help="drop every dead letter")
+    for action in dlq_sub.choices.values():
+        action.add_argument("queue", help="the queue (Gearman function) whose dead letters")
+
+    web = sub.add_parser("web", parents=[common],
+                         help="Prometheus /metrics, /healthz, /readyz and the live console")
+    web.add_argument("--host", dest="web_host", help="address (default 127.0.0.1)")
+    web.add_argument("--port", type=int, dest="web_port", help="port (default 15672)")
+
     status = sub.add_parser("status", parents=[common],
                             help="topics, subscribers, live workers and queue depths")
     status.add_argument("--json", action="store_true", help="machine-readable output")
@@ -135,7 +155,9 @@ def load_config(args: argparse.Namespace) -> Config:
              "queue_redis_url": getattr(args, "queue_redis_url", None),
              "bridge_host": getattr(args, "host", None), "bridge_port": getattr(args, "port", None),
              "bridge_ws_port": getattr(args, "ws_port", None),
-             "bridge_processes": getattr(args, "bridge_processes", None)}
+             "bridge_processes": getattr(args, "bridge_processes", None),
+             "web_host": getattr(args, "web_host", None),
+             "web_port": getattr(args, "web_port", None)}
     return configuration.load(flags, args.config)
 
 
@@ -320,3 +342,47 @@ def cmd_status(config: Config, args: argparse.Namespace) -> int:
     report = collect(config)
     print(json.dumps(report, indent=2) if args.json else render(report))
     return 0
+
+
+def cmd_dlq(config: Config, args: argparse.Namespace) -> int:
+    import time
+
+    import redis
+
+    from gearhorn import deadletters, gearman
+    from gearhorn.naming import dead_letter_queue
+
+    index, mover = deadletters.for_config(config, redis.Redis.from_url(config.redis_url,
+                                                                      socket_timeout=30))
+    try:
+        if args.dlq_command == "requeue":
+            print(f"{mover.requeue(args.queue, args.count)} dead letters moved back to "
+                  f"{args.queue}")
+        elif args.dlq_command == "purge":
+            print(f"{mover.purge(args.queue)} dead letters of {args.queue} dropped")
+        else:
+            letters = index.list(args.queue, args.limit)
+            queued = deadletters.queued(config.gearman_servers, dead_letter_queue(args.queue),
+                                        config.gearman_tls)
+            if args.json:
+                print(json.dumps({"queue": args.queue, "queued": queued,
+                                  "letters": [d.to_dict() for d in letters]}, indent=2))
+                return 0
+            print(f"{dead_letter_queue(args.queue)}: {queued} queued")
+            for d in letters:
+                when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(d.at))
+                print(f"  {when}  {d.deliveries:>3} deliveries  {d.reason:12}  "
+                      f"{d.size:>7} bytes  {d.preview[:60]!r}")
+    except (redis.RedisError, gearman.GearmanError, OSError) as exc:
+        raise CommandError(f"{type(exc).__name__}: {exc}") from None
+    return 0
+
+
+def cmd_web(config: Config, args: argparse.Namespace) -> int:
+    from gevent import monkey
+
+    if not monkey.is_module_patched("socket"):  # as cmd_bridge: a fresh, patched process
+        os.execv(sys.executable, [sys.executable, "-m", "gearhorn.web", *args.argv[1:]])
+    from gearhorn.web.app import run_web
+
+    return run_web(config)

@@ -110,6 +110,13 @@ class Config:
     delay_lease: float = 60.0
     # Seconds the bridge waits for the answer to a request with reply-to.
     request_timeout: float = 60.0
+    # Metrics (gearhorn/stats.py): counters in Redis, written with each fanout.
+    metrics_enabled: bool = True
+    # Labels per metric (topics, queues): the top N by copies, depth, count.
+    metrics_top: int = 100
+    # gearhorn web: /metrics, /healthz, /readyz and the console (docs/operations.rst).
+    web_host: str = "127.0.0.1"
+    web_port: int = 15672
     # The delivery ledger (a Redis Stream; gearhorn ledger export reads it).
     ledger_enabled: bool = True
     ledger_maxlen: int = 1_000_000
@@ -186,7 +193,7 @@ def _convert(name: str, raw: str, source: str) -> object:
 
 
 # Settings where 0 turns something off.
-_ZERO_MEANS_OFF = frozenset({"bridge_ws_port"})
+_ZERO_MEANS_OFF = frozenset({"bridge_ws_port", "web_port"})
 
 
 _TRUE = {"1", "true", "yes", "on"}

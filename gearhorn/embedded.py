@@ -1,6 +1,6 @@
 """``gearhorn up``: everything on loopback, for a first broadcast in minutes.
 
-Redis, a Gearman server, the STOMP bridge and the worker pool.
+Redis, a Gearman server, the STOMP bridge, the web console and the worker pool.
 
 Starts only what is missing: a Redis or Gearman server already listening at
 the configured address is used as it is. Started servers keep their data in
@@ -48,6 +48,7 @@ class Embedded:
             self._ensure_redis()
             self._ensure_gearman()
             self._ensure_bridge()
+            self._ensure_web()
             threading.Thread(target=self._announce_when_ready, daemon=True).start()
             threading.Thread(target=self._restart_crashed, daemon=True).start()
             return Pool(self.config).run()
@@ -166,6 +167,18 @@ class Embedded:
         self.started.append(servers.start_bridge(to_env(self.config), host, port))
         self.notes["stomp"] = "started"
 
+    def _ensure_web(self) -> None:
+        host, port = self.config.web_host, self.config.web_port
+        if not port:
+            self.notes["web"] = "off"
+            return
+        if servers.is_listening(host, port):
+            # RabbitMQ's management UI uses 15672 too: gearhorn still starts.
+            self.notes["web"] = f"off: port {port} is taken"
+            return
+        self.started.append(servers.start_web(to_env(self.config), host, port))
+        self.notes["web"] = f"http://{host}:{port}/  (metrics at /metrics)"
+
     def _announce_when_ready(self) -> None:
         registry = Registry(redis.Redis.from_url(self.config.redis_url),
                             Keys(self.config.key_prefix, self.config.matchmaking_channel))
@@ -202,6 +215,7 @@ gearhorn is up.
   queue     {notes.get('persistence', '')}
   stomp     {config.bridge_host}:{config.bridge_port}  ({notes.get('stomp', '')})
   websocket {websocket_url(config) or notes.get('websocket', 'off')}
+  console   {notes.get('web', 'off')}
   workers   {config.processes} processes
 
 Broadcast from another terminal:

@@ -39,6 +39,7 @@ from gearhorn.messages import (
 from gearhorn.naming import delayed_unique
 from gearhorn.registry import Recipient, Registry, new_worker_id
 from gearhorn.replay import DashedFunctions
+from gearhorn.stats import Stats
 
 log = logging.getLogger(__name__)
 
@@ -62,12 +63,13 @@ class FanoutService:
 
     def __init__(self, config: Config, registry: Registry, cache: SubscriberCache,
                  client: gearman.Client, ledger: Ledger | None = None,
-                 sleep=time.sleep) -> None:
+                 sleep=time.sleep, stats: Stats | None = None) -> None:
         self.config = config
         self.registry = registry
         self.cache = cache
         self.client = client
         self.ledger = ledger
+        self.stats = stats
         self.headers = HeaderStore(registry.redis, registry.keys, config.headers_ttl)
         self.scheduler = Scheduler(registry.redis, registry.keys, config.delay_shard_seconds,
                                    config.delay_lease)
@@ -75,17 +77,19 @@ class FanoutService:
         self._handlers = {SUBSCRIBE: self.subscribe, SUBSCRIBE_ALIAS: self.subscribe,
                           UNSUBSCRIBE: self.unsubscribe, FANOUT: self.fanout}
 
-    def handle(self, function: str, data: bytes, job_unique: str = "") -> bytes:
+    def handle(self, function: str, data: bytes, job_unique: str = "",
+               received: float | None = None) -> bytes:
         """Run one job; raises BadRequest (bad input) or Unavailable.
 
         ``job_unique`` is the Gearman unique key of the job, which makes a
-        fanout's message ids the same each time the job runs."""
+        fanout's message ids the same each time the job runs; ``received``
+        (``time.monotonic()``) is when it came, for the latency metric."""
         handler = self._handlers.get(function)
         if handler is None:  # looked up apart: a KeyError inside a handler is a bug
             raise BadRequest(f"unknown function {function!r}")
         try:
             if function == FANOUT:
-                return self.fanout(data, job_unique)
+                return self.fanout(data, job_unique, received)
             return handler(data)
         except redis.RedisError as exc:
             raise Unavailable(f"registry unavailable (redis: {exc})") from None
@@ -102,7 +106,7 @@ class FanoutService:
         count = self.registry.unsubscribe(sub)
         return _dumps({"topic": sub.topic, "client_id": sub.client_id, "subscribers": count})
 
-    def fanout(self, data: bytes, job_unique: str = "") -> bytes:
+    def fanout(self, data: bytes, job_unique: str = "", received: float | None = None) -> bytes:
         request = parse_fanout(data, self.config.max_payload_bytes)
         message_ids = message_ids_for(job_unique, len(request.bodies))
         header_ids = self._keep_headers(request, message_ids)
@@ -110,7 +114,7 @@ class FanoutService:
             return _dumps({"topic": request.topic, "copies": 0, "background": True,
                            "scheduled": True, "deliver_at": request.deliver_at,
                            **_ids(message_ids)})
-        return _dumps(self.deliver(request, message_ids, header_ids))
+        return _dumps(self.deliver(request, message_ids, header_ids, received))
 
     def _keep_headers(self, request: Fanout, message_ids: list[str],
                       needed: bool = False) -> list[str] | None:
@@ -145,8 +149,10 @@ class FanoutService:
         self.deliver(request, list(item.message_ids), list(item.header_ids) or None)
 
     def deliver(self, request: Fanout, message_ids: list[str],
-                header_ids: list[str] | None = None) -> dict[str, object]:
-        """Queue one copy of each message per subscriber; the fanout's result."""
+                header_ids: list[str] | None = None,
+                received: float | None = None) -> dict[str, object]:
+        """Queue one copy of each message per subscriber; the fanout's result.
+        Counted (gearhorn/stats.py) before the job is answered."""
         recipients = self.cache.recipients(request.topic)
         if header_ids is None and any(r.pattern is not None for r in recipients):
             # A prefix subscriber's STOMP MESSAGE names the topic published to,
@@ -167,6 +173,9 @@ class FanoutService:
                       if not o.ok]
             result.update(completed=len(copies) - len(failed), failed=[f for f, _ in failed])
         self._record(request.topic, message_ids, copies, failed)
+        if self.stats is not None:
+            elapsed = None if received is None else time.monotonic() - received
+            self.stats.fanout(request.topic, len(message_ids), len(copies), elapsed)
         return result
 
     def _run_copies(self, copies: list[gearman.Copy],
@@ -247,15 +256,16 @@ class WorkerProcess:
                                      before_background=dashed.record, tls=tls)
         self.ledger = Ledger(self.redis, keys, config.ledger_maxlen, config.ledger_enabled,
                              source=self.worker_id)
+        self.stats = Stats(self.redis, keys, config.metrics_enabled)
         self.service = FanoutService(config, self.registry, self.cache, self.client,
-                                     self.ledger)
+                                     self.ledger, stats=self.stats)
         self.flusher = Flusher(self.ledger)
         # Due delayed messages go out from a thread of their own, with their
         # own Gearman connection (a Client is not shared between threads).
         self.release_client = gearman.Client(config.gearman_servers, batch=config.submit_batch,
                                              before_background=dashed.record, tls=tls)
         releasing = FanoutService(config, self.registry, self.cache, self.release_client,
-                                  self.ledger)
+                                  self.ledger, stats=self.stats)
         self.releaser = Releaser(releasing.scheduler, releasing.release,
                                  config.delay_poll_interval)
         self.listener = InvalidationListener(self.redis, keys.channel, self.cache)
@@ -289,9 +299,10 @@ class WorkerProcess:
             self._shutdown()
 
     def serve(self, job: gear.WorkerJob) -> None:
+        received = time.monotonic()
         unique = job.unique.decode("utf-8", "replace") if job.unique else ""
         try:
-            result = self._handle_when_available(job, unique)
+            result = self._handle_when_available(job, unique, received)
         except BadRequest as exc:
             self._fail(job, str(exc))
             self.service.record_rejection(job.name, str(exc))
@@ -304,7 +315,8 @@ class WorkerProcess:
             self._send(job.sendWorkComplete, result)
         self.jobs_done += 1
 
-    def _handle_when_available(self, job: gear.WorkerJob, unique: str) -> bytes:
+    def _handle_when_available(self, job: gear.WorkerJob, unique: str,
+                               received: float) -> bytes:
         """Run the job; while Redis or gearmand is away, keep it and try again
         with a growing pause instead of failing it (a failed background job
         would be gone). The worker takes no other job meanwhile, so new work
@@ -312,7 +324,7 @@ class WorkerProcess:
         backoff, warned, since = Backoff(0.2), False, time.monotonic()
         while True:
             try:
-                result = self.service.handle(job.name, job.arguments, unique)
+                result = self.service.handle(job.name, job.arguments, unique, received)
             except Unavailable as exc:
                 if self._draining.is_set():
                     raise

@@ -34,6 +34,18 @@ All keys start with the configured prefix (default ``gearhorn:``):
 ``<p>held:<key>``               hash, in gearmand's queue Redis: a queued job moved
                                 out of gearmand's sight until gearhorn resubmits
                                 it (gearhorn/replay.py)
+``<p>bridge-info:<id>``         hash: pid, host, started, connections of a live
+                                bridge; expires with its heartbeat
+``<p>stats:copies``             sorted set: topic -> copies made, ever (gearhorn/stats.py)
+``<p>stats:fanouts``            sorted set: topic -> messages fanned out, ever
+``<p>stats:totals``             hash: copies, fanouts, dead letters over every topic
+                                and queue, and the fanout latency histogram
+``<p>stats:dead-letters``       sorted set: queue -> messages dead-lettered, ever
+``<p>dead:<queue>``             sorted set: header ids of the dead letters of a queue
+                                still in ``<queue>.dlq``, scored by when (ms)
+``<p>dead-info:<queue>``        hash: header id -> JSON of reason, delivery count,
+                                size and the start of the body (gearhorn/deadletters.py)
+``<p>last-report``              string: JSON summary of the last ``gearhorn report``
 ==============================  ====================================================
 
 The matchmaking channel (default ``__matchmaking``, not prefixed so other
@@ -111,6 +123,23 @@ class Keys:
     @property
     def dashed_functions(self) -> str:
         return self.prefix + "dashed-functions"
+
+    def bridge_info(self, bridge_id: str) -> str:
+        return f"{self.prefix}bridge-info:{bridge_id}"
+
+    def stats(self, name: str) -> str:
+        """``copies``, ``fanouts``, ``totals`` or ``dead-letters``."""
+        return f"{self.prefix}stats:{name}"
+
+    def dead(self, queue: str) -> str:
+        return f"{self.prefix}dead:{queue}"
+
+    def dead_info(self, queue: str) -> str:
+        return f"{self.prefix}dead-info:{queue}"
+
+    @property
+    def last_report(self) -> str:
+        return self.prefix + "last-report"
 
     def held_job(self, queue_key: bytes) -> bytes:
         return f"{self.prefix}held:".encode() + queue_key

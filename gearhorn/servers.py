@@ -247,6 +247,15 @@ def start_gear_server(port: int | None = None, data_dir: str | None = None,
     return _spawn("gear.Server", argv, port, log_path)
 
 
+def start_web(env: dict[str, str], host: str, port: int) -> Managed:
+    """``gearhorn web`` (metrics, health, console) in its own gevent process."""
+    argv = [sys.executable, "-m", "gearhorn.web"]
+    server = _spawn("gearhorn web", argv, port, None, env={**os.environ, **env},
+                    inherit_output=True)
+    server.host = host
+    return server
+
+
 def start_bridge(env: dict[str, str], host: str, port: int) -> Managed:
     """The STOMP bridge in its own (gevent) process; it logs to our terminal."""
     argv = [sys.executable, "-m", "gearhorn.stomp"]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import glob
+import json
 import os
 import shutil
 import sys
@@ -258,12 +259,33 @@ def parse_args(argv: list[str] | None = None) -> Options:
                    args.shuffle_partitions, input_format=args.format)
 
 
+def publish_verdict(summary: dict) -> None:
+    """Leave the verdict where ``gearhorn web``'s console shows it (the
+    registry's Redis, from the usual settings). Best effort: the report
+    stands without it, and a report run far from Redis says so once."""
+    import redis
+
+    from gearhorn import config as configuration
+    from gearhorn.keys import Keys
+
+    verdict = {key: summary[key] for key in ("events", "malformed", "reconciliation", "report")}
+    verdict["finished"] = time.time()
+    try:
+        config = configuration.load()
+        client = redis.Redis.from_url(config.redis_url, socket_timeout=5,
+                                      socket_connect_timeout=2)
+        client.set(Keys(config.key_prefix).last_report, json.dumps(verdict))
+    except (redis.RedisError, configuration.ConfigError) as exc:
+        print(f"gearhorn report: verdict not sent to the console: {exc}", file=sys.stderr)
+
+
 def main(argv: list[str] | None = None) -> int:
     try:
         summary = run(parse_args(argv))
     except PipelineError as exc:
         print(f"gearhorn report: {exc}", file=sys.stderr)
         return 1
+    publish_verdict(summary)
     problems = sum(summary["reconciliation"].values())
     kinds = summary["reconciliation"]
     print(f"{summary['events']:,} events ({summary['malformed']:,} malformed rows skipped); "

@@ -56,7 +56,7 @@ def build_server(config: Config) -> BridgeServer:
                                max_subscriptions=config.stomp_max_subscriptions,
                                max_backlog=config.stomp_max_backlog_bytes,
                                max_payload_bytes=config.max_payload_bytes)
-    return BridgeServer(broker, config.bridge_host, config.bridge_port, limits=limits,
+    server = BridgeServer(broker, config.bridge_host, config.bridge_port, limits=limits,
                         settings=settings, max_connections=config.stomp_max_connections,
                         connect_timeout=config.stomp_connect_timeout,
                         frame_timeout=config.stomp_frame_timeout,
@@ -64,6 +64,8 @@ def build_server(config: Config) -> BridgeServer:
                         keyfile=config.stomp_tls_key or None,
                         ws_port=config.bridge_ws_port or None,
                         reuse_port=config.bridge_reuse_port or config.bridge_processes > 1)
+    broker.describe = lambda: {"connections": len(server.connections)}
+    return server
 
 
 def run_bridge(config: Config) -> int:

@@ -6,6 +6,7 @@ The credentials file (``stomp_credentials_file``) is INI::
     passcode = pbkdf2_sha256$200000$<salt>$<hash>    # from `gearhorn passwd`
     read = /topic/news.*, /queue/jobs               # SUBSCRIBE (and /control/ counts)
     write = /queue/jobs                             # SEND
+    admin = true                                    # may act in gearhorn web's console
 
     [anonymous]                                     # only if anonymous clients are allowed
     read = /topic/public.*
@@ -50,6 +51,7 @@ class Principal:
     name: str
     read: tuple[str, ...] = ()
     write: tuple[str, ...] = ()
+    admin: bool = False  # may requeue and purge dead letters (gearhorn web)
 
     def may_read(self, destination: str) -> bool:
         return _allowed(self.read, destination)
@@ -58,7 +60,7 @@ class Principal:
         return _allowed(self.write, destination)
 
 
-OPEN = Principal(ANONYMOUS, ("*",), ("*",))
+OPEN = Principal(ANONYMOUS, ("*",), ("*",), admin=True)
 
 
 def _allowed(patterns: tuple[str, ...], destination: str) -> bool:
@@ -138,12 +140,17 @@ def parse(text: str, source: str = "credentials") -> Credentials:
     users, anonymous = {}, None
     for section in parser.sections():
         rights = parser[section]
-        unknown = set(rights) - {"passcode", "read", "write"}
+        unknown = set(rights) - {"passcode", "read", "write", "admin"}
         if unknown:
             raise CredentialsError(f"{source}: [{section}]: unknown key {sorted(unknown)[0]!r}")
         read, write = _patterns(rights.get("read", "")), _patterns(rights.get("write", ""))
+        try:
+            admin = rights.getboolean("admin", fallback=False)
+        except ValueError:
+            raise CredentialsError(f"{source}: [{section}]: admin must be true or false, "
+                                   f"got {rights['admin']!r}") from None
         if section == ANONYMOUS:
-            anonymous = Principal(ANONYMOUS, read, write)
+            anonymous = Principal(ANONYMOUS, read, write, admin)
             continue
         kind, _, name = section.partition(" ")
         if kind != "user" or not name.strip():
@@ -155,7 +162,7 @@ def parse(text: str, source: str = "credentials") -> Credentials:
             raise CredentialsError(f"{source}: user {name!r}: passcode must be a "
                                    f"{SCHEME} hash (make one with `gearhorn passwd`), "
                                    "never the passcode itself")
-        users[name] = User(encoded, Principal(name, read, write))
+        users[name] = User(encoded, Principal(name, read, write, admin))
     return Credentials(users, anonymous)
 
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 import base64
 import json
 import logging
+import os
+import socket
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -20,6 +22,7 @@ import redis
 
 from gearhorn import gearman
 from gearhorn.config import Config
+from gearhorn.deadletters import DeadLetterIndex
 from gearhorn.delayed import DelayedItem, Scheduler
 from gearhorn.errors import GearhornError
 from gearhorn.headers import HeaderStore
@@ -29,6 +32,7 @@ from gearhorn.messages import Subscription, validate_topic
 from gearhorn.naming import dead_letter_queue, queue_copy_unique, stomp_unique
 from gearhorn.registry import Registry
 from gearhorn.replay import DashedFunctions
+from gearhorn.stats import Stats
 from gearhorn.stomp.auth import Credentials, Principal
 from gearhorn.stomp.queues import Consumer, Delivery, QueueDispatcher
 from gearhorn.stomp.sending import PLAIN, SendOptions
@@ -63,6 +67,11 @@ class Broker:
         # Five times a worker's: the janitor removes a bridge's subscriptions
         # only when it is surely dead, not merely busy for a few seconds.
         self.liveness = BridgeLiveness(registry, bridge_id, 5 * config.worker_ttl)
+        self.dead_letters = DeadLetterIndex(registry.redis, registry.keys,
+                                            Stats(registry.redis, registry.keys,
+                                                  config.metrics_enabled))
+        # What the heartbeat tells the console (the server sets it: connections).
+        self.describe: Callable[[], dict[str, object]] = dict
         self._flush_soon = False
         self._retired = False
         self._ledger_flusher: gevent.Greenlet | None = None
@@ -108,12 +117,21 @@ class Broker:
     def _heartbeats(self) -> None:
         """Tell the pool this bridge lives; if it stops, the pool's janitor
         removes its non-durable subscriptions and temp queues."""
+        info = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.time()}
         while True:
             try:
                 self.liveness.heartbeat()
+                self._publish_info(info)
             except redis.RedisError as exc:
                 log.warning("bridge heartbeat failed: %s", exc)
             gevent.sleep(self.config.heartbeat_interval)
+
+    def _publish_info(self, info: dict[str, object]) -> None:
+        key = self.registry.keys.bridge_info(self.bridge_id)
+        pipe = self.registry.redis.pipeline(transaction=False)
+        pipe.hset(key, mapping={k: str(v) for k, v in {**info, **self.describe()}.items()})
+        pipe.pexpire(key, int(self.liveness.ttl * 1000))
+        pipe.execute()
 
     def retire(self) -> None:
         """A clean stop (after every session ended and cleaned up)."""
@@ -125,6 +143,7 @@ class Broker:
         self.flush_ledger()  # the last deliveries and acks of the sessions just ended
         try:
             self.liveness.retire()
+            self.registry.redis.delete(self.registry.keys.bridge_info(self.bridge_id))
         except redis.RedisError as exc:
             log.warning("could not retire bridge %s: %s", self.bridge_id, exc)
 
@@ -251,20 +270,28 @@ class Broker:
         headers = {**kept, "dlq-reason": reason,
                    "dlq-delivery-count": str(delivery.deliveries),
                    "dlq-original-destination": f"/queue/{function}"}
-        self.send_own(dead_letter_queue(function), delivery.body, headers)
+        queue = dead_letter_queue(function)
+        header_id = self.send_own(queue, delivery.body, headers)
+        try:
+            self.dead_letters.record(function, header_id, reason, delivery.deliveries,
+                                     delivery.body)
+        except redis.RedisError as exc:  # the dead letter is queued: only the index missed
+            log.warning("%s: dead letter %s not indexed: %s", function, header_id, exc)
         log.info("%s: message %s dead-lettered after %d deliveries: %s", function,
                  delivery.job.unique, delivery.deliveries, reason)
         self.ledger.failed(f"dead-lettered: {reason}", subscriber=function,
                            unique=delivery.job.unique)
         delivery.worker.complete(delivery.job.handle)
 
-    def send_own(self, function: str, body: bytes, headers: dict[str, str]) -> None:
-        """A background job of the bridge's own, with headers (replies, dead letters)."""
+    def send_own(self, function: str, body: bytes, headers: dict[str, str]) -> str:
+        """A background job of the bridge's own, with headers (replies, dead
+        letters); returns its header id."""
         message_id = uuid.uuid4().hex
         self.headers.put(message_id, headers)
         with self._client_lock:
             self._client.submit_background(
                 [gearman.Copy(function, queue_copy_unique(message_id), body)])
+        return message_id
 
     # -- topics ------------------------------------------------------------------
 

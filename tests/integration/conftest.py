@@ -210,3 +210,19 @@ def report(request, capsys):
         with capsys.disabled():
             print(f"\n[{request.node.name}] {line}")
     return write
+
+
+@pytest.fixture
+def start_web(redis_url, tmp_path):
+    from .web_helpers import WebProcess
+
+    webs = []
+
+    def start(gearman_servers, env=None, redis=None):
+        web = WebProcess(gearman_servers, redis or redis_url, str(tmp_path), env)
+        webs.append(web)
+        return web
+
+    yield start
+    for web in webs:
+        web.stop()

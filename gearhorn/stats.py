@@ -1,0 +1,110 @@
+"""Counters that every process adds to and any process reads: in Redis.
+
+Prometheus counters must not reset when one of many worker processes
+restarts, and must add up over processes and hosts; so they live in Redis,
+written in the same round trip as the fanout that made them (before the
+job is answered, so a fanout that completed is counted), and read by
+``gearhorn web`` (gearhorn/web/metrics.py).
+
+Per topic, copies and fanouts are sorted sets (``ZINCRBY``): a scrape reads
+the top N by copies with one ``ZREVRANGE``, however many topics exist.
+Totals over every topic and the fanout latency histogram (buckets stored
+apart, made cumulative when read) are fields of one hash.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass, field
+
+import redis
+
+from gearhorn.keys import Keys
+from gearhorn.redisutil import text
+
+# Seconds from a fanout job's arrival at a worker to gearmand accepting its
+# copies (foreground: to the last receiver's answer).
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+                   5.0, 10.0, 30.0)
+INF = "+Inf"
+
+
+def bucket_of(seconds: float) -> str:
+    """The field of the smallest bucket holding ``seconds``."""
+    i = bisect.bisect_left(LATENCY_BUCKETS, seconds)
+    return f"le:{LATENCY_BUCKETS[i]}" if i < len(LATENCY_BUCKETS) else f"le:{INF}"
+
+
+class Stats:
+    """The write side; a disabled one writes nothing (``metrics_enabled``)."""
+
+    def __init__(self, client: redis.Redis, keys: Keys, enabled: bool = True) -> None:
+        self.redis = client
+        self.keys = keys
+        self.enabled = enabled
+
+    def fanout(self, topic: str, messages: int, copies: int,
+               seconds: float | None = None) -> None:
+        """``messages`` of ``topic`` made ``copies``; ``seconds`` since the job came."""
+        if not self.enabled:
+            return
+        totals = self.keys.stats("totals")
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.zincrby(self.keys.stats("copies"), copies, topic)
+        pipe.zincrby(self.keys.stats("fanouts"), messages, topic)
+        pipe.hincrby(totals, "copies", copies)
+        pipe.hincrby(totals, "fanouts", messages)
+        if seconds is not None:
+            pipe.hincrby(totals, bucket_of(seconds), 1)
+            pipe.hincrby(totals, "latency_count", 1)
+            pipe.hincrbyfloat(totals, "latency_sum", seconds)
+        pipe.execute()
+
+    def dead_letter(self, queue: str, pipe: redis.client.Pipeline | None = None) -> None:
+        if not self.enabled:
+            return
+        target = pipe or self.redis.pipeline(transaction=False)
+        target.zincrby(self.keys.stats("dead-letters"), 1, queue)
+        target.hincrby(self.keys.stats("totals"), "dead_letters", 1)
+        if pipe is None:
+            target.execute()
+
+
+@dataclass
+class Counters:
+    """What the counters say now (the top ``top`` topics and queues)."""
+
+    copies: dict[str, float] = field(default_factory=dict)  # topic -> copies
+    fanouts: dict[str, float] = field(default_factory=dict)
+    dead_letters: dict[str, float] = field(default_factory=dict)  # queue -> count
+    totals: dict[str, float] = field(default_factory=dict)
+    # (upper bound, cumulative count) per bucket, +Inf last; and the sum
+    buckets: list[tuple[str, float]] = field(default_factory=list)
+    latency_sum: float = 0.0
+
+    @property
+    def latency_count(self) -> float:
+        return self.buckets[-1][1] if self.buckets else 0.0
+
+
+def read(client: redis.Redis, keys: Keys, top: int) -> Counters:
+    """The counters in one round trip, bounded by ``top`` labels per metric."""
+    pipe = client.pipeline(transaction=False)
+    pipe.zrevrange(keys.stats("copies"), 0, top - 1, withscores=True)
+    pipe.zrevrange(keys.stats("dead-letters"), 0, top - 1, withscores=True)
+    pipe.hgetall(keys.stats("totals"))
+    copies, dead, totals = pipe.execute()
+    counters = Counters(copies={text(t): n for t, n in copies},
+                        dead_letters={text(q): n for q, n in dead})
+    if counters.copies:
+        names = list(counters.copies)
+        scores = client.zmscore(keys.stats("fanouts"), names)
+        counters.fanouts = {t: s or 0.0 for t, s in zip(names, scores, strict=True)}
+    raw = {text(k): float(v) for k, v in totals.items()}
+    counters.totals = {k: raw.get(k, 0.0) for k in ("copies", "fanouts", "dead_letters")}
+    counters.latency_sum = raw.get("latency_sum", 0.0)
+    running = 0.0
+    for bound in (*map(str, LATENCY_BUCKETS), INF):
+        running += raw.get(f"le:{bound}", 0.0)
+        counters.buckets.append((bound, running))
+    return counters

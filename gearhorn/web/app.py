@@ -1,0 +1,261 @@
+"""``gearhorn web``: one gevent WSGI server for metrics, health and the console.
+
+=========================  =============================================  ========
+``GET /metrics``           Prometheus text format (prometheus_client)      open
+``GET /healthz``           the process is alive                            open
+``GET /readyz``            Redis, every gearmand and a live worker         open
+``GET /``                  the live console (static/console.html)         look
+``GET /api/overview``      the latest snapshot as JSON                     look
+``GET /api/events``        Server-Sent Events: a snapshot every second     look
+``GET /api/dlq?queue=Q``   dead letters of Q, not consumed                 look
+``POST /api/dlq/requeue``  ``{"queue": Q, "count": N}``: back to Q         act
+``POST /api/dlq/purge``    ``{"queue": Q}``: drop them                     act
+=========================  =============================================  ========
+
+"look" and "act" are gearhorn/web/access.py. An action must carry the
+header ``X-Requested-With: gearhorn`` (a page elsewhere cannot add it
+without CORS, which this server never allows), so another site cannot make
+a logged-in browser purge a queue.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+from collections.abc import Callable, Iterator
+from importlib import resources
+from urllib.parse import parse_qs
+
+import gevent
+import gevent.event
+import redis
+from gevent.pywsgi import WSGIServer
+from prometheus_client import CollectorRegistry, make_wsgi_app
+
+from gearhorn import deadletters, gearman
+from gearhorn.config import Config
+from gearhorn.keys import Keys
+from gearhorn.messages import BadRequest, validate_queue
+from gearhorn.naming import dead_letter_queue
+from gearhorn.stomp import auth
+from gearhorn.web import access
+from gearhorn.web.history import RateHistory
+from gearhorn.web.metrics import SnapshotCollector
+from gearhorn.web.snapshot import Collector
+
+log = logging.getLogger(__name__)
+
+REFRESH_SECONDS = 1.0
+STATIC = {"console.html": "text/html; charset=utf-8",
+          "console.js": "text/javascript; charset=utf-8",
+          "console.css": "text/css; charset=utf-8"}
+ACTION_HEADER = "HTTP_X_REQUESTED_WITH"
+MAX_BODY = 64 * 1024
+
+Start = Callable[[str, list[tuple[str, str]]], object]
+
+
+class HttpError(Exception):
+    def __init__(self, status: str, reason: str, headers: list[tuple[str, str]] = ()) -> None:
+        super().__init__(reason)
+        self.status = status
+        self.headers = list(headers)
+
+
+class Console:
+    """Samples the snapshot every second and tells every watcher."""
+
+    def __init__(self, collector: Collector) -> None:
+        self.collector = collector
+        self.history = RateHistory()
+        self.latest: dict | None = None
+        self._changed = gevent.event.Event()
+
+    def sample(self) -> dict:
+        snap = self.collector.collect()
+        self.history.add(snap["at"], {t["topic"]: t["copies"] for t in snap.get("topics", [])})
+        snap["rates"] = {t["topic"]: (r[-1][1] if (r := self.history.rates(t["topic"])) else 0.0)
+                         for t in snap.get("topics", [])}
+        self.latest = snap
+        changed, self._changed = self._changed, gevent.event.Event()
+        changed.set()
+        return snap
+
+    def run(self) -> None:
+        while True:
+            try:
+                self.sample()
+            except Exception:  # a bad sample must not end the console
+                log.exception("console sample failed")
+            gevent.sleep(REFRESH_SECONDS)
+
+    def events(self) -> Iterator[bytes]:
+        """Server-Sent Events: the history once, then every new snapshot."""
+        snap = self.latest or self.sample()
+        topics = [t["topic"] for t in snap.get("topics", [])]
+        yield _event("history", self.history.all_rates(topics))
+        yield _event("snapshot", snap)
+        while True:
+            if self._changed.wait(15):
+                yield _event("snapshot", self.latest)
+            else:
+                yield b": keep-alive\n\n"
+
+
+def _event(name: str, data: object) -> bytes:
+    return f"event: {name}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n".encode()
+
+
+class WebApp:
+    def __init__(self, config: Config, client: redis.Redis,
+                 credentials: auth.Credentials) -> None:
+        self.config = config
+        self.credentials = credentials
+        self.collector = Collector(client, Keys(config.key_prefix, config.matchmaking_channel),
+                                   config.gearman_servers, config.metrics_top,
+                                   config.gearman_tls)
+        self.console = Console(self.collector)
+        self.index, self.mover = deadletters.for_config(config, client)
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(SnapshotCollector(self.collector.collect))
+        self.metrics = make_wsgi_app(registry)
+
+    def __call__(self, environ: dict, start: Start) -> Iterator[bytes]:
+        path, method = environ.get("PATH_INFO", "/"), environ["REQUEST_METHOD"]
+        try:
+            if path == "/metrics":
+                return self.metrics(environ, start)
+            return self._route(path, method, environ, start)
+        except HttpError as exc:
+            return _json(start, exc.status, {"error": str(exc)}, exc.headers)
+
+    def _route(self, path: str, method: str, environ: dict, start: Start) -> Iterator[bytes]:
+        if path == "/healthz":
+            return _json(start, "200 OK", {"status": "alive", "pid": os.getpid()})
+        if path == "/readyz":
+            ready = self.collector.readiness()
+            return _json(start, "200 OK" if ready["ready"] else "503 Service Unavailable", ready)
+        if path.startswith("/static/"):
+            return _static(start, path.removeprefix("/static/"))
+        who = self._principal(environ)
+        if method == "POST" and path in ("/api/dlq/requeue", "/api/dlq/purge"):
+            return self._act(path.rsplit("/", 1)[1], who, environ, start)
+        if method != "GET":
+            raise HttpError("405 Method Not Allowed", f"{method} {path} is not served")
+        if path in ("/", "/index.html"):
+            return _static(start, "console.html")
+        if path == "/api/whoami":
+            return _json(start, "200 OK", {"name": who.name, "admin": who.admin})
+        if path == "/api/overview":
+            return _json(start, "200 OK", self.console.latest or self.console.sample())
+        if path == "/api/events":
+            start("200 OK", [("Content-Type", "text/event-stream"),
+                             ("Cache-Control", "no-cache"), ("X-Accel-Buffering", "no")])
+            return self.console.events()
+        if path == "/api/dlq":
+            queue = _queue(parse_qs(environ.get("QUERY_STRING", "")).get("queue", [""])[0])
+            return _json(start, "200 OK", self._dead_letters(queue))
+        raise HttpError("404 Not Found", f"nothing at {path}")
+
+    def _principal(self, environ: dict) -> auth.Principal:
+        who = access.principal(self.credentials, environ.get("HTTP_AUTHORIZATION"))
+        if who is None:
+            raise HttpError("401 Unauthorized", "log in with a user of the bridge's "
+                            "credentials file", [("WWW-Authenticate", access.REALM)])
+        return who
+
+    def _dead_letters(self, queue: str) -> dict:
+        queued = deadletters.queued(self.config.gearman_servers, dead_letter_queue(queue),
+                                    self.config.gearman_tls)
+        return {"queue": queue, "queued": queued,
+                "letters": [d.to_dict() for d in self.index.list(queue)]}
+
+    def _act(self, action: str, who: auth.Principal, environ: dict,
+             start: Start) -> Iterator[bytes]:
+        if environ.get(ACTION_HEADER) != "gearhorn":
+            raise HttpError("403 Forbidden", "actions need the header X-Requested-With: gearhorn")
+        if not who.admin:
+            raise HttpError("403 Forbidden", f"{who.name} may look but not act (admin = true "
+                            "in the credentials file allows it)")
+        request = _read_json(environ)
+        queue = _queue(request.get("queue"))
+        count = request.get("count")
+        if count is not None and (not isinstance(count, int) or isinstance(count, bool)
+                                  or count < 1):
+            raise HttpError("400 Bad Request", "count must be a positive integer")
+        try:
+            moved = (self.mover.requeue(queue, count) if action == "requeue"
+                     else self.mover.purge(queue))
+        except (gearman.GearmanError, redis.RedisError, OSError) as exc:
+            raise HttpError("503 Service Unavailable", f"{type(exc).__name__}: {exc}") from None
+        log.info("%s: %s %d dead letters of %s", who.name, action, moved, queue)
+        return _json(start, "200 OK", {"queue": queue, "action": action, "moved": moved})
+
+
+def _queue(value: object) -> str:
+    if not isinstance(value, str):
+        raise HttpError("400 Bad Request", "queue must be a string")
+    try:
+        validate_queue(value)
+    except BadRequest as exc:
+        raise HttpError("400 Bad Request", str(exc)) from None
+    return value
+
+
+def _read_json(environ: dict) -> dict:
+    try:
+        length = int(environ.get("CONTENT_LENGTH") or 0)
+    except ValueError:
+        length = -1
+    if not 0 < length <= MAX_BODY:
+        raise HttpError("400 Bad Request", f"a JSON body of at most {MAX_BODY} bytes is needed")
+    try:
+        body = json.loads(environ["wsgi.input"].read(length))
+    except ValueError as exc:
+        raise HttpError("400 Bad Request", f"body is not JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise HttpError("400 Bad Request", "body must be a JSON object")
+    return body
+
+
+def _json(start: Start, status: str, body: object,
+          headers: list[tuple[str, str]] = ()) -> list[bytes]:
+    data = json.dumps(body, separators=(",", ":")).encode()
+    start(status, [("Content-Type", "application/json"), ("Content-Length", str(len(data))),
+                   ("Cache-Control", "no-store"), *headers])
+    return [data]
+
+
+def _static(start: Start, name: str) -> list[bytes]:
+    if name not in STATIC:
+        raise HttpError("404 Not Found", f"no file {name}")
+    data = resources.files("gearhorn.web").joinpath(f"static/{name}").read_bytes()
+    start("200 OK", [("Content-Type", STATIC[name]), ("Content-Length", str(len(data))),
+                     ("X-Content-Type-Options", "nosniff"),
+                     ("Content-Security-Policy", "default-src 'self'; style-src 'self'")])
+    return [data]
+
+
+def build_app(config: Config) -> WebApp:
+    credentials = (auth.load(config.stomp_credentials_file) if config.stomp_credentials_file
+                   else auth.Credentials.open())
+    client = redis.Redis.from_url(config.redis_url, socket_timeout=5, socket_connect_timeout=2)
+    return WebApp(config, client, credentials)
+
+
+def run_web(config: Config) -> int:
+    """Serve until SIGTERM or SIGINT."""
+    app = build_app(config)
+    server = WSGIServer((config.web_host, config.web_port), app, log=None)
+    server.start()
+    gevent.spawn(app.console.run)
+    log.info("gearhorn web on http://%s:%d/ (metrics at /metrics)", config.web_host,
+             server.server_port)
+    stop = gevent.event.Event()
+    gevent.signal_handler(signal.SIGTERM, stop.set)
+    gevent.signal_handler(signal.SIGINT, stop.set)
+    stop.wait()
+    server.stop(timeout=2)
+    return 0

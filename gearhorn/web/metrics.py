@@ -1,0 +1,100 @@
+"""A snapshot (gearhorn/web/snapshot.py) as Prometheus metric families.
+
+prometheus_client writes the exposition; this module only says what each
+metric is. Labelled metrics carry at most ``metrics_top`` label values
+(topics by copies, queues by depth), so a scrape stays small with 100,000
+topics; the ``gearhorn_all_*`` totals are exact over everything.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import Collector
+
+
+def families(snap: dict) -> Iterator[Metric]:
+    yield _gauge("gearhorn_redis_up", "1 if Redis answered this scrape",
+                 1 if snap["redis"]["up"] else 0)
+    up = GaugeMetricFamily("gearhorn_gearmand_up", "1 if the gearmand answered its status",
+                           labels=["server"])
+    for server in snap["gearmand"]:
+        up.add_metric([server["server"]], 1 if server["up"] else 0)
+    yield up
+    yield from _queues(snap)
+    if snap["redis"]["up"]:
+        yield from _registry(snap)
+
+
+def _queues(snap: dict) -> Iterator[Metric]:
+    depth = GaugeMetricFamily("gearhorn_queue_depth", "jobs queued per Gearman function, "
+                              "summed over every gearmand (top N by depth)", labels=["queue"])
+    for queue in snap["queues"]:
+        depth.add_metric([queue["queue"]], queue["queued"])
+    yield depth
+    yield _gauge("gearhorn_queued_jobs", "jobs queued in every function of every gearmand",
+                 snap["queued_total"])
+
+
+def _registry(snap: dict) -> Iterator[Metric]:
+    topics = snap["topics"]
+    yield _labelled(CounterMetricFamily, "gearhorn_copies", "copies made per topic (top N "
+                    "topics by copies)", "topic", topics, lambda t: (t["topic"], t["copies"]))
+    yield _labelled(CounterMetricFamily, "gearhorn_fanouts", "messages fanned out per topic "
+                    "(top N topics by copies)", "topic", topics,
+                    lambda t: (t["topic"], t["fanouts"]))
+    yield _labelled(GaugeMetricFamily, "gearhorn_subscribers", "subscribers per topic or "
+                    "prefix pattern (top N)", "topic", topics,
+                    lambda t: (t["topic"], t["subscribers"]))
+    totals = snap["totals"]
+    yield CounterMetricFamily("gearhorn_all_copies", "copies made, every topic",
+                              value=totals["copies"])
+    yield CounterMetricFamily("gearhorn_all_fanouts", "messages fanned out, every topic",
+                              value=totals["fanouts"])
+    yield CounterMetricFamily("gearhorn_all_dead_letters", "messages dead-lettered, every queue",
+                              value=totals["dead_letters"])
+    yield _labelled(CounterMetricFamily, "gearhorn_dead_letters", "messages dead-lettered per "
+                    "queue (top N)", "queue", snap["dead_letter_totals"].items(), tuple)
+    yield _gauge("gearhorn_topics", "topics with a direct subscriber", snap["topic_count"])
+    yield _gauge("gearhorn_prefix_subscriptions", "prefix patterns with a subscriber",
+                 snap["pattern_count"])
+    yield _gauge("gearhorn_delayed_messages", "delayed messages waiting in Redis",
+                 snap["delayed"])
+    yield _gauge("gearhorn_workers", "live worker processes", len(snap["workers"]))
+    yield _gauge("gearhorn_bridges", "live STOMP bridge processes", len(snap["bridges"]))
+    yield _gauge("gearhorn_stomp_connections", "STOMP connections over every bridge",
+                 sum(int(b.get("connections", 0)) for b in snap["bridges"]))
+    latency = snap["latency"]
+    yield HistogramMetricFamily(
+        "gearhorn_fanout_latency_seconds", "from a fanout job's arrival at a worker to "
+        "gearmand accepting its copies", buckets=[list(b) for b in latency["buckets"]],
+        sum_value=latency["sum"])
+
+
+def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, doc, value=value)
+
+
+def _labelled(kind: type, name: str, doc: str, label: str, rows,
+              pick: Callable[[object], tuple[str, float]]) -> Metric:
+    family = kind(name, doc, labels=[label])
+    for row in rows:
+        value, number = pick(row)
+        family.add_metric([value], number)
+    return family
+
+
+class SnapshotCollector(Collector):
+    """Registered in a prometheus_client registry: each scrape collects afresh."""
+
+    def __init__(self, snapshot: Callable[[], dict]) -> None:
+        self.snapshot = snapshot
+
+    def collect(self) -> Iterator[Metric]:
+        return families(self.snapshot())

@@ -1,0 +1,149 @@
+"""What Redis and every gearmand say now: one JSON-ready dict.
+
+The metrics, the console and readiness all read this. Its cost is bounded
+whatever the number of topics and queues: ``top`` topics (by copies, then
+any others up to ``top``), ``top`` queues by depth, ``top`` dead-letter
+queues; totals are exact (gearhorn/stats.py). An unreachable server is
+reported in the snapshot, never raised.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Sequence
+
+import redis
+
+from gearhorn import gearman, stats
+from gearhorn.delayed import Scheduler
+from gearhorn.keys import Keys
+from gearhorn.messages import PREFIX_WILDCARD
+from gearhorn.naming import dead_letter_queue
+from gearhorn.redisutil import text
+from gearhorn.registry import Registry
+
+DLQ_SUFFIX = dead_letter_queue("")
+
+
+class Collector:
+    def __init__(self, client: redis.Redis, keys: Keys, servers: Sequence[tuple[str, int]],
+                 top: int = 100, tls: gearman.TlsFiles | None = None) -> None:
+        self.redis = client
+        self.keys = keys
+        self.servers = tuple(servers)
+        self.top = top
+        self.tls = tls
+        self.registry = Registry(client, keys)
+
+    def collect(self) -> dict:
+        snap: dict = {"at": time.time(), "redis": {"up": True}}
+        snap.update(self._gearmand())
+        try:
+            snap.update(self._registry())
+        except redis.RedisError as exc:
+            snap["redis"] = {"up": False, "error": str(exc)}
+        snap["dead_letters"] = _dead_letter_queues(snap)
+        return snap
+
+    def readiness(self) -> dict:
+        """Ready: Redis and every gearmand answer, and a worker lives; the
+        reasons when not. Cheaper than :meth:`collect` (probes run often)."""
+        reasons, workers = [], 0
+        try:
+            self.redis.ping()
+            workers = len(self.registry.workers.alive())
+            if not workers:
+                reasons.append("no live worker")
+        except redis.RedisError as exc:
+            reasons.append(f"redis unreachable: {exc}")
+        for host, port in self.servers:
+            try:
+                gearman.admin(host, port, "version", tls=self.tls)
+            except OSError as exc:
+                reasons.append(f"gearmand {host}:{port} unreachable: {exc}")
+        return {"ready": not reasons, "reasons": reasons, "workers": workers}
+
+    def _registry(self) -> dict:
+        counters = stats.read(self.redis, self.keys, self.top)
+        return {
+            "topics": self._topics(counters),
+            "topic_count": self.redis.scard(self.keys.topics),
+            "pattern_count": self.redis.scard(self.keys.prefixes),
+            "totals": counters.totals,
+            "latency": {"buckets": counters.buckets, "sum": counters.latency_sum},
+            "dead_letter_totals": counters.dead_letters,
+            "workers": self._workers(),
+            "bridges": self._bridges(),
+            "delayed": Scheduler(self.redis, self.keys).pending(),
+            "report": _json_or_none(self.redis.get(self.keys.last_report)),
+        }
+
+    def _topics(self, counters: stats.Counters) -> list[dict]:
+        """The top topics by copies; while fewer than ``top`` have any, the
+        others with subscribers too (a topic nobody published to yet)."""
+        names = list(counters.copies)
+        for key in (self.keys.topics, self.keys.prefixes):
+            for member in self.redis.sscan_iter(key, count=1000):
+                if len(names) >= self.top:
+                    break
+                if (name := text(member)) not in counters.copies:
+                    names.append(name)
+        pipe = self.redis.pipeline(transaction=False)
+        for name in names:
+            pipe.scard(self.keys.prefix_set(name) if name.endswith(PREFIX_WILDCARD)
+                       else self.keys.topic(name))
+        return [{"topic": name, "subscribers": subscribers,
+                 "copies": counters.copies.get(name, 0.0),
+                 "fanouts": counters.fanouts.get(name, 0.0)}
+                for name, subscribers in zip(names, pipe.execute(), strict=True)]
+
+    def _workers(self) -> list[dict]:
+        return [{"id": wid, **info} for wid, info in sorted(self.registry.live_workers().items())]
+
+    def _bridges(self) -> list[dict]:
+        ids = [text(b) for b in self.redis.zrangebyscore(self.keys.bridges, time.time(), "+inf")]
+        pipe = self.redis.pipeline(transaction=False)
+        for bridge_id in ids:
+            pipe.hgetall(self.keys.bridge_info(bridge_id))
+        return [{"id": bridge_id, **{text(k): text(v) for k, v in info.items()}}
+                for bridge_id, info in zip(ids, pipe.execute(), strict=True)]
+
+    def _gearmand(self) -> dict:
+        """Every server's status; queue depths summed over servers."""
+        servers, depth = [], {}
+        for host, port in self.servers:
+            entry: dict = {"server": f"{host}:{port}", "up": True}
+            try:
+                for f in gearman.status(host, port, tls=self.tls):
+                    row = depth.setdefault(f.name, {"queue": f.name, "queued": 0,
+                                                    "running": 0, "workers": 0})
+                    row["queued"] += f.queued
+                    row["running"] += f.running
+                    row["workers"] += f.workers
+            except OSError as exc:  # GearmanError is one
+                entry = {**entry, "up": False, "error": str(exc)}
+            servers.append(entry)
+        queues = sorted(depth.values(), key=lambda q: (-q["queued"], q["queue"]))
+        return {"gearmand": servers, "queues": queues[:self.top],
+                "queue_count": len(queues), "queued_total": sum(q["queued"] for q in queues),
+                "dlq_depths": {q["queue"][:-len(DLQ_SUFFIX)]: q["queued"] for q in queues
+                               if q["queue"].endswith(DLQ_SUFFIX)}}
+
+
+def _dead_letter_queues(snap: dict) -> list[dict]:
+    """Queues with dead letters now or ever: queued in ``<queue>.dlq`` (gearmand)
+    and dead-lettered in all (the counter)."""
+    queued, totals = snap.pop("dlq_depths", {}), snap.get("dead_letter_totals", {})
+    names = sorted(set(queued) | set(totals))
+    return [{"queue": q, "queued": queued.get(q, 0), "total": totals.get(q, 0.0)}
+            for q in names]
+
+
+def _json_or_none(raw: bytes | None) -> dict | None:
+    if raw is None:
+        return None
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return None
