@@ -50,7 +50,8 @@ log = logging.getLogger(__name__)
 REFRESH_SECONDS = 1.0
 STATIC = {"console.html": "text/html; charset=utf-8",
           "console.js": "text/javascript; charset=utf-8",
-          "console.css": "text/css; charset=utf-8"}
+          "console.css": "text/css; charset=utf-8",
+          "favicon.svg": "image/svg+xml"}
 ACTION_HEADER = "HTTP_X_REQUESTED_WITH"
 MAX_BODY = 64 * 1024
 

@@ -13,6 +13,7 @@ import pytest
 
 from tests.conftest import require_binary
 
+from .browser import browser
 from .helpers import gearman_cli, self_signed_certificate, unique_topic, wait_for
 from .stomp_helpers import WsClient
 
@@ -185,16 +186,6 @@ def test_stompjs_under_node_subscribes_and_publishes(gearmand, stack, gearman_cl
 # -- a real browser -----------------------------------------------------------------------
 
 
-def chromium():
-    path = shutil.which("chromium")
-    if path is None:
-        if os.environ.get("CI") == "true":
-            pytest.fail("chromium is not installed: run tools/ensure-env --test")
-        pytest.skip("chromium is not installed: run tools/ensure-env --test")
-    pytest.importorskip("playwright")
-    return path
-
-
 PAGE = """<!doctype html>
 <html><head><meta charset="utf-8"><title>gearhorn</title>
 <script src="stomp.umd.min.js"></script></head>
@@ -225,9 +216,6 @@ def test_a_browser_page_gets_a_fanout_and_publishes_to_a_queue(gearmand, stack, 
     import http.server
     import threading
 
-    from playwright.sync_api import sync_playwright
-
-    executable = chromium()
     bundle = os.path.join(node_modules(), "@stomp", "stompjs", "bundles", "stomp.umd.min.js")
     site = tmp_path / "site"
     site.mkdir()
@@ -240,12 +228,8 @@ def test_a_browser_page_gets_a_fanout_and_publishes_to_a_queue(gearmand, stack, 
     url = (f"http://127.0.0.1:{web.server_address[1]}/index.html?"
            f"url=ws://127.0.0.1:{stack.ws_port}/ws&topic={topic}&queue={queue}")
     try:
-        with sync_playwright() as p:
-            browser = p.chromium.launch(executable_path=executable, args=[
-                "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                "--disable-background-networking", "--disable-component-update",
-                "--disable-sync"])
-            page = browser.new_page()
+        with browser() as chromium:
+            page = chromium.new_page()
             page.goto(url)
             page.wait_for_selector("#log li:text('ready')", timeout=60_000)
             # A Gearman client publishes with the gearman command-line tool.
@@ -257,6 +241,5 @@ def test_a_browser_page_gets_a_fanout_and_publishes_to_a_queue(gearmand, stack, 
             out = gearman_cli(gearmand, "-w", "-c", "1", "-f", queue)
             assert out.stdout == b"from-the-browser"
             assert not page.locator("#log li:text-matches('^error')").count()
-            browser.close()
     finally:
         web.shutdown()
