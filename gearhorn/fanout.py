@@ -256,10 +256,11 @@ class WorkerProcess:
                                      before_background=dashed.record, tls=tls)
         self.ledger = Ledger(self.redis, keys, config.ledger_maxlen, config.ledger_enabled,
                              source=self.worker_id)
-        self.stats = Stats(self.redis, keys, config.metrics_enabled)
+        self.stats = Stats(self.redis, keys, config.metrics_enabled,
+                           buffered=not config.metrics_write_through)
         self.service = FanoutService(config, self.registry, self.cache, self.client,
                                      self.ledger, stats=self.stats)
-        self.flusher = Flusher(self.ledger)
+        self.flusher = Flusher(self.ledger, self.stats)
         # Due delayed messages go out from a thread of their own, with their
         # own Gearman connection (a Client is not shared between threads).
         self.release_client = gearman.Client(config.gearman_servers, batch=config.submit_batch,

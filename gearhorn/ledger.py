@@ -125,20 +125,25 @@ def _take(queue: deque) -> list:
 
 
 class Flusher(StoppableThread):
-    """Flushes a ledger every ``interval`` seconds (worker processes)."""
+    """Flushes buffers (the ledger, the metrics' counters) every ``interval``
+    seconds, and once more when stopped (worker processes)."""
 
-    def __init__(self, ledger: Ledger, interval: float = 0.1) -> None:
-        super().__init__("gearhorn-ledger")
-        self.ledger = ledger
+    def __init__(self, *buffers, interval: float = 0.1) -> None:
+        super().__init__("gearhorn-flusher")
+        self.buffers = buffers
         self.interval = interval
 
     def run(self) -> None:
         while not self.stopping.wait(self.interval):
-            self.ledger.flush()
+            self._flush()
+        self._flush()  # what the last jobs before the stop buffered
+
+    def _flush(self) -> None:
+        for buffer in self.buffers:
+            buffer.flush()
 
     def stop(self, timeout: float | None = 5.0) -> None:
-        super().stop(timeout)
-        self.ledger.flush()  # what the last turn left
+        super().stop(timeout)  # waits for the last flush
 
 
 # -- entries to rows (pure) ------------------------------------------------------

@@ -87,7 +87,8 @@ def test_the_console_refuses_a_requeue_when_cancelled(gearmand, start_pool, star
         updated = page.locator("#updated")
         for _ in range(2):
             shown = updated.text_content()
-            wait_for(lambda: updated.text_content() != shown, timeout=60, message="a snapshot")
+            wait_for(lambda shown=shown: updated.text_content() != shown, timeout=60,
+                     message="a snapshot")
         assert row.locator("td.queued").text_content() == "1"
         assert web.json(f"/api/dlq?queue={queue}")[1]["queued"] == 1
         assert page.locator(".action-result").count() == 0

@@ -32,8 +32,9 @@ def subscribe(client, topic, *ids):
 def fan_out_concurrently(gearmand, topic, count):
     """``count`` fanouts at once, so that both worker processes take some."""
     results, clients = [], [GearClient(gearmand) for _ in range(count)]
-    threads = [threading.Thread(target=lambda c=c, i=i: results.append(
-        c.call("fanout", {"topic": topic, "payload": f"m{i}", "background": True}))) for i, c in enumerate(clients)]
+    threads = [threading.Thread(target=lambda c=c, i=i: results.append(c.call(
+        "fanout", {"topic": topic, "payload": f"m{i}", "background": True})))
+        for i, c in enumerate(clients)]
     for thread in threads:
         thread.start()
     for thread in threads:
@@ -53,7 +54,9 @@ def test_copies_add_up_over_worker_processes_and_survive_a_killed_worker(
     assert copies(web.metrics(), topic) == 0  # subscribed, nothing fanned out yet
 
     fan_out_concurrently(gearmand, topic, 7)
-    metrics = web.metrics()
+    # Workers write their counts every 0.1 s: wait for them, then exactly 21.
+    metrics = wait_for(lambda: (m := web.metrics())[("gearhorn_all_fanouts_total", ())] >= 7
+                       and m, message="7 fanouts counted")
     assert copies(metrics, topic) == 21
     assert metrics[("gearhorn_fanouts_total", (("topic", topic),))] == 7
     assert metrics[("gearhorn_subscribers", (("topic", topic),))] == 3
@@ -75,6 +78,8 @@ def test_copies_add_up_over_worker_processes_and_survive_a_killed_worker(
     assert copies(web.metrics(), topic) == 21
 
     fan_out_concurrently(gearmand, topic, 7)
+    wait_for(lambda: web.metrics()[("gearhorn_all_fanouts_total", ())] >= 14,
+             message="14 fanouts counted")
     assert copies(web.metrics(), topic) == 42
     client.close()
 
@@ -115,7 +120,8 @@ def test_labels_are_bounded_by_metrics_top(gearmand, start_pool, start_web):
         subscribe(client, topic, "only")
         for i in range(n + 1):
             client.call("fanout", {"topic": topic, "payload": f"{i}", "background": True})
-    metrics = web.metrics()
+    metrics = wait_for(lambda: (m := web.metrics())[("gearhorn_all_fanouts_total", ())] >= 15
+                       and m, message="15 fanouts counted")
     labelled = {dict(labels)["topic"] for name, labels in metrics
                 if name == "gearhorn_copies_total" and labels}
     assert labelled == set(topics[2:])  # the three with the most copies

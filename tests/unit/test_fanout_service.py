@@ -253,3 +253,20 @@ def test_prefix_subscribers_learn_the_topic_a_message_was_published_to(service):
     call(svc, "subscribe_fanout", topic="plain", client_id="erin")
     call(svc, "fanout", topic="plain", payload="x", background=True)
     assert [c.unique for c in client.background][0].startswith("@") is False
+
+
+def test_fanouts_are_counted_with_their_copies_and_latency(registry):
+    from gearhorn.stats import Stats, read
+
+    counts = Stats(registry.redis, registry.keys)  # write-through
+    svc = FanoutService(Config(), registry, SubscriberCache(registry), RecordingClient(),
+                        stats=counts)
+    for who in ("a", "b", "c"):
+        call(svc, "subscribe_fanout", topic="news", client_id=who)
+    svc.handle("fanout", json.dumps({"topic": "news", "payloads": ["1", "2"],
+                                     "background": True}).encode(), "", time.monotonic())
+    with pytest.raises(BadRequest):
+        call(svc, "fanout", topic="news")  # rejected: not counted
+    counters = read(registry.redis, registry.keys, top=10)
+    assert (counters.copies, counters.fanouts) == ({"news": 6.0}, {"news": 2.0})
+    assert counters.latency_count == 1

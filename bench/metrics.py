@@ -1,0 +1,137 @@
+"""What metrics cost: /metrics scrape time by topic count, and fanout throughput on vs off.
+
+    python bench/metrics.py            # 1,000 and 100,000 topics; on/off rounds (~3 min)
+    python bench/metrics.py --quick    # smaller counts, for a smoke run
+
+Scrape: a Redis and a gearmand on free loopback ports hold N topics with a
+subscriber, copies counted for each, and one queued job in each topic's
+queue (so gearmand's status lists N functions). ``gearhorn web`` runs with
+the default ``metrics_top`` (100); GET /metrics is timed 20 times. The peer
+is the irreducible part: gearmand's own ``status`` over the same queues,
+timed the same way.
+
+Throughput: background fanouts to 1 and 10 subscribers through a pool of 2
+``gearhorn worker`` processes, with ``metrics_enabled`` on and off, in
+alternating rounds (the median of each is printed), gearmand without
+persistence so that the metrics' round trip weighs the most it can.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import time
+import urllib.request
+
+import redis
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+from fanout import gearhorn_rate, start_pool, subscribe_many  # noqa: E402
+
+from gearhorn import gearman, servers  # noqa: E402
+from gearhorn.keys import Keys  # noqa: E402
+from gearhorn.registry import Registry  # noqa: E402
+
+
+def fill(client: redis.Redis, gm: servers.Managed, topics: int) -> None:
+    """``topics`` topics, one subscriber and some copies each, one job queued each."""
+    keys = Keys()
+    for start in range(0, topics, 10_000):
+        names = [f"topic{i}" for i in range(start, min(topics, start + 10_000))]
+        pipe = client.pipeline(transaction=False)
+        pipe.sadd(keys.topics, *names)
+        for i, name in enumerate(names):
+            pipe.sadd(keys.topic(name), "c0")
+            pipe.zadd(keys.stats("copies"), {name: start + i})
+            pipe.zadd(keys.stats("fanouts"), {name: start + i})
+        pipe.execute()
+        jobs = gearman.Client([(gm.host, gm.port)])
+        jobs.submit_background([gearman.Copy(f"{n}_c0", f"u-{n}", b"x") for n in names])
+        jobs.close()
+
+
+def timed(call, rounds: int = 20) -> tuple[float, float]:
+    """(median, max) milliseconds of ``call``."""
+    times = []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        call()
+        times.append((time.perf_counter() - start) * 1000)
+    return statistics.median(times), max(times)
+
+
+def bench_scrape(topics: int) -> None:
+    red = servers.start_redis()
+    gm = servers.start_gearmand()
+    port = servers.free_port()
+    web = subprocess.Popen([sys.executable, "-m", "gearhorn", "web", "--port", str(port),
+                            "--redis-url", red.details["url"], "--gearman", gm.address,
+                            "--log-level", "WARNING"], preexec_fn=servers.die_with_parent)
+    try:
+        fill(redis.Redis.from_url(red.details["url"]), gm, topics)
+        deadline = time.monotonic() + 60
+        while not servers.is_listening("127.0.0.1", port):
+            if time.monotonic() > deadline:
+                raise SystemExit("gearhorn web did not start")
+            time.sleep(0.1)
+        url = f"http://127.0.0.1:{port}/metrics"
+        size = len(urllib.request.urlopen(url, timeout=60).read())
+        scrape = timed(lambda: urllib.request.urlopen(url, timeout=60).read())
+        status = timed(lambda: gearman.status(gm.host, gm.port, timeout=60))
+        print(f"{topics:>8,} topics  /metrics {scrape[0]:7.1f} ms median, {scrape[1]:7.1f} max, "
+              f"{size / 1024:6.1f} KiB   gearmand status alone {status[0]:6.1f} ms median")
+    finally:
+        web.send_signal(signal.SIGTERM)
+        web.wait(10)
+        gm.stop()
+        red.stop()
+
+
+def bench_cost(rounds: int, fanouts: int) -> None:
+    rates: dict[tuple[bool, int], list[float]] = {}
+    red = servers.start_redis()
+    gm = servers.start_gearmand()
+    url = red.details["url"]
+    registry = Registry(redis.Redis.from_url(url), Keys())
+    for width in (1, 10):
+        subscribe_many(registry, f"bench{width}", width)
+    try:
+        for _ in range(rounds):
+            for enabled in (True, False):
+                os.environ["GEARHORN_METRICS_ENABLED"] = str(enabled).lower()
+                pool = start_pool(gm, url, 2)
+                try:
+                    for width in (1, 10):
+                        gearhorn_rate(gm, f"bench{width}", fanouts // 10, width)  # warm-up
+                        rate = gearhorn_rate(gm, f"bench{width}", fanouts, width) / width
+                        rates.setdefault((enabled, width), []).append(rate)
+                finally:
+                    pool.send_signal(signal.SIGTERM)
+                    pool.wait(30)
+    finally:
+        gm.stop()
+        red.stop()
+    for width in (1, 10):
+        on = statistics.median(rates[(True, width)])
+        off = statistics.median(rates[(False, width)])
+        print(f"fanouts/s to {width:>2} subscribers: metrics on {on:8.0f}, off {off:8.0f}  "
+              f"(on/off {on / off:.2f}; {rounds} rounds each)")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true")
+    args = parser.parse_args()
+    print(f"bench/metrics.py on {os.cpu_count()} cores")
+    for topics in ((1_000, 10_000) if args.quick else (1_000, 100_000)):
+        bench_scrape(topics)
+    bench_cost(rounds=2 if args.quick else 3, fanouts=2_000 if args.quick else 10_000)
+
+
+if __name__ == "__main__":
+    main()
