@@ -1,6 +1,6 @@
 """What metrics cost: /metrics scrape time by topic count, and fanout throughput on vs off.
 
-    python bench/metrics.py            # 1,000 and 100,000 topics; on/off rounds (~3 min)
+    python bench/metrics.py            # 1,000 and 100,000 topics; on/off rounds (~4 min)
     python bench/metrics.py --quick    # smaller counts, for a smoke run
 
 Scrape: a Redis and a gearmand on free loopback ports hold N topics with a
@@ -8,12 +8,13 @@ subscriber, copies counted for each, and one queued job in each topic's
 queue (so gearmand's status lists N functions). ``gearhorn web`` runs with
 the default ``metrics_top`` (100); GET /metrics is timed 20 times. The peer
 is the irreducible part: gearmand's own ``status`` over the same queues,
-timed the same way.
+fetched the same way, not parsed.
 
 Throughput: background fanouts to 1 and 10 subscribers through a pool of 2
-``gearhorn worker`` processes, with ``metrics_enabled`` on and off, in
-alternating rounds (the median of each is printed), gearmand without
-persistence so that the metrics' round trip weighs the most it can.
+``gearhorn worker`` processes with metrics on (the default: counts written
+every 0.1 s), write-through (``metrics_write_through``) and off, in rotated
+rounds (the median of each is printed), gearmand without persistence so
+that the metrics' cost weighs the most it can.
 """
 
 from __future__ import annotations
@@ -82,9 +83,9 @@ def bench_scrape(topics: int) -> None:
         url = f"http://127.0.0.1:{port}/metrics"
         size = len(urllib.request.urlopen(url, timeout=60).read())
         scrape = timed(lambda: urllib.request.urlopen(url, timeout=60).read())
-        status = timed(lambda: gearman.status(gm.host, gm.port, timeout=60))
+        status = timed(lambda: gearman.admin(gm.host, gm.port, "status", timeout=60))
         print(f"{topics:>8,} topics  /metrics {scrape[0]:7.1f} ms median, {scrape[1]:7.1f} max, "
-              f"{size / 1024:6.1f} KiB   gearmand status alone {status[0]:6.1f} ms median")
+              f"{size / 1024:6.1f} KiB   gearmand's status text alone {status[0]:6.1f} ms median")
     finally:
         web.send_signal(signal.SIGTERM)
         web.wait(10)
@@ -92,24 +93,35 @@ def bench_scrape(topics: int) -> None:
         red.stop()
 
 
+MODES = {  # name -> settings of the worker pool
+    "on": {"GEARHORN_METRICS_ENABLED": "true", "GEARHORN_METRICS_WRITE_THROUGH": "false"},
+    "write-through": {"GEARHORN_METRICS_ENABLED": "true",
+                      "GEARHORN_METRICS_WRITE_THROUGH": "true"},
+    "off": {"GEARHORN_METRICS_ENABLED": "false"},
+}
+
+
 def bench_cost(rounds: int, fanouts: int) -> None:
-    rates: dict[tuple[bool, int], list[float]] = {}
+    """Each round runs every mode, in a rotated order (the order of runs on a
+    gearmand that keeps every copy weighs about 15% otherwise)."""
+    rates: dict[tuple[str, int], list[float]] = {}
     red = servers.start_redis()
     gm = servers.start_gearmand()
     url = red.details["url"]
     registry = Registry(redis.Redis.from_url(url), Keys())
     for width in (1, 10):
         subscribe_many(registry, f"bench{width}", width)
+    names = list(MODES)
     try:
-        for _ in range(rounds):
-            for enabled in (True, False):
-                os.environ["GEARHORN_METRICS_ENABLED"] = str(enabled).lower()
+        for n in range(rounds):
+            for mode in names[n % 3:] + names[:n % 3]:
+                os.environ.update(MODES[mode])
                 pool = start_pool(gm, url, 2)
                 try:
                     for width in (1, 10):
                         gearhorn_rate(gm, f"bench{width}", fanouts // 10, width)  # warm-up
                         rate = gearhorn_rate(gm, f"bench{width}", fanouts, width) / width
-                        rates.setdefault((enabled, width), []).append(rate)
+                        rates.setdefault((mode, width), []).append(rate)
                 finally:
                     pool.send_signal(signal.SIGTERM)
                     pool.wait(30)
@@ -117,20 +129,25 @@ def bench_cost(rounds: int, fanouts: int) -> None:
         gm.stop()
         red.stop()
     for width in (1, 10):
-        on = statistics.median(rates[(True, width)])
-        off = statistics.median(rates[(False, width)])
-        print(f"fanouts/s to {width:>2} subscribers: metrics on {on:8.0f}, off {off:8.0f}  "
-              f"(on/off {on / off:.2f}; {rounds} rounds each)")
+        off = statistics.median(rates[("off", width)])
+        figures = ", ".join(f"{mode} {statistics.median(rates[(mode, width)]):6.0f} "
+                            f"({statistics.median(rates[(mode, width)]) / off:.2f})"
+                            for mode in names)
+        print(f"fanouts/s to {width:>2} subscribers (median of {rounds}; ratio to off): "
+              f"{figures}")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--only", choices=("scrape", "cost"), help="one half of the bench")
     args = parser.parse_args()
     print(f"bench/metrics.py on {os.cpu_count()} cores")
-    for topics in ((1_000, 10_000) if args.quick else (1_000, 100_000)):
-        bench_scrape(topics)
-    bench_cost(rounds=2 if args.quick else 3, fanouts=2_000 if args.quick else 10_000)
+    if args.only != "cost":
+        for topics in ((1_000, 10_000) if args.quick else (1_000, 100_000)):
+            bench_scrape(topics)
+    if args.only != "scrape":
+        bench_cost(rounds=3 if args.quick else 6, fanouts=2_000 if args.quick else 10_000)
 
 
 if __name__ == "__main__":

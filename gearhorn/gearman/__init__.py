@@ -15,7 +15,7 @@ per-job state kept after the call. Every socket has TCP_NODELAY.
 =================  =====================================================
 """
 
-from gearhorn.gearman.admin import FunctionStatus, admin, drop_function, status
+from gearhorn.gearman.admin import FunctionStatus, admin, drop_function, status, status_rows
 from gearhorn.gearman.client import Client, Placed, _outcome, wait_for_results
 from gearhorn.gearman.connection import (
     Connection,
@@ -44,5 +44,6 @@ __all__ = [
     "MAX_PACKET", "REQ", "RES", "Client", "Connection", "Copy", "FunctionStatus", "GearmanError",
     "GrabbedJob", "NoDelayWorker", "Outcome", "P", "Packet", "PacketReader", "PartialSubmit",
     "Placed", "ProtocolError", "TlsFiles", "Unavailable", "WorkerConnection", "_outcome",
-    "add_server", "admin", "connect", "drop_function", "encode", "status", "wait_for_results",
+    "add_server", "admin", "connect", "drop_function", "encode", "status", "status_rows",
+    "wait_for_results",
 ]

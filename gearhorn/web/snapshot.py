@@ -9,6 +9,7 @@ reported in the snapshot, never raised.
 
 from __future__ import annotations
 
+import heapq
 import json
 import time
 from collections.abc import Sequence
@@ -115,20 +116,23 @@ class Collector:
         for host, port in self.servers:
             entry: dict = {"server": f"{host}:{port}", "up": True}
             try:
-                for f in gearman.status(host, port, tls=self.tls):
-                    row = depth.setdefault(f.name, {"queue": f.name, "queued": 0,
-                                                    "running": 0, "workers": 0})
-                    row["queued"] += f.queued
-                    row["running"] += f.running
-                    row["workers"] += f.workers
+                rows = gearman.status_rows(host, port, tls=self.tls)
             except OSError as exc:  # GearmanError is one
                 entry = {**entry, "up": False, "error": str(exc)}
+                rows = []
+            for name, queued, running, workers in rows:
+                if (row := depth.get(name)) is None:
+                    depth[name] = [queued, running, workers]
+                else:
+                    row[0], row[1], row[2] = row[0] + queued, row[1] + running, row[2] + workers
             servers.append(entry)
-        queues = sorted(depth.values(), key=lambda q: (-q["queued"], q["queue"]))
-        return {"gearmand": servers, "queues": queues[:self.top],
-                "queue_count": len(queues), "queued_total": sum(q["queued"] for q in queues),
-                "dlq_depths": {q["queue"][:-len(DLQ_SUFFIX)]: q["queued"] for q in queues
-                               if q["queue"].endswith(DLQ_SUFFIX)}}
+        top = heapq.nsmallest(self.top, depth.items(), key=lambda kv: (-kv[1][0], kv[0]))
+        return {"gearmand": servers,
+                "queues": [{"queue": name, "queued": q, "running": r, "workers": w}
+                           for name, (q, r, w) in top],
+                "queue_count": len(depth), "queued_total": sum(q for q, _, _ in depth.values()),
+                "dlq_depths": {name[:-len(DLQ_SUFFIX)]: row[0] for name, row in depth.items()
+                               if name.endswith(DLQ_SUFFIX)}}
 
 
 def _dead_letter_queues(snap: dict) -> list[dict]:
