@@ -165,3 +165,33 @@ def test_basic_logins_map_to_the_bridge_users():
 def test_admin_must_be_a_boolean():
     with pytest.raises(auth.CredentialsError, match="admin must be true or false"):
         auth.parse("[anonymous]\nadmin = sometimes\n")
+
+
+def test_the_grafana_dashboard_and_alerts_use_only_metrics_that_exist(fake_redis):
+    """etc/grafana-gearhorn.json and etc/prometheus.yml name real series."""
+    import json
+    import os
+    import re
+
+    stats.Stats(fake_redis, KEYS).fanout("news", 1, 3, 0.01)
+    stats.Stats(fake_redis, KEYS).dead_letter("jobs")
+    fake_redis.sadd(KEYS.topics, "news")
+    fake_redis.sadd(KEYS.topic("news"), "a")
+    collector = Collector(fake_redis, KEYS, servers=(), top=10)
+
+    def with_a_queue():
+        snap = snapshot(collector)
+        snap["queues"] = [{"queue": "news_a", "queued": 3, "running": 0, "workers": 0}]
+        return snap
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(SnapshotCollector(with_a_queue))
+    exposed = {s.name for f in text_string_to_metric_families(generate_latest(registry).decode())
+               for s in f.samples}
+    root = os.path.join(os.path.dirname(__file__), "..", "..", "etc")
+    with open(os.path.join(root, "grafana-gearhorn.json")) as fp:
+        exprs = [t["expr"] for p in json.load(fp)["panels"] for t in p["targets"]]
+    with open(os.path.join(root, "prometheus.yml")) as fp:
+        exprs.append(fp.read())
+    used = {name for expr in exprs for name in re.findall(r"gearhorn_[a-z_]+", expr)}
+    assert len(used) >= 15
+    assert used - exposed == set()
