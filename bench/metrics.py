@@ -6,9 +6,12 @@
 Scrape: a Redis and a gearmand on free loopback ports hold N topics with a
 subscriber, copies counted for each, and one queued job in each topic's
 queue (so gearmand's status lists N functions). ``gearhorn web`` runs with
-the default ``metrics_top`` (100); GET /metrics is timed 20 times. The peer
-is the irreducible part: gearmand's own ``status`` over the same queues,
-fetched the same way, not parsed.
+the default ``metrics_top`` (100); GET /metrics is timed 20 times (scrapes
+within a second share the console's sample), then the web process's CPU
+over 10 s of nobody scraping (the console samples every second, or less
+often when a sample is slow),
+and a fresh sample is timed on its own. The peer is the irreducible part:
+gearmand's own ``status`` text over the same queues, fetched, not parsed.
 
 Throughput: background fanouts to 1 and 10 subscribers through a pool of 2
 ``gearhorn worker`` processes with metrics on (the default: counts written
@@ -37,6 +40,7 @@ from fanout import gearhorn_rate, start_pool, subscribe_many  # noqa: E402
 from gearhorn import gearman, servers  # noqa: E402
 from gearhorn.keys import Keys  # noqa: E402
 from gearhorn.registry import Registry  # noqa: E402
+from gearhorn.web.snapshot import Collector  # noqa: E402
 
 
 def fill(client: redis.Redis, gm: servers.Managed, topics: int) -> None:
@@ -54,6 +58,12 @@ def fill(client: redis.Redis, gm: servers.Managed, topics: int) -> None:
         jobs = gearman.Client([(gm.host, gm.port)])
         jobs.submit_background([gearman.Copy(f"{n}_c0", f"u-{n}", b"x") for n in names])
         jobs.close()
+
+
+def cpu_seconds(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as fp:
+        fields = fp.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def timed(call, rounds: int = 20) -> tuple[float, float]:
@@ -83,9 +93,17 @@ def bench_scrape(topics: int) -> None:
         url = f"http://127.0.0.1:{port}/metrics"
         size = len(urllib.request.urlopen(url, timeout=60).read())
         scrape = timed(lambda: urllib.request.urlopen(url, timeout=60).read())
+        cpu_before, wall_before = cpu_seconds(web.pid), time.monotonic()
+        time.sleep(10)  # the console's sampling alone, nobody scraping
+        busy = (cpu_seconds(web.pid) - cpu_before) / (time.monotonic() - wall_before)
+        collector = Collector(redis.Redis.from_url(red.details["url"]), Keys(),
+                              [(gm.host, gm.port)])
+        sample = timed(collector.collect, rounds=5)
         status = timed(lambda: gearman.admin(gm.host, gm.port, "status", timeout=60))
         print(f"{topics:>8,} topics  /metrics {scrape[0]:7.1f} ms median, {scrape[1]:7.1f} max, "
-              f"{size / 1024:6.1f} KiB   gearmand's status text alone {status[0]:6.1f} ms median")
+              f"{size / 1024:5.1f} KiB; a fresh sample {sample[0]:6.1f} ms; gearhorn web "
+              f"sampling {busy:4.0%} of a core | peer: gearmand's status text "
+              f"{status[0]:6.1f} ms")
     finally:
         web.send_signal(signal.SIGTERM)
         web.wait(10)

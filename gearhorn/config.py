@@ -114,7 +114,7 @@ class Config:
     metrics_enabled: bool = True
     # Workers sum their counts and write them every 0.1 s (one round trip).
     # True: with each fanout, before it is answered: exact through kill -9,
-    # and about 30% fewer fanouts/s to few subscribers (bench/metrics.py).
+    # and about 35% fewer fanouts/s to few subscribers (bench/metrics.py).
     metrics_write_through: bool = False
     # Labels per metric (topics, queues): the top N by copies, depth, count.
     metrics_top: int = 100

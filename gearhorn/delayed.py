@@ -121,7 +121,7 @@ class Scheduler:
     def pending(self) -> int:
         """Messages kept and not yet sent (scans the shard keys; for tools and tests)."""
         total = 0
-        for key in self.redis.scan_iter(match=self.keys.due("[0-9]*"), count=1000):
+        for key in self.redis.scan_iter(match=self.keys.due("[0-9]*"), count=10_000):
             total += self.redis.zcard(key)
         return total
 

@@ -5,6 +5,7 @@ import os
 import signal
 import subprocess
 import sys
+import urllib.request
 
 import pytest
 
@@ -70,8 +71,8 @@ def test_unreachable_gearmand_is_a_clear_error():
 
 
 def test_up_starts_everything_and_stops_it_on_ctrl_c(tmp_path, redis_server, gearman_cli_tool):
-    redis_port, gearman_port, stomp_port, queue_port, ws_port = (
-        servers.free_port() for _ in range(5))
+    redis_port, gearman_port, stomp_port, queue_port, ws_port, web_port = (
+        servers.free_port() for _ in range(6))
     log = open(tmp_path / "up.log", "wb")  # noqa: SIM115
     up = subprocess.Popen(
         [sys.executable, "-m", "gearhorn", "up", "--processes", "2",
@@ -79,7 +80,7 @@ def test_up_starts_everything_and_stops_it_on_ctrl_c(tmp_path, redis_server, gea
          "--redis-url", f"redis://127.0.0.1:{redis_port}/0",
          "--gearman", f"127.0.0.1:{gearman_port}"],
         env=dict(os.environ, GEARHORN_BRIDGE_PORT=str(stomp_port),
-                 GEARHORN_BRIDGE_WS_PORT=str(ws_port),
+                 GEARHORN_BRIDGE_WS_PORT=str(ws_port), GEARHORN_WEB_PORT=str(web_port),
                  GEARHORN_QUEUE_REDIS_URL=f"redis://127.0.0.1:{queue_port}/0"),
         stdout=log, stderr=subprocess.STDOUT, preexec_fn=servers.die_with_parent)
     try:
@@ -99,6 +100,9 @@ def test_up_starts_everything_and_stops_it_on_ctrl_c(tmp_path, redis_server, gea
         assert f"stomp     127.0.0.1:{stomp_port}  (started)" in text()
         assert f"websocket ws://127.0.0.1:{ws_port}/ws" in text()
         assert servers.is_listening("127.0.0.1", ws_port)
+        assert f"console   http://127.0.0.1:{web_port}/" in text()
+        with urllib.request.urlopen(f"http://127.0.0.1:{web_port}/readyz", timeout=20) as r:
+            assert json.loads(r.read())["ready"] is True
         client = StompClient(stomp_port)
         client.subscribe("/topic/news", "1")
         subprocess.run(["bash", "-c", commands[1]], capture_output=True, timeout=20)
@@ -112,6 +116,7 @@ def test_up_starts_everything_and_stops_it_on_ctrl_c(tmp_path, redis_server, gea
     assert not servers.is_listening("127.0.0.1", gearman_port)
     assert not servers.is_listening("127.0.0.1", stomp_port)
     assert not servers.is_listening("127.0.0.1", ws_port)
+    assert not servers.is_listening("127.0.0.1", web_port)
     assert not servers.is_listening("127.0.0.1", queue_port)
     assert os.path.exists(tmp_path / "data" / "appendonlydir")
 

@@ -1,6 +1,7 @@
 """Real traffic -> ledger -> export -> `gearhorn report`: nothing lost, then a planted loss."""
 
 import json
+import os
 import subprocess
 import sys
 
@@ -9,6 +10,7 @@ import pytest
 import redis
 
 from gearhorn import gearman
+from gearhorn.keys import Keys
 from tests.conftest import require_binary
 
 from .helpers import GearClient, unique_topic, wait_for
@@ -16,9 +18,9 @@ from .helpers import GearClient, unique_topic, wait_for
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
 
-def gearhorn(*args, timeout=240):
+def gearhorn(*args, timeout=240, env=None):
     out = subprocess.run([sys.executable, "-m", "gearhorn", *args], capture_output=True,
-                         timeout=timeout)
+                         timeout=timeout, env=None if env is None else {**os.environ, **env})
     assert out.returncode == 0, out.stderr.decode()[-3000:]
     return out.stdout.decode()
 
@@ -62,10 +64,14 @@ def test_traffic_reconciles_and_a_planted_loss_is_found(gearmand, redis_url, sta
     ledger, report = tmp_path / "ledger", tmp_path / "report"
     assert "rows" in gearhorn("ledger", "export", "--out", str(ledger),
                               "--redis-url", redis_url)
-    out = gearhorn("report", "--ledger", str(ledger), "--out", str(report))
+    out = gearhorn("report", "--ledger", str(ledger), "--out", str(report),
+                   env={"GEARHORN_REDIS_URL": redis_url})
     assert "reconciliation: 0 problems" in out
     assert reconciliation(report) == []
     assert (report / "report.html").read_text().count("Nothing lost") == 1
+    # The verdict is left where gearhorn web's console shows it.
+    verdict = json.loads(redis.Redis.from_url(redis_url).get(Keys().last_report))
+    assert verdict["reconciliation"] == {} and verdict["report"] == str(report / "report.html")
 
     # Plant a loss: the durable subscriber is away, its queue is dropped.
     durable.close()

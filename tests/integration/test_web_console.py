@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
+import redis
+
+from gearhorn.keys import Keys
 
 from .browser import browser
 from .helpers import GearClient, gearman_cli, unique_topic, wait_for
@@ -15,7 +19,8 @@ WAIT_MS = 60_000
 
 
 def test_the_console_follows_subscriptions_and_requeues_a_dead_letter(
-        gearmand, start_pool, start_bridge, start_web, stomp_clients, gearman_cli_tool):
+        gearmand, start_pool, start_bridge, start_web, stomp_clients, gearman_cli_tool,
+        redis_url):
     start_pool([gearmand], processes=1)
     bridge = start_bridge([gearmand])
     web = start_web([gearmand])
@@ -57,6 +62,14 @@ def test_the_console_follows_subscriptions_and_requeues_a_dead_letter(
         assert again.body == b"poison" and again.headers["delivery-count"] == "1"
         consumer.conn.ack(again.headers["ack"])
         row.locator("td.queued").filter(has_text="0").wait_for(timeout=WAIT_MS)
+
+        # The last reconciliation's verdict, as gearhorn report leaves it.
+        assert page.locator("#report").text_content().startswith("no report yet")
+        redis.Redis.from_url(redis_url).set(Keys().last_report, json.dumps({
+            "events": 1200, "malformed": 0, "reconciliation": {"never_delivered": 2},
+            "report": "/srv/report/report.html", "finished": time.time()}))
+        page.locator("#report .verdict-bad").filter(has_text="2 problems").wait_for(
+            timeout=WAIT_MS)
 
         assert page.evaluate("performance.timeOrigin") == loaded  # never reloaded
         assert page.locator("#link").text_content() == "live"
