@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
@@ -54,12 +55,14 @@ def main(out: str) -> None:
             for i in range(width):
                 client.call("subscribe_fanout", json.dumps(
                     {"topic": topic, "client_id": f"c{i}"}).encode())
-        conn = stomp.Connection([("127.0.0.1", stomp_port)])
+        conn = stomp.Connection12([("127.0.0.1", stomp_port)])
         conn.set_listener("nack", Refuser(conn))
         conn.connect(wait=True)
         conn.subscribe("/queue/orders", id="1", ack="client-individual")
         conn.send("/queue/orders", "malformed order #1182")
-        traffic(client, seconds=25)
+        traffic(client, seconds=90)
+        background = threading.Thread(target=traffic, args=(client, 30), daemon=True)
+        background.start()  # still flowing when the picture is taken
         from playwright.sync_api import sync_playwright
 
         with sync_playwright() as p:
@@ -71,6 +74,7 @@ def main(out: str) -> None:
             time.sleep(3)  # a few seconds of chart
             page.screenshot(path=out, full_page=True)
             browser.close()
+        background.join()
         conn.disconnect()
     finally:
         for child in children:

@@ -93,9 +93,13 @@ function renderTopics(s) {
   }));
 }
 
+const QUEUE_ROWS = 25;
+
 function renderQueues(s) {
-  document.getElementById("queue-count").textContent = `(${num(s.queue_count)} functions)`;
-  fill("queues", (s.queues || []).map((q) => el("tr", { "data-queue": q.queue }, cell(q.queue),
+  const queues = (s.queues || []).slice(0, QUEUE_ROWS);
+  document.getElementById("queue-count").textContent =
+    `(${num(s.queue_count)} functions, ${num(s.queued_total)} jobs queued; deepest ${queues.length})`;
+  fill("queues", queues.map((q) => el("tr", { "data-queue": q.queue }, cell(q.queue),
     cell(num(q.queued), true, "queued"), cell(num(q.running), true), cell(num(q.workers), true))));
 }
 
