@@ -51,7 +51,8 @@ def test_copies_add_up_over_worker_processes_and_survive_a_killed_worker(
     topic = unique_topic()
     client = GearClient(gearmand)
     subscribe(client, topic, "a", "b", "c")
-    assert copies(web.metrics(), topic) == 0  # subscribed, nothing fanned out yet
+    # Subscribed, nothing fanned out yet (a scrape may show a sample up to 1 s old).
+    wait_for(lambda: copies(web.metrics(), topic) == 0, message="the topic listed")
 
     fan_out_concurrently(gearmand, topic, 7)
     # Workers write their counts every 0.1 s: wait for them, then exactly 21.
