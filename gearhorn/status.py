@@ -32,7 +32,22 @@ def collect(config: Config) -> dict:
         except OSError as exc:
             entry["error"] = str(exc)
         report["gearman"].append(entry)
+    report["queues"] = summed_queues(report["gearman"])
     return report
+
+
+def summed_queues(servers: list[dict]) -> list[dict]:
+    """Each function's jobs over every server that answered: with several
+    gearmand, a subscriber's copies are spread over all of them."""
+    totals: dict[str, dict] = {}
+    for server in servers:
+        for f in server.get("functions", []):
+            row = totals.setdefault(f["name"], {"name": f["name"], "queued": 0, "running": 0,
+                                                "workers": 0, "servers": 0})
+            for field in ("queued", "running", "workers"):
+                row[field] += f[field]
+            row["servers"] += 1
+    return sorted(totals.values(), key=lambda row: row["name"])
 
 
 def render(report: dict) -> str:
@@ -47,6 +62,11 @@ def render(report: dict) -> str:
     lines.append(f"live workers ({len(report['workers'])}):")
     lines += [f"  {wid:40} pid {info.get('pid', '?'):>7} jobs {info.get('jobs', '?')}"
               for wid, info in sorted(report["workers"].items())]
+    if len(report["gearman"]) > 1:
+        lines.append(f"queues over all {len(report['gearman'])} gearmand:")
+        lines.append(f"  {'function':40} {'queued':>8} {'running':>8} {'workers':>8}")
+        lines += [f"  {f['name']:40} {f['queued']:>8} {f['running']:>8} {f['workers']:>8}"
+                  for f in report["queues"]]
     for server in report["gearman"]:
         lines.append(f"gearmand {server['server']}:")
         if "error" in server:
