@@ -1,4 +1,5 @@
-"""Real traffic -> ledger -> export -> `gearhorn report`: nothing lost, then a planted loss."""
+"""Real traffic -> ledger -> export -> `gearhorn report`: nothing lost, then a
+planted loss, found by the report on a real Spark standalone cluster."""
 
 import json
 import os
@@ -14,6 +15,7 @@ from gearhorn.keys import Keys
 from tests.conftest import require_binary
 
 from .helpers import GearClient, unique_topic, wait_for
+from .spark_helpers import SparkCluster
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -38,9 +40,19 @@ def reconciliation(out_dir):
     return sorted((row["kind"], row["subscriber"]) for row in table)
 
 
-def test_traffic_reconciles_and_a_planted_loss_is_found(gearmand, redis_url, start_pool,
-                                                        start_bridge, stomp_clients, tmp_path):
+@pytest.fixture
+def spark_cluster(tmp_path):
     require_binary("java", "default-jre-headless")
+    cluster = SparkCluster(str(tmp_path))
+    yield cluster
+    cluster.stop()
+
+
+def test_traffic_reconciles_and_a_planted_loss_is_found(gearmand, redis_url, start_pool,
+                                                        start_bridge, stomp_clients, tmp_path,
+                                                        spark_cluster):
+    """The first report in Spark's local mode, the second on a standalone
+    cluster (started meanwhile)."""
     start_pool([gearmand])
     bridge = start_bridge([gearmand])
     topic = unique_topic()
@@ -87,9 +99,14 @@ def test_traffic_reconciles_and_a_planted_loss_is_found(gearmand, redis_url, sta
 
     exported = gearhorn("ledger", "export", "--out", str(ledger), "--redis-url", redis_url)
     assert exported.startswith("exported ")
-    out = gearhorn("report", "--ledger", str(ledger), "--out", str(report))
+    spark_cluster.wait_ready()
+    out = gearhorn("report", "--ledger", str(ledger), "--out", str(report),
+                   "--master", spark_cluster.url, env={"SPARK_LOCAL_IP": "127.0.0.1"})
     assert "reconciliation: 5 problems" in out
     assert reconciliation(report) == [("never_delivered", queue)] * 5
+    # It ran on the cluster: the master lists it as a finished application.
+    assert [app["name"] for app in spark_cluster.state()["completedapps"]] == [
+        "gearhorn-report"]
     gear.close()
 
 
