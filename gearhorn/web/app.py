@@ -5,6 +5,7 @@
 ``GET /healthz``           the process is alive                            open
 ``GET /readyz``            Redis, every gearmand and a live worker         open
 ``GET /``                  the live console (static/console.html)         look
+``GET /api/whoami``        the logged-in user and whether they may act     look
 ``GET /api/overview``      the latest snapshot as JSON                     look
 ``GET /api/events``        Server-Sent Events: a snapshot every second     look
 ``GET /api/dlq?queue=Q``   dead letters of Q, not consumed                 look
