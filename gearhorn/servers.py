@@ -249,17 +249,19 @@ def start_gear_server(port: int | None = None, data_dir: str | None = None,
 
 def start_web(env: dict[str, str], host: str, port: int) -> Managed:
     """``gearhorn web`` (metrics, health, console) in its own gevent process."""
-    argv = [sys.executable, "-m", "gearhorn.web"]
-    server = _spawn("gearhorn web", argv, port, None, env={**os.environ, **env},
-                    inherit_output=True)
-    server.host = host
-    return server
+    return _start_gevent_process("gearhorn web", "gearhorn.web", env, host, port)
 
 
 def start_bridge(env: dict[str, str], host: str, port: int) -> Managed:
     """The STOMP bridge in its own (gevent) process; it logs to our terminal."""
-    argv = [sys.executable, "-m", "gearhorn.stomp"]
-    server = _spawn("STOMP bridge", argv, port, None, env={**os.environ, **env},
-                    inherit_output=True)
+    return _start_gevent_process("STOMP bridge", "gearhorn.stomp", env, host, port)
+
+
+def _start_gevent_process(name: str, module: str, env: dict[str, str], host: str,
+                          port: int) -> Managed:
+    """``python -m module``, which patches the standard library before
+    anything imports it; its log goes to our terminal."""
+    server = _spawn(name, [sys.executable, "-m", module], port, None,
+                    env={**os.environ, **env}, inherit_output=True)
     server.host = host
     return server

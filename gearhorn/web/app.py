@@ -184,10 +184,13 @@ class WebApp:
         return who
 
     def _dead_letters(self, queue: str) -> dict:
-        queued = deadletters.queued(self.config.gearman_servers, dead_letter_queue(queue),
-                                    self.config.gearman_tls)
-        return {"queue": queue, "queued": queued,
-                "letters": [d.to_dict() for d in self.index.list(queue)]}
+        try:
+            queued = deadletters.queued(self.config.gearman_servers, dead_letter_queue(queue),
+                                        self.config.gearman_tls)
+            letters = [d.to_dict() for d in self.index.list(queue)]
+        except (redis.RedisError, OSError) as exc:
+            raise HttpError("503 Service Unavailable", f"{type(exc).__name__}: {exc}") from None
+        return {"queue": queue, "queued": queued, "letters": letters}
 
     def _act(self, action: str, who: auth.Principal, environ: dict,
              start: Start) -> Iterator[bytes]:

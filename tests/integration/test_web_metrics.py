@@ -189,3 +189,11 @@ def test_bad_requests_get_clear_errors(gearmand, start_web):
     status, body = web.json("/api/dlq/purge", body={"queue": "q"})
     assert status == 403 and "X-Requested-With" in body["error"]
     assert json.loads(web.request("/healthz")[2])["status"] == "alive"
+
+
+def test_dead_letters_without_gearmand_are_a_clear_503(start_web):
+    class Gone:
+        address = f"127.0.0.1:{servers.free_port()}"
+    web = start_web([Gone()])
+    status, body = web.json("/api/dlq?queue=jobs")
+    assert status == 503 and "Connection refused" in body["error"]
