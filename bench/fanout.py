@@ -187,9 +187,10 @@ def bench_redis_memory(quick: bool) -> float:
         for t in range(topics):
             topic = f"topic.{t:05d}"
             for c in range(per_topic):
-                keys = [registry.keys.topic(topic), registry.keys.topics, registry.keys.versions]
-                script(keys=keys, args=["1", topic, f"client-{c:06d}", topic,
-                                        registry.keys.channel], client=pipe)
+                keys = [registry.keys.topic(topic), registry.keys.topic_version(topic)]
+                script(keys=keys, args=["1", topic, f"client-{c:06d}", registry.keys.channel],
+                       client=pipe)
+            pipe.sadd(registry.keys.topics, topic)
             if t % 100 == 99:
                 pipe.execute()
         pipe.execute()

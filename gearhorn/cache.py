@@ -1,11 +1,12 @@
 """The worker-local subscriber cache and its invalidation.
 
 Correctness comes from the version token: every lookup sends the cached
-token to Redis (one round trip, ``lua/members.lua``) and gets the member list
-back only when it changed. So a fanout that starts after a subscribe
-completed always sees it, on every worker, even if the matchmaking message
-has not arrived yet. The matchmaking listener drops entries eagerly, which
-keeps memory to live topics and costs nothing on the hot path.
+token to Redis (one round trip, ``lua/topic_members.lua`` and
+``lua/prefix_members.lua``) and gets a member list back only when it
+changed. So a fanout that starts after a subscribe completed always sees it,
+on every worker, even if the matchmaking message has not arrived yet. The
+matchmaking listener drops entries eagerly, which keeps memory to live
+topics and costs nothing on the hot path.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ class SubscriberCache:
         """The current recipients of ``topic``."""
         with self._lock:
             cached = self._entries.get(topic)
-        fresh = self.registry.members(topic, cached.token if cached else "")
+        fresh = self.registry.members(topic, cached)
         with self._lock:
             if fresh is None:
                 self.hits += 1

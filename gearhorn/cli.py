@@ -210,13 +210,13 @@ def cmd_up(config: Config, args: argparse.Namespace) -> int:
 def cmd_replay(config: Config, args: argparse.Namespace) -> int:
     import redis
 
-    from gearhorn import gearman, replay
+    from gearhorn import gearman, redisconn, replay
     from gearhorn.keys import Keys
 
     keys = Keys(config.key_prefix, config.matchmaking_channel)
     queue = redis.Redis.from_url(config.queue_redis_url, socket_timeout=60)
     try:
-        dashed = replay.DashedFunctions(redis.Redis.from_url(config.redis_url), keys).load()
+        dashed = replay.DashedFunctions(redisconn.for_config(config), keys).load()
         if args.step == "hold":
             print(f"held {replay.hold(queue, dashed, keys):,} jobs")
             return 0
@@ -293,13 +293,14 @@ def cmd_consume(config: Config, args: argparse.Namespace) -> int:
 def cmd_ledger(config: Config, args: argparse.Namespace) -> int:
     import redis
 
+    from gearhorn import redisconn
     from gearhorn.keys import Keys
     from gearhorn.ledger import export
 
-    client = redis.Redis.from_url(config.redis_url, socket_timeout=30)
+    client = redisconn.for_config(config, socket_timeout=30)
     try:
         result = export(client, Keys(config.key_prefix, config.matchmaking_channel), args.out,
-                        args.format)
+                        args.format, shards=config.ledger_shards)
     except (redis.RedisError, RuntimeError) as exc:
         raise CommandError(str(exc)) from None
     print(f"exported {result['rows']:,} rows in {len(result['files'])} files to {args.out} "
@@ -349,11 +350,11 @@ def cmd_dlq(config: Config, args: argparse.Namespace) -> int:
 
     import redis
 
-    from gearhorn import deadletters, gearman
+    from gearhorn import deadletters, gearman, redisconn
     from gearhorn.naming import dead_letter_queue
 
-    index, mover = deadletters.for_config(config, redis.Redis.from_url(config.redis_url,
-                                                                      socket_timeout=30))
+    index, mover = deadletters.for_config(config, redisconn.for_config(config,
+                                                                       socket_timeout=30))
     try:
         if args.dlq_command == "requeue":
             print(f"{mover.requeue(args.queue, args.count)} dead letters moved back to "

@@ -28,6 +28,7 @@ _ENV_ALIASES = {"gearman_servers": "GEARHORN_GEARMAN"}
 
 
 PERSISTENCE = ("redis", "sqlite", "none")
+REDIS_CLUSTER_MODES = ("auto", "yes", "no")
 
 
 class ConfigError(GearhornError, ValueError):
@@ -49,6 +50,9 @@ class Config:
     gearman_tls_cert: str = ""
     gearman_tls_key: str = ""
     redis_url: str = "redis://127.0.0.1:6379/0"
+    # "auto": ask the node (INFO cluster) and use the Redis Cluster client when
+    # it says cluster_enabled:1; "yes" or "no" forces it (gearhorn/redisconn.py).
+    redis_cluster: str = "auto"
     key_prefix: str = "gearhorn:"
     matchmaking_channel: str = "__matchmaking"
     processes: int = field(default_factory=lambda: os.cpu_count() or 1)
@@ -108,6 +112,8 @@ class Config:
     delay_shard_seconds: float = 10.0
     delay_poll_interval: float = 0.1
     delay_lease: float = 60.0
+    # Lanes delayed messages are spread over (hash slots on a cluster).
+    delay_lanes: int = 8
     # Seconds the bridge waits for the answer to a request with reply-to.
     request_timeout: float = 60.0
     # Metrics (gearhorn/stats.py): counters in Redis, written with each fanout.
@@ -124,6 +130,8 @@ class Config:
     # The delivery ledger (a Redis Stream; gearhorn ledger export reads it).
     ledger_enabled: bool = True
     ledger_maxlen: int = 1_000_000
+    # Streams the ledger is spread over (one per writer; hash slots on a cluster).
+    ledger_shards: int = 8
 
     def replace(self, **changes: object) -> Config:
         return dataclasses.replace(self, **changes)
@@ -259,6 +267,12 @@ def load(
     if config.persistence not in PERSISTENCE:
         raise ConfigError(f"persistence must be one of {', '.join(PERSISTENCE)}, "
                           f"got {config.persistence!r}")
+    if config.redis_cluster not in REDIS_CLUSTER_MODES:
+        raise ConfigError(f"redis_cluster must be one of {', '.join(REDIS_CLUSTER_MODES)}, "
+                          f"got {config.redis_cluster!r}")
+    if "{" in config.key_prefix or "}" in config.key_prefix:
+        raise ConfigError(f"key_prefix may not contain {{ or }} (they choose Redis Cluster "
+                          f"hash slots), got {config.key_prefix!r}")
     if not 1 <= config.bridge_processes <= 256:
         raise ConfigError(f"bridge_processes must be 1 to 256, got {config.bridge_processes}")
     tls = [config.gearman_tls_ca, config.gearman_tls_cert, config.gearman_tls_key]

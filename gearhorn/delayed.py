@@ -4,8 +4,8 @@ gearmand's own epoch jobs (SUBMIT_JOB_EPOCH) are not enough: measured with
 gearmand 1.1.20, a due epoch job does not wake a sleeping worker, so
 ``gearman -w`` (or any worker waiting in PRE_SLEEP) never receives it until
 other work arrives (docs/delivery.rst). So gearhorn keeps a delayed message
-in a sorted set per time shard (``<p>due:<n>``, ``delay_shard_seconds``
-wide) and every worker of the pool polls for due messages
+in a sorted set per lane and time shard (``{<p>due:<lane>}:<n>``,
+``delay_shard_seconds`` wide) and every worker of the pool polls for due messages
 (``lua/release.lua``): each one is taken by one worker, sent, then removed.
 
 :class:`DelayedItem` is the pure part (what is kept); :class:`Scheduler`
@@ -18,6 +18,7 @@ import base64
 import json
 import logging
 import time
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -26,7 +27,7 @@ import redis
 from gearhorn.background import Backoff, StoppableThread
 from gearhorn.gearman import GearmanError
 from gearhorn.keys import Keys
-from gearhorn.redisutil import script
+from gearhorn.redisutil import run_scripts, script
 
 log = logging.getLogger(__name__)
 
@@ -62,42 +63,59 @@ class DelayedItem:
 
 
 class Scheduler:
-    """Keeps delayed messages in Redis and hands out the due ones."""
+    """Keeps delayed messages in Redis and hands out the due ones.
+
+    Messages spread over ``lanes`` by message id; a lane is one hash slot
+    (its shards and cursor share a tag), so a burst due at one moment is
+    spread over a cluster's nodes instead of landing on one key.
+    """
 
     def __init__(self, client: redis.Redis, keys: Keys, shard_seconds: float = 10.0,
-                 lease_seconds: float = 60.0) -> None:
+                 lease_seconds: float = 60.0, lanes: int = 1) -> None:
         self.redis = client
         self.keys = keys
         self.width_ms = max(1, int(shard_seconds * 1000))
         self.lease_ms = max(1, int(lease_seconds * 1000))
+        self.lanes = lanes
         self._schedule = script(client, "schedule.lua")
         self._release = script(client, "release.lua")
+
+    def lane(self, item: DelayedItem) -> int:
+        return zlib.crc32(item.message_ids[0].encode()) % self.lanes if item.message_ids else 0
 
     def schedule(self, item: DelayedItem) -> bool:
         """Keep ``item`` until due; False if it is due already (send it now)."""
         due_ms = int(item.due * 1000)
-        shard = due_ms // self.width_ms
-        return bool(self._schedule(keys=[self.keys.due(shard), self.keys.due_cursor],
+        shard, lane = due_ms // self.width_ms, self.lane(item)
+        return bool(self._schedule(keys=[self.keys.due(lane, shard), self.keys.due_cursor(lane)],
                                    args=[due_ms, item.to_json(), shard]))
 
     def take(self, limit: int = 1000, max_shards: int = 1000,
              now: float | None = None) -> list[tuple[bytes, DelayedItem]]:
         """Due messages (raw member, item), each leased to this caller alone.
 
-        Looks at the shards from the cursor to the one after the current one
-        by this machine's clock (a clock up to one shard behind Redis's is
-        covered), at most ``max_shards`` in one call; the script moves the
-        cursor over empty shards, so a long outage is caught up call by call.
+        Looks, in every lane, at the shards from its cursor to the one after
+        the current one by this machine's clock (a clock up to one shard
+        behind Redis's is covered), at most ``max_shards`` in one call; the
+        script moves the cursor over empty shards, so a long outage is
+        caught up call by call. Two round trips for all lanes.
         """
-        cursor = self.redis.get(self.keys.due_cursor)
-        if cursor is None:
-            return []
-        first = int(cursor)
+        pipe = self.redis.pipeline(transaction=False)
+        for lane in range(self.lanes):
+            pipe.get(self.keys.due_cursor(lane))
         current = int((time.time() if now is None else now) * 1000) // self.width_ms
-        shards = range(first, max(first, min(current + 1, first + max_shards - 1)) + 1)
-        raw = self._release(keys=[self.keys.due_cursor, *map(self.keys.due, shards)],
-                            args=[limit, self.lease_ms, self.width_ms, first])
-        return [(member, DelayedItem.from_json(member)) for member in raw]
+        calls = []
+        for lane, cursor in enumerate(pipe.execute()):
+            if cursor is None:
+                continue
+            first = int(cursor)
+            shards = range(first, max(first, min(current + 1, first + max_shards - 1)) + 1)
+            keys = [self.keys.due_cursor(lane), *(self.keys.due(lane, s) for s in shards)]
+            calls.append((self._release, keys, [limit, self.lease_ms, self.width_ms, first]))
+        if not calls:
+            return []
+        return [(member, DelayedItem.from_json(member))
+                for raw in run_scripts(self.redis, calls) for member in raw]
 
     def done(self, taken: list[tuple[bytes, DelayedItem]]) -> None:
         """Forget messages that were sent."""
@@ -105,23 +123,24 @@ class Scheduler:
             return
         pipe = self.redis.pipeline(transaction=False)
         for member, item in taken:
-            pipe.zrem(self.shard_key(item.due), member)
+            pipe.zrem(self.shard_key(item), member)
         pipe.execute()
 
     def due_again(self, taken: list[tuple[bytes, DelayedItem]]) -> None:
         """End the lease of messages that could not be sent: due at once again."""
         pipe = self.redis.pipeline(transaction=False)
         for member, item in taken:
-            pipe.zadd(self.shard_key(item.due), {member: int(item.due * 1000)})
+            pipe.zadd(self.shard_key(item), {member: int(item.due * 1000)})
         pipe.execute()
 
-    def shard_key(self, due: float) -> str:
-        return self.keys.due(int(due * 1000) // self.width_ms)
+    def shard_key(self, item: DelayedItem) -> str:
+        return self.keys.due(self.lane(item), int(item.due * 1000) // self.width_ms)
 
     def pending(self) -> int:
-        """Messages kept and not yet sent (scans the shard keys; for tools and tests)."""
+        """Messages kept and not yet sent (scans the shard keys of every node;
+        for tools and tests)."""
         total = 0
-        for key in self.redis.scan_iter(match=self.keys.due("[0-9]*"), count=10_000):
+        for key in self.redis.scan_iter(match=self.keys.due("*", "[0-9]*"), count=10_000):
             total += self.redis.zcard(key)
         return total
 

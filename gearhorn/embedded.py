@@ -17,7 +17,7 @@ from urllib.parse import urlparse
 
 import redis
 
-from gearhorn import gearman, replay, servers
+from gearhorn import gearman, redisconn, replay, servers
 from gearhorn.config import Config, to_env
 from gearhorn.keys import Keys
 from gearhorn.pool import Pool
@@ -61,7 +61,7 @@ class Embedded:
         return Keys(self.config.key_prefix, self.config.matchmaking_channel)
 
     def _registry_redis(self) -> redis.Redis:
-        return redis.Redis.from_url(self.config.redis_url, socket_timeout=30)
+        return redisconn.for_config(self.config, socket_timeout=30)
 
     def _restart_crashed(self) -> None:
         """Start gearmand again when it, or the Redis holding its queue, crashed
@@ -180,7 +180,7 @@ class Embedded:
         self.notes["web"] = f"http://{host}:{port}/  (metrics at /metrics)"
 
     def _announce_when_ready(self) -> None:
-        registry = Registry(redis.Redis.from_url(self.config.redis_url),
+        registry = Registry(redisconn.for_config(self.config),
                             Keys(self.config.key_prefix, self.config.matchmaking_channel))
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:

@@ -17,7 +17,7 @@ import time
 import gear
 import redis
 
-from gearhorn import gearman
+from gearhorn import gearman, redisconn
 from gearhorn.background import Backoff
 from gearhorn.cache import InvalidationListener, SubscriberCache
 from gearhorn.config import Config
@@ -72,7 +72,7 @@ class FanoutService:
         self.stats = stats
         self.headers = HeaderStore(registry.redis, registry.keys, config.headers_ttl)
         self.scheduler = Scheduler(registry.redis, registry.keys, config.delay_shard_seconds,
-                                   config.delay_lease)
+                                   config.delay_lease, config.delay_lanes)
         self._sleep = sleep  # between retries of failed copies
         self._handlers = {SUBSCRIBE: self.subscribe, SUBSCRIBE_ALIAS: self.subscribe,
                           UNSUBSCRIBE: self.unsubscribe, FANOUT: self.fanout}
@@ -245,8 +245,8 @@ class WorkerProcess:
     def __init__(self, config: Config) -> None:
         self.config = config
         self.worker_id = new_worker_id()
-        self.redis = redis.Redis.from_url(config.redis_url, socket_timeout=10,
-                                          socket_connect_timeout=5, health_check_interval=30)
+        self.redis = redisconn.for_config(config, socket_timeout=10, socket_connect_timeout=5,
+                                          health_check_interval=30)
         keys = Keys(config.key_prefix, config.matchmaking_channel)
         self.registry = Registry(self.redis, keys)
         self.cache = SubscriberCache(self.registry, config.cache_size)
@@ -255,7 +255,7 @@ class WorkerProcess:
         self.client = gearman.Client(config.gearman_servers, batch=config.submit_batch,
                                      before_background=dashed.record, tls=tls)
         self.ledger = Ledger(self.redis, keys, config.ledger_maxlen, config.ledger_enabled,
-                             source=self.worker_id)
+                             source=self.worker_id, shards=config.ledger_shards)
         self.stats = Stats(self.redis, keys, config.metrics_enabled,
                            buffered=not config.metrics_write_through)
         self.service = FanoutService(config, self.registry, self.cache, self.client,

@@ -35,7 +35,11 @@ class HeaderStore:
         if not wanted:
             return {}
         ids = sorted(set(wanted.values()))
-        found = dict(zip(ids, self.redis.mget([self.keys.headers(h) for h in ids]), strict=True))
+        # GETs in a pipeline, not MGET: the keys are in many hash slots.
+        pipe = self.redis.pipeline(transaction=False)
+        for header_id in ids:
+            pipe.get(self.keys.headers(header_id))
+        found = dict(zip(ids, pipe.execute(), strict=True))
         result = {}
         for unique, header_id in wanted.items():
             raw = found.get(header_id)

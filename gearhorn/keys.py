@@ -1,23 +1,29 @@
 """Every Redis key and channel gearhorn uses, in one place.
 
-All keys start with the configured prefix (default ``gearhorn:``):
+All keys start with the configured prefix (default ``gearhorn:``), or with
+``{`` and the prefix. Text in ``{}`` is a Redis Cluster hash tag: keys with
+the same tag live in the same hash slot, so every Lua script and
+transaction touches one slot (docs/design.rst, "Redis Cluster"). On a single
+Redis the braces are just characters.
 
 ==============================  ====================================================
 ``<p>topics``                   set: topics with at least one direct subscriber
-``<p>topic:<T>``                set: client ids subscribed to topic T
-``<p>prefixes``                 set: prefix subscriptions (``news.*``) with subscribers
-``<p>prefix:<P*>``              set: client ids subscribed to prefix P
-``<p>versions``                 hash: T -> change counter of topic T; field ``*``
-                                counts changes of any prefix subscription
+``<p>topic:{T}``                set: client ids subscribed to topic T
+``<p>topic-version:{T}``        string: change counter of topic T's set
+``{<p>prefixes}``               set: prefix subscriptions (``news.*``) with subscribers
+``{<p>prefixes}:<P*>``          set: client ids subscribed to prefix P
+``{<p>prefixes}:version``       string: change counter of every prefix subscription
 ``<p>workers``                  sorted set: worker id scored by the epoch second at
                                 which it is dead unless it sends a heartbeat
 ``<p>worker:<id>``              hash: pid, host, started, jobs; expires with the worker
 ``<p>headers:<id>``             string: JSON headers of a message (gearhorn/headers.py),
                                 expiring after ``headers_ttl``
-``<p>due:<n>``                  sorted set: delayed messages due in the ``n``-th
-                                time shard of ``delay_shard_seconds``, scored by
-                                due time in ms (gearhorn/delayed.py)
-``<p>due:cursor``               string: the oldest shard that may hold messages
+``{<p>due:<L>}:<n>``            sorted set: delayed messages of lane L (of
+                                ``delay_lanes``) due in the ``n``-th time shard of
+                                ``delay_shard_seconds``, scored by due time in ms
+                                (gearhorn/delayed.py)
+``{<p>due:<L>}:cursor``         string: the oldest shard of lane L that may hold
+                                messages
 ``<p>bridges``                  sorted set: bridge id scored by the epoch second at
                                 which it is dead unless it sends a heartbeat
 ``<p>bridge:<id>``              set: what dies with that bridge: ``topic\t<pattern>\t<client
@@ -27,8 +33,10 @@ All keys start with the configured prefix (default ``gearhorn:``):
                                 bridge (expires after 60 s)
 ``<p>temp-queues``              set: every live ``/temp-queue/`` function; a reply may
                                 only be sent to one of these
-``<p>ledger``                   stream: the delivery ledger (gearhorn/ledger.py),
-                                trimmed to about ``ledger_maxlen`` entries
+``{<p>ledger:<n>}``             stream: shard n (of ``ledger_shards``) of the
+                                delivery ledger (gearhorn/ledger.py); each writer
+                                appends to one; together trimmed to about
+                                ``ledger_maxlen`` entries
 ``<p>dashed-functions``         set: Gearman functions with a ``-`` that gearhorn
                                 submitted background jobs to (gearhorn/replay.py)
 ``<p>held:<key>``               hash, in gearmand's queue Redis: a queued job moved
@@ -59,8 +67,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-PREFIX_VERSION_FIELD = "*"
-
 
 @dataclass(frozen=True)
 class Keys:
@@ -71,17 +77,25 @@ class Keys:
     def topics(self) -> str:
         return self.prefix + "topics"
 
+    def topic(self, topic: str) -> str:
+        return f"{self.prefix}topic:{{{topic}}}"
+
+    def topic_version(self, topic: str) -> str:
+        return f"{self.prefix}topic-version:{{{topic}}}"
+
     @property
     def prefixes(self) -> str:
-        return self.prefix + "prefixes"
+        return f"{{{self.prefix}prefixes}}"
+
+    def prefix_set(self, pattern: str) -> str:
+        return f"{self.prefixes}:{pattern}"
 
     @property
-    def versions(self) -> str:
-        return self.prefix + "versions"
+    def prefix_version(self) -> str:
+        return f"{self.prefixes}:version"
 
-    @property
-    def ledger(self) -> str:
-        return self.prefix + "ledger"
+    def ledger(self, shard: int) -> str:
+        return f"{{{self.prefix}ledger:{shard}}}"
 
     @property
     def workers(self) -> str:
@@ -89,12 +103,6 @@ class Keys:
 
     def headers(self, header_id: str) -> str:
         return f"{self.prefix}headers:{header_id}"
-
-    def topic(self, topic: str) -> str:
-        return f"{self.prefix}topic:{topic}"
-
-    def prefix_set(self, pattern: str) -> str:
-        return f"{self.prefix}prefix:{pattern}"
 
     @property
     def bridges(self) -> str:
@@ -110,12 +118,11 @@ class Keys:
     def sweeping(self, bridge_id: str) -> str:
         return f"{self.prefix}bridge:{bridge_id}:sweeping"
 
-    def due(self, shard: int | str) -> str:
-        return f"{self.prefix}due:{shard}"
+    def due(self, lane: int | str, shard: int | str) -> str:
+        return f"{{{self.prefix}due:{lane}}}:{shard}"
 
-    @property
-    def due_cursor(self) -> str:
-        return self.prefix + "due:cursor"
+    def due_cursor(self, lane: int | str) -> str:
+        return f"{{{self.prefix}due:{lane}}}:cursor"
 
     def worker(self, worker_id: str) -> str:
         return f"{self.prefix}worker:{worker_id}"

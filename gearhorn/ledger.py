@@ -22,10 +22,13 @@ them itself for rows exported without them (see :func:`copy_key`).
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import json
 import logging
 import os
 import time
+import zlib
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 from datetime import UTC, datetime
@@ -54,10 +57,12 @@ class Ledger:
     """
 
     def __init__(self, client: redis.Redis, keys: Keys, maxlen: int = 1_000_000,
-                 enabled: bool = True, source: str = "") -> None:
+                 enabled: bool = True, source: str = "", shards: int = 1) -> None:
         self.redis = client
-        self.stream = keys.ledger
-        self.maxlen = maxlen
+        # One stream per writer keeps its events in order; writers spread
+        # over ``shards`` streams (and so over a cluster's nodes).
+        self.stream = keys.ledger(zlib.crc32(source.encode()) % shards)
+        self.maxlen = max(1, maxlen // shards)
         self.enabled = enabled
         self.source = source
         # deques: append and popleft are atomic, so threads (the workers'
@@ -207,44 +212,46 @@ class ExportResult(dict):
 
 
 def export(client: redis.Redis, keys: Keys, out_dir: str, fmt: str = "parquet",
-           chunk: int = 10_000) -> ExportResult:
+           chunk: int = 10_000, shards: int = 1) -> ExportResult:
     """Write every event since the last export to ``out_dir/date=YYYY-MM-DD/``.
 
-    The last exported stream id is kept in ``out_dir/_checkpoint``, written
-    after the files: an export that dies half way is redone whole next time
-    (its files are replaced: they are named by the same first id), so no
-    event is lost or written twice.
+    Reads the ``shards`` streams of the ledger and merges them by stream id
+    (time first; each writer's own events stay in their order). The last
+    exported id of each stream is kept in ``out_dir/_checkpoint`` (JSON),
+    written after the files: an export that dies half way is redone whole
+    next time (its files are replaced: they are named by the same first
+    id), so no event is lost or written twice.
     """
     if fmt not in ("parquet", "jsonl"):
         raise ValueError("format must be parquet or jsonl")
     os.makedirs(out_dir, exist_ok=True)
     since = _read_checkpoint(out_dir)
-    head = client.xrevrange(keys.ledger, count=1)
-    result = ExportResult(rows=0, files=[], first_id=None, last_id=since, trimmed=False)
-    if not head:
-        return result
-    end = text(head[0][0])
-    first = client.xrange(keys.ledger, count=1)
-    if since and first and text(first[0][0]) > _next_id(since):
-        result["trimmed"] = True  # MAXLEN dropped events nobody exported
-        log.warning("ledger: events between %s and %s were trimmed before export",
-                    since, text(first[0][0]))
+    result = ExportResult(rows=0, files=[], first_id=None, last_id=None, trimmed=False)
+    ends, readers = {}, []
+    for shard in range(shards):
+        stream = keys.ledger(shard)
+        head = client.xrevrange(stream, count=1)
+        if not head:
+            continue
+        ends[stream] = text(head[0][0])
+        first = client.xrange(stream, count=1)
+        done = since.get(stream)
+        if done and first and _id_key(text(first[0][0])) > _id_key(_next_id(done)):
+            result["trimmed"] = True  # MAXLEN dropped events nobody exported
+            log.warning("ledger: events of %s between %s and %s were trimmed before export",
+                        stream, done, text(first[0][0]))
+        if done != ends[stream]:
+            readers.append(_read_stream(client, stream, done, ends[stream], chunk))
     files: _DayFiles | None = None
-    start = "(" + since if since else "-"
     try:
-        while True:
-            batch = client.xrange(keys.ledger, min=start, max=end, count=chunk)
-            if not batch:
-                break
-            entries = [(text(i), _decode(f)) for i, f in batch]
+        merged = heapq.merge(*readers, key=lambda entry: _id_key(entry[0]))
+        while batch := list(itertools.islice(merged, chunk)):
             if files is None:
-                result["first_id"] = entries[0][0]
-                files = _DayFiles(out_dir, f"part-{entries[0][0].replace('-', '_')}", fmt)
-            for day, rows in _by_day(rows_from_entries(entries)).items():
-                files.add(day, rows)  # written now: memory holds one chunk
-            start = "(" + entries[-1][0]
-            if entries[-1][0] == end:
-                break
+                result["first_id"] = batch[0][0]
+                files = _DayFiles(out_dir, f"part-{batch[0][0].replace('-', '_')}", fmt)
+            for day, rows in _by_day(rows_from_entries(batch)).items():
+                files.add(day, rows)  # written now: memory holds one chunk per stream
+            result["last_id"] = batch[-1][0]
     except BaseException:
         if files is not None:
             files.abandon()
@@ -254,9 +261,33 @@ def export(client: redis.Redis, keys: Keys, out_dir: str, fmt: str = "parquet",
     for path, rows in files.finish():
         result["files"].append(path)
         result["rows"] += rows
-    _write_checkpoint(out_dir, end)
-    result["last_id"] = end
+    _write_checkpoint(out_dir, {**since, **ends})
     return result
+
+
+def entries(client: redis.Redis, keys: Keys, shards: int) -> list[tuple[str, dict[str, str]]]:
+    """Every entry of every stream of the ledger, merged by id (tools, tests)."""
+    readers = [_read_stream(client, keys.ledger(shard), None, "+", 10_000)
+               for shard in range(shards)]
+    return list(heapq.merge(*readers, key=lambda entry: _id_key(entry[0])))
+
+
+def _read_stream(client: redis.Redis, stream: str, after: str | None, end: str,
+                 chunk: int) -> Iterator[tuple[str, dict[str, str]]]:
+    """Entries of ``stream`` after ``after`` up to ``end``, a chunk at a time."""
+    start = "(" + after if after else "-"
+    while True:
+        batch = client.xrange(stream, min=start, max=end, count=chunk)
+        for stream_id, fields in batch:
+            yield text(stream_id), _decode(fields)
+        if not batch or text(batch[-1][0]) == end:
+            return
+        start = "(" + text(batch[-1][0])
+
+
+def _id_key(stream_id: str) -> tuple[int, int]:
+    ms, _, seq = stream_id.partition("-")
+    return int(ms), int(seq or 0)
 
 
 def _next_id(stream_id: str) -> str:
@@ -264,18 +295,19 @@ def _next_id(stream_id: str) -> str:
     return f"{ms}-{int(seq or 0) + 1}"
 
 
-def _read_checkpoint(out_dir: str) -> str | None:
+def _read_checkpoint(out_dir: str) -> dict[str, str]:
+    """Stream key -> last exported id."""
     path = os.path.join(out_dir, CHECKPOINT)
     if not os.path.exists(path):
-        return None
+        return {}
     with open(path) as fp:
-        return fp.read().strip() or None
+        return json.loads(fp.read() or "{}")
 
 
-def _write_checkpoint(out_dir: str, last_id: str) -> None:
+def _write_checkpoint(out_dir: str, last_ids: dict[str, str]) -> None:
     path = os.path.join(out_dir, CHECKPOINT)
     with open(path + ".tmp", "w") as fp:
-        fp.write(last_id + "\n")
+        fp.write(json.dumps(last_ids, sort_keys=True) + "\n")
         fp.flush()
         os.fsync(fp.fileno())
     os.replace(path + ".tmp", path)

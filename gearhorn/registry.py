@@ -1,7 +1,8 @@
 """Topic -> subscriber sets in Redis, matchmaking announcements, worker liveness.
 
 Knows nothing of Gearman. Every write goes through a Lua script so the set,
-its index, the version counter and the announcement change together.
+its version counter and the announcement change together (and a pattern's
+index too: the topics' index lives in another hash slot, see _index_topic).
 """
 
 from __future__ import annotations
@@ -10,11 +11,11 @@ from dataclasses import dataclass
 
 import redis
 
-from gearhorn.keys import PREFIX_VERSION_FIELD, Keys
+from gearhorn.keys import Keys
 from gearhorn.liveness import Liveness
 from gearhorn.messages import PREFIX_WILDCARD, Subscription, queue_name
 from gearhorn.naming import process_id
-from gearhorn.redisutil import script, text
+from gearhorn.redisutil import run_scripts, script, text
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,7 +30,8 @@ class Recipient:
 
 @dataclass(frozen=True, slots=True)
 class Members:
-    """A topic's recipients as of ``token`` (see ``lua/members.lua``)."""
+    """A topic's recipients as of ``token``: ``<topic version>.<prefix version>``
+    (``lua/topic_members.lua``, ``lua/prefix_members.lua``)."""
 
     token: str
     recipients: tuple[Recipient, ...]
@@ -47,9 +49,10 @@ class Registry:
         self.redis = client
         self.keys = keys or Keys()
         self._subscribe = script(client, "subscribe.lua")
-        self._members = script(client, "members.lua")
+        self._topic_members = script(client, "topic_members.lua")
+        self._prefix_members = script(client, "prefix_members.lua")
         self.workers = Liveness(client, self.keys.workers)
-        # Every prefix pattern, as of the prefix version (lua/members.lua).
+        # Every prefix pattern, as of the prefix version (lua/prefix_members.lua).
         self._patterns: tuple[str, ...] = ()
         self._patterns_version = ""
 
@@ -64,39 +67,67 @@ class Registry:
         return self._change(sub, subscribe=False)
 
     def _change(self, sub: Subscription, *, subscribe: bool) -> int:
+        args = ["1" if subscribe else "0", sub.topic, sub.client_id, self.keys.channel]
         if sub.is_prefix:
-            keys = [self.keys.prefix_set(sub.topic), self.keys.prefixes]
-            field = PREFIX_VERSION_FIELD
-        else:
-            keys = [self.keys.topic(sub.topic), self.keys.topics]
-            field = sub.topic
-        args = ["1" if subscribe else "0", sub.topic, sub.client_id, field, self.keys.channel]
-        return int(self._subscribe(keys=keys + [self.keys.versions], args=args))
+            keys = [self.keys.prefix_set(sub.topic), self.keys.prefix_version,
+                    self.keys.prefixes]
+            return int(self._subscribe(keys=keys, args=args)[0])
+        keys = [self.keys.topic(sub.topic), self.keys.topic_version(sub.topic)]
+        count, changed = (int(n) for n in self._subscribe(keys=keys, args=args))
+        if changed:
+            self._index_topic(sub.topic, count)
+        return count
 
-    def members(self, topic: str, cached_token: str = "") -> Members | None:
-        """Recipients of a fanout to ``topic``; None if ``cached_token`` is current.
+    def _index_topic(self, topic: str, count: int) -> None:
+        """Keep ``<p>topics`` (another hash slot than the topic's set) in
+        step: add, or remove and then look again. A subscriber that came
+        meanwhile either finds the topic gone and adds it after our removal,
+        or is seen by our second look, so a topic with subscribers is never
+        left out of the index (an empty one may linger until its next change)."""
+        if count:
+            self.redis.sadd(self.keys.topics, topic)
+            return
+        self.redis.srem(self.keys.topics, topic)
+        if self.redis.scard(self.keys.topic(topic)):
+            self.redis.sadd(self.keys.topics, topic)
 
-        One round trip, unless a prefix subscription changed since this
-        registry last read the list of patterns: then it reads it again.
+    def members(self, topic: str, cached: Members | None = None) -> Members | None:
+        """Recipients of a fanout to ``topic``; None if ``cached`` is current.
+
+        One round trip (two scripts, one on the topic's hash slot, one on the
+        prefixes'), unless a prefix subscription changed since this registry
+        last read the list of patterns: then it reads it again.
         """
+        topic_version, prefix_version = (cached.token.split(".", 1) if cached else ("", ""))
+        topic_keys = [self.keys.topic_version(topic), self.keys.topic(topic)]
         while True:
             patterns = [p for p in self._patterns if topic.startswith(p[:-1])]
-            keys = [self.keys.versions, self.keys.topic(topic),
-                    *map(self.keys.prefix_set, patterns)]
-            reply = self._members(keys=keys, args=[topic, cached_token,
-                                                   self._patterns_version, *patterns])
-            if text(reply[0]) != _STALE_PATTERNS:
+            prefix_keys = [self.keys.prefix_version, *map(self.keys.prefix_set, patterns)]
+            direct, by_prefix = run_scripts(self.redis, [
+                (self._topic_members, topic_keys, [topic_version]),
+                (self._prefix_members, prefix_keys,
+                 [self._patterns_version, prefix_version, *patterns])])
+            if text(by_prefix[0]) != _STALE_PATTERNS:
                 break
             self._read_patterns()
-        token = text(reply[0])
-        if len(reply) == 1 and token == cached_token:
+        token = f"{text(direct[0])}.{text(by_prefix[0])}"
+        if cached and token == cached.token:
             return None
-        return Members(token, tuple(_recipient(topic, text(m)) for m in reply[1:]))
+        old = cached.recipients if cached else ()
+        recipients = (
+            [Recipient(queue_name(topic, m), m) for m in map(text, direct[1:])]
+            if len(direct) > 1 or text(direct[0]) != topic_version
+            else [r for r in old if r.pattern is None])
+        recipients += (
+            [_by_pattern(text(m)) for m in by_prefix[1:]]
+            if len(by_prefix) > 1 or text(by_prefix[0]) != prefix_version
+            else [r for r in old if r.pattern is not None])
+        return Members(token, tuple(recipients))
 
     def _read_patterns(self) -> None:
-        """The prefix patterns with their version, read together."""
+        """The prefix patterns with their version, read together (one slot)."""
         pipe = self.redis.pipeline(transaction=True)
-        pipe.hget(self.keys.versions, PREFIX_VERSION_FIELD)
+        pipe.get(self.keys.prefix_version)
         pipe.smembers(self.keys.prefixes)
         version, patterns = pipe.execute()
         self._patterns_version = text(version or b"0")
@@ -149,16 +180,15 @@ class Registry:
                 for w, info in zip(ids, infos, strict=True)}
 
 
-_STALE_PATTERNS = "!prefixes"  # lua/members.lua's answer to an old list of patterns
+_STALE_PATTERNS = "!prefixes"  # lua/prefix_members.lua's answer to an old list of patterns
 
 
 def new_worker_id() -> str:
     return process_id()
 
 
-def _recipient(topic: str, member: str) -> Recipient:
-    pattern, sep, client_id = member.partition("\n")
-    if not sep:
-        return Recipient(queue_name(topic, member), member)
+def _by_pattern(member: str) -> Recipient:
+    """A prefix subscriber, as prefix_members.lua names it: pattern, newline, client."""
+    pattern, _, client_id = member.partition("\n")
     return Recipient(queue_name(pattern, client_id), client_id, pattern)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import redis
 
-from gearhorn import gearman
+from gearhorn import gearman, redisconn
 from gearhorn.config import Config
 from gearhorn.delayed import Scheduler
 from gearhorn.keys import Keys
@@ -15,7 +15,7 @@ def collect(config: Config) -> dict:
     """A JSON-ready snapshot; an unreachable server is reported, not raised."""
     report: dict = {"redis": config.redis_url, "topics": {}, "workers": {}, "gearman": []}
     try:
-        registry = Registry(redis.Redis.from_url(config.redis_url, socket_timeout=5),
+        registry = Registry(redisconn.for_config(config, socket_timeout=5),
                             Keys(config.key_prefix, config.matchmaking_channel))
         report["topics"] = registry.topics()
         report["workers"] = registry.live_workers()

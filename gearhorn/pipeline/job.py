@@ -266,14 +266,14 @@ def publish_verdict(summary: dict) -> None:
     import redis
 
     from gearhorn import config as configuration
+    from gearhorn import redisconn
     from gearhorn.keys import Keys
 
     verdict = {key: summary[key] for key in ("events", "malformed", "reconciliation", "report")}
     verdict["finished"] = time.time()
     try:
         config = configuration.load()
-        client = redis.Redis.from_url(config.redis_url, socket_timeout=5,
-                                      socket_connect_timeout=2)
+        client = redisconn.for_config(config, socket_timeout=5, socket_connect_timeout=2)
         client.set(Keys(config.key_prefix).last_report, json.dumps(verdict))
     except (redis.RedisError, configuration.ConfigError) as exc:
         print(f"gearhorn report: verdict not sent to the console: {exc}", file=sys.stderr)

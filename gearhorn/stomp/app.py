@@ -11,8 +11,8 @@ import time
 
 import gevent
 import gevent.event
-import redis
 
+from gearhorn import redisconn
 from gearhorn.background import Backoff
 from gearhorn.config import Config, to_env
 from gearhorn.keys import Keys
@@ -32,11 +32,9 @@ def build_server(config: Config) -> BridgeServer:
     # Thousands of greenlets may need Redis at once (a burst of SUBSCRIBEs):
     # they wait for one of 64 connections instead of failing (redis-py's
     # plain pool raises "Too many connections" beyond 100).
-    pool = redis.BlockingConnectionPool.from_url(config.redis_url, max_connections=64,
-                                                 timeout=30, socket_timeout=10,
-                                                 socket_connect_timeout=5)
-    registry = Registry(redis.Redis(connection_pool=pool),
-                        Keys(config.key_prefix, config.matchmaking_channel))
+    client = redisconn.for_config(config, max_connections=64, socket_timeout=10,
+                                  socket_connect_timeout=5)
+    registry = Registry(client, Keys(config.key_prefix, config.matchmaking_channel))
     if config.stomp_credentials_file:
         credentials = auth.load(config.stomp_credentials_file)
         log.info("STOMP logins checked against %s (%d users, anonymous %s)",

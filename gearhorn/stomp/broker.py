@@ -56,10 +56,11 @@ class Broker:
         self.bridge_id = bridge_id
         self.dispatchers: dict[str, QueueDispatcher] = {}
         self.ledger = Ledger(registry.redis, registry.keys, config.ledger_maxlen,
-                             config.ledger_enabled, source=f"bridge-{bridge_id}")
+                             config.ledger_enabled, source=f"bridge-{bridge_id}",
+                             shards=config.ledger_shards)
         self.headers = HeaderStore(registry.redis, registry.keys, config.headers_ttl)
         self.scheduler = Scheduler(registry.redis, registry.keys, config.delay_shard_seconds,
-                                   config.delay_lease)
+                                   config.delay_lease, config.delay_lanes)
         # The bridge's own jobs (dead letters, replies) share one client, one at a time.
         self.dashed = DashedFunctions(registry.redis, registry.keys)
         self._client = self.new_client()

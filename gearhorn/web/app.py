@@ -36,7 +36,7 @@ import redis
 from gevent.pywsgi import WSGIServer
 from prometheus_client import CollectorRegistry, make_wsgi_app
 
-from gearhorn import deadletters, gearman
+from gearhorn import deadletters, gearman, redisconn
 from gearhorn.config import Config
 from gearhorn.keys import Keys
 from gearhorn.messages import BadRequest, validate_queue
@@ -261,7 +261,7 @@ def _static(start: Start, name: str) -> list[bytes]:
 def build_app(config: Config) -> WebApp:
     credentials = (auth.load(config.stomp_credentials_file) if config.stomp_credentials_file
                    else auth.Credentials.open())
-    client = redis.Redis.from_url(config.redis_url, socket_timeout=5, socket_connect_timeout=2)
+    client = redisconn.for_config(config, socket_timeout=5, socket_connect_timeout=2)
     return WebApp(config, client, credentials)
 
 

@@ -10,7 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 import redis
 
-from gearhorn import gearman
+from gearhorn import gearman, redisconn
 from gearhorn.keys import Keys
 from tests.conftest import require_binary
 
@@ -28,10 +28,11 @@ def gearhorn(*args, timeout=240, env=None):
 
 
 def acked_events(redis_url):
-    from gearhorn.ledger import _decode, rows_from_entries
+    from gearhorn.config import Config
+    from gearhorn.ledger import entries, rows_from_entries
 
-    entries = redis.Redis.from_url(redis_url).xrange("gearhorn:ledger")
-    rows = rows_from_entries((i.decode(), _decode(f)) for i, f in entries)
+    rows = rows_from_entries(entries(redisconn.connect(redis_url), Keys(),
+                                     Config().ledger_shards))
     return sum(1 for row in rows if row["event"] == "acked")
 
 

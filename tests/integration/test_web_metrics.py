@@ -12,7 +12,9 @@ import pytest
 import redis
 
 from gearhorn import servers
+from gearhorn.config import Config
 from gearhorn.keys import Keys
+from gearhorn.ledger import entries
 from tests.conftest import require_binary
 
 from .helpers import GearClient, PoolProcess, unique_topic, wait_for
@@ -67,9 +69,9 @@ def test_copies_add_up_over_worker_processes_and_survive_a_killed_worker(
     ledger = redis.Redis.from_url(redis_url)
 
     def sources():
-        entries = ledger.xrange(Keys().ledger)
-        return {f[b"src"] for _, f in entries if f[b"e"] == b"published"} if len(
-            [1 for _, f in entries if f[b"e"] == b"published"]) == 7 else None
+        published = [f for _, f in entries(ledger, Keys(), Config().ledger_shards)
+                     if f["e"] == "published"]
+        return {f["src"] for f in published} if len(published) == 7 else None
     assert len(wait_for(sources, message="7 fanouts in the ledger")) == 2
 
     victim = next(w for w in pool.live().values() if "pid" in w)

@@ -9,7 +9,7 @@ from gearhorn.keys import Keys
 
 @pytest.fixture
 def scheduler(fake_redis):
-    return Scheduler(fake_redis, Keys("t:"), shard_seconds=0.1, lease_seconds=0.2)
+    return Scheduler(fake_redis, Keys("t:"), shard_seconds=0.1, lease_seconds=0.2, lanes=3)
 
 
 def item(n, due, **kw):
@@ -26,8 +26,9 @@ def test_messages_spread_over_shards_and_nothing_is_taken_early(scheduler, fake_
     now = time.time()
     for n in range(20):
         assert scheduler.schedule(item(n, now + 0.5 + n * 0.05))
-    shards = list(fake_redis.scan_iter("t:due:[0-9]*"))
-    assert len(shards) >= 5 and scheduler.pending() == 20
+    shards = list(fake_redis.scan_iter("{t:due:*}:[0-9]*"))
+    lanes = {key.split(b"}")[0] for key in shards}
+    assert len(shards) >= 5 and len(lanes) == 3 and scheduler.pending() == 20
     assert scheduler.take() == []
 
 
@@ -102,7 +103,8 @@ def test_a_cursor_far_behind_catches_up_call_by_call(scheduler, fake_redis):
     due = time.time() + 1
     assert scheduler.schedule(item(1, due))
     shard = int(due * 1000) // scheduler.width_ms
-    fake_redis.set("t:due:cursor", shard - 3500)  # as after a long outage
+    fake_redis.set(scheduler.keys.due_cursor(scheduler.lane(item(1, due))),
+                   shard - 3500)  # as after a long outage
     calls, taken = 0, []
     while not taken and calls < 1000:  # polls until due (1 s), 10 ms apart
         calls += 1

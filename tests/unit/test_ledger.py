@@ -22,7 +22,7 @@ def test_a_published_entry_becomes_one_row_per_copy(book, fake_redis):
     publish(book, fake_redis, "m1", [("news_a", "m1:a"), ("news_b", "m1:b")])
     book.record("delivered", "news_a", "m1:a", redelivered=True)
     book.flush()
-    entries = [(i.decode(), L._decode(f)) for i, f in fake_redis.xrange("t:ledger")]
+    entries = [(i.decode(), L._decode(f)) for i, f in fake_redis.xrange("{t:ledger:0}")]
     rows = list(L.rows_from_entries(entries))
     assert [(r["event"], r["subscriber"], r["unique"], r["count"]) for r in rows] == [
         ("published", None, None, 2), ("enqueued", "news_a", "m1:a", None),
@@ -37,7 +37,7 @@ def test_disabled_ledger_writes_nothing(fake_redis):
     off.published("t", "m", [("t_a", "u")])
     off.record("acked", "t_a", "u")
     off.flush()
-    assert fake_redis.xlen("t:ledger") == 0
+    assert fake_redis.xlen("{t:ledger:0}") == 0
 
 
 def read_jsonl(out):
@@ -67,6 +67,24 @@ def test_export_writes_each_event_once_across_exports(book, fake_redis, tmp_path
     assert all(os.path.basename(os.path.dirname(f)).startswith("date=") for f in first["files"])
 
 
+def test_export_merges_the_writers_streams_in_time_order(fake_redis, tmp_path):
+    out = str(tmp_path / "ledger")
+    writers = [L.Ledger(fake_redis, Keys("t:"), source=f"w{n}", shards=4) for n in range(8)]
+    assert len({w.stream for w in writers}) > 1  # writers spread over the streams
+    for round_ in range(3):
+        for n, writer in enumerate(writers):
+            writer.published("news", f"m{round_}-{n}", [])
+            writer.flush()
+    assert L.export(fake_redis, Keys("t:"), out, "jsonl", chunk=5, shards=4)["rows"] == 24
+    ids = [r["stream_id"] for r in read_jsonl(out)]
+    assert sorted(ids, key=L._id_key) == ids and len(set(ids)) <= 24
+    writers[0].published("news", "late", [])
+    writers[0].flush()
+    again = L.export(fake_redis, Keys("t:"), out, "jsonl", shards=4)
+    assert again["rows"] == 1  # each stream resumes from its own checkpoint
+    assert [e[1]["mid"] for e in L.entries(fake_redis, Keys("t:"), 4)][-1] == "late"
+
+
 def test_export_redone_after_a_crash_replaces_its_files(book, fake_redis, tmp_path):
     out = str(tmp_path / "ledger")
     publish(book, fake_redis, "m1", [("news_a", "m1:a")])
@@ -91,7 +109,7 @@ def test_trimmed_ledger_is_reported(fake_redis, tmp_path):
     small.flush()
     L.export(fake_redis, Keys("t:"), str(tmp_path), "jsonl")
     for _ in range(3):
-        small.redis.xadd("t:ledger", {"e": "acked", "ts": "1"}, maxlen=1, approximate=False)
+        small.redis.xadd("{t:ledger:0}", {"e": "acked", "ts": "1"}, maxlen=1, approximate=False)
     assert L.export(fake_redis, Keys("t:"), str(tmp_path), "jsonl")["trimmed"] is True
 
 
@@ -114,10 +132,10 @@ def test_flusher_writes_in_the_background(book, fake_redis):
     book.record("acked", "q", "u")
     import time
     deadline = time.monotonic() + 30
-    while fake_redis.xlen("t:ledger") == 0 and time.monotonic() < deadline:
+    while fake_redis.xlen("{t:ledger:0}") == 0 and time.monotonic() < deadline:
         time.sleep(0.01)
     flusher.stop()
-    assert fake_redis.xlen("t:ledger") == 1
+    assert fake_redis.xlen("{t:ledger:0}") == 1
 
 
 @pytest.mark.parametrize("fmt", ["parquet", "jsonl"])

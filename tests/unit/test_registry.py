@@ -21,33 +21,33 @@ def test_unsubscribe_removes_and_drops_empty_topics(registry, fake_redis):
     assert registry.unsubscribe(Subscription("news", "alice")) == 0
     assert registry.unsubscribe(Subscription("news", "alice")) == 0
     assert registry.topics() == {}
-    assert not fake_redis.exists("t:topic:news")
+    assert not fake_redis.exists("t:topic:{news}")
 
 
 def test_members_returns_none_while_the_token_is_current(registry):
     registry.subscribe(Subscription("news", "alice"))
     first = registry.members("news")
     assert queues(first) == ["news_alice"]
-    assert registry.members("news", first.token) is None
+    assert registry.members("news", first) is None
     registry.subscribe(Subscription("news", "bob"))
-    second = registry.members("news", first.token)
+    second = registry.members("news", first)
     assert second.token != first.token
     assert queues(second) == ["news_alice", "news_bob"]
 
 
 def test_no_op_changes_keep_the_token(registry):
     registry.subscribe(Subscription("news", "alice"))
-    token = registry.members("news").token
+    cached = registry.members("news")
     registry.subscribe(Subscription("news", "alice"))
     registry.unsubscribe(Subscription("news", "nobody"))
-    assert registry.members("news", token) is None
+    assert registry.members("news", cached) is None
 
 
 def test_other_topics_do_not_change_the_token(registry):
     registry.subscribe(Subscription("news", "alice"))
-    token = registry.members("news").token
+    cached = registry.members("news")
     registry.subscribe(Subscription("sport", "bob"))
-    assert registry.members("news", token) is None
+    assert registry.members("news", cached) is None
 
 
 def test_prefix_subscribers_receive_matching_topics(registry):
@@ -64,19 +64,36 @@ def test_prefix_subscribers_receive_matching_topics(registry):
 
 def test_prefix_change_invalidates_every_topic_token(registry):
     registry.subscribe(Subscription("news.sports", "alice"))
-    token = registry.members("news.sports").token
+    cached = registry.members("news.sports")
     registry.subscribe(Subscription("n*", "dave"))
-    assert queues(registry.members("news.sports", token)) == ["n*_dave", "news.sports_alice"]
+    assert queues(registry.members("news.sports", cached)) == ["n*_dave", "news.sports_alice"]
+
+
+def test_a_topic_change_keeps_the_cached_prefix_subscribers(registry):
+    registry.subscribe(Subscription("news.*", "carol"))
+    cached = registry.members("news.sports")
+    registry.subscribe(Subscription("news.sports", "alice"))
+    fresh = registry.members("news.sports", cached)
+    assert fresh.token.split(".")[1] == cached.token.split(".")[1]
+    assert queues(fresh) == ["news.*_carol", "news.sports_alice"]
+
+
+def test_topic_index_keeps_a_topic_that_gains_a_subscriber_while_emptied(registry, fake_redis):
+    registry.subscribe(Subscription("news", "alice"))
+    fake_redis.srem(registry.keys.topic("news"), "alice")  # alice left: the count was 0,
+    fake_redis.sadd(registry.keys.topic("news"), "bob")  # and bob came before the second look
+    registry._index_topic("news", 0)
+    assert registry.topics() == {"news": 1}
 
 
 def test_a_prefix_added_by_another_process_is_seen_at_the_next_lookup(registry, fake_redis):
     other = Registry(fake_redis, registry.keys)  # another worker process
     registry.subscribe(Subscription("news.sports", "alice"))
-    token = other.members("news.sports").token
+    cached = other.members("news.sports")
     registry.subscribe(Subscription("news.*", "dave"))
-    assert queues(other.members("news.sports", token)) == ["news.*_dave", "news.sports_alice"]
+    assert queues(other.members("news.sports", cached)) == ["news.*_dave", "news.sports_alice"]
     registry.unsubscribe(Subscription("news.*", "dave"))
-    assert queues(other.members("news.sports", token)) == ["news.sports_alice"]
+    assert queues(other.members("news.sports", cached)) == ["news.sports_alice"]
 
 
 def test_every_change_is_announced(registry, fake_redis):

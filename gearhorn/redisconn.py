@@ -1,0 +1,80 @@
+"""One way to open Redis: a single server, or a Redis Cluster.
+
+Every process gets its Redis client from :func:`connect`. With
+``redis_cluster = auto`` it asks the node at the URL (``INFO cluster``) and
+uses redis-py's cluster client when it says ``cluster_enabled:1``; ``yes``
+and ``no`` force it. Both clients take the same commands: every key layout
+in gearhorn/keys.py keeps the keys of one script or transaction in one hash
+slot, so the code above never asks which it has.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+from urllib.parse import urlsplit
+
+import redis
+from redis.backoff import ExponentialBackoff
+from redis.cluster import RedisCluster
+from redis.retry import Retry
+
+if TYPE_CHECKING:
+    from gearhorn.config import Config
+
+log = logging.getLogger(__name__)
+
+AnyRedis = redis.Redis | RedisCluster
+
+# A failover takes the cluster node timeout plus an election (seconds):
+# retry MOVED/ASK, CLUSTERDOWN and lost connections that long before an
+# error reaches the caller, which then backs off and logs the outage once.
+_CLUSTER_ATTEMPTS = 8
+_CLUSTER_RETRY = Retry(ExponentialBackoff(cap=2.0, base=0.05), _CLUSTER_ATTEMPTS)
+
+
+def connect(url: str, cluster: str = "auto", *, max_connections: int | None = None,
+            **options: object) -> AnyRedis:
+    """A client for ``url``: the cluster client if ``cluster`` is ``"yes"``,
+    or ``"auto"`` and the node is a cluster node. ``options`` go to the client
+    (socket timeouts); ``max_connections`` caps its pool (per node on a
+    cluster) and makes a caller wait up to 30 s for a free connection instead
+    of failing (the bridge: thousands of greenlets may need Redis at once)."""
+    if max_connections:
+        options.update(max_connections=max_connections, timeout=30,
+                       connection_pool_class=redis.BlockingConnectionPool)
+    if cluster == "yes" or (cluster == "auto" and is_cluster(url)):
+        return RedisCluster.from_url(url, retry=_CLUSTER_RETRY,
+                                     cluster_error_retry_attempts=_CLUSTER_ATTEMPTS, **options)
+    pool_class = options.pop("connection_pool_class", redis.ConnectionPool)
+    return redis.Redis(connection_pool=pool_class.from_url(url, **options))
+
+
+def is_cluster(url: str) -> bool:
+    """True if the node at ``url`` runs in cluster mode. A node that does not
+    answer counts as a single server (logged: set redis_cluster = yes to
+    start against a cluster that is down)."""
+    probe = redis.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=5)
+    try:
+        return bool(probe.info("cluster").get("cluster_enabled"))
+    except redis.RedisError as exc:
+        log.warning("cannot ask %s whether it is a Redis Cluster (%s): taking it for a "
+                    "single server; set redis_cluster = yes if it is a cluster", _safe(url), exc)
+        return False
+    finally:
+        probe.close()
+
+
+def is_cluster_client(client: object) -> bool:
+    return isinstance(client, RedisCluster)
+
+
+def for_config(config: Config, **options: object) -> AnyRedis:
+    """:func:`connect` with the configured URL and cluster mode."""
+    return connect(config.redis_url, config.redis_cluster, **options)
+
+
+def _safe(url: str) -> str:
+    """The URL without its password, for logs."""
+    parts = urlsplit(url)
+    return f"{parts.scheme}://{parts.hostname}:{parts.port or 6379}"
