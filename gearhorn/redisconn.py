@@ -29,8 +29,7 @@ AnyRedis = redis.Redis | RedisCluster
 # A failover takes the cluster node timeout plus an election (seconds):
 # retry MOVED/ASK, CLUSTERDOWN and lost connections that long before an
 # error reaches the caller, which then backs off and logs the outage once.
-_CLUSTER_ATTEMPTS = 8
-_CLUSTER_RETRY = Retry(ExponentialBackoff(cap=2.0, base=0.05), _CLUSTER_ATTEMPTS)
+_CLUSTER_RETRY = Retry(ExponentialBackoff(cap=2.0, base=0.05), 8)
 
 
 def connect(url: str, cluster: str = "auto", *, max_connections: int | None = None,
@@ -44,8 +43,7 @@ def connect(url: str, cluster: str = "auto", *, max_connections: int | None = No
         options.update(max_connections=max_connections, timeout=30,
                        connection_pool_class=redis.BlockingConnectionPool)
     if cluster == "yes" or (cluster == "auto" and is_cluster(url)):
-        return RedisCluster.from_url(url, retry=_CLUSTER_RETRY,
-                                     cluster_error_retry_attempts=_CLUSTER_ATTEMPTS, **options)
+        return RedisCluster.from_url(url, retry=_CLUSTER_RETRY, **options)
     pool_class = options.pop("connection_pool_class", redis.ConnectionPool)
     return redis.Redis(connection_pool=pool_class.from_url(url, **options))
 

@@ -28,6 +28,16 @@ def redis_url(redis_server):
 
 
 @pytest.fixture(scope="session")
+def redis_cluster():
+    """A Redis Cluster of 3 masters (tests/integration/test_redis_cluster.py)."""
+    require_binary("redis-server", "redis-server")
+    require_binary("redis-cli", "redis-tools")
+    cluster = servers.start_redis_cluster(masters=3)
+    yield cluster
+    cluster.stop()
+
+
+@pytest.fixture(scope="session")
 def gearmand(tmp_path_factory):
     require_binary("gearmand", "gearman-job-server")
     server = servers.start_gearmand(data_dir=str(tmp_path_factory.mktemp("gearmand")))

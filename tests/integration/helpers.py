@@ -11,9 +11,8 @@ import time
 import uuid
 
 import gear
-import redis
 
-from gearhorn import gearman, servers
+from gearhorn import gearman, redisconn, servers
 from gearhorn.keys import Keys
 from gearhorn.registry import Registry
 
@@ -43,7 +42,7 @@ class PoolProcess:
         self.tls = tls  # gearman.TlsFiles of the servers; the pool reads its own from env
         self.redis_url = redis_url
         self.processes = processes
-        self.registry = Registry(redis.Redis.from_url(redis_url), Keys())
+        self.registry = Registry(redisconn.connect(redis_url), Keys())
         argv = [sys.executable, "-m", "gearhorn", "worker", "--processes", str(processes),
                 "--redis-url", redis_url]
         for server in self.gearman_servers:

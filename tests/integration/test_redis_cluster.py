@@ -1,0 +1,103 @@
+"""gearhorn on a real Redis Cluster (3 masters, from ``redis-cli --cluster create``).
+
+``redis_url`` is overridden here to point at one node of the cluster, so the
+tests imported below from the other modules run unchanged against it: the
+pool, the bridge and the command-line tools find the cluster by asking that
+node (``redis_cluster = auto``). Before the hash-tagged key layout every one
+of them failed here (CROSSSLOT in the scripts, MOVED in heartbeats).
+"""
+
+import json
+import subprocess
+import sys
+
+import pytest
+import redis
+
+from gearhorn import redisconn
+from gearhorn.config import Config
+from gearhorn.keys import Keys
+from gearhorn.ledger import entries
+
+from .helpers import GearClient, unique_topic, wait_for
+
+# Each imported test runs here on the cluster, with this module's fixtures.
+from .test_commands import test_helper_commands_subscribe_publish_consume_status  # noqa: F401
+from .test_dead_letters import test_list_requeue_and_purge_from_the_command_line  # noqa: F401
+from .test_delivery_options import (  # noqa: F401
+    test_a_backlog_is_consumed_high_before_normal_before_low,
+    test_a_delayed_stomp_message_is_invisible_until_due_then_on_time,
+    test_request_reply_with_a_stomp_service,
+    test_sender_headers_reach_stomp_consumers_unchanged_and_gearman_gets_the_payload,
+)
+from .test_faults import test_the_pool_cleans_up_after_a_bridge_killed_without_a_word  # noqa: F401
+from .test_stomp_bridge import (  # noqa: F401
+    test_durable_topic_subscription_keeps_its_backlog,
+    test_prefix_subscription_receives_every_matching_topic,
+    test_topic_fanout_to_three_connections_in_order_exactly_once,
+)
+from .test_worker_pool import (  # noqa: F401
+    test_bad_input_fails_with_its_reason_and_nothing_accepted_is_lost,
+    test_fanout_right_after_a_subscribe_always_includes_it,
+)
+
+pytestmark = [pytest.mark.integration, pytest.mark.cluster, pytest.mark.timeout(240)]
+
+
+@pytest.fixture
+def redis_url(redis_cluster):
+    for node in redis_cluster.nodes:
+        redis.Redis.from_url(node.details["url"]).flushall()
+    return redis_cluster.url
+
+
+@pytest.fixture
+def stack(gearmand, start_pool, start_bridge):
+    start_pool([gearmand])
+    return start_bridge([gearmand])
+
+
+def test_the_node_url_is_found_to_be_a_cluster_and_keys_spread_over_its_nodes(
+        redis_url, redis_cluster, gearmand, start_pool):
+    client = redisconn.connect(redis_url)
+    assert redisconn.is_cluster_client(client)
+    assert not redisconn.is_cluster_client(redisconn.connect(redis_url, "no"))
+    start_pool([gearmand])
+    gear = GearClient(gearmand)
+    for n in range(30):
+        gear.call("subscribe_fanout", {"topic": f"spread.{n}", "client_id": "alice"})
+    gear.call("subscribe_fanout", {"topic": "spread.*", "client_id": "carol"})
+    assert gear.call("fanout", {"topic": "spread.7", "payload": "x",
+                                "background": True})["copies"] == 2
+    gear.close()
+    holding = [node for node in redis_cluster.nodes
+               if redis.Redis.from_url(node.details["url"]).dbsize()]
+    assert len(holding) == 3  # topics, ledger streams and heartbeats on every master
+
+
+def test_ledger_export_reads_every_stream_of_the_cluster(redis_url, gearmand, start_pool,
+                                                         tmp_path):
+    pool = start_pool([gearmand])
+    topic = unique_topic()
+    gear = GearClient(gearmand)
+    gear.call("subscribe_fanout", {"topic": topic, "client_id": "alice"})
+    for n in range(40):
+        gear.call("fanout", {"topic": topic, "payload": f"m{n}", "background": True})
+    gear.close()
+    client, shards = redisconn.connect(redis_url), Config().ledger_shards
+
+    def published():
+        found = [f for _, f in entries(client, Keys(), shards) if f["e"] == "published"]
+        return found if len(found) == 40 else None
+    writers = {f["src"] for f in wait_for(published, message="40 fanouts in the ledger")}
+    assert writers <= set(pool.live())
+    streams = {Keys().ledger(shard) for shard in range(shards) if client.xlen(Keys().ledger(shard))}
+    out = subprocess.run([sys.executable, "-m", "gearhorn", "ledger", "export", "--out",
+                          str(tmp_path), "--format", "jsonl", "--redis-url", redis_url],
+                         capture_output=True, timeout=120)
+    assert out.returncode == 0, out.stderr.decode()
+    rows = [json.loads(line) for path in tmp_path.rglob("*.jsonl")
+            for line in path.read_text().splitlines()]
+    assert sum(r["event"] == "published" for r in rows) == 40
+    assert sum(r["event"] == "enqueued" for r in rows) == 40
+    assert len(streams) == len(writers)  # one stream per writer here
