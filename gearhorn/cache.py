@@ -20,6 +20,7 @@ import redis
 
 from gearhorn.background import Backoff, StoppableThread
 from gearhorn.messages import PREFIX_WILDCARD
+from gearhorn.redisconn import REDIS_ERRORS
 from gearhorn.registry import Members, Recipient, Registry
 
 log = logging.getLogger(__name__)
@@ -95,7 +96,7 @@ class InvalidationListener(StoppableThread):
             try:
                 self._listen()
                 backoff.succeeded()
-            except redis.RedisError as exc:
+            except REDIS_ERRORS as exc:
                 self.subscribed.clear()
                 pause = backoff.failed()
                 log.warning("matchmaking channel lost (%s); retrying in %.1fs", exc, pause)

@@ -212,6 +212,7 @@ def cmd_replay(config: Config, args: argparse.Namespace) -> int:
 
     from gearhorn import gearman, redisconn, replay
     from gearhorn.keys import Keys
+    from gearhorn.redisconn import REDIS_ERRORS
 
     keys = Keys(config.key_prefix, config.matchmaking_channel)
     queue = redis.Redis.from_url(config.queue_redis_url, socket_timeout=60)
@@ -226,7 +227,7 @@ def cmd_replay(config: Config, args: argparse.Namespace) -> int:
             print(f"resubmitted {replay.resubmit(queue, dashed, keys, client):,} jobs")
         finally:
             client.close()
-    except (redis.RedisError, gearman.GearmanError) as exc:
+    except (*REDIS_ERRORS, gearman.GearmanError) as exc:
         raise CommandError(str(exc)) from None
     return 0
 
@@ -291,17 +292,16 @@ def cmd_consume(config: Config, args: argparse.Namespace) -> int:
 
 
 def cmd_ledger(config: Config, args: argparse.Namespace) -> int:
-    import redis
-
     from gearhorn import redisconn
     from gearhorn.keys import Keys
     from gearhorn.ledger import export
+    from gearhorn.redisconn import REDIS_ERRORS
 
     client = redisconn.for_config(config, socket_timeout=30)
     try:
         result = export(client, Keys(config.key_prefix, config.matchmaking_channel), args.out,
                         args.format, shards=config.ledger_shards)
-    except (redis.RedisError, RuntimeError) as exc:
+    except (*REDIS_ERRORS, RuntimeError) as exc:
         raise CommandError(str(exc)) from None
     print(f"exported {result['rows']:,} rows in {len(result['files'])} files to {args.out} "
           f"(ledger up to {result['last_id']})")
@@ -348,10 +348,9 @@ def cmd_status(config: Config, args: argparse.Namespace) -> int:
 def cmd_dlq(config: Config, args: argparse.Namespace) -> int:
     import time
 
-    import redis
-
     from gearhorn import deadletters, gearman, redisconn
     from gearhorn.naming import dead_letter_queue
+    from gearhorn.redisconn import REDIS_ERRORS
 
     index, mover = deadletters.for_config(config, redisconn.for_config(config,
                                                                        socket_timeout=30))
@@ -374,7 +373,7 @@ def cmd_dlq(config: Config, args: argparse.Namespace) -> int:
                 when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(d.at))
                 print(f"  {when}  {d.deliveries:>3} deliveries  {d.reason:12}  "
                       f"{d.size:>7} bytes  {d.preview[:60]!r}")
-    except (redis.RedisError, gearman.GearmanError, OSError) as exc:
+    except (*REDIS_ERRORS, gearman.GearmanError, OSError) as exc:
         raise CommandError(f"{type(exc).__name__}: {exc}") from None
     return 0
 

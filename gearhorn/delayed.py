@@ -27,6 +27,7 @@ import redis
 from gearhorn.background import Backoff, StoppableThread
 from gearhorn.gearman import GearmanError
 from gearhorn.keys import Keys
+from gearhorn.redisconn import REDIS_ERRORS
 from gearhorn.redisutil import run_scripts, script
 
 log = logging.getLogger(__name__)
@@ -168,7 +169,7 @@ class Releaser(StoppableThread):
                 taken = self.release_due()
                 backoff.succeeded()
                 pause = self.interval
-            except (redis.RedisError, GearmanError) as exc:
+            except (*REDIS_ERRORS, GearmanError) as exc:
                 pause = backoff.failed()
                 log.warning("delayed messages not released: %s; retrying in %.1fs", exc, pause)
                 taken = 0

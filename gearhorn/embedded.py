@@ -21,6 +21,7 @@ from gearhorn import gearman, redisconn, replay, servers
 from gearhorn.config import Config, to_env
 from gearhorn.keys import Keys
 from gearhorn.pool import Pool
+from gearhorn.redisconn import REDIS_ERRORS
 from gearhorn.registry import Registry
 
 log = logging.getLogger(__name__)
@@ -78,7 +79,7 @@ class Embedded:
                     self._replace(self.queue_redis, self._start_queue_redis())
                 self.gearmand.stop()
                 self._replace(self.gearmand, self._start_gearmand(self.gearmand.port))
-            except (servers.ServerError, redis.RedisError, gearman.GearmanError) as exc:
+            except (servers.ServerError, *REDIS_ERRORS, gearman.GearmanError) as exc:
                 log.error("could not restart gearmand: %s (trying again)", exc)
 
     def _replace(self, old: servers.Managed, new: servers.Managed) -> None:
@@ -187,7 +188,7 @@ class Embedded:
             try:
                 if len(registry.live_workers()) >= self.config.processes:
                     break
-            except redis.RedisError:
+            except REDIS_ERRORS:
                 pass
             time.sleep(0.2)
         print(banner(self.config, self.notes), flush=True)

@@ -15,7 +15,6 @@ import threading
 import time
 
 import gear
-import redis
 
 from gearhorn import gearman, redisconn
 from gearhorn.background import Backoff
@@ -37,6 +36,7 @@ from gearhorn.messages import (
     parse_subscription,
 )
 from gearhorn.naming import delayed_unique
+from gearhorn.redisconn import REDIS_ERRORS
 from gearhorn.registry import Recipient, Registry, new_worker_id
 from gearhorn.replay import DashedFunctions
 from gearhorn.stats import Stats
@@ -91,7 +91,7 @@ class FanoutService:
             if function == FANOUT:
                 return self.fanout(data, job_unique, received)
             return handler(data)
-        except redis.RedisError as exc:
+        except REDIS_ERRORS as exc:
             raise Unavailable(f"registry unavailable (redis: {exc})") from None
         except gearman.GearmanError as exc:
             raise Unavailable(f"gearmand unavailable: {exc}") from None
@@ -367,7 +367,7 @@ class WorkerProcess:
                 self.registry.heartbeat(self.worker_id, self.config.worker_ttl,
                                         {**info, "jobs": self.jobs_done})
                 self.janitor.sweep()  # after bridges that died without a word
-            except redis.RedisError as exc:
+            except REDIS_ERRORS as exc:
                 log.warning("heartbeat failed: %s", exc)
             self._draining.wait(self.config.heartbeat_interval)
 
@@ -381,6 +381,6 @@ class WorkerProcess:
         self.release_client.close()
         try:
             self.registry.retire(self.worker_id)
-        except redis.RedisError as exc:
+        except REDIS_ERRORS as exc:
             log.warning("could not retire %s: %s", self.worker_id, exc)
         log.info("worker %s stopped after %d jobs", self.worker_id, self.jobs_done)

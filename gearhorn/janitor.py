@@ -15,10 +15,9 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-import redis
-
 from gearhorn.liveness import Liveness
 from gearhorn.messages import Subscription, queue_name
+from gearhorn.redisconn import REDIS_ERRORS
 from gearhorn.redisutil import text
 from gearhorn.registry import Registry
 
@@ -114,7 +113,7 @@ class Janitor:
             try:
                 self._clean(bridge_id)
                 cleaned += 1
-            except redis.RedisError as exc:
+            except REDIS_ERRORS as exc:
                 log.warning("cleanup after bridge %s interrupted: %s", bridge_id, exc)
         return cleaned
 

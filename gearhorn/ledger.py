@@ -38,6 +38,7 @@ import redis
 from gearhorn.background import StoppableThread
 from gearhorn.events import FIELDS, Event, copy_key, message_key
 from gearhorn.keys import Keys
+from gearhorn.redisconn import REDIS_ERRORS
 from gearhorn.redisutil import text
 
 log = logging.getLogger(__name__)
@@ -119,7 +120,7 @@ class Ledger:
             pipe.xadd(self.stream, fields, maxlen=self.maxlen, approximate=True)
         try:
             pipe.execute()
-        except redis.RedisError as exc:
+        except REDIS_ERRORS as exc:
             self.lost += len(events)
             log.warning("ledger: %d events lost: %s", len(events), exc)
 

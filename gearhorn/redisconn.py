@@ -17,6 +17,7 @@ from urllib.parse import urlsplit
 import redis
 from redis.backoff import ExponentialBackoff
 from redis.cluster import RedisCluster
+from redis.exceptions import RedisClusterException
 from redis.retry import Retry
 
 if TYPE_CHECKING:
@@ -76,3 +77,9 @@ def _safe(url: str) -> str:
     """The URL without its password, for logs."""
     parts = urlsplit(url)
     return f"{parts.scheme}://{parts.hostname}:{parts.port or 6379}"
+
+
+# What "Redis is away" looks like: redis-py's errors, and the cluster client's
+# own (a slot no node serves during a failover, no node reachable), which do
+# not derive from RedisError. Every outage handler catches both.
+REDIS_ERRORS: tuple[type[Exception], ...] = (redis.RedisError, RedisClusterException)

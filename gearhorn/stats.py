@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 import redis
 
 from gearhorn.keys import Keys
+from gearhorn.redisconn import REDIS_ERRORS
 from gearhorn.redisutil import text
 
 # Seconds from a fanout job's arrival at a worker to gearmand accepting its
@@ -73,7 +74,7 @@ class Stats:
             return
         try:
             self._write(taken)
-        except redis.RedisError as exc:
+        except REDIS_ERRORS as exc:
             self.lost += len(taken)
             log.warning("metrics: counts of %d fanouts lost: %s", len(taken), exc)
 

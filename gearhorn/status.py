@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import redis
-
 from gearhorn import gearman, redisconn
 from gearhorn.config import Config
 from gearhorn.delayed import Scheduler
 from gearhorn.keys import Keys
+from gearhorn.redisconn import REDIS_ERRORS
 from gearhorn.registry import Registry
 
 
@@ -20,7 +19,7 @@ def collect(config: Config) -> dict:
         report["topics"] = registry.topics()
         report["workers"] = registry.live_workers()
         report["delayed"] = Scheduler(registry.redis, registry.keys).pending()
-    except redis.RedisError as exc:
+    except REDIS_ERRORS as exc:
         report["redis_error"] = str(exc)
     for host, port in config.gearman_servers:
         entry: dict = {"server": f"{host}:{port}"}

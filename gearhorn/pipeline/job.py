@@ -23,6 +23,7 @@ if __package__ in (None, ""):  # run as a file by spark-submit
 
 from gearhorn.errors import GearhornError
 from gearhorn.pipeline import transforms as T  # noqa: E402
+from gearhorn.redisconn import REDIS_ERRORS
 
 # Problem rows the reconciliation sends to every task to find their names;
 # beyond this (a subscriber that never took anything, say) it shuffles.
@@ -263,7 +264,6 @@ def publish_verdict(summary: dict) -> None:
     """Leave the verdict where ``gearhorn web``'s console shows it (the
     registry's Redis, from the usual settings). Best effort: the report
     stands without it, and a report run far from Redis says so once."""
-    import redis
 
     from gearhorn import config as configuration
     from gearhorn import redisconn
@@ -275,7 +275,7 @@ def publish_verdict(summary: dict) -> None:
         config = configuration.load()
         client = redisconn.for_config(config, socket_timeout=5, socket_connect_timeout=2)
         client.set(Keys(config.key_prefix).last_report, json.dumps(verdict))
-    except (redis.RedisError, configuration.ConfigError) as exc:
+    except (*REDIS_ERRORS, configuration.ConfigError) as exc:
         print(f"gearhorn report: verdict not sent to the console: {exc}", file=sys.stderr)
 
 

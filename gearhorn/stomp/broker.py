@@ -18,7 +18,6 @@ from collections.abc import Callable, Sequence
 import gevent
 import gevent.event
 import gevent.lock
-import redis
 
 from gearhorn import gearman
 from gearhorn.config import Config
@@ -30,6 +29,7 @@ from gearhorn.janitor import BridgeLiveness, queue_entry, topic_entry
 from gearhorn.ledger import Ledger
 from gearhorn.messages import Subscription, validate_topic
 from gearhorn.naming import dead_letter_queue, queue_copy_unique, stomp_unique
+from gearhorn.redisconn import REDIS_ERRORS
 from gearhorn.registry import Registry
 from gearhorn.replay import DashedFunctions
 from gearhorn.stats import Stats
@@ -123,7 +123,7 @@ class Broker:
             try:
                 self.liveness.heartbeat()
                 self._publish_info(info)
-            except redis.RedisError as exc:
+            except REDIS_ERRORS as exc:
                 log.warning("bridge heartbeat failed: %s", exc)
             gevent.sleep(self.config.heartbeat_interval)
 
@@ -145,7 +145,7 @@ class Broker:
         try:
             self.liveness.retire()
             self.registry.redis.delete(self.registry.keys.bridge_info(self.bridge_id))
-        except redis.RedisError as exc:
+        except REDIS_ERRORS as exc:
             log.warning("could not retire bridge %s: %s", self.bridge_id, exc)
 
     def _flush_ledger_forever(self) -> None:
@@ -260,7 +260,7 @@ class Broker:
         try:
             if self.temp_queue_exists(reply_queue):  # else the requester left, and a
                 self.send_own(reply_queue, outcome.data, headers)  # reply would sit forever
-        except (gearman.GearmanError, redis.RedisError) as exc:
+        except (gearman.GearmanError, *REDIS_ERRORS) as exc:
             log.warning("reply to %s lost: %s", reply_queue, exc)
 
     def dead_letter(self, delivery: Delivery, reason: str) -> None:
@@ -276,7 +276,7 @@ class Broker:
         try:
             self.dead_letters.record(function, header_id, reason, delivery.deliveries,
                                      delivery.body)
-        except redis.RedisError as exc:  # the dead letter is queued: only the index missed
+        except REDIS_ERRORS as exc:  # the dead letter is queued: only the index missed
             log.warning("%s: dead letter %s not indexed: %s", function, header_id, exc)
         log.info("%s: message %s dead-lettered after %d deliveries: %s", function,
                  delivery.job.unique, delivery.deliveries, reason)

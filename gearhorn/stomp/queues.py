@@ -20,10 +20,10 @@ from typing import Protocol
 
 import gevent
 import gevent.event
-import redis
 
 from gearhorn import gearman
 from gearhorn.background import Backoff
+from gearhorn.redisconn import REDIS_ERRORS
 from gearhorn.stomp import dispatch
 
 log = logging.getLogger(__name__)
@@ -211,7 +211,7 @@ class QueueDispatcher:
     def _move_to_dead_letters(self, delivery: Delivery, reason: str) -> None:
         try:
             self._dead_letter(delivery, reason)
-        except (gearman.GearmanError, redis.RedisError) as exc:
+        except (gearman.GearmanError, *REDIS_ERRORS) as exc:
             log.warning("%s: could not dead-letter %s (%s); it stays in the queue",
                         self.function, delivery.job.handle, exc)
             if not self._closed and delivery.worker in self._workers:
@@ -268,7 +268,7 @@ class QueueDispatcher:
             return {}
         try:
             return self._lookup([job.unique for job in jobs])
-        except redis.RedisError as exc:
+        except REDIS_ERRORS as exc:
             # Never deliver without the headers (a reply-to would be lost):
             # drop the connection, gearmand takes the jobs back, and we retry.
             raise gearman.GearmanError(f"message headers unavailable (redis: {exc})") from None

@@ -13,8 +13,6 @@ import logging
 import uuid
 from collections.abc import Callable
 
-import redis
-
 from gearhorn import gearman
 from gearhorn.events import Event
 from gearhorn.messages import (
@@ -24,6 +22,7 @@ from gearhorn.messages import (
     validate_queue,
 )
 from gearhorn.naming import TEMP_FUNCTION_PREFIX, durable_client_id, temp_queue
+from gearhorn.redisconn import REDIS_ERRORS
 from gearhorn.stomp.auth import OPEN
 from gearhorn.stomp.backend import Backend, Transport
 from gearhorn.stomp.broker import FanoutFailed
@@ -103,7 +102,7 @@ class Session:
         except FanoutFailed as exc:
             log.warning("session %s: %s", self.id, exc)
             self.error(str(exc), frame)
-        except (gearman.GearmanError, redis.RedisError) as exc:
+        except (gearman.GearmanError, *REDIS_ERRORS) as exc:
             log.warning("session %s: %s failed: %s", self.id, frame.command, exc)
             self.error(f"service unavailable: {exc}", frame)
 
@@ -158,7 +157,7 @@ class Session:
         except (ProtocolError, BadRequest, FanoutFailed) as exc:
             self.error(str(exc), batch[0])
             return
-        except (gearman.GearmanError, redis.RedisError) as exc:
+        except (gearman.GearmanError, *REDIS_ERRORS) as exc:
             self.error(f"service unavailable: {exc}", batch[0])
             return
         for frame in batch:
@@ -187,7 +186,7 @@ class Session:
         for sub in list(self.subscriptions.values()):
             try:
                 self._end(sub, remove=False)
-            except (redis.RedisError, gearman.GearmanError) as exc:
+            except (*REDIS_ERRORS, gearman.GearmanError) as exc:
                 log.warning("session %s: cleanup of %s failed: %s", self.id, sub.id, exc)
         self.subscriptions.clear()
         if self._gearman is not None:

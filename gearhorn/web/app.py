@@ -41,6 +41,7 @@ from gearhorn.config import Config
 from gearhorn.keys import Keys
 from gearhorn.messages import BadRequest, validate_queue
 from gearhorn.naming import dead_letter_queue
+from gearhorn.redisconn import REDIS_ERRORS
 from gearhorn.stomp import auth
 from gearhorn.web import access
 from gearhorn.web.history import RateHistory
@@ -188,7 +189,7 @@ class WebApp:
             queued = deadletters.queued(self.config.gearman_servers, dead_letter_queue(queue),
                                         self.config.gearman_tls)
             letters = [d.to_dict() for d in self.index.list(queue)]
-        except (redis.RedisError, OSError) as exc:
+        except (*REDIS_ERRORS, OSError) as exc:
             raise HttpError("503 Service Unavailable", f"{type(exc).__name__}: {exc}") from None
         return {"queue": queue, "queued": queued, "letters": letters}
 
@@ -208,7 +209,7 @@ class WebApp:
         try:
             moved = (self.mover.requeue(queue, count) if action == "requeue"
                      else self.mover.purge(queue))
-        except (gearman.GearmanError, redis.RedisError, OSError) as exc:
+        except (gearman.GearmanError, *REDIS_ERRORS, OSError) as exc:
             raise HttpError("503 Service Unavailable", f"{type(exc).__name__}: {exc}") from None
         log.info("%s: %s %d dead letters of %s", who.name, action, moved, queue)
         return _json(start, "200 OK", {"queue": queue, "action": action, "moved": moved})

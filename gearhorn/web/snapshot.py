@@ -21,6 +21,7 @@ from gearhorn.delayed import Scheduler
 from gearhorn.keys import Keys
 from gearhorn.messages import PREFIX_WILDCARD
 from gearhorn.naming import dead_letter_queue
+from gearhorn.redisconn import REDIS_ERRORS
 from gearhorn.redisutil import text
 from gearhorn.registry import Registry
 
@@ -42,7 +43,7 @@ class Collector:
         snap.update(self._gearmand())
         try:
             snap.update(self._registry())
-        except redis.RedisError as exc:
+        except REDIS_ERRORS as exc:
             snap["redis"] = {"up": False, "error": str(exc)}
         snap["dead_letters"] = _dead_letter_queues(snap)
         return snap
@@ -56,7 +57,7 @@ class Collector:
             workers = len(self.registry.workers.alive())
             if not workers:
                 reasons.append("no live worker")
-        except redis.RedisError as exc:
+        except REDIS_ERRORS as exc:
             reasons.append(f"redis unreachable: {exc}")
         for host, port in self.servers:
             try:
