@@ -8,18 +8,22 @@ of them failed here (CROSSSLOT in the scripts, MOVED in heartbeats).
 """
 
 import json
+import re
 import subprocess
 import sys
+from collections import Counter
+from types import SimpleNamespace
 
 import pytest
 import redis
 
-from gearhorn import redisconn
+from gearhorn import redisconn, servers
+from gearhorn.client import Producer
 from gearhorn.config import Config
 from gearhorn.keys import Keys
 from gearhorn.ledger import entries
 
-from .helpers import GearClient, unique_topic, wait_for
+from .helpers import GearClient, PoolProcess, unique_topic, wait_for
 
 # Each imported test runs here on the cluster, with this module's fixtures.
 from .test_commands import test_helper_commands_subscribe_publish_consume_status  # noqa: F401
@@ -30,7 +34,16 @@ from .test_delivery_options import (  # noqa: F401
     test_request_reply_with_a_stomp_service,
     test_sender_headers_reach_stomp_consumers_unchanged_and_gearman_gets_the_payload,
 )
-from .test_faults import test_the_pool_cleans_up_after_a_bridge_killed_without_a_word  # noqa: F401
+from .test_faults import (  # noqa: F401
+    MESSAGES,
+    SUBSCRIBERS,
+    SteadyProducer,
+    depth,
+    drain,
+    reconcile,
+    stomp_subscriber,
+    test_the_pool_cleans_up_after_a_bridge_killed_without_a_word,
+)
 from .test_stomp_bridge import (  # noqa: F401
     test_durable_topic_subscription_keeps_its_backlog,
     test_prefix_subscription_receives_every_matching_topic,
@@ -101,3 +114,90 @@ def test_ledger_export_reads_every_stream_of_the_cluster(redis_url, gearmand, st
     assert sum(r["event"] == "published" for r in rows) == 40
     assert sum(r["event"] == "enqueued" for r in rows) == 40
     assert len(streams) == len(writers)  # one stream per writer here
+
+
+def replicated(cluster):
+    """True when every replica has every write of its master."""
+    for node in cluster.nodes:
+        if node.process.poll() is not None:
+            continue
+        info = redis.Redis.from_url(node.details["url"]).info("replication")
+        if info["role"] == "master" and any(
+                info[f"slave{n}"]["offset"] < info["master_repl_offset"]
+                for n in range(info["connected_slaves"])):
+            return False
+    return True
+
+
+def owner(cluster, key):
+    """The node that serves ``key``'s hash slot now."""
+    client = redisconn.connect(cluster.url)
+    node = client.get_node_from_key(key)
+    return next(n for n in cluster.nodes if n.port == node.port)
+
+
+@pytest.mark.faults
+@pytest.mark.timeout(600)
+def test_a_master_killed_mid_broadcast_fails_over_and_nothing_acknowledged_is_lost(
+        gearmand, tmp_path, report):
+    """3 masters with a replica each; 10,000 messages to 10 subscribers (and
+    a durable STOMP subscriber, attached at the end, for the ledger); the
+    master serving the topic is killed with -9 while the broadcast runs."""
+    cluster = servers.start_redis_cluster(masters=3, replicas=1, node_timeout_ms=1000,
+                                          data_dir=str(tmp_path / "cluster"))
+    pool = None
+    try:
+        # A topic served by another master than the one in the URL every
+        # process starts from (that node has to stay up to be asked).
+        topic = next(t for t in (unique_topic("failover") for _ in range(100))
+                     if owner(cluster, Keys().topic(t)) is not cluster.nodes[0])
+        victim = owner(cluster, Keys().topic(topic))
+        stack = SimpleNamespace(gearmand=gearmand, redis_url=cluster.url)
+        pool = PoolProcess([gearmand], cluster.url, processes=2, log_dir=str(tmp_path))
+        pool.wait_ready()
+        subscribers = [f"s{i}" for i in range(SUBSCRIBERS)]
+        with Producer([(gearmand.host, gearmand.port)]) as admin:
+            for who in subscribers:
+                admin.subscribe(topic, who)
+        with stomp_subscriber(stack, tmp_path, topic):
+            pass
+        wait_for(lambda: replicated(cluster), 30, message="the subscriptions on the replicas")
+        first_queue = f"{topic}_{subscribers[0]}"
+        producer = SteadyProducer([(gearmand.host, gearmand.port)], topic, MESSAGES)
+        producer.start()
+
+        wait_for(lambda: depth(gearmand, first_queue) >= 3_000, 120, message="3,000 copies")
+        victim.kill()
+        killed_at = producer.submitted
+        wait_for(lambda: owner(cluster, Keys().topic(topic)) is not victim, 60,
+                 message="a replica to take over the topic's slot")
+
+        producer.join(240)
+        assert producer.error is None and not producer.is_alive()
+        wait_for(lambda: depth(gearmand, "fanout") == 0, 240, message="every fanout done")
+        expected = {f"m{i}" for i in range(MESSAGES)}
+        duplicates = 0
+        for who in subscribers:
+            got = Counter(drain(gearmand, f"{topic}_{who}"))
+            missing = expected - set(got)
+            assert not missing, f"{who} lacks {len(missing)} messages, e.g. {sorted(missing)[:5]}"
+            duplicates += sum(got.values()) - len(got)
+        with stomp_subscriber(stack, tmp_path, topic) as (_, client):
+            got = Counter(m.body.decode() for m in client.messages(MESSAGES, timeout=180))
+            assert set(got) == expected
+            duplicates += sum(got.values()) - len(got)
+        report(f"{MESSAGES:,} messages x {SUBSCRIBERS} subscribers + 1 STOMP subscriber all "
+               f"delivered; duplicates: {duplicates}; master :{victim.port} killed with "
+               f"{killed_at:,} fanouts submitted")
+        problems = reconcile(cluster.url, tmp_path)
+        report(f"ledger reconciliation: {dict(Counter(kind for kind, _ in problems))}")
+        assert not [p for p in problems if p[0] == "never_delivered"], problems[:5]
+        log = pool.log(full=True)
+        errors = re.findall(r".* ERROR \[\d+\] gearhorn\..*", log)
+        assert not errors, errors
+        waits = re.findall(r"fanout job .* waits: .*", log)
+        report(f"workers logged {len(waits)} waiting fanout jobs during the failover")
+    finally:
+        if pool is not None:
+            pool.stop()
+        cluster.stop()
