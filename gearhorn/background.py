@@ -8,7 +8,9 @@ doubles and a stop event cover them in a few lines.
 
 from __future__ import annotations
 
+import logging
 import threading
+import time
 
 
 class Backoff:
@@ -46,3 +48,40 @@ class StoppableThread(threading.Thread):
         self.stopping.set()
         if timeout is not None and self.is_alive():
             self.join(timeout)
+
+
+class Outage:
+    """Logs an outage of ``what`` once: a warning when the first call fails,
+    one info line when a call succeeds again (with how long it lasted), and
+    nothing in between, however often the loop retries.
+
+    >>> import logging
+    >>> outage = Outage(logging.getLogger("doctest"), "redis")
+    >>> outage.failed(OSError("refused")); outage.failed(OSError("refused"))
+    >>> outage.down
+    True
+    >>> outage.succeeded(); outage.down
+    False
+    """
+
+    def __init__(self, logger: logging.Logger, what: str) -> None:
+        self.logger, self.what = logger, what
+        self._since: float | None = None
+
+    @property
+    def down(self) -> bool:
+        return self._since is not None
+
+    def failed(self, exc: BaseException, detail: str = "") -> None:
+        if self._since is None:
+            self._since = time.monotonic()
+            self.logger.warning("%s unavailable: %s%s (retrying; logged once until it is back)",
+                                self.what, exc, detail)
+        else:
+            self.logger.debug("%s still unavailable: %s%s", self.what, exc, detail)
+
+    def succeeded(self, detail: str = "") -> None:
+        if self._since is not None:
+            self.logger.info("%s back after %.1fs%s", self.what,
+                             time.monotonic() - self._since, detail)
+            self._since = None

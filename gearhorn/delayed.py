@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import redis
 
-from gearhorn.background import Backoff, StoppableThread
+from gearhorn.background import Backoff, Outage, StoppableThread
 from gearhorn.gearman import GearmanError
 from gearhorn.keys import Keys
 from gearhorn.redisconn import REDIS_ERRORS
@@ -164,14 +164,16 @@ class Releaser(StoppableThread):
 
     def run(self) -> None:
         backoff = Backoff(self.interval)
+        outage = Outage(log, "redis or gearmand (delayed messages)")
         while not self.stopping.is_set():
             try:
                 taken = self.release_due()
                 backoff.succeeded()
+                outage.succeeded()
                 pause = self.interval
             except (*REDIS_ERRORS, GearmanError) as exc:
                 pause = backoff.failed()
-                log.warning("delayed messages not released: %s; retrying in %.1fs", exc, pause)
+                outage.failed(exc)
                 taken = 0
             if taken < self.batch:
                 self.stopping.wait(pause)

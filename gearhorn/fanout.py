@@ -17,7 +17,7 @@ import time
 import gear
 
 from gearhorn import gearman, redisconn
-from gearhorn.background import Backoff
+from gearhorn.background import Backoff, Outage
 from gearhorn.cache import InvalidationListener, SubscriberCache
 from gearhorn.config import Config
 from gearhorn.delayed import DelayedItem, Releaser, Scheduler
@@ -362,13 +362,15 @@ class WorkerProcess:
 
     def _heartbeats(self) -> None:
         info = {"pid": os.getpid(), "host": socket.gethostname(), "started": self.started}
+        outage = Outage(log, "redis (heartbeat)")
         while not self._draining.is_set():
             try:
                 self.registry.heartbeat(self.worker_id, self.config.worker_ttl,
                                         {**info, "jobs": self.jobs_done})
                 self.janitor.sweep()  # after bridges that died without a word
+                outage.succeeded()
             except REDIS_ERRORS as exc:
-                log.warning("heartbeat failed: %s", exc)
+                outage.failed(exc)
             self._draining.wait(self.config.heartbeat_interval)
 
     def _shutdown(self) -> None:

@@ -35,7 +35,7 @@ from datetime import UTC, datetime
 
 import redis
 
-from gearhorn.background import StoppableThread
+from gearhorn.background import Outage, StoppableThread
 from gearhorn.events import FIELDS, Event, copy_key, message_key
 from gearhorn.keys import Keys
 from gearhorn.redisconn import REDIS_ERRORS
@@ -72,6 +72,7 @@ class Ledger:
         self._buffer: deque[dict[str, str]] = deque()
         self._lines: deque[str] = deque()
         self.lost = 0  # events dropped because Redis failed
+        self._outage = Outage(log, "redis (ledger)")
 
     def published(self, topic: str, message_id: str,
                   copies: Sequence[tuple[str, str]]) -> None:
@@ -122,7 +123,10 @@ class Ledger:
             pipe.execute()
         except REDIS_ERRORS as exc:
             self.lost += len(events)
-            log.warning("ledger: %d events lost: %s", len(events), exc)
+            self._outage.failed(exc, f"; {len(events)} ledger events lost")
+        else:
+            if self._outage.down:
+                self._outage.succeeded(f"; {self.lost} ledger events lost since start")
 
 
 def _take(queue: deque) -> list:

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 import redis
 
+from gearhorn.background import Outage
 from gearhorn.keys import Keys
 from gearhorn.redisconn import REDIS_ERRORS
 from gearhorn.redisutil import text
@@ -56,6 +57,7 @@ class Stats:
         self.buffered = buffered
         self._pending: deque[tuple[str, int, int, float | None]] = deque()  # lock-free
         self.lost = 0  # fanouts whose counts Redis refused at flush time
+        self._outage = Outage(log, "redis (metrics)")
 
     def fanout(self, topic: str, messages: int, copies: int,
                seconds: float | None = None) -> None:
@@ -76,7 +78,10 @@ class Stats:
             self._write(taken)
         except REDIS_ERRORS as exc:
             self.lost += len(taken)
-            log.warning("metrics: counts of %d fanouts lost: %s", len(taken), exc)
+            self._outage.failed(exc, f"; counts of {len(taken)} fanouts lost")
+        else:
+            if self._outage.down:
+                self._outage.succeeded(f"; counts of {self.lost} fanouts lost since start")
 
     def _write(self, fanouts: list[tuple[str, int, int, float | None]]) -> None:
         copies: Counter[str] = Counter()

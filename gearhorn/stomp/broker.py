@@ -20,6 +20,7 @@ import gevent.event
 import gevent.lock
 
 from gearhorn import gearman
+from gearhorn.background import Outage
 from gearhorn.config import Config
 from gearhorn.deadletters import DeadLetterIndex
 from gearhorn.delayed import DelayedItem, Scheduler
@@ -119,12 +120,14 @@ class Broker:
         """Tell the pool this bridge lives; if it stops, the pool's janitor
         removes its non-durable subscriptions and temp queues."""
         info = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.time()}
+        outage = Outage(log, "redis (bridge heartbeat)")
         while True:
             try:
                 self.liveness.heartbeat()
                 self._publish_info(info)
+                outage.succeeded()
             except REDIS_ERRORS as exc:
-                log.warning("bridge heartbeat failed: %s", exc)
+                outage.failed(exc)
             gevent.sleep(self.config.heartbeat_interval)
 
     def _publish_info(self, info: dict[str, object]) -> None:

@@ -126,6 +126,29 @@ def test_redis_errors_lose_events_loudly_but_never_raise(book, monkeypatch):
     assert book.lost == 1 and book.buffered == 0
 
 
+def test_an_outage_is_logged_once_and_its_end_with_what_was_lost(book, monkeypatch, caplog):
+    import redis
+    from redis.exceptions import SlotNotCoveredError
+
+    working = book.redis.pipeline
+    failures = [redis.ConnectionError("refused"), SlotNotCoveredError("slot 7 not covered")]
+
+    def pipeline(**kw):
+        if not failures:
+            return working(**kw)
+        error = failures.pop(0)
+        return type("P", (), {"xadd": lambda *a, **k: None,
+                              "execute": lambda self: (_ for _ in ()).throw(error)})()
+    monkeypatch.setattr(book.redis, "pipeline", pipeline)
+    caplog.set_level("INFO", logger="gearhorn.ledger")
+    for n in range(3):
+        book.record("acked", "q", f"u{n}")
+        book.flush()
+    lines = [(r.levelname, r.getMessage()) for r in caplog.records]
+    assert [level for level, _ in lines] == ["WARNING", "INFO"], lines
+    assert "refused" in lines[0][1] and "2 ledger events lost since start" in lines[1][1]
+
+
 def test_flusher_writes_in_the_background(book, fake_redis):
     flusher = L.Flusher(book, interval=0.01)
     flusher.start()
