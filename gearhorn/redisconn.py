@@ -1,24 +1,26 @@
-"""One way to open Redis: a single server, or a Redis Cluster.
+"""One way to open Redis: a single server, a Redis Cluster, or Sentinel.
 
 Every process gets its Redis client from :func:`connect`. With
 ``redis_cluster = auto`` it asks the node at the URL (``INFO cluster``) and
 uses redis-py's cluster client when it says ``cluster_enabled:1``; ``yes``
 and ``no`` force it. Both clients take the same commands: every key layout
 in gearhorn/keys.py keeps the keys of one script or transaction in one hash
-slot, so the code above never asks which it has.
+slot, so the code above never asks which it has. A ``redis+sentinel://``
+URL names Sentinels and a master name instead (:func:`_sentinel_master`).
 """
 
 from __future__ import annotations
 
 import logging
 from typing import TYPE_CHECKING
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 import redis
 from redis.backoff import ExponentialBackoff
 from redis.cluster import RedisCluster
 from redis.exceptions import RedisClusterException
 from redis.retry import Retry
+from redis.sentinel import Sentinel
 
 if TYPE_CHECKING:
     from gearhorn.config import Config
@@ -43,10 +45,39 @@ def connect(url: str, cluster: str = "auto", *, max_connections: int | None = No
     if max_connections:
         options.update(max_connections=max_connections, timeout=30,
                        connection_pool_class=redis.BlockingConnectionPool)
+    if urlsplit(url).scheme in SENTINEL_SCHEMES:
+        return _sentinel_master(url, **options)
     if cluster == "yes" or (cluster == "auto" and is_cluster(url)):
         return RedisCluster.from_url(url, retry=_CLUSTER_RETRY, **options)
     pool_class = options.pop("connection_pool_class", redis.ConnectionPool)
     return redis.Redis(connection_pool=pool_class.from_url(url, **options))
+
+
+SENTINEL_SCHEMES = ("redis+sentinel", "rediss+sentinel")
+
+
+def _sentinel_master(url: str, **options: object) -> redis.Redis:
+    """``redis+sentinel://[:password@]host:port[,host:port...]/<master name>[/<db>]``:
+    the master the Sentinels name now; after a failover the client asks them
+    again and follows the new master."""
+    parts = urlsplit(url)
+    path = [p for p in parts.path.split("/") if p]
+    if not path:
+        raise ValueError(f"{_safe(url)}: a Sentinel URL names the master: .../<name>[/<db>]")
+    hosts = []
+    for address in parts.netloc.rpartition("@")[2].split(","):
+        host, _, port = address.rpartition(":")
+        hosts.append((host or address, int(port) if host else 26379))
+    # Sentinel's pool does not block when full: no cap (connections grow with load).
+    capped = ("connection_pool_class", "max_connections", "timeout")
+    connection = {k: v for k, v in options.items() if k not in capped}
+    if parts.password:
+        connection["password"] = unquote(parts.password)
+    if parts.scheme.startswith("rediss"):
+        connection["ssl"] = True
+    sentinel = Sentinel(hosts, socket_timeout=5, socket_connect_timeout=5)
+    return sentinel.master_for(path[0], db=int(path[1]) if len(path) > 1 else 0,
+                               **connection)
 
 
 def is_cluster(url: str) -> bool:
@@ -76,7 +107,7 @@ def for_config(config: Config, **options: object) -> AnyRedis:
 def _safe(url: str) -> str:
     """The URL without its password, for logs."""
     parts = urlsplit(url)
-    return f"{parts.scheme}://{parts.hostname}:{parts.port or 6379}"
+    return f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}{parts.path}"
 
 
 # What "Redis is away" looks like: redis-py's errors, and the cluster client's

@@ -203,6 +203,27 @@ def start_redis_cluster(masters: int = 3, replicas: int = 0, data_dir: str | Non
         raise
 
 
+def start_redis_sentinel(master: Managed, name: str, data_dir: str,
+                         down_after_ms: int = 1000) -> Managed:
+    """A Redis Sentinel (quorum 1) watching ``master`` as ``name``; it keeps
+    its config file, which Sentinel rewrites, in ``data_dir``."""
+    binary = find_binary("redis-server")
+    if binary is None:
+        raise ServerError("redis-server not found: apt-get install redis-server")
+    os.makedirs(data_dir, exist_ok=True)
+    port = free_port()
+    conf = os.path.join(os.path.abspath(data_dir), "sentinel.conf")
+    with open(conf, "w") as fp:
+        fp.write(f"bind {HOST}\nport {port}\ndir {os.path.abspath(data_dir)}\n"
+                 f"sentinel monitor {name} {master.host} {master.port} 1\n"
+                 f"sentinel down-after-milliseconds {name} {down_after_ms}\n"
+                 f"sentinel failover-timeout {name} 10000\n")
+    server = _spawn("redis-sentinel", [binary, conf, "--sentinel"], port,
+                    os.path.join(data_dir, "sentinel.log"))
+    server.details["url"] = f"redis+sentinel://{HOST}:{port}/{name}/0"
+    return server
+
+
 def cluster_port() -> int:
     """A free port whose cluster bus port (+10000) is free too, so at most 55535."""
     rng = random.Random()

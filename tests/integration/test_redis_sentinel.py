@@ -1,0 +1,77 @@
+"""gearhorn on Redis Sentinel: a ``redis+sentinel://`` URL follows the master
+through a failover (a real master, replica and Sentinel on loopback)."""
+
+import json
+
+import pytest
+import redis
+
+from gearhorn import redisconn, servers
+from tests.conftest import require_binary
+
+from .helpers import GearClient, PoolProcess, drain_queue, unique_topic, wait_for
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
+
+
+@pytest.fixture
+def sentinel_stack(tmp_path):
+    require_binary("redis-server", "redis-server")
+    started = []
+    try:
+        master = servers.start_redis(data_dir=str(tmp_path / "master"), appendonly=True)
+        started.append(master)
+        replica = servers.start_redis(data_dir=str(tmp_path / "replica"), appendonly=True,
+                                      extra=["--replicaof", master.host, str(master.port)])
+        started.append(replica)
+        sentinel = servers.start_redis_sentinel(master, "gearhorn", str(tmp_path / "sentinel"))
+        started.append(sentinel)
+        yield master, replica, sentinel
+    finally:
+        for server in reversed(started):
+            server.stop()
+
+
+def replication(server):
+    return redis.Redis.from_url(server.details["url"]).info("replication")
+
+
+def answer(gear, function, payload):
+    """A job's result; a job that met the failover first gets a WORK_WARNING
+    ("... retrying"), which gear puts before the result in ``data``."""
+    job = gear.submit(function, payload, timeout=60)
+    assert not job.failure, job.data
+    return json.loads(job.data[-1])
+
+
+def test_a_sentinel_url_follows_the_master_through_a_failover(sentinel_stack, gearmand,
+                                                              tmp_path):
+    master, replica, sentinel = sentinel_stack
+    url = sentinel.details["url"]
+    assert redisconn.connect(url).info("server")["tcp_port"] == master.port
+    pool = PoolProcess([gearmand], url, processes=1, log_dir=str(tmp_path))
+    gear = GearClient(gearmand)
+    try:
+        pool.wait_ready()
+        topic = unique_topic("sentinel")
+        gear.call("subscribe_fanout", {"topic": topic, "client_id": "alice"})
+        before = {"topic": topic, "payload": "before", "background": True}
+        assert gear.call("fanout", before)["copies"] == 1
+        wait_for(lambda: replication(replica)["master_link_status"] == "up"
+                 and replication(replica)["slave_repl_offset"]
+                 >= replication(master)["master_repl_offset"], 30,
+                 message="the replica to have every write")
+        master.kill()
+        wait_for(lambda: replication(replica)["role"] == "master", 60,
+                 message="Sentinel to promote the replica")
+
+        # The pool follows the new master: alice is still subscribed, bob joins.
+        assert answer(gear, "subscribe_fanout",
+                      {"topic": topic, "client_id": "bob"})["subscribers"] == 2
+        after = {"topic": topic, "payload": "after", "background": True}
+        assert answer(gear, "fanout", after)["copies"] == 2
+        assert drain_queue(gearmand, f"{topic}_alice") == [b"before", b"after"]
+        assert drain_queue(gearmand, f"{topic}_bob") == [b"after"]
+    finally:
+        gear.close()
+        pool.stop()
