@@ -31,7 +31,7 @@ import redis
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from gearhorn import gearman, servers  # noqa: E402
+from gearhorn import gearman, redisconn, servers  # noqa: E402
 from gearhorn.keys import Keys  # noqa: E402
 from gearhorn.messages import Subscription  # noqa: E402
 from gearhorn.registry import Registry  # noqa: E402
@@ -44,7 +44,7 @@ def start_pool(gm: servers.Managed, redis_url: str, processes: int,
          "--gearman", gm.address, "--redis-url", redis_url, "--log-level", "WARNING"],
         env={**os.environ, "GEARHORN_LEDGER_ENABLED": str(ledger).lower()},
         preexec_fn=servers.die_with_parent)
-    registry = Registry(redis.Redis.from_url(redis_url), Keys())
+    registry = Registry(redisconn.connect(redis_url), Keys())
     deadline = time.monotonic() + 60
     while len(registry.live_workers()) < processes:
         if time.monotonic() > deadline or pool.poll() is not None:

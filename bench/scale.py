@@ -12,8 +12,10 @@ by gearmand per second. The peer is the same run on 1 server. Redis's
 fanout and per copy (heartbeats and ledger included: everything Redis did
 meanwhile).
 
-Not measured yet: Redis Cluster (gearhorn runs on one Redis or Sentinel
-today; issue 13).
+Then the same with 1 gearmand on a 3-master Redis Cluster (commands summed
+over the nodes; the peer is the 1-Redis run), and the memory one
+subscription takes on the cluster: 100,000 subscriptions over 10,000 topics
+(``used_memory`` summed over the nodes, before and after).
 """
 
 from __future__ import annotations
@@ -32,15 +34,31 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from fanout import start_pool, subscribe_many  # noqa: E402
 
-from gearhorn import gearman, servers  # noqa: E402
+from gearhorn import gearman, redisconn, servers  # noqa: E402
 from gearhorn.keys import Keys  # noqa: E402
+from gearhorn.messages import Subscription  # noqa: E402
 from gearhorn.registry import Registry  # noqa: E402
 
 WIDTH = 100
 
 
-def commands(client: redis.Redis) -> dict[str, int]:
-    return {name: stats["calls"] for name, stats in client.info("commandstats").items()}
+def commands(nodes: list[servers.Managed]) -> dict[str, int]:
+    """Calls per command, summed over ``nodes``."""
+    total: dict[str, int] = {}
+    for node in nodes:
+        stats = redis.Redis.from_url(node.details["url"]).info("commandstats")
+        for name, entry in stats.items():
+            total[name] = total.get(name, 0) + entry["calls"]
+    return total
+
+
+def start_redis(cluster: bool) -> tuple[str, list[servers.Managed], object]:
+    """(url, nodes, what to stop): one Redis, or a 3-master cluster."""
+    if cluster:
+        started = servers.start_redis_cluster(masters=3)
+        return started.url, started.nodes, started
+    red = servers.start_redis()
+    return red.details["url"], [red], red
 
 
 def fan_out(gm: servers.Managed, topic: str, first: int, count: int) -> None:
@@ -55,17 +73,16 @@ def fan_out(gm: servers.Managed, topic: str, first: int, count: int) -> None:
         raise SystemExit(f"fanout failed: {bad[0]}")
 
 
-def run(gearmands: int, fanouts: int) -> tuple[float, dict[str, int]]:
-    red = servers.start_redis()
-    url = red.details["url"]
+def run(gearmands: int, fanouts: int, cluster: bool = False) -> tuple[float, dict[str, int]]:
+    url, nodes, red = start_redis(cluster)
     gms = [servers.start_gearmand() for _ in range(gearmands)]
-    registry = Registry(redis.Redis.from_url(url), Keys())
+    registry = Registry(redisconn.connect(url), Keys())
     subscribe_many(registry, "scale", WIDTH)
     pools = [start_pool(gm, url, 2) for gm in gms]
     try:
         for gm in gms:  # warm-up
             fan_out(gm, "scale", 0, 20)
-        before = commands(registry.redis)
+        before = commands(nodes)
         share = fanouts // gearmands
         threads = [threading.Thread(target=fan_out, args=(gm, "scale", 1_000_000 * (n + 1),
                                                           share))
@@ -76,7 +93,7 @@ def run(gearmands: int, fanouts: int) -> tuple[float, dict[str, int]]:
         for thread in threads:
             thread.join()
         elapsed = time.perf_counter() - start
-        after = commands(registry.redis)
+        after = commands(nodes)
         used = {k: after[k] - before.get(k, 0) for k in after if after[k] > before.get(k, 0)}
         return share * gearmands * WIDTH / elapsed, used
     finally:
@@ -88,6 +105,30 @@ def run(gearmands: int, fanouts: int) -> tuple[float, dict[str, int]]:
         red.stop()
 
 
+def bytes_per_subscription(subscriptions: int, topics: int = 10_000) -> float:
+    """Memory of ``subscriptions`` over ``topics`` on a 3-master cluster."""
+    cluster = servers.start_redis_cluster(masters=3)
+    try:
+        registry = Registry(redisconn.connect(cluster.url), Keys())
+        used = sum(redis.Redis.from_url(n.details["url"]).info("memory")["used_memory"]
+                   for n in cluster.nodes)
+        for n in range(subscriptions):
+            registry.subscribe(Subscription(f"topic.{n % topics:05d}", f"client-{n:07d}"))
+        after = sum(redis.Redis.from_url(n.details["url"]).info("memory")["used_memory"]
+                    for n in cluster.nodes)
+        return (after - used) / subscriptions
+    finally:
+        cluster.stop()
+
+
+def report(label: str, rate: float, used: dict[str, int], fanouts: int) -> None:
+    total = sum(used.values())
+    top = ", ".join(f"{k.removeprefix('cmdstat_')} {v / fanouts:.2f}"
+                    for k, v in sorted(used.items(), key=lambda kv: -kv[1])[:5])
+    print(f"{label}: {rate:9,.0f} copies/s; Redis commands per fanout "
+          f"{total / fanouts:.2f}, per copy {total / (fanouts * WIDTH):.4f} ({top})", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
@@ -97,15 +138,16 @@ def main() -> None:
           f"{fanouts:,} background fanouts")
     rates = {}
     for count in (1, 2):
-        rate, used = run(count, fanouts)
-        rates[count] = rate
-        total = sum(used.values())
-        top = ", ".join(f"{k.removeprefix('cmdstat_')} {v / fanouts:.2f}"
-                        for k, v in sorted(used.items(), key=lambda kv: -kv[1])[:5])
-        print(f"{count} gearmand (a pool of 2 workers each): {rate:9,.0f} copies/s; Redis "
-              f"commands per fanout {total / fanouts:.2f}, per copy "
-              f"{total / (fanouts * WIDTH):.4f} ({top})")
+        rates[count], used = run(count, fanouts)
+        report(f"{count} gearmand (a pool of 2 workers each), 1 Redis", rates[count], used,
+               fanouts)
     print(f"2 gearmand / 1 gearmand: {rates[2] / rates[1]:.2f}")
+    clustered, used = run(1, fanouts, cluster=True)
+    report("1 gearmand (a pool of 2 workers), 3-master Redis Cluster", clustered, used, fanouts)
+    print(f"Redis Cluster / 1 Redis: {clustered / rates[1]:.2f}")
+    subscriptions = 20_000 if args.quick else 100_000
+    print(f"{subscriptions:,} subscriptions over 10,000 topics on the cluster: "
+          f"{bytes_per_subscription(subscriptions):.0f} bytes per subscription")
 
 
 if __name__ == "__main__":

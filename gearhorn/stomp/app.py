@@ -28,21 +28,25 @@ from gearhorn.stomp.server import BridgeServer
 log = logging.getLogger(__name__)
 
 
+def _credentials(config: Config) -> auth.Credentials:
+    if not config.stomp_credentials_file:
+        log.warning("no stomp_credentials_file: anyone who reaches the bridge may connect")
+        return auth.Credentials.open()
+    credentials = auth.load(config.stomp_credentials_file)
+    log.info("STOMP logins checked against %s (%d users, anonymous %s)",
+             config.stomp_credentials_file, len(credentials.users),
+             "allowed" if credentials.anonymous else "refused")
+    return credentials
+
+
 def build_server(config: Config) -> BridgeServer:
+    credentials = _credentials(config)  # a bad file stops us before anything connects
     # Thousands of greenlets may need Redis at once (a burst of SUBSCRIBEs):
     # they wait for one of 64 connections instead of failing (redis-py's
     # plain pool raises "Too many connections" beyond 100).
     client = redisconn.for_config(config, max_connections=64, socket_timeout=10,
                                   socket_connect_timeout=5)
     registry = Registry(client, Keys(config.key_prefix, config.matchmaking_channel))
-    if config.stomp_credentials_file:
-        credentials = auth.load(config.stomp_credentials_file)
-        log.info("STOMP logins checked against %s (%d users, anonymous %s)",
-                 config.stomp_credentials_file, len(credentials.users),
-                 "allowed" if credentials.anonymous else "refused")
-    else:
-        credentials = auth.Credentials.open()
-        log.warning("no stomp_credentials_file: anyone who reaches the bridge may connect")
     # Unique across hosts and restarts: the janitor cleans up by this id.
     bridge_id = process_id()
     broker = Broker(config, registry, bridge_id=bridge_id, credentials=credentials)
