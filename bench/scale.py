@@ -24,6 +24,7 @@ import argparse
 import json
 import os
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -121,6 +122,32 @@ def bytes_per_subscription(subscriptions: int, topics: int = 10_000) -> float:
         cluster.stop()
 
 
+def version_checks_per_second() -> tuple[float, float]:
+    """How fast one Redis node answers the cache check every fanout makes
+    on the prefixes' hash slot (``prefix_members.lua``, "unchanged"), and a
+    plain GET on the same node (the peer), by redis-benchmark: 50 clients,
+    16 commands pipelined. That slot is the one every fanout touches."""
+    red = servers.start_redis()
+    try:
+        client = redis.Redis.from_url(red.details["url"])
+        registry = Registry(client, Keys())
+        registry.subscribe(Subscription("news.*", "carol"))
+        sha = registry._prefix_members.sha
+        client.script_load(registry._prefix_members.script)
+        version = client.get(Keys().prefix_version).decode()
+
+        def rate(*command: str) -> float:
+            out = subprocess.run([servers.find_binary("redis-benchmark"), "-h", red.host,
+                                  "-p", str(red.port), "-n", "400000", "-c", "50", "-P", "16",
+                                  "--csv", *command], capture_output=True, text=True,
+                                 check=True).stdout
+            return float(out.strip().splitlines()[-1].split(",")[1].strip('"'))
+        return (rate("EVALSHA", sha, "1", Keys().prefix_version, version, version),
+                rate("GET", Keys().prefix_version))
+    finally:
+        red.stop()
+
+
 def report(label: str, rate: float, used: dict[str, int], fanouts: int) -> None:
     total = sum(used.values())
     top = ", ".join(f"{k.removeprefix('cmdstat_')} {v / fanouts:.2f}"
@@ -145,6 +172,9 @@ def main() -> None:
     clustered, used = run(1, fanouts, cluster=True)
     report("1 gearmand (a pool of 2 workers), 3-master Redis Cluster", clustered, used, fanouts)
     print(f"Redis Cluster / 1 Redis: {clustered / rates[1]:.2f}")
+    checks, gets = version_checks_per_second()
+    print(f"one Redis node: {checks:,.0f} prefix version checks/s (the slot every fanout "
+          f"reads), {gets:,.0f} GET/s; ratio {checks / gets:.2f}")
     subscriptions = 20_000 if args.quick else 100_000
     print(f"{subscriptions:,} subscriptions over 10,000 topics on the cluster: "
           f"{bytes_per_subscription(subscriptions):.0f} bytes per subscription")
