@@ -46,6 +46,11 @@ log = logging.getLogger(__name__)
 CHECKPOINT = "_checkpoint"
 
 
+# Ledger entries a writer keeps while Redis is away (a published entry
+# lists its copies, a batch entry holds a flush's bridge events).
+MAX_UNWRITTEN = 100_000
+
+
 def now_ms() -> int:
     return time.time_ns() // 1_000_000
 
@@ -71,7 +76,11 @@ class Ledger:
         # lock under gevent cost 6% of the bridge's time, py-spy).
         self._buffer: deque[dict[str, str]] = deque()
         self._lines: deque[str] = deque()
-        self.lost = 0  # events dropped because Redis failed
+        # Entries Redis refused, written first by the next flush: an outage
+        # (a restart, a cluster failover) delays the ledger, it does not
+        # lose it, up to MAX_UNWRITTEN entries; beyond that the oldest go.
+        self._unwritten: list[dict[str, str]] = []
+        self.lost = 0  # events dropped because Redis stayed away too long
         self._outage = Outage(log, "redis (ledger)")
 
     def published(self, topic: str, message_id: str,
@@ -103,30 +112,33 @@ class Ledger:
 
     @property
     def buffered(self) -> int:
-        return len(self._buffer) + len(self._lines)
+        return len(self._buffer) + len(self._lines) + len(self._unwritten)
 
     def flush(self) -> None:
-        """Write what is buffered in one round trip; on a Redis error the
-        events are counted in ``lost`` and logged, never raised."""
+        """Write what is buffered in one round trip, all or nothing (one
+        stream, so one MULTI even on a cluster). On a Redis error the
+        entries wait for the next flush; it is logged, never raised."""
         events, lines = _take(self._buffer), _take(self._lines)
         if lines:
             batch = {"e": "batch", "events": "\n".join(lines)}
             if self.source:
                 batch["src"] = self.source
             events.append(batch)
+        events, self._unwritten = self._unwritten + events, []
         if not events:
             return
-        pipe = self.redis.pipeline(transaction=False)
+        pipe = self.redis.pipeline(transaction=True)
         for fields in events:
             pipe.xadd(self.stream, fields, maxlen=self.maxlen, approximate=True)
         try:
             pipe.execute()
         except REDIS_ERRORS as exc:
-            self.lost += len(events)
-            self._outage.failed(exc, f"; {len(events)} ledger events lost")
+            self._unwritten = events[-MAX_UNWRITTEN:]
+            self.lost += len(events) - len(self._unwritten)
+            self._outage.failed(exc, f"; {len(self._unwritten)} ledger entries wait")
         else:
             if self._outage.down:
-                self._outage.succeeded(f"; {self.lost} ledger events lost since start")
+                self._outage.succeeded(f"; ledger written, {self.lost} events lost since start")
 
 
 def _take(queue: deque) -> list:

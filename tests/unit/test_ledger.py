@@ -113,17 +113,41 @@ def test_trimmed_ledger_is_reported(fake_redis, tmp_path):
     assert L.export(fake_redis, Keys("t:"), str(tmp_path), "jsonl")["trimmed"] is True
 
 
-def test_redis_errors_lose_events_loudly_but_never_raise(book, monkeypatch):
+def test_redis_errors_keep_events_for_the_next_flush_and_never_raise(book, fake_redis,
+                                                                    monkeypatch):
     import redis
 
     def down(*args, **kwargs):
         raise redis.ConnectionError("down")
 
-    book.record("acked", "q", "u")
+    book.record("acked", "q", "u1")
+    working = book.redis.pipeline
     monkeypatch.setattr(book.redis, "pipeline", lambda **kw: type(
         "P", (), {"xadd": lambda *a, **k: None, "execute": down})())
     book.flush()
-    assert book.lost == 1 and book.buffered == 0
+    book.record("acked", "q", "u2")
+    book.flush()
+    assert book.lost == 0 and book.buffered == 2
+    monkeypatch.setattr(book.redis, "pipeline", working)
+    book.flush()
+    rows = list(L.rows_from_entries(L.entries(fake_redis, Keys("t:"), 1)))
+    assert [r["unique"] for r in rows] == ["u1", "u2"] and book.buffered == 0
+
+
+def test_an_outage_longer_than_the_buffer_loses_the_oldest_and_counts_them(
+        book, monkeypatch):
+    import redis
+
+    def down(*args, **kwargs):
+        raise redis.ConnectionError("down")
+
+    monkeypatch.setattr(L, "MAX_UNWRITTEN", 3)
+    monkeypatch.setattr(book.redis, "pipeline", lambda **kw: type(
+        "P", (), {"xadd": lambda *a, **k: None, "execute": down})())
+    for n in range(5):
+        book.published("news", f"m{n}", [])
+        book.flush()
+    assert book.lost == 2 and [e["mid"] for e in book._unwritten] == ["m2", "m3", "m4"]
 
 
 def test_an_outage_is_logged_once_and_its_end_with_what_was_lost(book, monkeypatch, caplog):
@@ -146,7 +170,7 @@ def test_an_outage_is_logged_once_and_its_end_with_what_was_lost(book, monkeypat
         book.flush()
     lines = [(r.levelname, r.getMessage()) for r in caplog.records]
     assert [level for level, _ in lines] == ["WARNING", "INFO"], lines
-    assert "refused" in lines[0][1] and "2 ledger events lost since start" in lines[1][1]
+    assert "refused" in lines[0][1] and "0 events lost since start" in lines[1][1]
 
 
 def test_flusher_writes_in_the_background(book, fake_redis):
