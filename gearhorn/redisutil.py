@@ -26,19 +26,19 @@ def run_scripts(client: redis.Redis, calls: list[tuple[Script, list[str], list[o
     """Run several scripts (script, keys, args) in one round trip; each may
     touch another hash slot (on a cluster, the nodes are asked in parallel).
 
-    redis-py's cluster pipeline does not load scripts, so a node that lacks
-    one (new, or a replica promoted by a failover) answers NOSCRIPT: then
-    every script is loaded on every primary and the calls are made again.
+    Plain EVALSHA, not redis-py's Script in a pipeline: that asks SCRIPT
+    EXISTS first (a round trip per call), and the cluster pipeline asks
+    COMMAND GETKEYS per script unless told the node (measured with
+    bench/scale.py). A node that answers NOSCRIPT (new, or a replica
+    promoted by a failover) gets every script loaded, and the calls are
+    made again.
     """
-    if not isinstance(client, RedisCluster):
-        pipe = client.pipeline(transaction=False)
-        for script_, keys, args in calls:
-            script_(keys=keys, args=args, client=pipe)
-        return pipe.execute()
+    cluster = isinstance(client, RedisCluster)
     for attempt in range(2):
         pipe = client.pipeline(transaction=False)
         for script_, keys, args in calls:
-            pipe.execute_command("EVALSHA", script_.sha, len(keys), *keys, *args)
+            options = {"target_nodes": client.get_node_from_key(keys[0])} if cluster else {}
+            pipe.execute_command("EVALSHA", script_.sha, len(keys), *keys, *args, **options)
         try:
             return pipe.execute()
         except NoScriptError:
