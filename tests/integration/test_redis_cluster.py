@@ -49,6 +49,9 @@ from .test_stomp_bridge import (  # noqa: F401
     test_prefix_subscription_receives_every_matching_topic,
     test_topic_fanout_to_three_connections_in_order_exactly_once,
 )
+from .test_web_metrics import (  # noqa: F401
+    test_metrics_cover_queues_processes_connections_and_delays,
+)
 from .test_worker_pool import (  # noqa: F401
     test_bad_input_fails_with_its_reason_and_nothing_accepted_is_lost,
     test_fanout_right_after_a_subscribe_always_includes_it,
@@ -203,3 +206,53 @@ def test_a_master_killed_mid_broadcast_fails_over_and_nothing_acknowledged_is_lo
         if pool is not None:
             pool.stop()
         cluster.stop()
+
+
+def migrate_slot(cluster, key, target):
+    """Move ``key``'s hash slot to ``target`` the way redis-cli --cluster
+    reshard does, one key at a time: clients meet ASK while it moves and
+    MOVED after."""
+    source = owner(cluster, key)
+    nodes = {n.port: redis.Redis.from_url(n.details["url"]) for n in cluster.nodes}
+    src, dst = nodes[source.port], nodes[target.port]
+    slot = src.cluster("keyslot", key)
+    ids = {n.port: nodes[n.port].cluster("myid").decode() for n in cluster.nodes}
+    dst.cluster("setslot", slot, "importing", ids[source.port])
+    src.cluster("setslot", slot, "migrating", ids[target.port])
+    while keys := src.cluster("getkeysinslot", slot, 1):
+        src.migrate(target.host, target.port, keys, 0, 5000)
+    for port in (target.port, source.port, *(p for p in nodes if p not in (target.port,
+                                                                           source.port))):
+        nodes[port].cluster("setslot", slot, "node", ids[target.port])
+
+
+def test_fanouts_ride_through_a_slot_moving_to_another_master(redis_url, redis_cluster,
+                                                               gearmand, start_pool):
+    """The topic's slot moves while fanouts run (ASK, then MOVED): every
+    copy arrives and the subscriber set moved whole."""
+    start_pool([gearmand])
+    topic = unique_topic("moving")
+    key = Keys().topic(topic)
+    gear = GearClient(gearmand)
+    for who in ("a", "b", "c"):
+        gear.call("subscribe_fanout", {"topic": topic, "client_id": who})
+    masters = [n for n in redis_cluster.nodes
+               if redis.Redis.from_url(n.details["url"]).info("replication")["role"] == "master"]
+    target = next(n for n in masters if n is not owner(redis_cluster, key))
+    producer = SteadyProducer([(gearmand.host, gearmand.port)], topic, 600, batch=20,
+                              pause=0.02)
+    producer.start()
+    wait_for(lambda: depth(gearmand, f"{topic}_a") >= 100, 60, message="100 copies")
+    migrate_slot(redis_cluster, key, target)
+    assert owner(redis_cluster, key) is target
+    producer.join(120)
+    assert producer.error is None and not producer.is_alive()
+    gear.call("subscribe_fanout", {"topic": topic, "client_id": "d"})
+    assert gear.call("fanout", {"topic": topic, "payload": "last",
+                                "background": True})["copies"] == 4
+    gear.close()
+    wait_for(lambda: depth(gearmand, "fanout") == 0, 120, message="every fanout done")
+    expected = {f"m{i}" for i in range(600)} | {"last"}
+    for who in ("a", "b", "c"):
+        assert set(drain(gearmand, f"{topic}_{who}")) == expected
+    assert drain(gearmand, f"{topic}_d") == ["last"]
