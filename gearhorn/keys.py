@@ -44,11 +44,11 @@ Redis the braces are just characters.
                                 it (gearhorn/replay.py)
 ``<p>bridge-info:<id>``         hash: pid, host, started, connections of a live
                                 bridge; expires with its heartbeat
-``<p>stats:copies``             sorted set: topic -> copies made, ever (gearhorn/stats.py)
-``<p>stats:fanouts``            sorted set: topic -> messages fanned out, ever
-``<p>stats:totals``             hash: copies, fanouts, dead letters over every topic
+``{<p>stats}:copies``           sorted set: topic -> copies made, ever (gearhorn/stats.py)
+``{<p>stats}:fanouts``          sorted set: topic -> messages fanned out, ever
+``{<p>stats}:totals``           hash: copies, fanouts, dead letters over every topic
                                 and queue, and the fanout latency histogram
-``<p>stats:dead-letters``       sorted set: queue -> messages dead-lettered, ever
+``{<p>stats}:dead-letters``     sorted set: queue -> messages dead-lettered, ever
 ``<p>dead:<queue>``             sorted set: header ids of the dead letters of a queue
                                 still in ``<queue>.dlq``, scored by when (ms)
 ``<p>dead-info:<queue>``        hash: header id -> JSON of reason, delivery count,
@@ -135,8 +135,9 @@ class Keys:
         return f"{self.prefix}bridge-info:{bridge_id}"
 
     def stats(self, name: str) -> str:
-        """``copies``, ``fanouts``, ``totals`` or ``dead-letters``."""
-        return f"{self.prefix}stats:{name}"
+        """``copies``, ``fanouts``, ``totals`` or ``dead-letters``, in one
+        hash slot so a flush is one MULTI."""
+        return f"{{{self.prefix}stats}}:{name}"
 
     def dead(self, queue: str) -> str:
         return f"{self.prefix}dead:{queue}"

@@ -41,6 +41,10 @@ def bucket_of(seconds: float) -> str:
     return f"le:{LATENCY_BUCKETS[i]}" if i < len(LATENCY_BUCKETS) else f"le:{INF}"
 
 
+# Fanouts whose counts a worker keeps while Redis is away.
+MAX_PENDING = 100_000
+
+
 class Stats:
     """The write side. Buffered (``buffered=True``): ``fanout`` only appends
     to a deque and ``flush`` (the worker's flusher thread, every 0.1 s, and
@@ -56,7 +60,7 @@ class Stats:
         self.enabled = enabled
         self.buffered = buffered
         self._pending: deque[tuple[str, int, int, float | None]] = deque()  # lock-free
-        self.lost = 0  # fanouts whose counts Redis refused at flush time
+        self.lost = 0  # fanouts whose counts were dropped: Redis away too long
         self._outage = Outage(log, "redis (metrics)")
 
     def fanout(self, topic: str, messages: int, copies: int,
@@ -70,18 +74,22 @@ class Stats:
         self._write([(topic, messages, copies, seconds)])
 
     def flush(self) -> None:
-        """Write what is buffered; on a Redis error the counts are logged and dropped."""
+        """Write what is buffered, all or nothing; on a Redis error the
+        counts wait for the next flush (up to MAX_PENDING fanouts' worth)."""
         taken = [self._pending.popleft() for _ in range(len(self._pending))]
         if not taken:
             return
         try:
             self._write(taken)
         except REDIS_ERRORS as exc:
-            self.lost += len(taken)
-            self._outage.failed(exc, f"; counts of {len(taken)} fanouts lost")
+            kept = taken[-MAX_PENDING:]
+            self.lost += len(taken) - len(kept)
+            self._pending.extend(kept)
+            self._outage.failed(exc, f"; counts of {len(kept)} fanouts wait")
         else:
             if self._outage.down:
-                self._outage.succeeded(f"; counts of {self.lost} fanouts lost since start")
+                self._outage.succeeded(f"; counts written; those of {self.lost} fanouts "
+                                       f"lost since start")
 
     def _write(self, fanouts: list[tuple[str, int, int, float | None]]) -> None:
         copies: Counter[str] = Counter()
@@ -97,7 +105,9 @@ class Stats:
                 totals[bucket_of(seconds)] += 1
                 totals["latency_count"] += 1
                 latency_sum += seconds
-        pipe = self.redis.pipeline(transaction=False)
+        # One MULTI (the stats keys share a hash slot): a failed flush wrote
+        # nothing, so writing it again later cannot count twice.
+        pipe = self.redis.pipeline(transaction=True)
         for topic in copies:
             pipe.zincrby(self.keys.stats("copies"), copies[topic], topic)
             pipe.zincrby(self.keys.stats("fanouts"), messages[topic], topic)

@@ -54,10 +54,23 @@ def test_buffered_counts_are_summed_and_written_at_flush(fake_redis, monkeypatch
     read = stats.read(fake_redis, KEYS, top=5)
     assert (read.copies, read.fanouts, read.latency_count) == ({"news": 6.0}, {"news": 3.0}, 3)
     counts.fanout("news", 1, 2)
+    working = fake_redis.pipeline
     monkeypatch.setattr(fake_redis, "pipeline", lambda **kw: (_ for _ in ()).throw(
         stats.redis.ConnectionError("down")))
-    counts.flush()  # logged and counted, never raised
-    assert counts.lost == 1
+    counts.flush()  # logged, never raised; the counts wait
+    counts.fanout("news", 1, 2)
+    counts.flush()
+    assert counts.lost == 0
+    monkeypatch.setattr(fake_redis, "pipeline", working)
+    counts.flush()
+    assert stats.read(fake_redis, KEYS, top=5).copies == {"news": 10.0}
+    monkeypatch.setattr(stats, "MAX_PENDING", 1)
+    monkeypatch.setattr(fake_redis, "pipeline", lambda **kw: (_ for _ in ()).throw(
+        stats.redis.ConnectionError("down")))
+    counts.fanout("news", 1, 2)
+    counts.fanout("news", 1, 2)
+    counts.flush()
+    assert counts.lost == 1  # beyond MAX_PENDING the oldest go, counted
 
 
 def test_the_flusher_writes_what_is_left_when_stopped(fake_redis):
