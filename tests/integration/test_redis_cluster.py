@@ -217,10 +217,10 @@ def test_a_master_killed_mid_broadcast_fails_over_and_nothing_acknowledged_is_lo
         cluster.stop()
 
 
-def migrate_slot(cluster, key, target):
+def migrate_slot(cluster, key, target, midway):
     """Move ``key``'s hash slot to ``target`` the way redis-cli --cluster
-    reshard does, one key at a time: clients meet ASK while it moves and
-    MOVED after."""
+    reshard does, and call ``midway(source)`` with the keys moved but the
+    slot not yet handed over: then the source answers ASK; after, MOVED."""
     source = owner(cluster, key)
     nodes = {n.port: redis.Redis.from_url(n.details["url"]) for n in cluster.nodes}
     src, dst = nodes[source.port], nodes[target.port]
@@ -230,6 +230,7 @@ def migrate_slot(cluster, key, target):
     src.cluster("setslot", slot, "migrating", ids[target.port])
     while keys := src.cluster("getkeysinslot", slot, 1):
         src.migrate(target.host, target.port, keys, 0, 5000)
+    midway(src)
     for port in (target.port, source.port, *(p for p in nodes if p not in (target.port,
                                                                            source.port))):
         nodes[port].cluster("setslot", slot, "node", ids[target.port])
@@ -237,8 +238,9 @@ def migrate_slot(cluster, key, target):
 
 def test_fanouts_ride_through_a_slot_moving_to_another_master(redis_url, redis_cluster,
                                                                gearmand, start_pool):
-    """The topic's slot moves while fanouts run (ASK, then MOVED): every
-    copy arrives and the subscriber set moved whole."""
+    """The topic's slot moves while fanouts run: fanouts made while the
+    source answers ASK and after it answers MOVED both reach everyone, and
+    the subscriber set moved whole."""
     start_pool([gearmand])
     topic = unique_topic("moving")
     key = Keys().topic(topic)
@@ -252,7 +254,13 @@ def test_fanouts_ride_through_a_slot_moving_to_another_master(redis_url, redis_c
                               pause=0.02)
     producer.start()
     wait_for(lambda: depth(gearmand, f"{topic}_a") >= 100, 60, message="100 copies")
-    migrate_slot(redis_cluster, key, target)
+
+    def midway(source):
+        with pytest.raises(redis.exceptions.AskError):
+            source.smembers(key)  # the slot is migrating: the source sends clients on
+        assert gear.call("fanout", {"topic": topic, "payload": "midway",
+                                    "background": True})["copies"] == 3
+    migrate_slot(redis_cluster, key, target, midway)
     assert owner(redis_cluster, key) is target
     producer.join(120)
     assert producer.error is None and not producer.is_alive()
@@ -261,7 +269,7 @@ def test_fanouts_ride_through_a_slot_moving_to_another_master(redis_url, redis_c
                                 "background": True})["copies"] == 4
     gear.close()
     wait_for(lambda: depth(gearmand, "fanout") == 0, 120, message="every fanout done")
-    expected = {f"m{i}" for i in range(600)} | {"last"}
+    expected = {f"m{i}" for i in range(600)} | {"midway", "last"}
     for who in ("a", "b", "c"):
         assert set(drain(gearmand, f"{topic}_{who}")) == expected
     assert drain(gearmand, f"{topic}_d") == ["last"]
