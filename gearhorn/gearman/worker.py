@@ -60,10 +60,16 @@ class WorkerConnection:
         wire += b"".join(encode(P.CAN_DO, f.encode()) for f in self.functions)
         self.conn.send(wire)
 
-    def grab(self, count: int) -> list[GrabbedJob]:
-        """Ask for up to ``count`` jobs at once; returns those gearmand had."""
+    def grab(self, count: int, then_sleep: bool = False) -> list[GrabbedJob]:
+        """Ask for up to ``count`` jobs at once; returns those gearmand had.
+
+        ``then_sleep`` sends PRE_SLEEP in the same write: gearmand answers it
+        with a NOOP at once if jobs are left, or when one comes in, so the
+        caller waits for that (:meth:`wait_for_work`) instead of grabbing
+        again to find the queue empty: one round trip per wake-up."""
         with self._send_lock:
-            self.conn.send(encode(P.GRAB_JOB_UNIQ) * count)
+            self.conn.send(encode(P.GRAB_JOB_UNIQ) * count
+                           + (encode(P.PRE_SLEEP) if then_sleep else b""))
         jobs, answers = [], 0
         while answers < count:
             packet = self.conn.read()
@@ -81,6 +87,10 @@ class WorkerConnection:
         """PRE_SLEEP and wait up to ``timeout`` for gearmand's NOOP (work arrived)."""
         with self._send_lock:
             self.conn.send(encode(P.PRE_SLEEP))
+        return self.wait_for_work(timeout)
+
+    def wait_for_work(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` for the NOOP of a PRE_SLEEP already sent."""
         deadline = time.monotonic() + timeout
         while True:
             packet = self.conn.read(deadline)

@@ -190,3 +190,81 @@ def self_signed_certificate(folder, name):
                     "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost"],
                    check=True, capture_output=True, timeout=60)
     return cert, key
+
+
+class GearmanTap:
+    """A loopback TCP proxy in front of a Gearman server that counts the
+    request packets passing through it by type (``counts``): what a process
+    pointed at ``address`` asks gearmand for. Stops with ``close``."""
+
+    def __init__(self, server):
+        import socket
+        import threading
+        from collections import Counter
+
+        self.upstream = (server.host, server.port)
+        self.counts = Counter()
+        self._lock = threading.Lock()
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.host, self.port = self._listener.getsockname()
+        self.address = f"{self.host}:{self.port}"
+        self._sockets = [self._listener]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        import socket
+        import threading
+
+        while True:
+            try:
+                downstream, _ = self._listener.accept()
+            except OSError:
+                return
+            upstream = socket.create_connection(self.upstream)
+            self._sockets += [downstream, upstream]
+            threading.Thread(target=self._pipe, args=(downstream, upstream, True),
+                             daemon=True).start()
+            threading.Thread(target=self._pipe, args=(upstream, downstream, False),
+                             daemon=True).start()
+
+    def _pipe(self, source, sink, requests):
+        pending = b""
+        while True:
+            try:
+                data = source.recv(65536)
+                if not data:
+                    break
+                sink.sendall(data)
+            except OSError:
+                break
+            if requests:
+                pending = self._count(pending + data)
+        for sock in (source, sink):
+            sock.close()
+
+    def _count(self, data):
+        """Count whole packets in ``data``; returns the incomplete tail."""
+        while data:
+            if data[:1] != b"\0":  # an admin text command: one line
+                end = data.find(b"\n")
+                if end < 0:
+                    return data
+                data = data[end + 1:]
+                continue
+            if len(data) < 12:
+                return data
+            size = int.from_bytes(data[8:12], "big")
+            if len(data) < 12 + size:
+                return data
+            with self._lock:
+                self.counts[int.from_bytes(data[4:8], "big")] += 1
+            data = data[12 + size:]
+        return data
+
+    def count(self, packet_type):
+        with self._lock:
+            return self.counts[packet_type]
+
+    def close(self):
+        for sock in self._sockets:
+            sock.close()

@@ -7,9 +7,10 @@ import threading
 
 import pytest
 
+from gearhorn.gearman.packets import P
 from gearhorn.stomp.frames import encode
 
-from .helpers import gearman_cli, queue_depth, unique_topic, wait_for
+from .helpers import GearClient, GearmanTap, gearman_cli, queue_depth, unique_topic, wait_for
 from .stomp_helpers import RawClient
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
@@ -440,3 +441,29 @@ def test_bridge_processes_share_the_port_and_topics_stay_right(gearmand, start_p
     # Stopping the bridge stops both processes.
     bridge.stop()
     wait_for(lambda: not bridges.alive(), timeout=60, message="both bridges to retire")
+
+
+def test_a_message_at_a_time_costs_the_bridge_a_grab_or_two(gearmand, start_bridge,
+                                                              stomp_clients):
+    """A subscriber with credit for 1,000 messages that arrive one at a time:
+    each wake-up asks gearmand for about one job (GRAB and PRE_SLEEP in one
+    write), not for the whole credit. Before, each message cost 128 GRABs
+    and 127 NO_JOBs, and the bridge's CPU went into them."""
+    tap = GearmanTap(gearmand)
+    try:
+        bridge = start_bridge([tap])
+        queue = unique_topic("one-at-a-time")
+        subscriber = stomp_clients(bridge.port)
+        subscriber.subscribe(f"/queue/{queue}", "s", **{"prefetch-count": "1000"})
+        wait_for(lambda: tap.count(P.PRE_SLEEP), message="the bridge's grab loop to sleep")
+        producer = GearClient(gearmand)
+        before = tap.count(P.GRAB_JOB_UNIQ)
+        for i in range(10):
+            producer.submit(queue, f"m{i}".encode(), background=True)
+            assert subscriber.messages(i + 1)[i].body == f"m{i}".encode()
+        producer.close()
+        # 1 or 2 a message; a few more if the test ran across the loop's
+        # once-a-second look.
+        assert tap.count(P.GRAB_JOB_UNIQ) - before <= 30
+    finally:
+        tap.close()
