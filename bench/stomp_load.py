@@ -4,6 +4,7 @@ that is not the bottleneck.
     python bench/stomp_load.py                 # full run (a few minutes)
     python bench/stomp_load.py --quick         # smaller
     python bench/stomp_load.py --bridge-processes 2
+    python bench/stomp_load.py --latency-at 100 500 1000   # same rates for both
 
 bench/stomp_bridge.py drives both brokers with stomp.py, which parses every
 frame in Python: there the client is the limit. Here the generator speaks
@@ -270,6 +271,22 @@ def measure(broker_cls, args) -> dict:
     return results
 
 
+def latency_at(broker_cls, args) -> dict[int, dict]:
+    """p50/p99 of topic x10 deliveries at each of ``args.latency_at`` msg/s:
+    the same absolute load for both brokers (half of each one's own peak
+    is a different rate for each)."""
+    results = {}
+    with broker_cls(**({"bridge_processes": args.bridge_processes}
+                       if broker_cls is Gearhorn else {})) as broker:
+        topic_run(broker, 10, args.messages // 10)  # warm up
+        for rate in args.latency_at:
+            results[rate] = r = topic_run(broker, 10, int(rate * args.latency_seconds),
+                                          rate=rate)
+            print(f"  {broker_cls.name:9} topic x10 at {rate:>6,} msg/s: p50 {r['p50_ms']:6.1f} "
+                  f"ms  p99 {r['p99_ms']:6.1f} ms  (cpu {r['broker_cpu']:.2f})", flush=True)
+    return results
+
+
 def profile(args) -> None:
     """py-spy on the bridge process(es) during a topic x10 run: where its
     time goes (collapsed stacks to ``args.profile``, the top frames printed)."""
@@ -311,6 +328,8 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--bridge-processes", type=int, default=1)
     parser.add_argument("--no-rabbitmq", action="store_true")
+    parser.add_argument("--latency-at", type=int, nargs="+", metavar="MSG_PER_S",
+                        help="only the latency of topic x10 at these rates, both brokers")
     parser.add_argument("--profile", metavar="FILE",
                         help="only profile the bridge (py-spy) during topic x10")
     args = parser.parse_args()
@@ -318,6 +337,11 @@ def main() -> None:
     args.latency_seconds = 5 if args.quick else 15
     if args.profile:
         profile(args)
+        return
+    if args.latency_at:
+        latency_at(Gearhorn, args)
+        if not args.no_rabbitmq and RabbitMQ.installed():
+            latency_at(RabbitMQ, args)
         return
     print(f"STOMP load: raw frames; topic {args.messages * 10:,} deliveries per subscriber "
           f"count, queue {args.messages:,} messages; {os.cpu_count()} cores", flush=True)

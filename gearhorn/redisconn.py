@@ -29,6 +29,8 @@ log = logging.getLogger(__name__)
 
 AnyRedis = redis.Redis | RedisCluster
 
+SENTINEL_SCHEMES = ("redis+sentinel", "rediss+sentinel")
+
 # A failover takes the cluster node timeout plus an election (seconds):
 # retry MOVED/ASK, CLUSTERDOWN and lost connections that long before an
 # error reaches the caller, which then backs off and logs the outage once.
@@ -51,9 +53,6 @@ def connect(url: str, cluster: str = "auto", *, max_connections: int | None = No
         return RedisCluster.from_url(url, retry=_CLUSTER_RETRY, **options)
     pool_class = options.pop("connection_pool_class", redis.ConnectionPool)
     return redis.Redis(connection_pool=pool_class.from_url(url, **options))
-
-
-SENTINEL_SCHEMES = ("redis+sentinel", "rediss+sentinel")
 
 
 def _sentinel_master(url: str, **options: object) -> redis.Redis:

@@ -37,9 +37,9 @@ class GrabbedJob:
 class WorkerConnection:
     """A worker-side connection that grabs jobs only when told to.
 
-    The STOMP bridge uses one per queue and server: it grabs as many jobs as
-    its subscribers have credit for (several GRAB_JOB_UNIQ in one write) and
-    completes each only when the STOMP client acknowledged it. A job held
+    The STOMP bridge uses one per queue and server: it grabs no more jobs
+    than its subscribers have credit for (several GRAB_JOB_UNIQ in one
+    write) and completes each only when the STOMP client acknowledged it. A job held
     here and never completed goes back to the queue when the connection
     closes (C gearmand requeues the jobs of a worker that disconnects).
     """

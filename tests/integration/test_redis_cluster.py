@@ -142,9 +142,14 @@ def taken_over(cluster, key, victim):
 
 
 def owner(cluster, key):
-    """The node that serves ``key``'s hash slot now."""
+    """The node that serves ``key``'s hash slot now (a new client each time:
+    one kept would answer from the slot map it read first; closed at once,
+    as the failover test asks many times a second)."""
     client = redisconn.connect(cluster.url)
-    node = client.get_node_from_key(key)
+    try:
+        node = client.get_node_from_key(key)
+    finally:
+        client.close()
     return next(n for n in cluster.nodes if n.port == node.port)
 
 
