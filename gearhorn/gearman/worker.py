@@ -39,9 +39,10 @@ class WorkerConnection:
 
     The STOMP bridge uses one per queue and server: it grabs no more jobs
     than its subscribers have credit for (several GRAB_JOB_UNIQ in one
-    write) and completes each only when the STOMP client acknowledged it. A job held
-    here and never completed goes back to the queue when the connection
-    closes (C gearmand requeues the jobs of a worker that disconnects).
+    write) and completes each only when the STOMP client acknowledged it.
+    A job held here and never completed goes back to the queue when the
+    connection closes (C gearmand requeues the jobs of a worker that
+    disconnects).
     """
 
     def __init__(self, host: str, port: int, functions: Sequence[str],

@@ -2,17 +2,22 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
 import uuid
+from collections import Counter
 
 import gear
 
 from gearhorn import gearman, redisconn, servers
+from gearhorn.gearman.packets import PacketReader
 from gearhorn.keys import Keys
 from gearhorn.registry import Registry
 
@@ -194,14 +199,11 @@ def self_signed_certificate(folder, name):
 
 class GearmanTap:
     """A loopback TCP proxy in front of a Gearman server that counts the
-    request packets passing through it by type (``counts``): what a process
-    pointed at ``address`` asks gearmand for. Stops with ``close``."""
+    request packets passing through it by type: what a process pointed at
+    ``address`` asks gearmand for (admin text connections pass uncounted).
+    Stops with ``close``."""
 
     def __init__(self, server):
-        import socket
-        import threading
-        from collections import Counter
-
         self.upstream = (server.host, server.port)
         self.counts = Counter()
         self._lock = threading.Lock()
@@ -212,9 +214,6 @@ class GearmanTap:
         threading.Thread(target=self._accept, daemon=True).start()
 
     def _accept(self):
-        import socket
-        import threading
-
         while True:
             try:
                 downstream, _ = self._listener.accept()
@@ -228,7 +227,8 @@ class GearmanTap:
                              daemon=True).start()
 
     def _pipe(self, source, sink, requests):
-        pending = b""
+        reader = PacketReader() if requests else None
+        first = True
         while True:
             try:
                 data = source.recv(65536)
@@ -237,29 +237,15 @@ class GearmanTap:
                 sink.sendall(data)
             except OSError:
                 break
-            if requests:
-                pending = self._count(pending + data)
+            if first and data[:1] != b"\0":
+                reader = None  # an admin connection: text commands
+            first = False
+            if reader is not None:
+                packets = reader.feed(data)
+                with self._lock:
+                    self.counts.update(p.type for p in packets)
         for sock in (source, sink):
             sock.close()
-
-    def _count(self, data):
-        """Count whole packets in ``data``; returns the incomplete tail."""
-        while data:
-            if data[:1] != b"\0":  # an admin text command: one line
-                end = data.find(b"\n")
-                if end < 0:
-                    return data
-                data = data[end + 1:]
-                continue
-            if len(data) < 12:
-                return data
-            size = int.from_bytes(data[8:12], "big")
-            if len(data) < 12 + size:
-                return data
-            with self._lock:
-                self.counts[int.from_bytes(data[4:8], "big")] += 1
-            data = data[12 + size:]
-        return data
 
     def count(self, packet_type):
         with self._lock:
@@ -267,4 +253,6 @@ class GearmanTap:
 
     def close(self):
         for sock in self._sockets:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)  # wakes the threads blocked on it
             sock.close()
