@@ -17,7 +17,10 @@ gearmand's MySQL queue runs on Debian's MariaDB (durable defaults) when
 installed. The peer is RabbitMQ (Debian's rabbitmq-server), in the same run: N durable
 STOMP subscriptions to one topic (durable queues bound to amq.topic), and
 messages sent ``persistent:true`` with a receipt each, which RabbitMQ gives
-once the message is confirmed in every queue; copies = messages x N.
+once the message is confirmed in every queue; copies = messages x N. The
+same STOMP producer and durable subscriptions run against gearhorn's bridge
+on the default setup (the redis queue): the like-for-like comparison. A
+bridge RECEIPT, too, comes once every copy is in gearmand's persistent queue.
 """
 
 from __future__ import annotations
@@ -45,13 +48,15 @@ from gearhorn.keys import Keys  # noqa: E402
 from gearhorn.registry import Registry  # noqa: E402
 
 WIDTHS = (10, 100, 1000)
+SUBSCRIPTIONS_PER_CONNECTION = 100  # gearhorn's stomp_max_subscriptions
 PAYLOAD = "x" * 100
 
 
 class GearhornServers:
     """Registry Redis, gearmand on ``queue`` (and its Redis), a worker pool."""
 
-    def __init__(self, queue: str, processes: int, pinned: bool = True) -> None:
+    def __init__(self, queue: str, processes: int, pinned: bool = True,
+                 bridge: bool = False) -> None:
         self.queue = queue
         # as gearhorn up does: gearmand and the Redis of its queue on one core
         cpus = servers.queue_cpus() if pinned and queue == "redis" else None
@@ -74,15 +79,36 @@ class GearhornServers:
         for width in WIDTHS:
             subscribe_many(self.registry, f"bench{width}", width)
         self.pool = start_pool(self.gearmand, self.redis.details["url"], processes)
+        self.bridge = self.start_bridge() if bridge else None
+
+    def start_bridge(self) -> subprocess.Popen:
+        """``gearhorn bridge`` (one process, as ``gearhorn up`` starts it)."""
+        self.bridge_port = servers.free_port()
+        bridge = subprocess.Popen(
+            [sys.executable, "-m", "gearhorn", "bridge", "--port", str(self.bridge_port),
+             "--ws-port", "0", "--gearman", self.gearmand.address,
+             "--redis-url", self.redis.details["url"], "--log-level", "WARNING"],
+            preexec_fn=servers.die_with_parent)
+        deadline = time.monotonic() + 60
+        while not servers.is_listening("127.0.0.1", self.bridge_port):
+            if time.monotonic() > deadline or bridge.poll() is not None:
+                raise SystemExit("gearhorn bridge did not start")
+            time.sleep(0.1)
+        return bridge
 
     def rate(self, width: int, copies: int) -> float:
         fanouts = max(1, copies // width)
         gearhorn_rate(self.gearmand, f"bench{width}", max(1, fanouts // 10), width)  # warm-up
         return gearhorn_rate(self.gearmand, f"bench{width}", fanouts, width)
 
+    def stomp_rate(self, width: int, copies: int) -> float:
+        return stomp_persistent_rate(self.bridge_port, {}, width, copies)
+
     def close(self) -> None:
-        self.pool.send_signal(signal.SIGTERM)
-        self.pool.wait(30)
+        for process in (self.bridge, self.pool):
+            if process is not None:
+                process.send_signal(signal.SIGTERM)
+                process.wait(30)
         for server in (self.gearmand, self.queue_redis, self.mariadb, self.redis):
             if server is not None:
                 server.stop()
@@ -129,29 +155,44 @@ class Receipts(stomp.ConnectionListener):
         self.count = 0
         self.changed = threading.Condition()
 
+        self.error = ""
+
     def on_receipt(self, frame) -> None:
         with self.changed:
             self.count += 1
             self.changed.notify_all()
 
+    def on_error(self, frame) -> None:
+        with self.changed:
+            self.error = frame.headers.get("message", "ERROR")
+            self.changed.notify_all()
+
     def wait_for(self, count: int, timeout: float = 600) -> None:
         with self.changed:
-            if not self.changed.wait_for(lambda: self.count >= count, timeout):
-                raise SystemExit(f"RabbitMQ gave {self.count} of {count} receipts")
+            self.changed.wait_for(lambda: self.count >= count or self.error, timeout)
+            if self.count < count:
+                raise SystemExit(f"the broker gave {self.count} of {count} receipts "
+                                 f"{self.error or 'in time'}")
 
 
-def rabbitmq_rate(port: int, login: dict, width: int, copies: int) -> float:
-    """Copies/s into ``width`` durable queues: persistent SENDs with receipts."""
+def stomp_persistent_rate(port: int, login: dict, width: int, copies: int) -> float:
+    """Copies/s into ``width`` durable subscriptions of one topic: persistent
+    SENDs with receipts from one stomp.py producer. The same code for both
+    brokers: the subscriptions are RabbitMQ's durable queues bound to
+    amq.topic, and gearhorn's durable subscriptions (``durable:true``, a
+    Gearman queue each that fills while the subscriber is away)."""
     topic = f"durable{width}"
-    setup = connect(port, login)
-    done = Receipts()
-    setup.set_listener("r", done)
-    for i in range(width):  # durable queues that outlive this connection
-        setup.subscribe(f"/topic/{topic}", id=f"s{i}", ack="client",
-                        headers={"durable": "true", "auto-delete": "false",
-                                 "prefetch-count": "1", "receipt": f"sub{i}"})
-    done.wait_for(width)
-    setup.disconnect()
+    for first in range(0, width, SUBSCRIPTIONS_PER_CONNECTION):
+        setup = connect(port, login)
+        done = Receipts()
+        setup.set_listener("r", done)
+        last = min(width, first + SUBSCRIPTIONS_PER_CONNECTION)
+        for i in range(first, last):  # durable: they outlive this connection
+            setup.subscribe(f"/topic/{topic}", id=f"s{i}", ack="client",
+                            headers={"durable": "true", "auto-delete": "false",
+                                     "prefetch-count": "1", "receipt": f"sub{i}"})
+        done.wait_for(last - first)
+        setup.disconnect()
     messages = max(1, copies // width)
     producer = connect(port, login)
     sent = Receipts()
@@ -178,22 +219,30 @@ def bench_modes(processes: int, quick: bool) -> dict[str, dict[int, float]]:
         if queue == "mysql" and not MariaDB.installed():
             print("  MySQL: not installed (apt-get install mariadb-server); not measured")
             continue
-        running = GearhornServers(queue, processes, pinned)
+        through_bridge = mode == "redis"  # the default, also measured as RabbitMQ is
+        running = GearhornServers(queue, processes, pinned, bridge=through_bridge)
         try:
             rates[mode] = {width: running.rate(width, budget) for width in WIDTHS}
+            if through_bridge:
+                rates["stomp"] = {width: running.stomp_rate(width, budget) for width in WIDTHS}
         finally:
             running.close()
-        print(f"  gearmand queue {mode:17}  " + "   ".join(
-            f"x{w}: {rates[mode][w]:>8,.0f}" for w in WIDTHS) + "  copies/s", flush=True)
+        show(f"gearmand queue {mode}", rates[mode])
+        if through_bridge:
+            show("redis queue, STOMP persistent", rates["stomp"])
     if RabbitMQ.installed():
         with RabbitMQ() as rabbit:
-            rates["rabbitmq"] = {w: rabbitmq_rate(rabbit.port, rabbit.login, w,
+            rates["rabbitmq"] = {w: stomp_persistent_rate(rabbit.port, rabbit.login, w,
                                                   durable) for w in WIDTHS}
-        print("  RabbitMQ persistent                " + "   ".join(
-            f"x{w}: {rates['rabbitmq'][w]:>8,.0f}" for w in WIDTHS) + "  copies/s", flush=True)
+        show("RabbitMQ, STOMP persistent", rates["rabbitmq"])
     else:
         print("  RabbitMQ: not installed (apt-get install rabbitmq-server); no comparison")
     return rates
+
+
+def show(name: str, rates: dict[int, float]) -> None:
+    print(f"  {name:32}  " + "   ".join(f"x{w}: {rates[w]:>8,.0f}" for w in WIDTHS)
+          + "  copies/s", flush=True)
 
 
 def bench_replay(copies: int) -> None:
@@ -302,7 +351,9 @@ def main() -> None:
                 f"{rates['redis'][width] / rates['sqlite'][width]:5.1f}"
                 f"   / none {rates['redis'][width] / rates['none'][width]:4.2f}")
         if "rabbitmq" in rates:
-            line += f"   / RabbitMQ {rates['redis'][width] / rates['rabbitmq'][width]:5.2f}"
+            line += (f"   / RabbitMQ {rates['redis'][width] / rates['rabbitmq'][width]:5.2f}"
+                     f"   STOMP / RabbitMQ "
+                     f"{rates['stomp'][width] / rates['rabbitmq'][width]:5.2f}")
         print(line)
 
 

@@ -5,6 +5,11 @@
 - ``x-delay`` (RabbitMQ's delayed-message plugin) or
   ``AMQ_SCHEDULED_DELAY`` (ActiveMQ): milliseconds before delivery.
 - ``reply-to: /temp-queue/NAME``: a reply queue private to the connection.
+- ``persistent`` (RabbitMQ's and ActiveMQ's delivery mode): read and not
+  carried. Durability belongs to the deployment (setting ``persistence``,
+  on by default), the same for every message, so the flag changes nothing;
+  carried, it would cost a Redis write per message and keep the SEND out
+  of a batch, and RabbitMQ clients set it on every message.
 - Every other header a sender sets (content-type, correlation-id, reply-to,
   custom ones) is carried to STOMP consumers unchanged; the frame's own
   bookkeeping (destination, receipt, transaction, content-length) and the
@@ -26,7 +31,7 @@ from gearhorn.messages import (
 TEMP_QUEUE = "/temp-queue/"
 DELAY_HEADERS = ("x-delay", "AMQ_SCHEDULED_DELAY")
 NOT_CARRIED = frozenset({
-    "destination", "receipt", "transaction", "content-length", *DELAY_HEADERS,
+    "destination", "receipt", "transaction", "content-length", "persistent", *DELAY_HEADERS,
     # set by the bridge on each MESSAGE
     "message-id", "subscription", "ack", "redelivered", "delivery-count",
 })

@@ -9,6 +9,14 @@ def test_a_frame_without_options_is_plain():
                          "receipt": "r1"}) is PLAIN
 
 
+@pytest.mark.parametrize("value", ["true", "false"])
+def test_persistent_is_the_deployments_business_and_keeps_a_send_plain(value):
+    # RabbitMQ clients set it on every SEND; carried, it would cost a Redis
+    # write per message and keep the SEND out of a batch.
+    assert send_options({"destination": "/topic/t", "persistent": value}) is PLAIN
+    assert "persistent" not in send_options({"persistent": "true", "x-a": "1"}).headers
+
+
 @pytest.mark.parametrize("value, precedence", [
     ("0", "low"), ("3", "low"), ("4", "normal"), ("5", "high"), ("9", "high")])
 def test_jms_priorities_map_to_gearman_precedence(value, precedence):

@@ -367,6 +367,16 @@ def test_send_options_go_to_the_broker_and_keep_sends_out_of_batches(session):
         ("normal", None, {})]
 
 
+def test_persistent_sends_as_rabbitmq_clients_make_them_travel_in_one_batch(session):
+    s, transport, broker = session
+    connect(session)
+    s.handle_frames([Frame("SEND", {"destination": "/topic/t", "persistent": "true",
+                                    "receipt": f"r{i}"}, str(i).encode()) for i in range(3)])
+    assert broker.calls == 1 and broker.options == [PLAIN]
+    assert broker.published == [("t", b"0"), ("t", b"1"), ("t", b"2")]
+    assert [f.headers["receipt-id"] for f in transport.frames] == ["r0", "r1", "r2"]
+
+
 def test_reply_to_a_temp_queue_makes_a_private_queue_and_a_request(session):
     s, transport, broker = session
     connect(session)
