@@ -20,7 +20,7 @@ from redis.backoff import ExponentialBackoff
 from redis.cluster import RedisCluster
 from redis.exceptions import RedisClusterException
 from redis.retry import Retry
-from redis.sentinel import Sentinel
+from redis.sentinel import Sentinel, SentinelConnectionPool
 
 if TYPE_CHECKING:
     from gearhorn.config import Config
@@ -67,9 +67,9 @@ def _sentinel_master(url: str, **options: object) -> redis.Redis:
     for address in parts.netloc.rpartition("@")[2].split(","):
         host, _, port = address.rpartition(":")
         hosts.append((host or address, int(port) if host else 26379))
-    # Sentinel's pool does not block when full: no cap (connections grow with load).
-    capped = ("connection_pool_class", "max_connections", "timeout")
-    connection = {k: v for k, v in options.items() if k not in capped}
+    connection = dict(options)
+    if connection.pop("connection_pool_class", None) is not None:
+        connection["connection_pool_class"] = BlockingSentinelPool
     if parts.password:
         connection["password"] = unquote(parts.password)
     if parts.scheme.startswith("rediss"):
@@ -77,6 +77,13 @@ def _sentinel_master(url: str, **options: object) -> redis.Redis:
     sentinel = Sentinel(hosts, socket_timeout=5, socket_connect_timeout=5)
     return sentinel.master_for(path[0], db=int(path[1]) if len(path) > 1 else 0,
                                **connection)
+
+
+class BlockingSentinelPool(SentinelConnectionPool, redis.BlockingConnectionPool):
+    """Sentinel's pool (connections to the master the Sentinels name), which
+    waits for a free connection when full like the bridge's pool on a single
+    server. redis-py's own raises "Too many connections" past 100: a burst
+    of greenlets needing Redis at once would fail."""
 
 
 def is_cluster(url: str) -> bool:

@@ -2,6 +2,7 @@
 through a failover (a real master, replica and Sentinel on loopback)."""
 
 import json
+import threading
 
 import pytest
 import redis
@@ -41,6 +42,14 @@ def replication(server):
         return {}
 
 
+def port_of(client):
+    """The port of the server ``client`` reaches now; None while it cannot."""
+    try:
+        return client.info("server")["tcp_port"]
+    except redis.RedisError:  # refused, no master named yet, timed out
+        return None
+
+
 def answer(gear, function, payload):
     """A job's result; a job that met the failover first gets a WORK_WARNING
     ("... retrying"), which gear puts before the result in ``data``."""
@@ -54,6 +63,8 @@ def test_a_sentinel_url_follows_the_master_through_a_failover(sentinel_stack, ge
     master, replica, sentinel = sentinel_stack
     url = sentinel.details["url"]
     assert redisconn.connect(url).info("server")["tcp_port"] == master.port
+    capped = redisconn.connect(url, max_connections=2)  # as the bridge opens Redis
+    assert capped.info("server")["tcp_port"] == master.port
     pool = PoolProcess([gearmand], url, processes=1, log_dir=str(tmp_path))
     gear = GearClient(gearmand)
     try:
@@ -70,6 +81,8 @@ def test_a_sentinel_url_follows_the_master_through_a_failover(sentinel_stack, ge
         wait_for(lambda: replication(replica).get("role") == "master", 60,
                  message="Sentinel to promote the replica")
 
+        wait_for(lambda: port_of(capped) == replica.port, 60,
+                 message="the capped client to follow the new master")
         # The pool follows the new master: alice is still subscribed, bob joins.
         assert answer(gear, "subscribe_fanout",
                       {"topic": topic, "client_id": "bob"})["subscribers"] == 2
@@ -80,3 +93,32 @@ def test_a_sentinel_url_follows_the_master_through_a_failover(sentinel_stack, ge
     finally:
         gear.close()
         pool.stop()
+
+
+def test_a_capped_sentinel_client_makes_callers_wait_for_a_free_connection(sentinel_stack):
+    """The bridge caps its Redis connections (max_connections) so that a
+    burst of greenlets waits for a free one: with Sentinel too. redis-py's
+    Sentinel pool would open more, then fail with "Too many connections"."""
+    master, replica, sentinel = sentinel_stack
+    client = redisconn.connect(sentinel.details["url"], max_connections=3,
+                               client_name="capped", socket_timeout=10)
+    callers = 12
+    start = threading.Barrier(callers)
+    errors = []
+
+    def hold_a_connection(i):
+        start.wait(30)
+        try:
+            client.blpop(f"nothing-{i}", timeout=0.5)  # holds its connection meanwhile
+        except redis.RedisError as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=hold_a_connection, args=(i,)) for i in range(callers)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert not errors
+    named = [c for c in redis.Redis.from_url(master.details["url"]).client_list()
+             if c["name"] == "capped"]
+    assert 1 <= len(named) <= 3
