@@ -1,6 +1,6 @@
 """Durable copies per second: gearmand's redis queue, its sqlite queue, none, and RabbitMQ.
 
-    python bench/durable.py            # all of it (about 3 minutes on 2 cores)
+    python bench/durable.py            # all of it (about 8 minutes on 2 cores)
     python bench/durable.py --quick    # smaller counts, for a smoke run
     python bench/durable.py --replay 1000000   # gearmand's restart with that many copies queued
 
@@ -53,7 +53,8 @@ PAYLOAD = "x" * 100
 
 
 class GearhornServers:
-    """Registry Redis, gearmand on ``queue`` (and its Redis), a worker pool."""
+    """Registry Redis, gearmand on ``queue`` (and its Redis), a worker pool,
+    and with ``bridge`` a STOMP bridge."""
 
     def __init__(self, queue: str, processes: int, pinned: bool = True,
                  bridge: bool = False) -> None:
@@ -154,7 +155,6 @@ class Receipts(stomp.ConnectionListener):
     def __init__(self) -> None:
         self.count = 0
         self.changed = threading.Condition()
-
         self.error = ""
 
     def on_receipt(self, frame) -> None:

@@ -5,7 +5,7 @@
 - ``x-delay`` (RabbitMQ's delayed-message plugin) or
   ``AMQ_SCHEDULED_DELAY`` (ActiveMQ): milliseconds before delivery.
 - ``reply-to: /temp-queue/NAME``: a reply queue private to the connection.
-- ``persistent`` (RabbitMQ's and ActiveMQ's delivery mode): read and not
+- ``persistent`` (RabbitMQ's and ActiveMQ's delivery mode): accepted, not
   carried. Durability belongs to the deployment (setting ``persistence``,
   on by default), the same for every message, so the flag changes nothing;
   carried, it would cost a Redis write per message and keep the SEND out
