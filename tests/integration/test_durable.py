@@ -178,7 +178,11 @@ def test_gearhorn_up_keeps_every_copy_exactly_once_through_kill_9_of_everything(
     expected["news"].update(f"bg{i}".encode() for i in range(100))
     stomp = StompClient(first.ports["stomp"])
     stomp.send("/queue/orders-eu", b"receipted")  # waits for its RECEIPT
-    stomp.send("/topic/news", b"from stomp")
+    for i in range(20):  # as RabbitMQ clients send: persistent, in one go (one batch)
+        stomp.conn.send(destination="/topic/news", body=f"persistent-{i}".encode(),
+                        headers={"persistent": "true"})
+    stomp.send("/topic/news", b"from stomp", persistent="true")  # its RECEIPT: all before too
+    expected["news"].update(f"persistent-{i}".encode() for i in range(20))
     expected["news"][b"from stomp"] += 1
     first.kill_everything()
 
