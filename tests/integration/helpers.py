@@ -38,8 +38,53 @@ def unique_topic(stem="t"):
     return f"{stem}{uuid.uuid4().hex[:10]}"
 
 
-class PoolProcess:
+class ChildProcess:
+    """A ``gearhorn`` command run as a real child process, its output in a log file.
+
+    It dies with the test run (``die_with_parent``) if a test forgets to stop it.
+    """
+
+    name = "gearhorn"
+
+    def __init__(self, argv, log_path, env=None):
+        self.log_path = log_path
+        with open(log_path, "ab") as log:
+            self.process = subprocess.Popen([sys.executable, "-m", "gearhorn", *argv],
+                                            stdout=log, stderr=subprocess.STDOUT,
+                                            env=dict(os.environ, **(env or {})),
+                                            preexec_fn=servers.die_with_parent)
+
+    def wait_listening(self, *ports, timeout=30.0):
+        def listening():
+            if self.process.poll() is not None:
+                raise AssertionError(f"{self.name} exited:\n{self.log()}")
+            return all(servers.is_listening("127.0.0.1", port) for port in ports)
+        wait_for(listening, timeout, message=f"{self.name} to listen")
+
+    def log(self, full=False):
+        """The log's tail (for failure messages), or all of it."""
+        if self.log_path == os.devnull:
+            return ""
+        with open(self.log_path, errors="replace") as fp:
+            text = fp.read()
+        return text if full else text[-5000:]
+
+    def stop(self, timeout=20.0):
+        """SIGTERM, then SIGKILL after ``timeout``; the exit code."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        return self.process.returncode
+
+
+class PoolProcess(ChildProcess):
     """``gearhorn worker`` as a real child process."""
+
+    name = "worker pool"
 
     def __init__(self, gearman_servers, redis_url, processes=2, log_dir=None, extra=(),
                  tls=None):
@@ -48,17 +93,13 @@ class PoolProcess:
         self.redis_url = redis_url
         self.processes = processes
         self.registry = Registry(redisconn.connect(redis_url), Keys())
-        argv = [sys.executable, "-m", "gearhorn", "worker", "--processes", str(processes),
-                "--redis-url", redis_url]
+        argv = ["worker", "--processes", str(processes), "--redis-url", redis_url]
         for server in self.gearman_servers:
             argv += ["--gearman", server.address]
-        self.log_path = os.path.join(log_dir, "pool.log") if log_dir else os.devnull
-        env = dict(os.environ, GEARHORN_HEARTBEAT_INTERVAL="0.3", GEARHORN_WORKER_TTL="1.5",
-                   GEARHORN_FANOUT_TIMEOUT="3")
-        with open(self.log_path, "ab") as log:
-            self.process = subprocess.Popen(list(argv) + list(extra), stdout=log,
-                                            stderr=subprocess.STDOUT, env=env,
-                                            preexec_fn=servers.die_with_parent)
+        super().__init__(argv + list(extra),
+                         os.path.join(log_dir, "pool.log") if log_dir else os.devnull,
+                         env={"GEARHORN_HEARTBEAT_INTERVAL": "0.3", "GEARHORN_WORKER_TTL": "1.5",
+                              "GEARHORN_FANOUT_TIMEOUT": "3"})
 
     def live(self):
         return self.registry.live_workers()
@@ -77,24 +118,6 @@ class PoolProcess:
             return True
         wait_for(ready, timeout, message="worker pool ready")
         return self
-
-    def log(self, full=False):
-        """The log's tail (for failure messages), or all of it."""
-        if self.log_path == os.devnull:
-            return ""
-        with open(self.log_path, errors="replace") as fp:
-            text = fp.read()
-        return text if full else text[-4000:]
-
-    def stop(self, timeout=20.0):
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-        return self.process.returncode
 
 
 class GearClient:

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import os
 import socket
-import subprocess
-import sys
 import threading
 import time
 
@@ -14,49 +12,45 @@ import stomp
 from gearhorn import servers
 from gearhorn.stomp.frames import FrameParser, encode
 
-from .helpers import wait_for
+from .helpers import ChildProcess
 
 
-class BridgeProcess:
+class BridgeProcess(ChildProcess):
     """``gearhorn bridge`` as a child process on a free loopback port."""
+
+    name = "bridge"
 
     def __init__(self, gearman_servers, redis_url, log_dir, env=None, websocket=False):
         self.port = servers.free_port()
         self.ws_port = servers.free_port() if websocket else 0
-        argv = [sys.executable, "-m", "gearhorn", "bridge", "--port", str(self.port),
-                "--ws-port", str(self.ws_port), "--redis-url", redis_url]
+        argv = ["bridge", "--port", str(self.port), "--ws-port", str(self.ws_port),
+                "--redis-url", redis_url]
         for server in gearman_servers:
             argv += ["--gearman", server.address]
-        self.log_path = os.path.join(log_dir, f"bridge-{self.port}.log")
-        with open(self.log_path, "ab") as log:
-            self.process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
-                                            env=dict(os.environ, **(env or {})),
-                                            preexec_fn=servers.die_with_parent)
-        wait_for(self._listening, timeout=30, message="bridge to listen")
-
-    def _listening(self):
-        if self.process.poll() is not None:
-            raise AssertionError(f"bridge exited:\n{self.log()}")
-        ports = [self.port] + ([self.ws_port] if self.ws_port else [])
-        return all(servers.is_listening("127.0.0.1", port) for port in ports)
-
-    def log(self, full=False):
-        """The log's tail (for failure messages), or all of it."""
-        with open(self.log_path, errors="replace") as fp:
-            text = fp.read()
-        return text if full else text[-5000:]
-
-    def stop(self):
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(15)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        super().__init__(argv, os.path.join(log_dir, f"bridge-{self.port}.log"), env)
+        self.wait_listening(self.port, *([self.ws_port] if self.ws_port else []))
 
 
-class RawClient:
+class HandClient:
+    """What the hand-made STOMP clients share; a subclass sends a frame's
+    bytes (``send_frame``) and reads the next frame (``read_frame``)."""
+
+    version = "1.2"
+
+    def frame(self, command, headers=None, body=b""):
+        self.send_frame(encode(command, headers or {}, body, self.version))
+
+    def expect(self, command):
+        """The next frame, which must be a ``command``."""
+        frame = self.read_frame()
+        assert frame is not None and frame.command == command, frame
+        return frame
+
+    def close(self):
+        self.sock.close()
+
+
+class RawClient(HandClient):
     """A bare socket speaking STOMP by hand: for malformed input and sudden death."""
 
     def __init__(self, port, version="1.2"):
@@ -68,8 +62,7 @@ class RawClient:
     def send(self, data: bytes):
         self.sock.sendall(data)
 
-    def frame(self, command, headers=None, body=b""):
-        self.send(encode(command, headers or {}, body, self.version))
+    send_frame = send
 
     def read_frame(self):
         while not self.frames:
@@ -84,15 +77,6 @@ class RawClient:
         self.frame("CONNECT", {**accept, "host": "x", **headers})
         frame = self.read_frame()
         assert frame.command == "CONNECTED", frame
-
-    def expect(self, command):
-        """The next frame, which must be a ``command``."""
-        frame = self.read_frame()
-        assert frame is not None and frame.command == command, frame
-        return frame
-
-    def close(self):
-        self.sock.close()
 
 
 class Collector(stomp.ConnectionListener):
@@ -187,7 +171,7 @@ class StompClient:
             pass
 
 
-class WsClient:
+class WsClient(HandClient):
     """STOMP over WebSocket by hand (wsproto as the client): for the
     handshake, several frames in one message, heart-beats and wss://."""
 
@@ -231,8 +215,8 @@ class WsClient:
 
         self.sock.sendall(self.ws.send(Message(data=b"".join(frames).decode())))
 
-    def frame(self, command, headers=None, body=b""):
-        self.send_message(encode(command, headers or {}, body, self.version))
+    def send_frame(self, data: bytes):
+        self.send_message(data)
 
     def read_frame(self):
         """The next STOMP frame (None once closed); heart-beats are counted
@@ -254,10 +238,3 @@ class WsClient:
             elif isinstance(event, CloseConnection):
                 self.eof = True
 
-    def expect(self, command):
-        frame = self.read_frame()
-        assert frame is not None and frame.command == command, frame
-        return frame
-
-    def close(self):
-        self.sock.close()

@@ -5,8 +5,6 @@ from __future__ import annotations
 import base64
 import json
 import os
-import subprocess
-import sys
 import urllib.error
 import urllib.request
 
@@ -14,35 +12,25 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gearhorn import servers
 
-from .helpers import wait_for
+from .helpers import ChildProcess
 
 
-class WebProcess:
+class WebProcess(ChildProcess):
+    """``gearhorn web`` as a child process on a free loopback port."""
+
+    name = "gearhorn web"
+
     def __init__(self, gearman_servers, redis_url, log_dir, env=None):
         self.port = servers.free_port()
-        argv = [sys.executable, "-m", "gearhorn", "web", "--port", str(self.port),
-                "--redis-url", redis_url]
+        argv = ["web", "--port", str(self.port), "--redis-url", redis_url]
         for server in gearman_servers:
             argv += ["--gearman", server.address]
-        self.log_path = os.path.join(log_dir, f"web-{self.port}.log")
-        with open(self.log_path, "ab") as log:
-            self.process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
-                                            env=dict(os.environ, **(env or {})),
-                                            preexec_fn=servers.die_with_parent)
-        wait_for(self._listening, timeout=30, message="gearhorn web to listen")
+        super().__init__(argv, os.path.join(log_dir, f"web-{self.port}.log"), env)
+        self.wait_listening(self.port)
 
     @property
     def url(self):
         return f"http://127.0.0.1:{self.port}"
-
-    def _listening(self):
-        if self.process.poll() is not None:
-            raise AssertionError(f"gearhorn web exited:\n{self.log()}")
-        return servers.is_listening("127.0.0.1", self.port)
-
-    def log(self):
-        with open(self.log_path, errors="replace") as fp:
-            return fp.read()[-5000:]
 
     def request(self, path, body=None, login=None, headers=None, timeout=20):
         """(status, headers, body bytes); HTTP errors are answers, not exceptions."""
@@ -73,11 +61,3 @@ class WebProcess:
                 for family in text_string_to_metric_families(body.decode())
                 for s in family.samples}
 
-    def stop(self):
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(15)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
