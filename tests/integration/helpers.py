@@ -120,11 +120,35 @@ class PoolProcess(ChildProcess):
         return self
 
 
+class _WakingClient(gear.Client):
+    """``gear.Client`` that wakes the caller waiting on a job when the job
+    ends, so a call costs its round trip and not a polling interval (the
+    tests make thousands)."""
+
+    def __init__(self, name):
+        super().__init__(name)
+        self.ended = threading.Condition()
+
+    def _wake(self, job):
+        with self.ended:
+            self.ended.notify_all()
+        return job
+
+    def handleWorkComplete(self, packet):
+        return self._wake(super().handleWorkComplete(packet))
+
+    def handleWorkFail(self, packet):
+        return self._wake(super().handleWorkFail(packet))
+
+    def handleWorkException(self, packet):
+        return self._wake(super().handleWorkException(packet))
+
+
 class GearClient:
     """The real ``gear.Client`` submitting jobs and waiting for them."""
 
     def __init__(self, server):
-        self.client = gear.Client("gearhorn-tests")
+        self.client = _WakingClient("gearhorn-tests")
         self.client.addServer(server.host, server.port)
         self.client.waitForServer(10)
 
@@ -134,7 +158,9 @@ class GearClient:
         job = gear.Job(function, data)
         self.client.submitJob(job, background=background, timeout=timeout)
         if not background:
-            wait_for(lambda: job.complete, timeout, message=f"{function} job")
+            with self.client.ended:
+                if not self.client.ended.wait_for(lambda: job.complete, timeout):
+                    raise AssertionError(f"timed out after {timeout}s waiting for {function} job")
         return job
 
     def call(self, function, payload, timeout=20.0):
@@ -152,26 +178,32 @@ def gearman_cli(server, *args, data=None, timeout=20.0):
     return subprocess.run(argv, input=data, capture_output=True, timeout=timeout)
 
 
-def drain_queue(server, function, timeout=2.0):
-    """Every job waiting in ``function``, consumed with a gear worker."""
+def drain_queue(server, function, count=0, timeout=20.0):
+    """Every job in ``function``, consumed with a real gear worker until the
+    server reports the queue empty and at least ``count`` came (for a queue
+    still being filled while this waits)."""
     worker = gearman.NoDelayWorker("gearhorn-tests-drain")
     worker.addServer(server.host, server.port)
     worker.registerFunction(function)
     worker.waitForServer(10)
     received = []
+    deadline = time.monotonic() + timeout
     try:
         while True:
-            job = _get_job(worker, timeout)
-            if job is None:
+            job = _get_job(worker, 0.2)
+            if job is not None:
+                received.append(job.arguments)
+                job.sendWorkComplete()
+            elif len(received) >= count and queue_depth(server, function) == 0:
                 return received
-            received.append(job.arguments)
-            job.sendWorkComplete()
+            elif time.monotonic() > deadline:
+                raise AssertionError(
+                    f"{function}: {len(received)} of {count} jobs after {timeout}s")
     finally:
         worker.shutdown()
 
 
 def _get_job(worker, timeout):
-    import threading
     timer = threading.Timer(timeout, worker.stopWaitingForJobs)
     timer.start()
     try:

@@ -48,7 +48,7 @@ def test_foreground_fanout_completes_when_every_receiver_answered(gearman_server
         for who in ("alice", "bob"):
             client.call("subscribe_fanout", {"topic": topic, "client_id": who})
         consumers = [threading.Thread(target=lambda w=who: got.__setitem__(
-            w, drain_queue(gearman_server, f"{topic}_{w}", timeout=3))) for who in ("alice", "bob")]
+            w, drain_queue(gearman_server, f"{topic}_{w}", count=1))) for who in ("alice", "bob")]
         for thread in consumers:
             thread.start()
         result = client.call("fanout", {"topic": topic, "payload": "hello"})
