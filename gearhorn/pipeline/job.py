@@ -206,20 +206,22 @@ def run(options: Options) -> dict:
     now_ms = options.now_ms or events.agg({"ts": "max"}).first()[0] or 0
     say("[3/5] computing tables")
     copy_rows = T.copies(events).cache()
-    reconciliation = reconcile(events)
+    # Each table is written, then read again for the HTML report: cached, it
+    # is computed once (they are aggregates, small beside the events).
+    tables = {name: frame.cache() for name, frame in {
+        "volume": T.volume_per_topic_hour(events),
+        "fanout_width": T.fanout_width(events),
+        "latency": T.latency_per_topic(copy_rows, events),
+        "subscribers": T.subscriber_backlog(copy_rows, events, now_ms,
+                                            int(options.stale_after_s * 1000)),
+        "reconciliation": reconcile(events),
+        "failures": T.failures(events),
+    }.items()}
     try:
-        summary = _write_tables(options, say, events, malformed, {
-            "volume": T.volume_per_topic_hour(events),
-            "fanout_width": T.fanout_width(events),
-            "latency": T.latency_per_topic(copy_rows, events),
-            "subscribers": T.subscriber_backlog(copy_rows, events, now_ms,
-                                                int(options.stale_after_s * 1000)),
-            "reconciliation": reconciliation,
-            "failures": T.failures(events),
-        })
+        summary = _write_tables(options, say, events, malformed, tables)
     finally:  # a second run in this session must not find these cached
-        copy_rows.unpersist()
-        reconciliation.unpersist()
+        for frame in (copy_rows, *tables.values()):
+            frame.unpersist()
     summary["seconds"] = round(time.monotonic() - started, 1)
     return summary
 
