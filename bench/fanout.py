@@ -59,9 +59,13 @@ def subscribe_many(registry: Registry, topic: str, count: int) -> None:
 
 
 def gearhorn_rate(gm: servers.Managed, topic: str, fanouts: int, width: int) -> float:
-    """Copies/s: ``fanouts`` background fanout jobs, all in flight at once."""
+    """Copies/s: ``fanouts`` background fanout jobs, all in flight at once.
+
+    Unique keys are new in every call: a key still queued from a warm-up
+    would be coalesced by gearmand (and its copies not written again)."""
     client = gearman.Client([(gm.host, gm.port)])
-    jobs = [gearman.Copy("fanout", f"bench:{topic}:{i}",
+    run = os.urandom(4).hex()
+    jobs = [gearman.Copy("fanout", f"bench:{run}:{topic}:{i}",
                          json.dumps({"topic": topic, "payload": f"m{i}",
                                      "background": True}).encode())
             for i in range(fanouts)]

@@ -59,6 +59,10 @@ class Config:
     max_payload_bytes: int = DEFAULT_MAX_PAYLOAD
     fanout_timeout: float = 30.0
     submit_batch: int = 1000
+    # Jobs a worker takes from a gearmand in one round trip when a backlog
+    # waits (one at a time otherwise); plain fanouts among them share one
+    # subscriber look-up per topic and one write of their copies.
+    worker_batch: int = 32
     heartbeat_interval: float = 2.0
     # A worker silent for this long is dead: it leaves the live set.
     worker_ttl: float = 6.0

@@ -1,20 +1,22 @@
 """The worker: ``subscribe_fanout``, ``unsubscribe_fanout``, ``fanout``.
 
 :class:`FanoutService` is the logic (bytes in, JSON bytes out, BadRequest
-for bad input); :class:`WorkerProcess` feeds it jobs from gearmand with
-``gear.Worker`` and keeps this process's heartbeat and cache listener.
+for bad input); :class:`WorkerProcess` feeds it jobs from gearmand, several
+at a time (:class:`gearman.JobSource`), and keeps this process's heartbeat
+and cache listener.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import socket
 import threading
 import time
-
-import gear
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 
 from gearhorn import gearman, redisconn
 from gearhorn.background import Backoff, Outage
@@ -58,6 +60,30 @@ def _dumps(obj: dict) -> bytes:
     return json.dumps(obj, separators=(",", ":")).encode()
 
 
+@dataclass(frozen=True, slots=True)
+class Job:
+    """A job as the service sees it: ``unique`` is its Gearman unique key,
+    ``received`` when it came (``time.monotonic()``, for the latency metric)."""
+
+    function: str
+    data: bytes
+    unique: str = ""
+    received: float | None = None
+
+
+Outcome = bytes | BadRequest  # a job's result, or why it was refused
+
+
+@contextlib.contextmanager
+def _unavailable_when_servers_fail() -> Iterator[None]:
+    try:
+        yield
+    except REDIS_ERRORS as exc:
+        raise Unavailable(f"registry unavailable (redis: {exc})") from None
+    except gearman.GearmanError as exc:
+        raise Unavailable(f"gearmand unavailable: {exc}") from None
+
+
 class FanoutService:
     """What the Gearman functions do, independent of how jobs arrive."""
 
@@ -87,14 +113,78 @@ class FanoutService:
         handler = self._handlers.get(function)
         if handler is None:  # looked up apart: a KeyError inside a handler is a bug
             raise BadRequest(f"unknown function {function!r}")
-        try:
+        with _unavailable_when_servers_fail():
             if function == FANOUT:
                 return self.fanout(data, job_unique, received)
             return handler(data)
-        except REDIS_ERRORS as exc:
-            raise Unavailable(f"registry unavailable (redis: {exc})") from None
-        except gearman.GearmanError as exc:
-            raise Unavailable(f"gearmand unavailable: {exc}") from None
+
+    def run(self, jobs: Sequence[Job]) -> Iterator[list[Outcome]]:
+        """Run ``jobs`` in order, yielding the outcomes of each group of them
+        as it is done.
+
+        Consecutive plain fanouts (background, one priority, no headers, no
+        delay) are one group: one subscriber look-up per topic and one
+        Gearman write for all their copies, which is what makes a worker
+        fast when small fanouts queue up. Any other job is a group of its
+        own. Raises Unavailable (Redis or gearmand away): the groups yielded
+        are done, the others are not.
+        """
+        for group in self._groups(jobs):
+            if isinstance(group, list):
+                with _unavailable_when_servers_fail():
+                    outcomes = self._plain_fanouts(group)
+                yield outcomes
+                continue
+            job, refused = group
+            if refused is None:
+                try:
+                    yield [self.handle(job.function, job.data, job.unique, job.received)]
+                    continue
+                except BadRequest as exc:
+                    refused = exc
+            yield [refused]
+
+    def _groups(self, jobs: Sequence[Job]
+                ) -> Iterator[list[tuple[Job, Fanout]] | tuple[Job, BadRequest | None]]:
+        """Runs of plain fanouts as lists; any other job alone, with the
+        reason it was refused if parsing it already refused it."""
+        run: list[tuple[Job, Fanout]] = []
+        for job in jobs:
+            request, refused = None, None
+            if job.function == FANOUT:
+                try:
+                    request = parse_fanout(job.data, self.config.max_payload_bytes)
+                except BadRequest as exc:
+                    refused = exc
+            plain = request is not None and _plain(request)
+            if run and not (plain and request.priority == run[0][1].priority):
+                yield run
+                run = []
+            if plain:
+                run.append((job, request))
+            else:
+                yield job, refused
+        if run:
+            yield run
+
+    def _plain_fanouts(self, run: list[tuple[Job, Fanout]]) -> list[Outcome]:
+        recipients: dict[str, tuple[Recipient, ...]] = {}
+        for _, request in run:  # every job was taken before this look-up
+            if request.topic not in recipients:
+                recipients[request.topic] = self.cache.recipients(request.topic)
+        made = []
+        for job, request in run:
+            message_ids = message_ids_for(job.unique, len(request.bodies))
+            made.append((message_ids, self._copies(request, message_ids,
+                                                    recipients[request.topic])))
+        self.client.submit_background([c for _, copies in made for c in copies],
+                                      run[0][1].priority)
+        outcomes: list[Outcome] = []
+        for (job, request), (message_ids, copies) in zip(run, made, strict=True):
+            self._delivered(request, message_ids, copies, [], job.received)
+            outcomes.append(_dumps({"topic": request.topic, "copies": len(copies),
+                                    "background": True, **_ids(message_ids)}))
+        return outcomes
 
     def subscribe(self, data: bytes) -> bytes:
         sub = parse_subscription(data)
@@ -154,11 +244,7 @@ class FanoutService:
         """Queue one copy of each message per subscriber; the fanout's result.
         Counted (gearhorn/stats.py) before the job is answered."""
         recipients = self.cache.recipients(request.topic)
-        if header_ids is None and any(r.pattern is not None for r in recipients):
-            # A prefix subscriber's STOMP MESSAGE names the topic published to,
-            # which only the headers can carry.
-            header_ids = self._keep_headers(request, message_ids, needed=True)
-        copies = make_copies(request, message_ids, recipients, header_ids)
+        copies = self._copies(request, message_ids, recipients, header_ids)
         result: dict[str, object] = {"topic": request.topic, "copies": len(copies),
                                      "background": request.background, **_ids(message_ids)}
         if request.background:
@@ -172,11 +258,25 @@ class FanoutService:
                       for r, o, c, n in zip(targets, outcomes, copies, attempts, strict=True)
                       if not o.ok]
             result.update(completed=len(copies) - len(failed), failed=[f for f, _ in failed])
+        self._delivered(request, message_ids, copies, failed, received)
+        return result
+
+    def _copies(self, request: Fanout, message_ids: list[str],
+                recipients: tuple[Recipient, ...],
+                header_ids: list[str] | None = None) -> list[gearman.Copy]:
+        if header_ids is None and any(r.pattern is not None for r in recipients):
+            # A prefix subscriber's STOMP MESSAGE names the topic published to,
+            # which only the headers can carry.
+            header_ids = self._keep_headers(request, message_ids, needed=True)
+        return make_copies(request, message_ids, recipients, header_ids)
+
+    def _delivered(self, request: Fanout, message_ids: list[str], copies: list[gearman.Copy],
+                   failed: list[tuple[dict, str]], received: float | None) -> None:
+        """Ledger and metrics of a fanout, before its job is answered."""
         self._record(request.topic, message_ids, copies, failed)
         if self.stats is not None:
             elapsed = None if received is None else time.monotonic() - received
             self.stats.fanout(request.topic, len(message_ids), len(copies), elapsed)
-        return result
 
     def _run_copies(self, copies: list[gearman.Copy],
                     priority: str) -> tuple[list[gearman.Outcome], list[int]]:
@@ -217,6 +317,11 @@ class FanoutService:
             self.ledger.failed(f"{function}: {reason}")
 
 
+def _plain(request: Fanout) -> bool:
+    """A fanout that needs nothing but its copies queued."""
+    return request.background and request.deliver_at is None and not request.headers
+
+
 def make_copies(request: Fanout, message_ids: list[str], recipients: tuple[Recipient, ...],
                 header_ids: list[str] | None = None) -> list[gearman.Copy]:
     """One Gearman job per message and recipient, each with its own unique key.
@@ -237,6 +342,13 @@ def _ids(message_ids: list[str]) -> dict[str, object]:
     if len(message_ids) == 1:
         return {"message_id": message_ids[0]}
     return {"message_ids": message_ids}
+
+
+def _jobs_named(taken: list[tuple[object, gearman.GrabbedJob, Job]]) -> str:
+    """``fanout job H:1``, or ``3 jobs from fanout job H:1 on``, for the log."""
+    _, first, _ = taken[0]
+    name = f"{first.function} job {first.handle.decode(errors='replace')}"
+    return name if len(taken) == 1 else f"{len(taken)} jobs from {name} on"
 
 
 class WorkerProcess:
@@ -272,93 +384,102 @@ class WorkerProcess:
         self.listener = InvalidationListener(self.redis, keys.channel, self.cache)
         self.janitor = Janitor(self.registry, lambda function: gearman.drop_function(
             config.gearman_servers, function, tls))
-        self.worker = gearman.NoDelayWorker(client_id=self.worker_id)
+        self.jobs = gearman.JobSource(config.gearman_servers, FUNCTIONS, self.worker_id, tls,
+                                      most=config.worker_batch)
         self.jobs_done = 0
         self.started = time.time()
         self._draining = threading.Event()
 
     def run(self) -> None:
-        """Serve jobs until :meth:`drain` is called; the job in hand is finished."""
+        """Serve jobs until :meth:`drain` is called; the jobs in hand are finished."""
         self.listener.start()
         self.flusher.start()
         self.releaser.start()
         threading.Thread(target=self._heartbeats, name="gearhorn-heartbeat", daemon=True).start()
-        for host, port in self.config.gearman_servers:
-            gearman.add_server(self.worker, host, port, self.config.gearman_tls)
-        for name in FUNCTIONS:
-            self.worker.registerFunction(name)
         log.info("worker %s serving %s on %s", self.worker_id, ", ".join(FUNCTIONS),
                  ", ".join(f"{h}:{p}" for h, p in self.config.gearman_servers))
         try:
             while not self._draining.is_set():
-                try:
-                    job = self.worker.getJob()
-                except gear.InterruptedError:
-                    continue
-                self.serve(job)
+                taken = self.jobs.take(timeout=1.0)
+                if taken:
+                    self.serve(taken)
         finally:
             self._shutdown()
 
-    def serve(self, job: gear.WorkerJob) -> None:
-        received = time.monotonic()
-        unique = job.unique.decode("utf-8", "replace") if job.unique else ""
-        try:
-            result = self._handle_when_available(job, unique, received)
-        except BadRequest as exc:
-            self._fail(job, str(exc))
-            self.service.record_rejection(job.name, str(exc))
-        except Unavailable:
-            return  # draining during an outage: gearmand requeues the job when we leave
-        except Exception as exc:  # a bug must not kill the worker
-            log.exception("job %s on %s failed", job.handle, job.name)
-            self._fail(job, f"internal error: {type(exc).__name__}: {exc}")
-        else:
-            self._send(job.sendWorkComplete, result)
-        self.jobs_done += 1
+    def serve(self, taken: list[tuple[gearman.WorkerConnection, gearman.GrabbedJob]]) -> None:
+        """Run the jobs taken together and answer each on its connection.
 
-    def _handle_when_available(self, job: gear.WorkerJob, unique: str,
-                               received: float) -> bytes:
-        """Run the job; while Redis or gearmand is away, keep it and try again
-        with a growing pause instead of failing it (a failed background job
-        would be gone). The worker takes no other job meanwhile, so new work
-        waits in gearmand. A foreground client gets one WORK_WARNING saying why."""
+        Once :meth:`drain` was called, the group of jobs running is finished
+        and the rest is left unanswered: C gearmand gives those to another
+        worker when this one leaves (gear.Server fails them)."""
+        received = time.monotonic()
+        pending = [(worker, grabbed, Job(grabbed.function, grabbed.data, grabbed.unique,
+                                         received)) for worker, grabbed in taken]
         backoff, warned, since = Backoff(0.2), False, time.monotonic()
-        while True:
+        while pending:
             try:
-                result = self.service.handle(job.name, job.arguments, unique, received)
+                for outcomes in self.service.run([job for _, _, job in pending]):
+                    done, pending = pending[:len(outcomes)], pending[len(outcomes):]
+                    self._answer(done, outcomes)
+                    if self._draining.is_set():
+                        return  # the jobs not started go back to gearmand as we leave
             except Unavailable as exc:
+                # Keep the jobs and try again with a growing pause instead of
+                # failing them (a failed background job would be gone); new
+                # work waits in gearmand meanwhile. A foreground client gets
+                # one WORK_WARNING saying why.
                 if self._draining.is_set():
-                    raise
+                    return  # gearmand requeues them when we leave
                 if not warned:
-                    log.warning("%s job %s waits: %s; retrying with backoff", job.name,
-                                job.handle, exc)
-                    self._send(job.sendWorkWarning, f"{exc}; retrying".encode())
+                    log.warning("%s waits: %s; retrying with backoff", _jobs_named(pending), exc)
+                    for worker, grabbed, _ in pending:
+                        worker.warn(grabbed.handle, f"{exc}; retrying".encode())
+                    self._flush({worker for worker, _, _ in pending})
                     warned = True
                 self._draining.wait(backoff.failed())
-                continue
-            if warned:
-                log.info("%s job %s done after %.1fs of outage", job.name, job.handle,
-                         time.monotonic() - since)
-            return result
+            except Exception as exc:  # a bug must not kill the worker
+                # Refuse the first job not answered (the culprit, or one of
+                # its group: the others then go the same way) and run the rest.
+                (worker, grabbed, job), pending = pending[0], pending[1:]
+                log.exception("job %s on %s failed", grabbed.handle, job.function)
+                self._refuse(worker, grabbed, job, f"internal error: {type(exc).__name__}: {exc}")
+                self._flush({worker})
+                self.jobs_done += 1
+        if warned:
+            log.info("jobs done after %.1fs of outage", time.monotonic() - since)
 
-    def _fail(self, job: gear.WorkerJob, reason: str) -> None:
-        # WARNING then FAIL: every client (the gearman CLI too) sees the reason;
-        # WORK_EXCEPTION would end the job in gearmand (DESIGN.md).
-        log.info("rejected %s job: %s", job.name, reason)
-        self._send(job.sendWorkWarning, reason.encode())
-        self._send(job.sendWorkFail)
+    def _answer(self, done: list[tuple[gearman.WorkerConnection, gearman.GrabbedJob, Job]],
+                outcomes: list[Outcome]) -> None:
+        for (worker, grabbed, job), outcome in zip(done, outcomes, strict=True):
+            if isinstance(outcome, BadRequest):
+                self._refuse(worker, grabbed, job, str(outcome))
+                self.service.record_rejection(job.function, str(outcome))
+            else:
+                worker.complete(grabbed.handle, outcome)
+        self._flush({worker for worker, _, _ in done})
+        self.jobs_done += len(done)
 
-    def _send(self, method, *args) -> None:
-        try:
-            method(*args)
-        except Exception as exc:  # the gearmand connection went away; it requeues
-            log.warning("could not answer gearmand: %s", exc)
+    @staticmethod
+    def _refuse(worker: gearman.WorkerConnection, grabbed: gearman.GrabbedJob, job: Job,
+                reason: str) -> None:
+        # WARNING then FAIL: every client (the gearman CLI too) sees the
+        # reason; WORK_EXCEPTION would end the job in gearmand (DESIGN.md).
+        log.info("rejected %s job: %s", job.function, reason)
+        worker.warn(grabbed.handle, reason.encode())
+        worker.fail(grabbed.handle)
+
+    @staticmethod
+    def _flush(workers: set[gearman.WorkerConnection]) -> None:
+        for worker in workers:
+            try:
+                worker.flush()
+            except gearman.GearmanError as exc:  # gone: gearmand requeues its jobs
+                log.warning("could not answer gearmand: %s", exc)
 
     def drain(self) -> None:
         """Stop taking jobs; safe to call from a signal handler."""
         self._draining.set()
-        # stopWaitingForJobs takes a lock getJob may hold: never in the handler.
-        threading.Thread(target=self.worker.stopWaitingForJobs, daemon=True).start()
+        self.jobs.wake()
 
     def _heartbeats(self) -> None:
         info = {"pid": os.getpid(), "host": socket.gethostname(), "started": self.started}
@@ -378,7 +499,7 @@ class WorkerProcess:
         self.releaser.stop()
         self.releaser.join(timeout=10)
         self.flusher.stop()
-        self.worker.shutdown()
+        self.jobs.close()
         self.client.close()
         self.release_client.close()
         try:

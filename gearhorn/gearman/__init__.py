@@ -11,7 +11,8 @@ per-job state kept after the call. Every socket has TCP_NODELAY.
 ``connection``     one connection to a gearmand (TCP_NODELAY; TLS when given files)
 ``client``         submitting to several servers: batches, results, failover
 ``admin``          the text admin protocol (``status``, ``drop function``)
-``worker``         taking jobs: gear's worker, the bridge's grabbing worker
+``worker``         taking jobs: gear's worker, the bridge's grabbing worker,
+                   the fanout workers' batched source of jobs
 =================  =====================================================
 """
 
@@ -38,11 +39,12 @@ from gearhorn.gearman.packets import (
     Unavailable,
     encode,
 )
-from gearhorn.gearman.worker import GrabbedJob, NoDelayWorker, WorkerConnection
+from gearhorn.gearman.worker import GrabbedJob, JobSource, NoDelayWorker, WorkerConnection
 
 __all__ = [
     "MAX_PACKET", "REQ", "RES", "Client", "Connection", "Copy", "FunctionStatus", "GearmanError",
-    "GrabbedJob", "NoDelayWorker", "Outcome", "P", "Packet", "PacketReader", "PartialSubmit",
+    "GrabbedJob", "JobSource", "NoDelayWorker", "Outcome", "P", "Packet", "PacketReader",
+    "PartialSubmit",
     "Placed", "ProtocolError", "TlsFiles", "Unavailable", "WorkerConnection", "_outcome",
     "add_server", "admin", "connect", "drop_function", "encode", "status", "status_rows",
     "wait_for_results",

@@ -110,6 +110,20 @@ class Connection:
     def is_open(self) -> bool:
         return self._sock is not None
 
+    def fileno(self) -> int:
+        """The socket's descriptor, to wait on it with a selector."""
+        if self._sock is None:
+            raise GearmanError(f"connection to gearmand {self.host}:{self.port} is closed")
+        return self._sock.fileno()
+
+    @property
+    def buffered(self) -> bool:
+        """True if a packet can be read without waiting on the socket: one is
+        decoded already, or TLS holds decrypted bytes a selector cannot see."""
+        if self._pending:
+            return True
+        return isinstance(self._sock, ssl.SSLSocket) and self._sock.pending() > 0
+
     def send(self, data: bytes) -> None:
         self.open()
         try:

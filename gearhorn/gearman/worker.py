@@ -1,17 +1,22 @@
-"""Taking jobs from gearmand: gear's worker with TCP_NODELAY, and the
-bridge's worker connection that grabs only when told to."""
+"""Taking jobs from gearmand: gear's worker with TCP_NODELAY, the bridge's
+worker connection that grabs only when told to, and the fanout workers'
+source of jobs from every server, several per round trip."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
+import selectors
 import socket
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import gear
 
+from gearhorn.background import Backoff, Outage
 from gearhorn.gearman.connection import Connection, TlsFiles
 from gearhorn.gearman.packets import GearmanError, P, encode
 
@@ -54,6 +59,10 @@ class WorkerConnection:
         # A scheduler (gevent's loop.run_callback) to batch WORK_COMPLETEs.
         self.coalesce: Callable[[Callable[[], None]], object] | None = None
         self._answers: list[bytes] = []
+
+    @property
+    def is_open(self) -> bool:
+        return self.conn.is_open
 
     def open(self) -> None:
         self.conn.open()
@@ -100,11 +109,29 @@ class WorkerConnection:
             if packet.type == P.NOOP:
                 return True
 
+    def noticed_work(self) -> bool:
+        """Read what gearmand sent while we slept (call when the socket is
+        readable or :attr:`Connection.buffered`): True if it was the NOOP of
+        the PRE_SLEEP, that is, jobs are waiting."""
+        woke = False
+        while True:
+            packet = self.conn.read()
+            if packet.type == P.ERROR:
+                raise GearmanError(f"gearmand error: {b' '.join(packet.args).decode()}")
+            woke = woke or packet.type == P.NOOP
+            if not self.conn.buffered:
+                return woke
+
     def complete(self, handle: bytes, data: bytes = b"") -> None:
         self._answer(encode(P.WORK_COMPLETE, handle, data))
 
     def fail(self, handle: bytes) -> None:
         self._answer(encode(P.WORK_FAIL, handle))
+
+    def warn(self, handle: bytes, data: bytes) -> None:
+        """WORK_WARNING: a foreground client sees ``data`` (gearmand drops it
+        for a background job)."""
+        self._answer(encode(P.WORK_WARNING, handle, data))
 
     def _answer(self, packet: bytes) -> None:
         """Send now, or with ``coalesce`` set, gather the answers given in one
@@ -125,3 +152,131 @@ class WorkerConnection:
 
     def close(self) -> None:
         self.conn.close()
+
+
+def _until_flushed(flush: Callable[[], None]) -> None:
+    """A WorkerConnection ``coalesce`` that leaves the flush to its owner."""
+
+
+@dataclass(eq=False)
+class _Server:
+    """One gearmand as a :class:`JobSource` sees it."""
+
+    worker: WorkerConnection
+    outage: Outage
+    asleep: bool = False  # a PRE_SLEEP is out: grab again after its NOOP
+    ask: int = 1  # GRABs for the next wake-up
+    retry_at: float = 0.0  # when a server that failed is tried again
+    backoff: Backoff = field(default_factory=lambda: Backoff(0.2, 5.0))
+
+    def due(self, now: float) -> bool:
+        return (not self.asleep or not self.worker.is_open) and now >= self.retry_at
+
+
+class JobSource:
+    """Takes jobs for ``functions`` from every gearmand of a list, several
+    per round trip.
+
+    A wake-up sends its GRABs and a PRE_SLEEP in one write: twice as many
+    GRABs as the last wake-up of that server got when it got all it asked
+    for (up to ``most``), else one. So a backlog is taken in batches and a
+    quiet queue costs one GRAB per job. Then it waits for gearmand's NOOP,
+    which comes at once when jobs are left. A server that fails is closed
+    (gearmand gives the jobs held on it to other workers) and tried again
+    after a growing pause; the other servers go on meanwhile. Answers given
+    on a connection (complete, fail, warn) are gathered until its
+    :meth:`WorkerConnection.flush`: one write for a batch.
+
+    >>> source = JobSource([("127.0.0.1", 4730)], ["fanout"], "w1")  # doctest: +SKIP
+    >>> for worker, job in source.take(timeout=1.0):                # doctest: +SKIP
+    ...     worker.complete(job.handle, b"done")
+    ...     worker.flush()
+    """
+
+    def __init__(self, servers: Sequence[tuple[str, int]], functions: Sequence[str],
+                 client_id: str, tls: TlsFiles | None = None, most: int = 32) -> None:
+        self.most = most
+        self.servers = [_Server(WorkerConnection(h, p, functions, client_id, tls),
+                                Outage(log, f"gearmand {h}:{p} (worker)")) for h, p in servers]
+        for server in self.servers:
+            server.worker.coalesce = _until_flushed
+        self._wake_read, self._wake_write = os.pipe()
+        os.set_blocking(self._wake_read, False)
+        os.set_blocking(self._wake_write, False)
+
+    def take(self, timeout: float) -> list[tuple[WorkerConnection, GrabbedJob]]:
+        """Jobs from every server that has some, each with the connection
+        to answer it on; [] once ``timeout`` passed, or :meth:`wake` was
+        called, with none."""
+        deadline = time.monotonic() + timeout
+        while True:
+            now = time.monotonic()
+            taken = [job for server in self.servers if server.due(now)
+                     for job in self._grab(server)]
+            if taken:
+                return taken
+            if now >= deadline or not self._wait(deadline):
+                return []
+
+    def wake(self) -> None:
+        """Make a waiting :meth:`take` return (safe in a signal handler)."""
+        with contextlib.suppress(BlockingIOError):
+            os.write(self._wake_write, b"!")
+
+    def close(self) -> None:
+        """Close every connection: gearmand requeues the jobs not answered."""
+        for server in self.servers:
+            server.worker.close()
+        for fd in (self._wake_read, self._wake_write):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+    def _grab(self, server: _Server) -> list[tuple[WorkerConnection, GrabbedJob]]:
+        try:
+            if not server.worker.is_open:
+                server.worker.open()
+            jobs = server.worker.grab(server.ask, then_sleep=True)
+        except GearmanError as exc:
+            self._failed(server, exc)
+            return []
+        server.outage.succeeded()
+        server.backoff.succeeded()
+        server.asleep = True
+        server.ask = min(self.most, server.ask * 2) if len(jobs) == server.ask else 1
+        return [(server.worker, job) for job in jobs]
+
+    def _failed(self, server: _Server, exc: GearmanError) -> None:
+        server.worker.close()
+        server.asleep, server.ask = False, 1
+        server.retry_at = time.monotonic() + server.backoff.failed()
+        server.outage.failed(exc)
+
+    def _wait(self, deadline: float) -> bool:
+        """Wait for a NOOP, a server's retry time or ``deadline``; False if
+        woken by :meth:`wake`."""
+        sleeping = [s for s in self.servers if s.asleep and s.worker.is_open]
+        for server in sleeping:
+            if server.worker.conn.buffered:
+                self._notice(server)
+                return True
+        retries = [s.retry_at for s in self.servers if not s.worker.is_open]
+        until = min([deadline, *retries])
+        with selectors.DefaultSelector() as selector:
+            selector.register(self._wake_read, selectors.EVENT_READ)
+            for server in sleeping:
+                selector.register(server.worker.conn.fileno(), selectors.EVENT_READ, server)
+            ready = selector.select(max(0.0, until - time.monotonic()))
+        for key, _ in ready:
+            if key.data is None:
+                with contextlib.suppress(BlockingIOError):
+                    os.read(self._wake_read, 4096)
+                return False
+            self._notice(key.data)
+        return True
+
+    def _notice(self, server: _Server) -> None:
+        try:
+            if server.worker.noticed_work():
+                server.asleep = False
+        except GearmanError as exc:
+            self._failed(server, exc)

@@ -255,12 +255,13 @@ def self_signed_certificate(folder, name):
 class GearmanTap:
     """A loopback TCP proxy in front of a Gearman server that counts the
     request packets passing through it by type: what a process pointed at
-    ``address`` asks gearmand for (admin text connections pass uncounted).
-    Stops with ``close``."""
+    ``address`` asks gearmand for (admin text connections pass uncounted),
+    and the most of each type that came in one read. Stops with ``close``."""
 
     def __init__(self, server):
         self.upstream = (server.host, server.port)
         self.counts = Counter()
+        self.most_in_one_read = Counter()
         self._lock = threading.Lock()
         self._listener = socket.create_server(("127.0.0.1", 0))
         self.host, self.port = self._listener.getsockname()
@@ -296,9 +297,11 @@ class GearmanTap:
                 reader = None  # an admin connection: text commands
             first = False
             if reader is not None:
-                packets = reader.feed(data)
+                here = Counter(p.type for p in reader.feed(data))
                 with self._lock:
-                    self.counts.update(p.type for p in packets)
+                    self.counts.update(here)
+                    for kind, n in here.items():
+                        self.most_in_one_read[kind] = max(self.most_in_one_read[kind], n)
         for sock in (source, sink):
             sock.close()
 

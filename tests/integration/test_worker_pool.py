@@ -10,9 +10,13 @@ import pytest
 
 from gearhorn import gearman
 from gearhorn.client import Consumer
+from gearhorn.gearman.packets import P
+from gearhorn.messages import Subscription
 
 from .helpers import (
     GearClient,
+    GearmanTap,
+    PoolProcess,
     drain_queue,
     gearman_cli,
     queue_depth,
@@ -298,3 +302,42 @@ def test_copies_whose_unique_keys_border_gearmands_limit_arrive_intact(
         assert drain_queue(gearmand, f"{topic}_{who}") == [b"intact"]
     finally:
         client.close()
+
+
+def test_a_backlog_is_taken_in_batches_and_every_job_answered_in_order(
+        gearmand, redis_url, tmp_path):
+    """Fanouts queued before the worker came: it takes them many per round
+    trip (gear's worker took one), copies them in order and gives each job
+    its own answer, a refusal included."""
+    topic = unique_topic()
+
+    def fanout(unique, body):
+        data = body if isinstance(body, bytes) else json.dumps(body).encode()
+        return gearman.Copy("fanout", f"{topic}-{unique}", data)
+
+    jobs = [fanout(f"m{i}", {"topic": topic, "payload": f"m{i}", "background": True})
+            for i in range(120)]
+    jobs[60] = fanout("bad", b"{not json")
+    jobs[90] = fanout("m90", {"topic": topic, "payload": "m90", "background": True,
+                              "headers": {"k": "v"}})  # a job of its own among the others
+    client = gearman.Client([(gearmand.host, gearmand.port)])
+    tap = GearmanTap(gearmand)
+    pool = PoolProcess([tap], redis_url, processes=1, log_dir=str(tmp_path))
+    try:
+        for who in ("alice", "bob"):
+            pool.registry.subscribe(Subscription(topic, who))
+        placed = client.start_foreground(jobs)
+        pool.wait_ready()
+        outcomes = placed.wait(60)
+        refused = outcomes.pop(60)
+        assert refused.status == "failed" and "JSON" in refused.reason
+        assert all(o.ok for o in outcomes), [o for o in outcomes if not o.ok][:3]
+        assert {json.loads(o.data)["copies"] for o in outcomes} == {2}
+        expected = [f"m{i}".encode() for i in range(120) if i != 60]
+        for who in ("alice", "bob"):
+            assert drain_queue(gearmand, f"{topic}_{who}", count=len(expected)) == expected
+        assert tap.most_in_one_read[P.GRAB_JOB_UNIQ] >= 8
+    finally:
+        client.close()
+        pool.stop()
+        tap.close()
