@@ -220,7 +220,7 @@ class JobSource:
 
     def wake(self) -> None:
         """Make a waiting :meth:`take` return (safe in a signal handler)."""
-        with contextlib.suppress(BlockingIOError):
+        with contextlib.suppress(OSError):  # full already, or closed
             os.write(self._wake_write, b"!")
 
     def close(self) -> None:
