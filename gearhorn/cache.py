@@ -15,6 +15,7 @@ import json
 import logging
 import threading
 from collections import OrderedDict
+from collections.abc import Iterable
 
 import redis
 
@@ -39,20 +40,27 @@ class SubscriberCache:
 
     def recipients(self, topic: str) -> tuple[Recipient, ...]:
         """The current recipients of ``topic``."""
+        return self.recipients_of([topic])[topic]
+
+    def recipients_of(self, topics: Iterable[str]) -> dict[str, tuple[Recipient, ...]]:
+        """The current recipients of each of ``topics``, checked in one round trip."""
         with self._lock:
-            cached = self._entries.get(topic)
-        fresh = self.registry.members(topic, cached)
+            cached = {topic: self._entries.get(topic) for topic in topics}
+        fresh = self.registry.members_of(cached)
+        current = {}
         with self._lock:
-            if fresh is None:
-                self.hits += 1
-                self._entries[topic] = cached
+            for topic, members in fresh.items():
+                if members is None:
+                    self.hits += 1
+                    members = cached[topic]
+                else:
+                    self.misses += 1
+                self._entries[topic] = members
                 self._entries.move_to_end(topic)
-                return cached.recipients
-            self.misses += 1
-            self._entries[topic] = fresh
+                current[topic] = members.recipients
             while len(self._entries) > self.max_entries:
                 self._entries.popitem(last=False)
-        return fresh.recipients
+        return current
 
     def invalidate(self, topic: str | None = None) -> None:
         """Forget ``topic``, or everything when ``topic`` is None."""

@@ -168,10 +168,8 @@ class FanoutService:
             yield run
 
     def _plain_fanouts(self, run: list[tuple[Job, Fanout]]) -> list[Outcome]:
-        recipients: dict[str, tuple[Recipient, ...]] = {}
-        for _, request in run:  # every job was taken before this look-up
-            if request.topic not in recipients:
-                recipients[request.topic] = self.cache.recipients(request.topic)
+        # One round trip for every topic, after every job of the run was taken.
+        recipients = self.cache.recipients_of({request.topic: None for _, request in run})
         made = []
         for job, request in run:
             message_ids = message_ids_for(job.unique, len(request.bodies))

@@ -98,31 +98,29 @@ class Registry:
         prefixes'), unless a prefix subscription changed since this registry
         last read the list of patterns: then it reads it again.
         """
-        topic_version, prefix_version = (cached.token.split(".", 1) if cached else ("", ""))
-        topic_keys = [self.keys.topic_version(topic), self.keys.topic(topic)]
+        return self.members_of({topic: cached})[topic]
+
+    def members_of(self, cached: dict[str, Members | None]) -> dict[str, Members | None]:
+        """:meth:`members` of several topics (each with what is cached of
+        it, or None) in one round trip."""
         while True:
-            patterns = [p for p in self._patterns if topic.startswith(p[:-1])]
-            prefix_keys = [self.keys.prefix_version, *map(self.keys.prefix_set, patterns)]
-            direct, by_prefix = run_scripts(self.redis, [
-                (self._topic_members, topic_keys, [topic_version]),
-                (self._prefix_members, prefix_keys,
-                 [self._patterns_version, prefix_version, *patterns])])
-            if text(by_prefix[0]) != _STALE_PATTERNS:
+            calls = []
+            for topic, members in cached.items():
+                topic_version, prefix_version = _versions(members)
+                patterns = [p for p in self._patterns if topic.startswith(p[:-1])]
+                calls += [
+                    (self._topic_members, [self.keys.topic_version(topic), self.keys.topic(topic)],
+                     [topic_version]),
+                    (self._prefix_members,
+                     [self.keys.prefix_version, *map(self.keys.prefix_set, patterns)],
+                     [self._patterns_version, prefix_version, *patterns])]
+            replies = run_scripts(self.redis, calls)
+            if all(text(by_prefix[0]) != _STALE_PATTERNS for by_prefix in replies[1::2]):
                 break
             self._read_patterns()
-        token = f"{text(direct[0])}.{text(by_prefix[0])}"
-        if cached and token == cached.token:
-            return None
-        old = cached.recipients if cached else ()
-        recipients = (
-            [Recipient(queue_name(topic, m), m) for m in map(text, direct[1:])]
-            if len(direct) > 1 or text(direct[0]) != topic_version
-            else [r for r in old if r.pattern is None])
-        recipients += (
-            [_by_pattern(text(m)) for m in by_prefix[1:]]
-            if len(by_prefix) > 1 or text(by_prefix[0]) != prefix_version
-            else [r for r in old if r.pattern is not None])
-        return Members(token, tuple(recipients))
+        return {topic: _fresh(topic, members, direct, by_prefix)
+                for (topic, members), direct, by_prefix
+                in zip(cached.items(), replies[0::2], replies[1::2], strict=True)}
 
     def _read_patterns(self) -> None:
         """The prefix patterns with their version, read together (one slot)."""
@@ -181,6 +179,34 @@ class Registry:
 
 
 _STALE_PATTERNS = "!prefixes"  # lua/prefix_members.lua's answer to an old list of patterns
+
+
+def _versions(cached: Members | None) -> tuple[str, str]:
+    """(topic version, prefix version) of what is cached; empty when nothing is."""
+    if cached is None:
+        return "", ""
+    topic_version, _, prefix_version = cached.token.partition(".")
+    return topic_version, prefix_version
+
+
+def _fresh(topic: str, cached: Members | None, direct: list, by_prefix: list) -> Members | None:
+    """The members the two scripts' replies say ``topic`` has; None if
+    ``cached`` is current. A script that answers only its version means its
+    half of ``cached`` is current."""
+    token = f"{text(direct[0])}.{text(by_prefix[0])}"
+    if cached and token == cached.token:
+        return None
+    topic_version, prefix_version = _versions(cached)
+    old = cached.recipients if cached else ()
+    recipients = (
+        [Recipient(queue_name(topic, m), m) for m in map(text, direct[1:])]
+        if len(direct) > 1 or text(direct[0]) != topic_version
+        else [r for r in old if r.pattern is None])
+    recipients += (
+        [_by_pattern(text(m)) for m in by_prefix[1:]]
+        if len(by_prefix) > 1 or text(by_prefix[0]) != prefix_version
+        else [r for r in old if r.pattern is not None])
+    return Members(token, tuple(recipients))
 
 
 def new_worker_id() -> str:

@@ -135,7 +135,7 @@ def test_redis_down_is_reported_as_unavailable(registry, monkeypatch):
     def down(*args, **kwargs):
         raise redis.ConnectionError("Connection refused")
 
-    monkeypatch.setattr(registry, "members", down)
+    monkeypatch.setattr(registry, "members_of", down)
     with pytest.raises(Unavailable, match="registry unavailable"):
         svc.handle("fanout", b'{"topic": "t", "payload": 1}')
 

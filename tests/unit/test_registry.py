@@ -136,3 +136,30 @@ def test_liveness_expires_without_anyone_removing_the_worker(registry):
     assert set(registry.live_workers(now=1006)) == {"w2"}
     registry.retire("w2")
     assert registry.live_workers(now=1006) == {}
+
+
+def test_members_of_several_topics_in_one_round_trip(registry, fake_redis, monkeypatch):
+    other = Registry(fake_redis, registry.keys)  # another worker process
+    registry.subscribe(Subscription("news", "alice"))
+    registry.subscribe(Subscription("sport", "bob"))
+    cached = other.members_of({"news": None, "sport": None, "quiet": None})
+    assert {t: queues(m) for t, m in cached.items()} == {
+        "news": ["news_alice"], "sport": ["sport_bob"], "quiet": []}
+    registry.subscribe(Subscription("sport", "carol"))
+    registry.subscribe(Subscription("n*", "dave"))  # a pattern the other has not read yet
+    round_trips = []
+    pipeline = other.redis.pipeline
+
+    def counted(*args, **kwargs):
+        round_trips.append(1)
+        return pipeline(*args, **kwargs)
+
+    monkeypatch.setattr(other.redis, "pipeline", counted)
+    fresh = other.members_of(cached)
+    assert {t: queues(m) for t, m in fresh.items()} == {
+        "news": ["n*_dave", "news_alice"], "sport": ["sport_bob", "sport_carol"], "quiet": []}
+    # one round trip for the three topics, one to read the patterns, one again
+    assert len(round_trips) == 3
+    round_trips.clear()
+    assert other.members_of(fresh) == {"news": None, "sport": None, "quiet": None}
+    assert len(round_trips) == 1
