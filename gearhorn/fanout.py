@@ -123,9 +123,9 @@ class FanoutService:
         as it is done.
 
         Consecutive plain fanouts (background, one priority, no headers, no
-        delay) are one group: one subscriber look-up per topic and one
-        Gearman write for all their copies, which is what makes a worker
-        fast when small fanouts queue up. Any other job is a group of its
+        delay) are one group: one subscriber look-up for all their topics
+        and one Gearman write for all their copies, which is what makes a
+        worker fast when small fanouts queue up. Any other job is a group of its
         own. Raises Unavailable (Redis or gearmand away): the groups yielded
         are done, the others are not.
         """
@@ -389,7 +389,8 @@ class WorkerProcess:
         self._draining = threading.Event()
 
     def run(self) -> None:
-        """Serve jobs until :meth:`drain` is called; the jobs in hand are finished."""
+        """Serve jobs until :meth:`drain` is called (see :meth:`serve` for
+        what happens to the jobs in hand)."""
         self.listener.start()
         self.flusher.start()
         self.releaser.start()
