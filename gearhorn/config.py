@@ -61,7 +61,8 @@ class Config:
     submit_batch: int = 1000
     # Jobs a worker takes from a gearmand in one round trip when a backlog
     # waits (one at a time otherwise); plain fanouts among them share one
-    # subscriber look-up per topic and one write of their copies.
+    # subscriber look-up (all their topics in one round trip) and one write
+    # of their copies.
     worker_batch: int = 32
     heartbeat_interval: float = 2.0
     # A worker silent for this long is dead: it leaves the live set.

@@ -71,7 +71,7 @@ class Job:
     received: float | None = None
 
 
-Outcome = bytes | BadRequest  # a job's result, or why it was refused
+Answer = bytes | BadRequest  # a job's result, or why it was refused
 
 
 @contextlib.contextmanager
@@ -118,7 +118,7 @@ class FanoutService:
                 return self.fanout(data, job_unique, received)
             return handler(data)
 
-    def run(self, jobs: Sequence[Job]) -> Iterator[list[Outcome]]:
+    def run(self, jobs: Sequence[Job]) -> Iterator[list[Answer]]:
         """Run ``jobs`` in order, yielding the outcomes of each group of them
         as it is done.
 
@@ -167,7 +167,7 @@ class FanoutService:
         if run:
             yield run
 
-    def _plain_fanouts(self, run: list[tuple[Job, Fanout]]) -> list[Outcome]:
+    def _plain_fanouts(self, run: list[tuple[Job, Fanout]]) -> list[Answer]:
         # One round trip for every topic, after every job of the run was taken.
         recipients = self.cache.recipients_of({request.topic: None for _, request in run})
         made = []
@@ -177,7 +177,7 @@ class FanoutService:
                                                     recipients[request.topic])))
         self.client.submit_background([c for _, copies in made for c in copies],
                                       run[0][1].priority)
-        outcomes: list[Outcome] = []
+        outcomes: list[Answer] = []
         for (job, request), (message_ids, copies) in zip(run, made, strict=True):
             self._delivered(request, message_ids, copies, [], job.received)
             outcomes.append(_dumps({"topic": request.topic, "copies": len(copies),
@@ -448,7 +448,7 @@ class WorkerProcess:
             log.info("jobs done after %.1fs of outage", time.monotonic() - since)
 
     def _answer(self, done: list[tuple[gearman.WorkerConnection, gearman.GrabbedJob, Job]],
-                outcomes: list[Outcome]) -> None:
+                outcomes: list[Answer]) -> None:
         for (worker, grabbed, job), outcome in zip(done, outcomes, strict=True):
             if isinstance(outcome, BadRequest):
                 self._refuse(worker, grabbed, job, str(outcome))

@@ -8,10 +8,12 @@ import threading
 import gear
 import pytest
 
-from gearhorn import gearman
+from gearhorn import gearman, redisconn
 from gearhorn.client import Consumer
 from gearhorn.gearman.packets import P
+from gearhorn.keys import Keys
 from gearhorn.messages import Subscription
+from gearhorn.registry import Registry
 
 from .helpers import (
     GearClient,
@@ -320,13 +322,14 @@ def test_a_backlog_is_taken_in_batches_and_every_job_answered_in_order(
     jobs[60] = fanout("bad", b"{not json")
     jobs[90] = fanout("m90", {"topic": topic, "payload": "m90", "background": True,
                               "headers": {"k": "v"}})  # a job of its own among the others
+    registry = Registry(redisconn.connect(redis_url), Keys())
+    for who in ("alice", "bob"):
+        registry.subscribe(Subscription(topic, who))
     client = gearman.Client([(gearmand.host, gearmand.port)])
+    placed = client.start_foreground(jobs)  # all queued before the worker starts
     tap = GearmanTap(gearmand)
     pool = PoolProcess([tap], redis_url, processes=1, log_dir=str(tmp_path))
     try:
-        for who in ("alice", "bob"):
-            pool.registry.subscribe(Subscription(topic, who))
-        placed = client.start_foreground(jobs)
         pool.wait_ready()
         outcomes = placed.wait(60)
         refused = outcomes.pop(60)
