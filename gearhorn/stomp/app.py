@@ -50,7 +50,6 @@ def build_server(config: Config) -> BridgeServer:
     # Unique across hosts and restarts: the janitor cleans up by this id.
     bridge_id = process_id()
     broker = Broker(config, registry, bridge_id=bridge_id, credentials=credentials)
-    broker.start()
     limits = Limits(config.stomp_max_frame_bytes, config.stomp_max_headers,
                     config.stomp_max_header_length)
     settings = SessionSettings(heartbeat_send_ms=config.stomp_heartbeat_ms,
@@ -67,6 +66,7 @@ def build_server(config: Config) -> BridgeServer:
                         ws_port=config.bridge_ws_port or None,
                         reuse_port=config.bridge_reuse_port or config.bridge_processes > 1)
     broker.describe = lambda: {"connections": len(server.connections)}
+    broker.start()  # after the ports are bound: a taken port stops us unregistered
     return server
 
 

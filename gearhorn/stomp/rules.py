@@ -18,8 +18,30 @@ ACK_MODES = ("auto", "client", "client-individual")
 SERVER_NAME = "gearhorn/0.1.0"
 
 
+# The ERROR ``message`` of a kind of mistake, in the words RabbitMQ's STOMP
+# plugin uses (what people grep their logs for); the detail goes in the body.
+# docs/stomp.rst has the table.
+MISSING_HEADER = "Missing header"
+INVALID_HEADER = "Invalid header"
+INVALID_DESTINATION = "Invalid destination"
+UNKNOWN_DESTINATION = "Unknown destination"
+BAD_CONNECT = "Bad CONNECT"
+ACCESS_REFUSED = "Access refused"
+BAD_COMMAND = "Bad command"
+ILLEGAL_COMMAND = "Illegal command"
+DUPLICATED_SUBSCRIPTION = "Duplicated subscription identifier"
+NO_SUBSCRIPTION = "No subscription found"
+BAD_TRANSACTION = "Bad transaction"
+
+
 class ProtocolError(Exception):
-    """A client broke the protocol; the text becomes the ERROR's message."""
+    """A client broke the protocol: ERROR with ``title`` as its ``message``
+    (the detail itself when there is no common wording) and the detail as
+    its body."""
+
+    def __init__(self, detail: str, title: str | None = None) -> None:
+        super().__init__(detail)
+        self.title = title or detail
 
 
 @dataclass(frozen=True)
@@ -51,10 +73,13 @@ def parse_destination(text: str) -> Destination:
         prefix = f"/{kind}/"
         if text.startswith(prefix):
             name = text[len(prefix):]
-            if kind == "queue":
-                validate_queue(name)
-            else:
-                validate_topic(name, allow_prefix=True)
+            try:
+                if kind == "queue":
+                    validate_queue(name)
+                else:
+                    validate_topic(name, allow_prefix=True)
+            except BadRequest as exc:
+                raise ProtocolError(str(exc), INVALID_DESTINATION) from None
             return Destination(kind, name)
     parts = text.split("/", 4)
     if (len(parts) == 5 and parts[:2] == ["", "control"]
@@ -62,7 +87,8 @@ def parse_destination(text: str) -> Destination:
             and not (parts[2] == "count-msgs" and parts[3] == "topic")):
         inner = parse_destination(f"/{parts[3]}/{parts[4]}")
         return Destination("control", inner.name, parts[2], parts[3])
-    raise ProtocolError(f"unknown destination {text[:80]!r}: use /queue/NAME or /topic/NAME")
+    raise ProtocolError(f"unknown destination {text[:80]!r}: use /queue/NAME or /topic/NAME",
+                        UNKNOWN_DESTINATION)
 
 
 def plain(frame: Frame) -> bool:
@@ -75,8 +101,21 @@ def plain(frame: Frame) -> bool:
 def require(frame: Frame, header: str) -> str:
     value = frame.get(header)
     if value is None:
-        raise ProtocolError(f"{frame.command} needs a {header} header")
+        raise ProtocolError(f"{frame.command} needs a {header} header", MISSING_HEADER)
     return value
+
+
+def boolean(frame: Frame, header: str, default: bool) -> bool:
+    """A true/false header in any case (stomp.py writes Python's ``False``);
+    anything else is refused rather than read as the default."""
+    raw = frame.get(header)
+    if raw is None:
+        return default
+    word = raw.lower()
+    if word not in ("true", "false"):
+        raise ProtocolError(f"invalid {header} header {raw[:20]!r}: true or false",
+                            INVALID_HEADER)
+    return word == "true"
 
 
 def negotiate_version(accept_version: str) -> str | None:
@@ -101,14 +140,15 @@ def settle_target(frame: Frame, version: str) -> str:
     header = "id" if version == "1.2" else "message-id"
     value = frame.get(header)
     if value is None:
-        raise ProtocolError(f"{frame.command} needs an {header} header (STOMP {version})")
+        raise ProtocolError(f"{frame.command} needs an {header} header (STOMP {version})",
+                            MISSING_HEADER)
     return value
 
 
 def heartbeat_header(value: str) -> tuple[int, int]:
     parts = value.split(",")
     if len(parts) != 2 or not all(p.strip().isdigit() for p in parts):
-        raise ProtocolError(f"invalid heart-beat header {value[:40]!r}")
+        raise ProtocolError(f"invalid heart-beat header {value[:40]!r}", INVALID_HEADER)
     return int(parts[0]), int(parts[1])
 
 
@@ -121,7 +161,8 @@ def ack_timeout(frame: Frame) -> float | None:
     except ValueError:
         value = -1.0
     if not 0 < value <= 86_400:
-        raise ProtocolError(f"invalid ack-timeout {raw[:20]!r}: seconds, above 0")
+        raise ProtocolError(f"invalid ack-timeout {raw[:20]!r}: seconds, above 0",
+                            INVALID_HEADER)
     return value
 
 
@@ -133,7 +174,7 @@ def prefetch(frame: Frame, ack: str, settings: SessionSettings) -> int:
         return settings.auto_ack_window if ack == "auto" else 1
     if not raw.isdigit() or not 0 < int(raw) <= settings.max_prefetch:
         raise ProtocolError(f"invalid prefetch {raw[:20]!r}: a whole number from 1 to "
-                            f"{settings.max_prefetch}")
+                            f"{settings.max_prefetch}", INVALID_HEADER)
     return int(raw)
 
 
@@ -146,7 +187,7 @@ class Transactions:
 
     def begin(self, tx: str) -> None:
         if tx in self.open:
-            raise ProtocolError(f"transaction {tx!r} already begun")
+            raise ProtocolError(f"transaction {tx!r} already begun", BAD_TRANSACTION)
         self.open[tx] = []
 
     def hold(self, frame: Frame) -> bool:
@@ -156,7 +197,7 @@ class Transactions:
             return False
         frames = self.open.get(tx)
         if frames is None:
-            raise ProtocolError(f"transaction {tx!r} was not begun")
+            raise ProtocolError(f"transaction {tx!r} was not begun", BAD_TRANSACTION)
         if len(frames) >= self.max_frames:
             raise ProtocolError(f"more than {self.max_frames} frames in one transaction")
         frames.append(frame)
@@ -165,5 +206,5 @@ class Transactions:
     def end(self, tx: str) -> list[Frame]:
         """COMMIT or ABORT: the frames ``tx`` held, in order."""
         if tx not in self.open:
-            raise ProtocolError(f"transaction {tx!r} was not begun")
+            raise ProtocolError(f"transaction {tx!r} was not begun", BAD_TRANSACTION)
         return self.open.pop(tx)

@@ -21,6 +21,7 @@ import gevent
 import gevent.event
 from gevent.server import StreamServer
 
+from gearhorn.ports import BRIDGE_PORT, BRIDGE_WS_PORT, listen
 from gearhorn.stomp import websocket
 from gearhorn.stomp.broker import Broker
 from gearhorn.stomp.frames import HEARTBEAT, FrameError, FrameParser, Limits, encode
@@ -224,10 +225,10 @@ class BridgeServer:
         self.connect_timeout = connect_timeout
         self.connections: set[Connection] = set()
         self.tls = tls_context(certfile, keyfile) if certfile else None
-        self.server = StreamServer(listener(host, port, reuse_port), self._handle)
+        self.server = StreamServer(listen(host, port, BRIDGE_PORT, reuse_port), self._handle)
         self.ws_server = None
         if ws_port is not None:
-            self.ws_server = StreamServer(listener(host, ws_port, reuse_port),
+            self.ws_server = StreamServer(listen(host, ws_port, BRIDGE_WS_PORT, reuse_port),
                                           self._handle_websocket)
 
     @property
@@ -295,18 +296,6 @@ class BridgeServer:
             conn.serve()
         finally:
             self.connections.discard(conn)
-
-
-def listener(host: str, port: int, reuse_port: bool) -> socket.socket:
-    """A listening socket; with ``reuse_port`` several bridge processes bind
-    the same port and the kernel spreads new connections over them."""
-    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    if reuse_port:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-    sock.bind((host, port))
-    sock.listen(1024)
-    return sock
 
 
 def tls_context(certfile: str, keyfile: str | None) -> ssl.SSLContext:

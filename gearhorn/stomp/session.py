@@ -29,13 +29,23 @@ from gearhorn.stomp.broker import FanoutFailed
 from gearhorn.stomp.frames import Frame, encode, message_frame, message_prefix
 from gearhorn.stomp.queues import Delivery
 from gearhorn.stomp.rules import (
+    ACCESS_REFUSED,
     ACK_MODES,
+    BAD_COMMAND,
+    BAD_CONNECT,
+    DUPLICATED_SUBSCRIPTION,
+    ILLEGAL_COMMAND,
+    INVALID_DESTINATION,
+    INVALID_HEADER,
+    MISSING_HEADER,
+    NO_SUBSCRIPTION,
     SERVER_NAME,
     Destination,
     ProtocolError,
     SessionSettings,
     Transactions,
     ack_timeout,
+    boolean,
     heartbeat_header,
     negotiate_version,
     parse_destination,
@@ -93,11 +103,13 @@ class Session:
         try:
             handler = self._handlers.get(frame.command)
             if handler is None:
-                raise ProtocolError(f"unknown command {frame.command}")
+                raise ProtocolError(f"unknown command {frame.command}", BAD_COMMAND)
             if not self.connected and handler != self.on_connect:
-                raise ProtocolError(f"{frame.command} before CONNECT")
+                raise ProtocolError(f"{frame.command} before CONNECT", ILLEGAL_COMMAND)
             handler(frame)
-        except (ProtocolError, BadRequest) as exc:
+        except ProtocolError as exc:
+            self.error(exc.title, frame, str(exc))
+        except BadRequest as exc:
             self.error(str(exc), frame)
         except FanoutFailed as exc:
             log.warning("session %s: %s", self.id, exc)
@@ -154,7 +166,10 @@ class Session:
                 self.broker.send_to_queue(self.gearman, dest.name, bodies)
             else:
                 self.broker.publish(self.gearman, dest.name, bodies)
-        except (ProtocolError, BadRequest, FanoutFailed) as exc:
+        except ProtocolError as exc:
+            self.error(exc.title, batch[0], str(exc))
+            return
+        except (BadRequest, FanoutFailed) as exc:
             self.error(str(exc), batch[0])
             return
         except (gearman.GearmanError, *REDIS_ERRORS) as exc:
@@ -207,7 +222,7 @@ class Session:
         if principal is None:
             # Never the passcode, in the ERROR or the log.
             raise ProtocolError("access refused: unknown login, wrong passcode, or no "
-                                "login where anonymous access is not allowed")
+                                "login where anonymous access is not allowed", BAD_CONNECT)
         self.principal = principal
         cx, cy = heartbeat_header(frame.get("heart-beat", "0,0"))
         sx, sy = self.settings.heartbeat_send_ms, self.settings.heartbeat_receive_ms
@@ -237,9 +252,12 @@ class Session:
             self._check(self.principal.may_read, f"/{dest.target}/{dest.name}", "read")
             return self._control(dest)
         if dest.kind == "topic" and dest.name.endswith("*"):
-            raise ProtocolError("cannot send to a wildcard topic")
+            raise ProtocolError("cannot send to a wildcard topic", INVALID_DESTINATION)
         self._check_send(dest)
-        options = send_options(frame.headers)
+        try:
+            options = send_options(frame.headers)
+        except BadRequest as exc:
+            raise ProtocolError(str(exc), INVALID_HEADER) from None
         reply_queue = None
         if options.temp_reply is not None:
             reply_queue = self._temp_queue(options.temp_reply)
@@ -272,7 +290,7 @@ class Session:
     def _check(self, allowed: Callable[[str], bool], destination: str, what: str) -> None:
         if not allowed(destination):
             raise ProtocolError(f"access refused: {self.principal.name} may not {what} "
-                                f"{destination}")
+                                f"{destination}", ACCESS_REFUSED)
 
     def _request_done(self) -> None:
         self.pending_requests -= 1
@@ -309,22 +327,25 @@ class Session:
         destination = require(frame, "destination")
         sub_id = frame.get("id") or (destination if self.version == "1.0" else None)
         if sub_id is None:
-            raise ProtocolError("SUBSCRIBE needs an id header")
+            raise ProtocolError("SUBSCRIBE needs an id header", MISSING_HEADER)
         if sub_id in self.subscriptions:
-            raise ProtocolError(f"subscription id {sub_id!r} is already in use")
+            raise ProtocolError(f"subscription id {sub_id!r} is already in use",
+                                DUPLICATED_SUBSCRIPTION)
         if len(self.subscriptions) >= self.settings.max_subscriptions:
             raise ProtocolError(f"more than {self.settings.max_subscriptions} subscriptions "
                                 "on one connection")
         dest = parse_destination(destination)
         if dest.kind == "control":
-            raise ProtocolError("cannot subscribe to a control destination")
+            raise ProtocolError("cannot subscribe to a control destination",
+                                INVALID_DESTINATION)
         if dest.kind == "queue" and dest.name.startswith(TEMP_FUNCTION_PREFIX):
             raise ProtocolError("a temporary queue belongs to the connection that made it: "
-                                "use reply-to:/temp-queue/NAME on SEND")
+                                "use reply-to:/temp-queue/NAME on SEND", INVALID_DESTINATION)
         self._check(self.principal.may_read, f"/{dest.kind}/{dest.name}", "subscribe to")
         ack = frame.get("ack", "auto")
         if ack not in ACK_MODES:
-            raise ProtocolError(f"unknown ack mode {ack!r}: use auto, client or client-individual")
+            raise ProtocolError(f"unknown ack mode {ack!r}: use auto, client or client-individual",
+                                INVALID_HEADER)
         sub = StompSubscription(self, sub_id, destination, ack, prefetch(frame, ack, self.settings),
                                 ack_timeout(frame))
         if dest.kind == "topic":
@@ -338,7 +359,8 @@ class Session:
 
     def _subscribe_topic(self, sub: StompSubscription, pattern: str, frame: Frame) -> None:
         name = frame.get("activemq.subscriptionName")
-        if name is None and frame.get("durable", frame.get("persistent")) == "true":
+        if name is None and (boolean(frame, "durable", False)
+                             or boolean(frame, "persistent", False)):
             name = sub.id  # RabbitMQ names a durable subscription by its id
         if name is not None:
             owner = self.client_name or ""
@@ -355,11 +377,11 @@ class Session:
         if sub_id is None and self.version == "1.0":
             sub_id = frame.get("destination")
         if sub_id is None:
-            raise ProtocolError("UNSUBSCRIBE needs an id header")
+            raise ProtocolError("UNSUBSCRIBE needs an id header", MISSING_HEADER)
         sub = self.subscriptions.pop(sub_id, None)
         if sub is None:
-            raise ProtocolError(f"no subscription with id {sub_id!r}")
-        remove = frame.get("durable") == "true" or "activemq.subscriptionName" in frame.headers
+            raise ProtocolError(f"no subscription with id {sub_id!r}", NO_SUBSCRIPTION)
+        remove = boolean(frame, "durable", False) or "activemq.subscriptionName" in frame.headers
         self._end(sub, remove=remove or not sub.durable)
         self._receipt(frame)
 
@@ -432,6 +454,7 @@ class Session:
 
     def _settle(self, frame: Frame) -> None:
         settle_target(frame, self.version)  # a missing id is an error now, not at COMMIT
+        boolean(frame, "requeue", True)  # so is a requeue that is not true or false
         if self._in_transaction(frame):
             return
         self._apply_settle(frame)
@@ -451,7 +474,7 @@ class Session:
             for delivery in settled:
                 delivery.ack()
                 self.broker.record(Event.ACKED, sub.function, delivery.job.unique)
-        elif frame.get("requeue", "true") == "false":
+        elif not boolean(frame, "requeue", True):
             sub.dispatcher.reject(settled)
         else:
             sub.dispatcher.give_back(settled)

@@ -41,6 +41,7 @@ from gearhorn.config import Config
 from gearhorn.keys import Keys
 from gearhorn.messages import BadRequest, validate_queue
 from gearhorn.naming import dead_letter_queue
+from gearhorn.ports import WEB_PORT, listen
 from gearhorn.redisconn import REDIS_ERRORS
 from gearhorn.stomp import auth
 from gearhorn.web import access
@@ -269,7 +270,7 @@ def build_app(config: Config) -> WebApp:
 def run_web(config: Config) -> int:
     """Serve until SIGTERM or SIGINT."""
     app = build_app(config)
-    server = WSGIServer((config.web_host, config.web_port), app, log=None)
+    server = WSGIServer(listen(config.web_host, config.web_port, WEB_PORT), app, log=None)
     server.start()
     gevent.spawn(app.console.run)
     log.info("gearhorn web on http://%s:%d/ (metrics at /metrics)", config.web_host,

@@ -15,6 +15,13 @@ from gearhorn.stomp.frames import FrameParser, encode
 from .helpers import ChildProcess
 
 
+def error_detail(frame) -> str:
+    """An ERROR's detail: its body (the ``message`` header is the short,
+    common wording, docs/stomp.rst)."""
+    body = frame.body
+    return body.decode() if isinstance(body, bytes) else body
+
+
 class BridgeProcess(ChildProcess):
     """``gearhorn bridge`` as a child process on a free loopback port."""
 

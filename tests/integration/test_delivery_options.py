@@ -13,6 +13,7 @@ from gearhorn import gearman, servers
 from gearhorn.client import JobFailed, Producer
 
 from .helpers import gearman_cli, queue_depth, unique_topic, wait_for
+from .stomp_helpers import error_detail
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -254,7 +255,7 @@ def test_temp_queues_are_private_and_gone_with_the_connection(gearmand, stack, s
     rid = spy.receipt()
     spy.conn.subscribe(destination=f"/queue/{temp}", id="spy", headers={"receipt": rid})
     spy.wait(lambda: spy.listener.errors, message="an ERROR")
-    assert "belongs to the connection" in spy.listener.errors[0].headers["message"]
+    assert "belongs to the connection" in error_detail(spy.listener.errors[0])
     requester.close()
     wait_for(lambda: temp not in functions(gearmand), message="the temp queue to be dropped")
 

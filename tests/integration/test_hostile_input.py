@@ -7,6 +7,7 @@ import time
 import pytest
 
 from .helpers import gearman_cli, unique_topic, wait_for
+from .stomp_helpers import error_detail
 from .test_stomp_bridge import RawClient
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
@@ -37,7 +38,7 @@ def error_of(raw):
     frame = raw.read_frame()
     assert frame is not None and frame.command == "ERROR"
     assert raw.read_frame() is None  # and the bridge hung up
-    return frame.headers["message"]
+    return f'{frame.headers["message"]}\n{error_detail(frame)}'
 
 
 @pytest.mark.parametrize("garbage, reason", [

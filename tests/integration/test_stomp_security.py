@@ -8,6 +8,7 @@ import pytest
 from gearhorn.stomp import auth
 
 from .helpers import self_signed_certificate, unique_topic, wait_for
+from .stomp_helpers import error_detail
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -41,7 +42,7 @@ def refused(stomp_clients, port, **headers):
     client.conn.connect(headers=headers or None, wait=False)
     client.wait(lambda: client.listener.errors, message="an ERROR")
     wait_for(lambda: not client.conn.is_connected(), message="the bridge to hang up")
-    return client.listener.errors[0].headers["message"]
+    return error_detail(client.listener.errors[0])
 
 
 def test_clients_without_a_valid_login_get_an_error(secured, stomp_clients):
@@ -58,7 +59,7 @@ def test_an_unauthorised_client_gets_an_error_and_no_message(secured, stomp_clie
     rid = bob.receipt()
     bob.conn.subscribe("/topic/news", id="1", headers={"receipt": rid})
     bob.wait(lambda: bob.listener.errors, message="an ERROR")
-    assert bob.listener.errors[0].headers["message"] == \
+    assert error_detail(bob.listener.errors[0]) == \
         "access refused: bob may not subscribe to /topic/news"
     admin.send("/topic/news", b"not for bob")
     alice = stomp_clients(secured.port, login="alice", passcode=PASSCODES["alice"])
@@ -71,7 +72,7 @@ def test_an_unauthorised_client_gets_an_error_and_no_message(secured, stomp_clie
     rid = alice.receipt()
     alice.conn.send("/queue/other", b"no", receipt=rid)
     alice.wait(lambda: alice.listener.errors, message="an ERROR")
-    assert alice.listener.errors[0].headers["message"] == \
+    assert error_detail(alice.listener.errors[0]) == \
         "access refused: alice may not send to /queue/other"
 
 
