@@ -332,7 +332,8 @@ def make_copies(request: Fanout, message_ids: list[str], recipients: tuple[Recip
         header_id = header_ids[i] if header_ids else None
         for r in recipients:
             who = r.client_id if r.pattern is None else f"{r.pattern}:{r.client_id}"
-            copies.append(gearman.Copy(r.queue, copy_unique(base, who, header_id), body))
+            copies.append(gearman.Copy(r.queue, copy_unique(base, who, header_id,
+                                                            not request.background), body))
     return copies
 
 

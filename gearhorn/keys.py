@@ -54,6 +54,10 @@ Redis the braces are just characters.
 ``<p>dead-info:<queue>``        hash: header id -> JSON of reason, delivery count,
                                 size and the start of the body (gearhorn/deadletters.py)
 ``<p>last-report``              string: JSON summary of the last ``gearhorn report``
+``<p>handouts:<function>``      hash: unique key -> times a bridge handed that message of
+                                a shared queue to a client (gearhorn/handouts.py)
+``<p>returned:<token>``         string: the original of a message a bridge gave back
+                                as ``~<token>`` (gearhorn/handouts.py)
 ==============================  ====================================================
 
 The matchmaking channel (default ``__matchmaking``, not prefixed so other
@@ -138,6 +142,12 @@ class Keys:
         """``copies``, ``fanouts``, ``totals`` or ``dead-letters``, in one
         hash slot so a flush is one MULTI."""
         return f"{{{self.prefix}stats}}:{name}"
+
+    def handouts(self, function: str) -> str:
+        return f"{self.prefix}handouts:{function}"
+
+    def returned(self, token: str) -> str:
+        return f"{self.prefix}returned:{token}"
 
     def dead(self, queue: str) -> str:
         return f"{self.prefix}dead:{queue}"

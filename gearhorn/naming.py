@@ -5,7 +5,10 @@ makes, and the ids of its processes, in one place.
 ``<topic>_<client id>``        a subscriber's queue (:func:`queue_name`)
 ``<base>:<client id>``         a copy's unique key; ``h:<sha256>`` when over
                                63 bytes; ``@<header id>:<client id>`` when
-                               the message has headers (:func:`copy_unique`)
+                               the message has headers; ``!`` before it for a
+                               foreground fanout's copy (:func:`copy_unique`)
+``~<token>``                   a queue message a bridge gave back itself, in
+                               order (:func:`returned_unique`)
 ``stomp:<message id>``         a STOMP SEND to a queue (:func:`stomp_unique`)
 ``delayed:<message id>``       a delayed queue message (:func:`delayed_unique`)
 ``call:<uuid>``                a request/reply call (:func:`call_unique`)
@@ -50,7 +53,8 @@ def split_queue_name(name: str) -> tuple[str, str]:
     return topic, client_id
 
 
-def copy_unique(base: str, client_id: str, header_id: str | None = None) -> str:
+def copy_unique(base: str, client_id: str, header_id: str | None = None,
+                foreground: bool = False) -> str:
     """The Gearman unique key of one copy: ``<base>:<client_id>``.
 
     Keys over 63 bytes (gearmand's real limit: docs/design.rst, "Unique
@@ -59,16 +63,24 @@ def copy_unique(base: str, client_id: str, header_id: str | None = None) -> str:
     A message with headers has ``@<header id>:<client_id>`` instead (the
     client id digested when too long), so whoever grabs the copy finds its
     headers without a lookup per job (see :func:`header_id_of`).
+    A foreground fanout's copy starts with ``!``: a bridge never gives such
+    a copy back itself (its sender waits for its answer; :func:`returnable`).
     """
+    if foreground:
+        return FOREGROUND_MARK + _copy_key(base, client_id, header_id, MAX_UNIQUE_BYTES - 1)
+    return _copy_key(base, client_id, header_id, MAX_UNIQUE_BYTES)
+
+
+def _copy_key(base: str, client_id: str, header_id: str | None, limit: int) -> str:
     if header_id is not None:
         key = f"{HEADER_MARK}{header_id}:{client_id}"
-        if len(key) > MAX_UNIQUE_BYTES:
+        if len(key) > limit:
             key = f"{HEADER_MARK}{header_id}:" + hashlib.sha256(client_id.encode()).hexdigest()
-        return key[:MAX_UNIQUE_BYTES]
+        return key[:limit]
     key = f"{base}:{client_id}"
-    if len(key) <= MAX_UNIQUE_BYTES:
+    if len(key) <= limit:
         return key
-    return "h:" + hashlib.sha256(key.encode()).hexdigest()[:60]
+    return "h:" + hashlib.sha256(key.encode()).hexdigest()[:60]  # 62 bytes, "!" fits
 
 
 # A unique key that starts with this and a 32-digit header id says the job's
@@ -87,9 +99,50 @@ def header_id_for(message_id: str, unique: str | None) -> str:
 
 def header_id_of(unique: str) -> str | None:
     """The header id a job's unique key carries, or None."""
+    unique = unique.removeprefix(FOREGROUND_MARK)
     if unique.startswith(HEADER_MARK) and _HEADER_ID.fullmatch(unique[1:33]):
         return unique[1:33]
     return None
+
+
+# A foreground fanout's copy (its sender waits for the answer).
+FOREGROUND_MARK = "!"
+# A message a bridge gave back itself: ``~<token>``; the token names its
+# original unique key in Redis (gearhorn/handouts.py).
+RETURNED_MARK = "~"
+_DIGEST_COPY = re.compile(r"h:[0-9a-f]{60}")
+
+
+def returned_unique(token: str) -> str:
+    return RETURNED_MARK + token
+
+
+def returned_token(unique: str) -> str | None:
+    """The token of a message a bridge gave back, or None."""
+    return unique[1:] if unique.startswith(RETURNED_MARK) else None
+
+
+def returnable(function: str, unique: str) -> bool:
+    """Whether a job of queue ``function`` is a background job gearhorn made,
+    which a bridge may give back by submitting it again and completing the
+    original (docs/stomp.rst, "Given back in order"). Foreground jobs, and
+    jobs of other clients (they may be foreground: a worker cannot tell),
+    are left to gearmand.
+
+    >>> returnable("news_alice", "m1:alice"), returnable("news_alice", "!m1:alice")
+    (True, False)
+    >>> returnable("jobs", "stomp:ab12"), returnable("jobs", "order-17")
+    (True, False)
+    """
+    if unique.startswith((STOMP_MARK, DELAYED_MARK, RETURNED_MARK)):
+        return True
+    if header_id_of(unique) is not None:
+        return not unique.startswith(FOREGROUND_MARK)
+    if _DIGEST_COPY.fullmatch(unique):
+        return True
+    _, sep, client_id = function.rpartition("_")
+    return bool(sep) and unique.endswith(":" + client_id) and \
+        not unique.startswith(FOREGROUND_MARK)
 
 
 def new_message_id() -> str:
@@ -113,12 +166,16 @@ def queue_copy_unique(message_id: str) -> str:
     return copy_unique("", "q", message_id)
 
 
+STOMP_MARK = "stomp:"
+DELAYED_MARK = "delayed:"
+
+
 def stomp_unique(message_id: str) -> str:
-    return f"stomp:{message_id}"
+    return STOMP_MARK + message_id
 
 
 def delayed_unique(message_id: str) -> str:
-    return f"delayed:{message_id}"
+    return DELAYED_MARK + message_id
 
 
 def call_unique() -> str:

@@ -26,18 +26,34 @@ class PortSetting:
     """What chooses a port: the config setting, its flag, and what else helps."""
 
     setting: str  # bridge_ws_port
-    flag: str  # --ws-port
+    flag: str = ""  # --ws-port PORT; empty: a setting with no flag
     hint: str = ""  # --ws-port 0 turns WebSocket off
 
     def explain(self, host: str, port: int, why: str) -> str:
+        env = f"{ENV_PREFIX}GEARMAN" if self.setting == "gearman_servers" \
+            else f"{ENV_PREFIX}{self.setting.upper()}"
+        how = f"with {self.flag} " if self.flag else ""
         hint = f"; {self.hint}" if self.hint else ""
-        return (f"port {port} on {host} {why}: choose another with {self.flag} PORT "
-                f"(setting {self.setting}, env {ENV_PREFIX}{self.setting.upper()}){hint}")
+        return (f"port {port} on {host} {why}: choose another {how}(setting "
+                f"{self.setting}, env {env}){hint}")
 
 
-BRIDGE_PORT = PortSetting("bridge_port", "--port")
-BRIDGE_WS_PORT = PortSetting("bridge_ws_port", "--ws-port", "--ws-port 0 turns WebSocket off")
-WEB_PORT = PortSetting("web_port", "--port")
+BRIDGE_PORT = PortSetting("bridge_port", "--port PORT")
+BRIDGE_WS_PORT = PortSetting("bridge_ws_port", "--ws-port PORT",
+                             "--ws-port 0 turns WebSocket off")
+WEB_PORT = PortSetting("web_port", "--port PORT")
+# What gearhorn up finds already listening must be what it expects there.
+REDIS_URL = PortSetting("redis_url", "--redis-url URL")
+QUEUE_REDIS_URL = PortSetting("queue_redis_url")
+GEARMAN_SERVERS = PortSetting("gearman_servers", "--gearman HOST:PORT")
+UP_BRIDGE_PORT = PortSetting("bridge_port")
+
+
+def not_what_was_expected(host: str, port: int, what: PortSetting, expected: str) -> PortTaken:
+    """A port ``gearhorn up`` would use as is, held by something that does
+    not answer as ``expected`` (another program, or a server still starting)."""
+    return PortTaken(what.explain(host, port, f"is taken by a program that does not answer "
+                                  f"as {expected}"))
 
 
 def listen(host: str, port: int, what: PortSetting, reuse_port: bool = False,

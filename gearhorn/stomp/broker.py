@@ -25,6 +25,7 @@ from gearhorn.config import Config
 from gearhorn.deadletters import DeadLetterIndex
 from gearhorn.delayed import DelayedItem, Scheduler
 from gearhorn.errors import GearhornError
+from gearhorn.handouts import Handouts
 from gearhorn.headers import HeaderStore
 from gearhorn.janitor import BridgeLiveness, queue_entry, topic_entry
 from gearhorn.ledger import Ledger
@@ -35,6 +36,7 @@ from gearhorn.registry import Registry
 from gearhorn.replay import DashedFunctions
 from gearhorn.stats import Stats
 from gearhorn.stomp.auth import Credentials, Principal
+from gearhorn.stomp.giveback import GiveBack
 from gearhorn.stomp.queues import Consumer, Delivery, QueueDispatcher
 from gearhorn.stomp.sending import PLAIN, SendOptions
 
@@ -64,6 +66,11 @@ class Broker:
                                    config.delay_lease, config.delay_lanes)
         # The bridge's own jobs (dead letters, replies) share one client, one at a time.
         self.dashed = DashedFunctions(registry.redis, registry.keys)
+        self.handouts = Handouts(registry.redis, registry.keys, config.headers_ttl)
+        self.give_back = GiveBack(self.handouts, config.gearman_tls, self.dashed.record)
+        # Queues whose held messages a closed dispatcher is giving back: a new
+        # dispatcher of the same queue grabs only after that.
+        self._releasing: dict[str, gevent.Greenlet] = {}
         self._client = self.new_client()
         self._client_lock = gevent.lock.Semaphore()
         # Five times a worker's: the janitor removes a bridge's subscriptions
@@ -142,6 +149,7 @@ class Broker:
         if self._heart is not None:
             self._heart.kill(block=False)
         self._retired = True
+        gevent.joinall(list(self._releasing.values()), timeout=10)
         if self._ledger_flusher is not None:
             self._ledger_flusher.join(timeout=5)  # lets a flush under way finish
         self.flush_ledger()  # the last deliveries and acks of the sessions just ended
@@ -156,7 +164,11 @@ class Broker:
             gevent.sleep(0.2)
             self.flush_ledger()
 
-    def attach(self, function: str, consumer: Consumer) -> QueueDispatcher:
+    def attach(self, function: str, consumer: Consumer, shared: bool = True) -> QueueDispatcher:
+        """``consumer`` takes messages of ``function`` from now on. ``shared``:
+        others may read the queue too (``/queue/``, durable subscriptions), so
+        hand-outs are counted across bridges and held messages given back in
+        order; a connection's private queue needs neither."""
         dispatcher = self.dispatchers.get(function)
         if dispatcher is None:
             dispatcher = QueueDispatcher(function, self.config.gearman_servers,
@@ -164,15 +176,26 @@ class Broker:
                                          lookup=self.headers.for_uniques,
                                          dead_letter=self.dead_letter,
                                          max_deliveries=self.config.max_deliveries,
-                                         tls=self.config.gearman_tls)
+                                         tls=self.config.gearman_tls,
+                                         handouts=self.handouts if shared else None,
+                                         give_back=self.give_back,
+                                         after=self._releasing.get(function))
             self.dispatchers[function] = dispatcher
             dispatcher.start()
         dispatcher.add(consumer)
         return dispatcher
 
     def _drop(self, dispatcher: QueueDispatcher) -> None:
-        if self.dispatchers.get(dispatcher.function) is dispatcher:
-            del self.dispatchers[dispatcher.function]
+        function, released = dispatcher.function, dispatcher.released
+        if self.dispatchers.get(function) is dispatcher:
+            del self.dispatchers[function]
+        if released is not None:
+            self._releasing[function] = released
+            released.link(lambda done: self._released(function, done))
+
+    def _released(self, function: str, greenlet: gevent.Greenlet) -> None:
+        if self._releasing.get(function) is greenlet:
+            del self._releasing[function]
 
     # -- sending -------------------------------------------------------------------
 
@@ -282,9 +305,9 @@ class Broker:
         except REDIS_ERRORS as exc:  # the dead letter is queued: only the index missed
             log.warning("%s: dead letter %s not indexed: %s", function, header_id, exc)
         log.info("%s: message %s dead-lettered after %d deliveries: %s", function,
-                 delivery.job.unique, delivery.deliveries, reason)
+                 delivery.unique, delivery.deliveries, reason)
         self.ledger.failed(f"dead-lettered: {reason}", subscriber=function,
-                           unique=delivery.job.unique)
+                           unique=delivery.unique)
         delivery.worker.complete(delivery.job.handle)
 
     def send_own(self, function: str, body: bytes, headers: dict[str, str]) -> str:

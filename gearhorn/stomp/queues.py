@@ -6,9 +6,13 @@ subscribers have credit for, hands them out round-robin (which one gets
 what is :mod:`gearhorn.stomp.dispatch`'s, pure), and completes a job only
 when its STOMP client acknowledged it. NACK, an ack timeout or a subscriber
 that leaves gives the job to another subscriber; when the last one leaves,
-the dispatcher closes its Gearman connections and gearmand requeues every
-job it still held. So a message is never completed before its ack and never
-vanishes.
+the dispatcher gives what it held back in order (:mod:`gearhorn.stomp.giveback`)
+and closes its Gearman connections; gearmand requeues whatever is left. So a
+message is never completed before its ack and never vanishes.
+
+A shared queue's dispatcher (``/queue/``, a durable subscription's) counts
+in Redis what it hands out (:mod:`gearhorn.handouts`), so a message that
+reached a client before is ``redelivered`` whichever bridge delivers it again.
 """
 
 from __future__ import annotations
@@ -22,7 +26,9 @@ import gevent
 import gevent.event
 
 from gearhorn import gearman
-from gearhorn.background import Backoff
+from gearhorn.background import Backoff, Outage
+from gearhorn.handouts import Handouts, Returned
+from gearhorn.naming import returned_token
 from gearhorn.redisconn import REDIS_ERRORS
 from gearhorn.stomp import dispatch
 
@@ -44,16 +50,21 @@ class Delivery:
     """One grabbed Gearman job on its way to (or at) a STOMP subscriber."""
 
     __slots__ = ("job", "worker", "dispatcher", "consumer", "redelivered", "deliveries",
-                 "timer", "done", "message_id", "headers")
+                 "timer", "done", "message_id", "headers", "unique", "tracked")
 
     def __init__(self, job: gearman.GrabbedJob, worker: gearman.WorkerConnection,
-                 dispatcher: QueueDispatcher, headers: dict[str, str] | None = None) -> None:
+                 dispatcher: QueueDispatcher, headers: dict[str, str] | None = None, *,
+                 unique: str | None = None, redelivered: bool = False,
+                 tracked: bool = False) -> None:
         self.job = job
         self.headers = headers or {}  # the sender's, from the HeaderStore
         self.worker = worker
         self.dispatcher = dispatcher
         self.consumer: Consumer | None = None
-        self.redelivered = False
+        # The message's own unique key: a given-back job's original (ledger, headers).
+        self.unique = job.unique if unique is None else unique
+        self.redelivered = redelivered  # handed to a client before, by any bridge
+        self.tracked = tracked  # its hand-out is counted in Redis
         self.deliveries = 0
         self.timer: gevent.Greenlet | None = None
         self.done = False
@@ -70,6 +81,9 @@ class Delivery:
         self.dispatcher.give_back([self])
 
 
+GiveBackFn = Callable[[str, list[Delivery]], list[Delivery]]
+
+
 class QueueDispatcher:
     """Hands the jobs of one Gearman function to this bridge's subscribers."""
 
@@ -77,11 +91,19 @@ class QueueDispatcher:
                  client_id: str, on_empty: Callable[[QueueDispatcher], None], *,
                  lookup: Callable[[list[str]], dict[str, dict[str, str]]] | None = None,
                  dead_letter: Callable[[Delivery, str], None] | None = None,
-                 max_deliveries: int = 0, tls: gearman.TlsFiles | None = None) -> None:
+                 max_deliveries: int = 0, tls: gearman.TlsFiles | None = None,
+                 handouts: Handouts | None = None, give_back: GiveBackFn | None = None,
+                 after: gevent.Greenlet | None = None) -> None:
         self.function = function
         self._tls = tls
         self._lookup = lookup  # unique keys -> headers of those that have some
         self._dead_letter = dead_letter
+        self._handouts = handouts  # a shared queue's: count hand-outs across bridges
+        self._give_back = give_back
+        self._after = after  # the give-back of this queue's previous dispatcher here
+        self.released: gevent.Greenlet | None = None  # our own give-back, once closed
+        self._settled: list[str] = []  # acknowledged, to forget in Redis
+        self._outage = Outage(log, f"redis (hand-outs of {function})")
         self.state = dispatch.Dispatch(max_deliveries)
         self._wake = gevent.event.Event()
         self._closed = False
@@ -121,16 +143,19 @@ class QueueDispatcher:
         self.state.add(consumer)
         self.credit_changed()
 
-    def remove(self, consumer: Consumer, unacked: list[Delivery]) -> None:
+    def remove(self, consumer: Consumer, unacked: list[Delivery],
+               give_back: bool = True) -> None:
         """``consumer`` leaves; its ``unacked`` deliveries go to the others,
-        first in line, in the order they had been delivered."""
+        first in line, in the order they had been delivered. The last one
+        to leave closes the dispatcher; ``give_back``: what it held goes
+        back to the queue in order (False: the queue is dropped anyway)."""
         self.state.remove(consumer)
         back = [d for d in unacked if not self._exhausted(d, "its subscriber went away")]
         for delivery in back:
             _stop_timer(delivery)
         self.state.requeue_all(back)
         if not self.consumers:
-            self.close()
+            self.close(give_back)
             self._on_empty(self)
         else:
             self.dispatch()
@@ -158,7 +183,25 @@ class QueueDispatcher:
             # gearmand requeued it when the connection broke: it comes again.
             log.warning("ack of %s on %s not delivered: %s", delivery.job.handle,
                         self.function, exc)
+        else:
+            self._forget(delivery)
         self.credit_changed()
+
+    def _forget(self, delivery: Delivery) -> None:
+        """Gone for good: its hand-out count goes too (in one write with the
+        others settled in this turn of the event loop)."""
+        if delivery.tracked and self._handouts is not None:
+            if not self._settled:
+                gevent.spawn(self._write_settled)
+            self._settled.append(delivery.unique)
+
+    def _write_settled(self) -> None:
+        uniques, self._settled = self._settled, []
+        try:
+            self._handouts.settled(self.function, uniques)
+        except REDIS_ERRORS as exc:  # a count left behind expires with the queue's hash
+            log.debug("%s: hand-outs of %d acked messages not forgotten: %s",
+                      self.function, len(uniques), exc)
 
     def give_back(self, deliveries: list[Delivery]) -> None:
         """NACK: the jobs go to another subscriber (or back in line), first
@@ -211,6 +254,7 @@ class QueueDispatcher:
     def _move_to_dead_letters(self, delivery: Delivery, reason: str) -> None:
         try:
             self._dead_letter(delivery, reason)
+            self._forget(delivery)
         except (gearman.GearmanError, *REDIS_ERRORS) as exc:
             log.warning("%s: could not dead-letter %s (%s); it stays in the queue",
                         self.function, delivery.job.handle, exc)
@@ -230,6 +274,10 @@ class QueueDispatcher:
     # -- gearman -----------------------------------------------------------------
 
     def _grab_loop(self, worker: gearman.WorkerConnection) -> None:
+        if self._after is not None:
+            # Messages this bridge is giving back go first: wait until they are
+            # queued again before grabbing (newer ones would overtake them).
+            self._after.join(timeout=30)
         backoff = Backoff()
         while not self._closed:
             try:
@@ -264,18 +312,54 @@ class QueueDispatcher:
             asked = min(want, burst)
             jobs = worker.grab(asked, then_sleep=True)
             if jobs:
-                headers = self._headers_of(jobs)
-                self.waiting.extend(Delivery(job, worker, self, headers.get(job.unique))
-                                    for job in jobs)
+                self.waiting.extend(self._deliveries(worker, jobs))
                 self.dispatch()
             burst = min(burst * 2, _GRAB_BURST) if len(jobs) == asked else 1
             worker.wait_for_work(1.0)
 
-    def _headers_of(self, jobs: list[gearman.GrabbedJob]) -> dict[str, dict[str, str]]:
+    def _deliveries(self, worker: gearman.WorkerConnection,
+                    jobs: list[gearman.GrabbedJob]) -> list[Delivery]:
+        """The grabbed jobs as deliveries, with what Redis knows of each:
+        a given-back job's original, the headers, whether it was handed out."""
+        returned = self._returned(jobs)
+        uniques = [r.unique if (r := returned.get(job.unique)) else job.unique for job in jobs]
+        headers = self._headers_of(uniques)
+        before = self._take(uniques)
+        return [Delivery(job, worker, self, headers.get(unique), unique=unique,
+                         redelivered=seen or (job.unique in returned
+                                              and returned[job.unique].delivered),
+                         tracked=self._handouts is not None and not self._outage.down)
+                for job, unique, seen in zip(jobs, uniques, before, strict=True)]
+
+    def _returned(self, jobs: list[gearman.GrabbedJob]) -> dict[str, Returned]:
+        tokens = {t: job.unique for job in jobs if (t := returned_token(job.unique))}
+        if not tokens or self._handouts is None:
+            return {}
+        try:
+            found = self._handouts.originals(list(tokens))
+        except REDIS_ERRORS as exc:
+            # As for headers: never deliver a message as someone it is not.
+            raise gearman.GearmanError(f"given-back messages unknown (redis: {exc})") from None
+        return {tokens[t]: r for t, r in found.items()}
+
+    def _take(self, uniques: list[str]) -> list[bool]:
+        """Count the hand-outs; True for a message some bridge handed out before.
+        Without Redis, every one may have been: say so (``redelivered``)."""
+        if self._handouts is None:
+            return [False] * len(uniques)
+        try:
+            before = self._handouts.take(self.function, uniques)
+            self._outage.succeeded()
+            return before
+        except REDIS_ERRORS as exc:
+            self._outage.failed(exc)
+            return [True] * len(uniques)
+
+    def _headers_of(self, uniques: list[str]) -> dict[str, dict[str, str]]:
         if self._lookup is None:
             return {}
         try:
-            return self._lookup([job.unique for job in jobs])
+            return self._lookup(uniques)
         except REDIS_ERRORS as exc:
             # Never deliver without the headers (a reply-to would be lost):
             # drop the connection, gearmand takes the jobs back, and we retry.
@@ -292,17 +376,43 @@ class QueueDispatcher:
             self._workers.remove(worker)
         self.state.waiting = deque(d for d in self.waiting if d.worker is not worker)
 
-    def close(self) -> None:
-        """Stop grabbing; gearmand requeues every job still held."""
+    def close(self, give_back: bool = False) -> None:
+        """Stop grabbing. ``give_back``: what we hold goes back in order, in
+        a greenlet of its own (:attr:`released`); gearmand requeues every
+        job still held when the connections close."""
         if self._closed:
             return
         self._closed = True
         self._wake.set()
         gevent.killall(self._loops, block=False)
+        held = [d for d in self.waiting if not d.done]
+        self.waiting.clear()
+        if give_back and held and self._give_back is not None:
+            self.released = gevent.spawn(self._return_then_close, held)
+        else:
+            self._close_workers()
+
+    def _return_then_close(self, held: list[Delivery]) -> None:
+        try:
+            given = self._give_back(self.function, held)
+            for delivery in given:
+                delivery.done = True
+                delivery.worker.complete(delivery.job.handle)
+            for worker in self._workers:
+                worker.flush()  # the completions leave before the close
+            if given:
+                log.info("%s: gave %d of %d held messages back in order", self.function,
+                         len(given), len(held))
+        except (gearman.GearmanError, *REDIS_ERRORS) as exc:
+            log.warning("%s: held messages not given back in order (%s); gearmand "
+                        "requeues them", self.function, exc)
+        finally:
+            self._close_workers()
+
+    def _close_workers(self) -> None:
         for worker in self._workers:
             worker.close()
         self._workers.clear()
-        self.waiting.clear()
 
 
 def _run_soon(callback: Callable[[], None]) -> None:

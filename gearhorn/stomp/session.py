@@ -311,7 +311,7 @@ class Session:
             sub.function, sub.temporary = function, True
             self.broker.temp_queue_opened(function)
             self.subscriptions[sub_id] = sub
-            sub.dispatcher = self.broker.attach(function, sub)
+            sub.dispatcher = self.broker.attach(function, sub, shared=False)
         return sub.function
 
     def _control(self, dest: Destination) -> dict[str, str]:
@@ -353,7 +353,7 @@ class Session:
         else:
             sub.function = dest.name
         self.subscriptions[sub_id] = sub
-        sub.dispatcher = self.broker.attach(sub.function, sub)
+        sub.dispatcher = self.broker.attach(sub.function, sub, sub.shared)
         self.broker.record(Event.ATTACHED, sub.function)
         self._receipt(frame)
 
@@ -396,8 +396,8 @@ class Session:
             self.acks.pop(message_id, None)
         sub.unacked.clear()
         if sub.dispatcher is not None:
-            sub.dispatcher.remove(sub, unacked)
-            forgotten = sub.temporary or (sub.pattern is not None and (remove or not sub.durable))
+            forgotten = not sub.shared or (sub.pattern is not None and remove)
+            sub.dispatcher.remove(sub, unacked, give_back=not forgotten)
             if forgotten and not sub.dispatcher.consumers:
                 self.broker.drop_queue(sub.function)
         if sub.temporary:
@@ -409,14 +409,14 @@ class Session:
         message_id = f"{self.id}-{next(self._counter)}"
         delivery.message_id = message_id
         data = self._message(sub, delivery, message_id)
-        self.broker.record(Event.DELIVERED, sub.function, delivery.job.unique, delivery.redelivered)
+        self.broker.record(Event.DELIVERED, sub.function, delivery.unique, delivery.redelivered)
         if sub.ack == "auto":
             sub.in_flight += 1
 
             def sent() -> None:
                 sub.in_flight -= 1
                 delivery.ack()
-                self.broker.record(Event.ACKED, sub.function, delivery.job.unique)
+                self.broker.record(Event.ACKED, sub.function, delivery.unique)
 
             def dropped() -> None:
                 sub.in_flight -= 1
@@ -473,7 +473,7 @@ class Session:
         if frame.command == "ACK":
             for delivery in settled:
                 delivery.ack()
-                self.broker.record(Event.ACKED, sub.function, delivery.job.unique)
+                self.broker.record(Event.ACKED, sub.function, delivery.unique)
         elif not boolean(frame, "requeue", True):
             sub.dispatcher.reject(settled)
         else:

@@ -34,6 +34,12 @@ class StompSubscription:
         self.closed = False
         self.prefix: bytes | None = None  # the start of its MESSAGE frames, made once
 
+    @property
+    def shared(self) -> bool:
+        """Whether others may read its queue: a ``/queue/`` or a durable
+        subscription's; not a temp queue or a non-durable subscription's."""
+        return not self.temporary and (self.pattern is None or self.durable)
+
     def credit(self) -> int:
         if self.closed or self.session.closed:
             return 0

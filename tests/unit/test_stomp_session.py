@@ -43,7 +43,7 @@ class FakeDispatcher:
     def reject(self, deliveries):
         self.rejected += [d.body for d in deliveries]
 
-    def remove(self, consumer, unacked):
+    def remove(self, consumer, unacked, give_back=True):
         self.consumers.remove(consumer)
         self.returned += [d.body for d in unacked]
 
@@ -73,7 +73,7 @@ class FakeBroker:
     def record(self, event, subscriber, unique="", redelivered=False):
         self.ledger = getattr(self, "ledger", []) + [(event, subscriber, unique)]
 
-    def attach(self, function, consumer):
+    def attach(self, function, consumer, shared=True):
         d = self.dispatchers.setdefault(function, FakeDispatcher(function))
         d.consumers.append(consumer)
         return d
