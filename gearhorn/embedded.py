@@ -183,6 +183,8 @@ class Embedded:
             if not _answers_as_bridge(host, port):
                 # RabbitMQ's STOMP plugin, say: gearhorn starts without its bridge.
                 self.notes["stomp"] = f"off: {ports.UP_BRIDGE_PORT.explain(host, port, 'is taken')}"
+                self.notes["websocket"] = "off: no bridge started"
+                self.config = self.config.replace(bridge_ws_port=0)
                 return
             self.notes["stomp"] = "already running, used as is"
             return
