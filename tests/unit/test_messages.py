@@ -215,3 +215,36 @@ def test_header_ids_travel_in_unique_keys_within_gearmand_limit():
     # A producer's unique gives the same header id each time (a retry coalesces).
     assert m.header_id_for("m1", "order-7") == m.header_id_for("m2", "order-7") != "m1"
     assert m.header_id_of("plain:alice") is None and m.header_id_of("@short") is None
+
+
+def test_a_foreground_copy_is_marked_and_keeps_its_header_id_and_length():
+    plain = m.copy_unique("msg1", "alice", foreground=True)
+    assert plain == "!msg1:alice"
+    hid = "ab" * 16
+    marked = m.copy_unique("x", "c" * 100, hid, foreground=True)
+    assert marked.startswith("!@") and len(marked) <= m.MAX_UNIQUE_BYTES
+    assert m.header_id_of(marked) == hid
+    long = m.copy_unique("m" * 32, "c" * 128, foreground=True)
+    assert long.startswith("!h:") and len(long) == 63
+    assert long[1:] == m.copy_unique("m" * 32, "c" * 128)  # same digest, marked
+
+
+@pytest.mark.parametrize("function, unique, expected", [
+    ("news_alice", "m1:alice", True),  # a background fanout's copy
+    ("news.*_bob", "m1:news.*:bob", True),  # a prefix subscriber's copy
+    ("news_alice", "h:" + "0" * 60, True),
+    ("news_alice", "@" + "ab" * 16 + ":alice", True),
+    ("jobs", "stomp:ab12", True),
+    ("jobs", "delayed:ab12", True),
+    ("jobs", "~" + "cd" * 16, True),  # given back once already
+    ("news_alice", "!m1:alice", False),  # a foreground fanout's copy
+    ("news_alice", "!@" + "ab" * 16 + ":alice", False),
+    ("jobs", "order-17", False),  # another client's job: perhaps foreground
+    ("news_alice", "m1:bob", False),
+    ("jobs", "call:ab12", False),
+    ("jobs", "", False),
+])
+def test_only_background_jobs_gearhorn_made_may_be_given_back(function, unique, expected):
+    from gearhorn.naming import returnable
+
+    assert returnable(function, unique) is expected

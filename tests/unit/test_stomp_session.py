@@ -482,3 +482,41 @@ def test_a_reply_goes_only_to_a_live_temp_queue(session):
     s.handle(Frame("SEND", {"destination": "/queue/gearhorn.tmp.made-up"}, b"junk"))
     assert "no temporary queue 'gearhorn.tmp.made-up'" in detail(last(transport))
     assert broker.sent == [(reply_queue, b"answer")]
+
+
+@pytest.mark.parametrize("requeue, given_back", [("False", False), ("FALSE", False),
+                                                 ("false", False), ("True", True),
+                                                 ("true", True), (None, True)])
+def test_nack_requeue_is_true_or_false_in_any_case(session, requeue, given_back):
+    s, transport, broker = session
+    connect(session)
+    s.handle(Frame("SUBSCRIBE", {"destination": "/queue/jobs", "id": "1",
+                                 "ack": "client-individual"}))
+    dispatcher = broker.dispatchers["jobs"]
+    dispatcher.push(b"m")
+    ack = last(transport).headers["ack"]
+    s.handle(Frame("NACK", {"id": ack, **({} if requeue is None else {"requeue": requeue})}))
+    assert (dispatcher.given_back, dispatcher.rejected) == \
+        (([b"m"], []) if given_back else ([], [b"m"]))
+
+
+def test_a_requeue_that_is_not_a_boolean_is_an_invalid_header(session):
+    s, transport, broker = session
+    connect(session)
+    s.handle(Frame("SUBSCRIBE", {"destination": "/queue/jobs", "id": "1",
+                                 "ack": "client-individual"}))
+    broker.dispatchers["jobs"].push(b"m")
+    s.handle(Frame("NACK", {"id": last(transport).headers["ack"], "requeue": "no"}))
+    error = last(transport)
+    assert error.headers["message"] == "Invalid header" and transport.closed
+    assert "invalid requeue header 'no': true or false" in detail(error)
+    assert broker.dispatchers["jobs"].given_back == broker.dispatchers["jobs"].rejected == []
+
+
+@pytest.mark.parametrize("durable", ["true", "True", "TRUE"])
+def test_durable_is_read_in_any_case(session, durable):
+    s, transport, broker = session
+    connect(session)
+    s.handle(Frame("SUBSCRIBE", {"destination": "/topic/news", "id": "n",
+                                 "durable": durable}))
+    assert s.subscriptions["n"].durable and not transport.closed
