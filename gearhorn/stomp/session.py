@@ -187,7 +187,8 @@ class Session:
             headers["receipt-id"] = frame.headers["receipt"]
         body = (detail or message).encode()
         self.transport.send(encode("ERROR", headers, body, self.version))
-        log.info("session %s: ERROR %s", self.id, message)
+        log.info("session %s: ERROR %s%s", self.id, message,
+                 f" ({detail})" if detail and detail != message else "")
         self.close()
 
     def close(self) -> None:

@@ -38,7 +38,7 @@ def error_of(raw):
     frame = raw.read_frame()
     assert frame is not None and frame.command == "ERROR"
     assert raw.read_frame() is None  # and the bridge hung up
-    return f'{frame.headers["message"]}\n{error_detail(frame)}'
+    return error_detail(frame)
 
 
 @pytest.mark.parametrize("garbage, reason", [

@@ -213,7 +213,8 @@ def test_errors_use_the_words_people_grep_for(bridge, command, headers, message,
         raw.close()
 
 
-def test_a_duplicated_subscription_id_and_a_bad_login_are_named_as_elsewhere(bridge):
+def test_a_duplicated_subscription_id_and_a_frame_before_connect_are_named_as_elsewhere(
+        bridge):
     raw = RawClient(bridge.port)
     raw.connect()
     raw.frame("SUBSCRIBE", {"destination": "/queue/q", "id": "1"})

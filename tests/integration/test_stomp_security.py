@@ -37,11 +37,13 @@ def secured(gearmand, start_pool, start_bridge, credentials):
 
 
 def refused(stomp_clients, port, **headers):
-    """CONNECT with ``headers``; returns the ERROR frame's message."""
+    """CONNECT with ``headers``; returns the ERROR frame's detail (its
+    ``message`` is RabbitMQ's words for a refused login)."""
     client = stomp_clients(port, connect=False)
     client.conn.connect(headers=headers or None, wait=False)
     client.wait(lambda: client.listener.errors, message="an ERROR")
     wait_for(lambda: not client.conn.is_connected(), message="the bridge to hang up")
+    assert client.listener.errors[0].headers["message"] == "Bad CONNECT"
     return error_detail(client.listener.errors[0])
 
 
