@@ -305,10 +305,29 @@ def cmd_ledger(config: Config, args: argparse.Namespace) -> int:
         raise CommandError(str(exc)) from None
     print(f"exported {result['rows']:,} rows in {len(result['files'])} files to {args.out} "
           f"(ledger up to {result['last_id']})")
+    _snapshot_queues(config, args.out)
     if result["trimmed"]:
         print("warning: the ledger was trimmed (ledger_maxlen) before some events were "
               "exported; export more often", file=sys.stderr)
     return 0
+
+
+def _snapshot_queues(config: Config, out: str) -> None:
+    """What every gearmand holds now, beside the export: the report checks
+    plain Gearman subscribers against it (they record no delivery)."""
+    from gearhorn import gearman
+    from gearhorn.ledger import write_queue_snapshot
+
+    queued: dict[str, int] = {}
+    try:
+        for host, port in config.gearman_servers:
+            for function in gearman.status(host, port, tls=config.gearman_tls):
+                queued[function.name] = queued.get(function.name, 0) + function.queued
+    except (gearman.GearmanError, OSError) as exc:
+        print(f"warning: no gearmand snapshot ({exc}): the report cannot check plain "
+              "Gearman subscribers", file=sys.stderr)
+        return
+    write_queue_snapshot(out, queued)
 
 
 def cmd_passwd(config: Config, args: argparse.Namespace) -> int:

@@ -179,7 +179,8 @@ class FanoutService:
                                       run[0][1].priority)
         outcomes: list[Answer] = []
         for (job, request), (message_ids, copies) in zip(run, made, strict=True):
-            self._delivered(request, message_ids, copies, [], job.received)
+            self._delivered(request, message_ids, copies, [], job.received,
+                            len(recipients[request.topic]))
             outcomes.append(_dumps({"topic": request.topic, "copies": len(copies),
                                     "background": True, **_ids(message_ids)}))
         return outcomes
@@ -256,7 +257,7 @@ class FanoutService:
                       for r, o, c, n in zip(targets, outcomes, copies, attempts, strict=True)
                       if not o.ok]
             result.update(completed=len(copies) - len(failed), failed=[f for f, _ in failed])
-        self._delivered(request, message_ids, copies, failed, received)
+        self._delivered(request, message_ids, copies, failed, received, len(recipients))
         return result
 
     def _copies(self, request: Fanout, message_ids: list[str],
@@ -269,9 +270,11 @@ class FanoutService:
         return make_copies(request, message_ids, recipients, header_ids)
 
     def _delivered(self, request: Fanout, message_ids: list[str], copies: list[gearman.Copy],
-                   failed: list[tuple[dict, str]], received: float | None) -> None:
-        """Ledger and metrics of a fanout, before its job is answered."""
-        self._record(request.topic, message_ids, copies, failed)
+                   failed: list[tuple[dict, str]], received: float | None,
+                   width: int) -> None:
+        """Ledger and metrics of a fanout, before its job is answered;
+        ``width``: the subscribers the look-up resolved."""
+        self._record(request.topic, message_ids, copies, failed, width)
         if self.stats is not None:
             elapsed = None if received is None else time.monotonic() - received
             self.stats.fanout(request.topic, len(message_ids), len(copies), elapsed)
@@ -298,14 +301,18 @@ class FanoutService:
         return outcomes, attempts
 
     def _record(self, topic: str, message_ids: list[str], copies: list[gearman.Copy],
-                failed: list[tuple[dict, str]]) -> None:
-        """Ledger entries for a fanout (buffered; the ledger's flusher writes them)."""
+                failed: list[tuple[dict, str]], width: int) -> None:
+        """Ledger entries for a fanout (buffered; the ledger's flusher writes
+        them): per message, the ``width`` subscribers resolved, apart from the
+        copies gearmand accepted, so a copy made for no one or never made
+        shows up in the reconciliation as a width mismatch."""
         if self.ledger is None:
             return
-        width = len(copies) // len(message_ids)
+        made = len(copies) // len(message_ids)
         for i, message_id in enumerate(message_ids):
-            mine = copies[i * width:(i + 1) * width]
-            self.ledger.published(topic, message_id, [(c.function, c.unique) for c in mine])
+            mine = copies[i * made:(i + 1) * made]
+            self.ledger.published(topic, message_id, [(c.function, c.unique) for c in mine],
+                                  width)
         for failure, unique in failed:
             self.ledger.failed(f"{failure['status']}: {failure['reason']}", topic,
                                failure["queue"], unique)

@@ -44,6 +44,17 @@ from gearhorn.redisutil import text
 log = logging.getLogger(__name__)
 
 CHECKPOINT = "_checkpoint"
+# What gearmand held per queue at the last export: the report checks plain
+# Gearman subscribers, which record no delivery, against it.
+QUEUE_SNAPSHOT = "_queues.json"
+
+
+def write_queue_snapshot(out_dir: str, queued: dict[str, int]) -> None:
+    """``queued``: jobs per Gearman function, summed over every gearmand."""
+    path = os.path.join(out_dir, QUEUE_SNAPSHOT)
+    with open(path + ".tmp", "w", encoding="utf-8") as fp:
+        json.dump({"taken_ms": now_ms(), "queued": queued}, fp)
+    os.replace(path + ".tmp", path)
 
 
 # Ledger entries a writer keeps while Redis is away (a published entry
@@ -83,12 +94,15 @@ class Ledger:
         self.lost = 0  # events dropped because Redis stayed away too long
         self._outage = Outage(log, "redis (ledger)")
 
-    def published(self, topic: str, message_id: str,
-                  copies: Sequence[tuple[str, str]]) -> None:
-        """``message_id`` of ``topic`` went to ``copies`` (queue, unique)."""
+    def published(self, topic: str, message_id: str, copies: Sequence[tuple[str, str]],
+                  width: int | None = None) -> None:
+        """``message_id`` of ``topic`` was meant for ``width`` subscribers (the
+        look-up's answer) and went to ``copies`` (queue, unique) that gearmand
+        accepted; the reconciliation checks the one against the other."""
         subs = "\n".join(f"{queue}\t{unique}" for queue, unique in copies)
         self._add({"e": Event.PUBLISHED.value, "ts": str(now_ms()), "mid": message_id,
-                   "topic": topic, "n": str(len(copies)), "subs": subs})
+                   "topic": topic, "n": str(len(copies) if width is None else width),
+                   "subs": subs})
 
     def failed(self, reason: str, topic: str = "", subscriber: str = "", unique: str = "",
                message_id: str = "") -> None:

@@ -101,6 +101,21 @@ def _starts_its_own_jvm() -> bool:
     return "PYSPARK_GATEWAY_PORT" not in os.environ and not chosen
 
 
+def queue_snapshot(spark, ledger: str):
+    """What gearmand held per queue when the ledger was last exported
+    (``_queues.json``, written by ``gearhorn ledger export``) as a DataFrame
+    of subscriber, queued; None when there is none."""
+    from gearhorn.ledger import QUEUE_SNAPSHOT
+
+    path = os.path.join(ledger, QUEUE_SNAPSHOT)
+    if "://" in ledger or not os.path.exists(path):
+        return None
+    with open(path, encoding="utf-8") as fp:
+        queued = json.load(fp)["queued"]
+    return spark.createDataFrame(list(queued.items()) or [("", 0)],
+                                 "subscriber string, queued long")
+
+
 def load_events(spark, options: Options):
     """(usable keyed events, number of malformed rows)."""
     fmt, files = ledger_files(options.ledger, options.input_format)
@@ -215,6 +230,7 @@ def run(options: Options) -> dict:
         "subscribers": T.subscriber_backlog(copy_rows, events, now_ms,
                                             int(options.stale_after_s * 1000)),
         "reconciliation": reconcile(events),
+        "untracked": T.untracked(copy_rows, events, queue_snapshot(spark, options.ledger)),
         "failures": T.failures(events),
     }.items()}
     try:
@@ -231,9 +247,14 @@ def _write_tables(options: Options, say, events, malformed: int, tables: dict) -
     say(f"[4/5] writing tables to {options.out}/tables")
     for name, frame in tables.items():
         frame.write.mode("overwrite").parquet(os.path.join(options.out, "tables", name))
+    untracked = tables["untracked"].collect()
     summary = {"events": events.count(), "malformed": malformed,
                "reconciliation": {row["kind"]: row["count"] for row in
-                                  tables["reconciliation"].groupBy("kind").count().collect()}}
+                                  tables["reconciliation"].groupBy("kind").count().collect()},
+               # Copies of plain Gearman subscribers neither still queued nor
+               # recorded delivered: taken, or lost; the ledger cannot tell.
+               "unaccounted": {row["subscriber"]: row["unaccounted"] for row in untracked
+                               if row["unaccounted"]}}
     say("[5/5] writing the report")
     from gearhorn.pipeline.report import write_report
 
@@ -271,7 +292,8 @@ def publish_verdict(summary: dict) -> None:
     from gearhorn import redisconn
     from gearhorn.keys import Keys
 
-    verdict = {key: summary[key] for key in ("events", "malformed", "reconciliation", "report")}
+    verdict = {key: summary[key] for key in ("events", "malformed", "reconciliation",
+                                             "unaccounted", "report")}
     verdict["finished"] = time.time()
     try:
         config = configuration.load()
@@ -290,8 +312,12 @@ def main(argv: list[str] | None = None) -> int:
     publish_verdict(summary)
     problems = sum(summary["reconciliation"].values())
     kinds = summary["reconciliation"]
+    unaccounted = summary["unaccounted"]
+    untracked = (f"; {sum(unaccounted.values()):,} copies of {len(unaccounted)} untracked "
+                 f"Gearman subscribers unaccounted (taken or lost: the ledger cannot tell)"
+                 if unaccounted else "")
     print(f"{summary['events']:,} events ({summary['malformed']:,} malformed rows skipped); "
-          f"reconciliation: {problems:,} problems{f' {kinds}' if kinds else ''}; "
+          f"reconciliation: {problems:,} problems{f' {kinds}' if kinds else ''}{untracked}; "
           f"report: {summary['report']} ({summary['seconds']}s)")
     return 0
 

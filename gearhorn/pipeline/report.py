@@ -66,8 +66,16 @@ def write_report(out_dir: str, summary: dict, tables: dict) -> str:
         _chart(os.path.join(out_dir, "latency.png"), lambda ax: _latency(ax, tables["latency"])),
     ]
     recon = tables["reconciliation"]
-    verdict = ("Nothing lost: every enqueued copy of a tracked subscriber was delivered."
-               if recon.empty else f"{len(recon)} problems found: see the reconciliation.")
+    unaccounted = summary.get("unaccounted", {})
+    if not recon.empty:
+        verdict = f"{len(recon)} problems found: see the reconciliation."
+    elif unaccounted:
+        verdict = (f"No loss among tracked subscribers; {sum(unaccounted.values()):,} copies "
+                   f"of {len(unaccounted)} untracked Gearman subscribers are unaccounted: "
+                   "taken by consumers that record nothing, or lost (the ledger cannot tell).")
+    else:
+        verdict = ("Nothing lost: every enqueued copy of a tracked subscriber was delivered, "
+                   "and every copy of an untracked one is still queued in gearmand.")
     stale = tables["subscribers"][tables["subscribers"]["stale"]]
     body = f"""<!doctype html><meta charset="utf-8"><title>gearhorn delivery report</title>
 <style>body{{font:14px sans-serif;margin:2em;max-width:60em}} .t td,.t th{{padding:2px 8px}}
@@ -76,6 +84,8 @@ def write_report(out_dir: str, summary: dict, tables: dict) -> str:
 <p>{summary['events']:,} events read, {summary['malformed']:,} malformed rows skipped.</p>
 <h2>Reconciliation</h2><p><strong>{html.escape(verdict)}</strong></p>
 {_table(recon)}
+<h2>Untracked subscribers</h2><p>Plain Gearman consumers record no delivery: their copies
+are checked against what gearmand still held at the export.</p>{_table(tables['untracked'])}
 <h2>Volume</h2>{''.join(f'<img src="{c}">' for c in charts)}
 <h2>Latency per topic</h2>{_table(tables['latency'])}
 <h2>Stale subscribers</h2>{_table(stale)}

@@ -128,6 +128,33 @@ def tracked_subscribers(events: DataFrame) -> DataFrame:
             .select("subscriber").distinct())
 
 
+UNTRACKED_COLUMNS = ("subscriber", "enqueued", "queued", "unaccounted")
+
+
+def untracked(copy_rows: DataFrame, events: DataFrame,
+              queued: DataFrame | None) -> DataFrame:
+    """Subscribers whose deliveries the ledger cannot see (plain Gearman
+    consumers), checked against what gearmand still held when the ledger
+    was exported: subscriber, copies enqueued, still ``queued`` (``queued``:
+    subscriber, queued; None without a snapshot, and then every copy is
+    unaccounted), ``unaccounted`` (taken by a consumer that records
+    nothing, or lost: the ledger cannot tell which). Copies that arrived
+    after the export are not in its ledger, so ``unaccounted`` never goes
+    below 0.
+    """
+    seen = tracked_subscribers(events)
+    per = (copy_rows.filter(F.col("enqueues") > 0)
+           .join(seen, "subscriber", "left_anti")
+           .groupBy("subscriber").agg(F.count("*").alias(E.ENQUEUED)))
+    if queued is None:
+        held = per.withColumn("queued", F.lit(None).cast(LongType()))
+    else:
+        held = per.join(queued, "subscriber", "left").fillna(0, ["queued"])  # gone: none
+    left = F.col(E.ENQUEUED) - F.coalesce(F.col("queued"), F.lit(0))
+    return (held.withColumn("unaccounted", F.greatest(left, F.lit(0)))
+            .select(*UNTRACKED_COLUMNS).orderBy(F.desc("unaccounted"), "subscriber"))
+
+
 def subscriber_backlog(copy_rows: DataFrame, events: DataFrame, now_ms: int,
                        stale_after_ms: int) -> DataFrame:
     """subscriber, copies enqueued/delivered/acked, backlog, last ack, tracked, stale.

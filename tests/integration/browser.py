@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import contextlib
-import os
 import shutil
 
-import pytest
+from tests.conftest import missing, require_module
 
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update",
@@ -17,10 +16,8 @@ def chromium():
     """The system browser's path; a skip on a laptop without it, a failure in CI."""
     path = shutil.which("chromium")
     if path is None:
-        if os.environ.get("CI") == "true":
-            pytest.fail("chromium is not installed: run tools/ensure-env --test")
-        pytest.skip("chromium is not installed: run tools/ensure-env --test")
-    pytest.importorskip("playwright")
+        missing("chromium is not installed: run tools/ensure-env --test")
+    require_module("playwright")
     return path
 
 

@@ -214,20 +214,26 @@ def _get_job(worker, timeout):
         timer.cancel()
 
 
-def drain_jobs(server, function):
+def drain_jobs(server, function, timeout=120.0, limit=None):
     """Every job in ``function`` (gearhorn.gearman.GrabbedJob), taken in bursts
-    and completed, until gearmand reports the queue empty."""
+    and completed, until gearmand reports the queue empty (or ``limit`` jobs
+    were taken); an AssertionError after ``timeout`` seconds."""
     worker = gearman.WorkerConnection(server.host, server.port, [function], "tests-drain")
     worker.open()
     got = []
+    deadline = time.monotonic() + timeout
     try:
-        while True:
-            jobs = worker.grab(64)
+        while limit is None or len(got) < limit:
+            jobs = worker.grab(64 if limit is None else min(64, limit - len(got)))
             for job in jobs:
                 got.append(job)
                 worker.complete(job.handle)
             if not jobs and queue_depth(server, function) == 0:
                 return got
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{function}: still not empty after {timeout}s "
+                                     f"({len(got)} jobs taken)")
+        return got
     finally:
         worker.close()
 

@@ -8,15 +8,14 @@ import os
 import subprocess
 import urllib.request
 
-import pytest
-
 from gearhorn import servers
+from tests.conftest import require_module
 
 from .helpers import wait_for
 
 
 def spark_class():
-    pyspark = pytest.importorskip("pyspark")
+    pyspark = require_module("pyspark")
     return os.path.join(os.path.dirname(pyspark.__file__), "bin", "spark-class")
 
 

@@ -14,7 +14,7 @@ from gearhorn import gearman, redisconn
 from gearhorn.keys import Keys
 from tests.conftest import require_binary
 
-from .helpers import GearClient, unique_topic, wait_for
+from .helpers import GearClient, drain_jobs, queue_depth, unique_topic, wait_for
 from .spark_helpers import SparkCluster
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
@@ -77,7 +77,7 @@ def test_traffic_reconciles_and_a_planted_loss_is_found(gearmand, redis_url, sta
 
     ledger, report = tmp_path / "ledger", tmp_path / "report"
     assert "rows" in gearhorn("ledger", "export", "--out", str(ledger),
-                              "--redis-url", redis_url)
+                              "--redis-url", redis_url, "--gearman", gearmand.address)
 
     # Plant a loss: the durable subscriber is away, its queue is dropped.
     durable.close()
@@ -90,20 +90,33 @@ def test_traffic_reconciles_and_a_planted_loss_is_found(gearmand, redis_url, sta
                 if f.name.startswith(f"{topic}_d-")]
     gearman.admin(gearmand.host, gearmand.port, f"drop function {queue}")
     wait_for(lambda: acked_events(redis_url) == 147, message="acks in the ledger")
+    # And one on the Gearman subscriber, which records no delivery: a worker
+    # that is not its consumer takes one of its 76 waiting copies.
+    gearman_queue = f"{topic}_gearmanonly"
+    assert queue_depth(gearmand, gearman_queue) == 76
+    assert len(drain_jobs(gearmand, gearman_queue, limit=1)) == 1
 
-    exported = gearhorn("ledger", "export", "--out", str(ledger), "--redis-url", redis_url)
+    exported = gearhorn("ledger", "export", "--out", str(ledger), "--redis-url", redis_url,
+                        "--gearman", gearmand.address)
     assert exported.startswith("exported ")
     spark_cluster.wait_ready()
     out = gearhorn("report", "--ledger", str(ledger), "--out", str(report),
                    "--master", spark_cluster.url,
                    env={"SPARK_LOCAL_IP": "127.0.0.1", "GEARHORN_REDIS_URL": redis_url})
-    # Exactly the planted loss: every other copy of both exports reconciled.
+    # Exactly the planted losses: every other copy of both exports reconciled,
+    # the Gearman subscriber's against what gearmand still held.
     assert "reconciliation: 5 problems" in out
+    assert "1 copies of 1 untracked Gearman subscribers unaccounted" in out
     assert reconciliation(report) == [("never_delivered", queue)] * 5
-    assert "5 problems found" in (report / "report.html").read_text()
+    html = (report / "report.html").read_text()
+    assert "5 problems found" in html and gearman_queue in html
+    untracked = pq.read_table(f"{report}/tables/untracked").to_pylist()
+    assert untracked == [{"subscriber": gearman_queue, "enqueued": 76, "queued": 75,
+                          "unaccounted": 1}]
     # The verdict is left where gearhorn web's console shows it.
     verdict = json.loads(redis.Redis.from_url(redis_url).get(Keys().last_report))
     assert verdict["reconciliation"] == {"never_delivered": 5}
+    assert verdict["unaccounted"] == {gearman_queue: 1}
     assert verdict["report"] == str(report / "report.html")
     # It ran on the cluster: the master lists it as a finished application.
     assert [app["name"] for app in spark_cluster.state()["completedapps"]] == [

@@ -11,7 +11,7 @@ import subprocess
 
 import pytest
 
-from tests.conftest import require_binary
+from tests.conftest import missing, require_binary
 
 from .browser import browser
 from .helpers import gearman_cli, self_signed_certificate, unique_topic, wait_for
@@ -139,9 +139,7 @@ def node_modules():
     require_binary("node", "nodejs")
     folder = os.path.join(JS_DIR, "node_modules", "@stomp", "stompjs")
     if not os.path.isdir(folder):
-        if os.environ.get("CI") == "true":
-            pytest.fail("tests/js/node_modules is missing: run tools/ensure-env --test")
-        pytest.skip("tests/js/node_modules is missing: run tools/ensure-env --test")
+        missing("tests/js/node_modules is missing: run tools/ensure-env --test")
     return os.path.join(JS_DIR, "node_modules")
 
 

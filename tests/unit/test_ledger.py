@@ -6,6 +6,7 @@ import pytest
 from gearhorn import ledger as L
 from gearhorn.events import ROW_FIELDS
 from gearhorn.keys import Keys
+from tests.conftest import require_module
 
 
 @pytest.fixture
@@ -95,7 +96,7 @@ def test_export_redone_after_a_crash_replaces_its_files(book, fake_redis, tmp_pa
 
 
 def test_export_parquet(book, fake_redis, tmp_path):
-    pq = pytest.importorskip("pyarrow.parquet")
+    pq = require_module("pyarrow.parquet")
     publish(book, fake_redis, "m1", [("news_a", "m1:a"), ("news_b", "m1:b")])
     result = L.export(fake_redis, Keys("t:"), str(tmp_path), "parquet")
     table = pq.read_table(result["files"][0])
@@ -187,7 +188,7 @@ def test_flusher_writes_in_the_background(book, fake_redis):
 
 @pytest.mark.parametrize("fmt", ["parquet", "jsonl"])
 def test_export_writes_chunk_by_chunk_with_the_same_rows(book, fake_redis, tmp_path, fmt):
-    pytest.importorskip("pyarrow.parquet")
+    require_module("pyarrow.parquet")
     for i in range(25):
         publish(book, fake_redis, f"m{i}", [("news_a", f"m{i}:a")])
     small = L.export(fake_redis, Keys("t:"), str(tmp_path / "small"), fmt, chunk=4)

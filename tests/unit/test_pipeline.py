@@ -230,6 +230,18 @@ def test_job_counts_malformed_rows_and_writes_the_report(spark, tmp_path):
     assert (events.count(), malformed) == (len(good), 3)
     summary = run(options)
     assert summary["reconciliation"] == {} and summary["malformed"] == 3
+    # weather's subscribers are plain Gearman consumers: without a snapshot of
+    # gearmand their copies cannot be checked, and the report does not call
+    # that clean.
+    weather = {"weather_a": 1, "weather_b": 1, "weather_c": 1}
+    assert summary["unaccounted"] == weather
+    assert "3 copies of 3 untracked Gearman subscribers are unaccounted" in \
+        (tmp_path / "out" / "report.html").read_text()
+    from gearhorn.ledger import write_queue_snapshot
+
+    write_queue_snapshot(str(tmp_path / "ledger"), weather)  # all still queued
+    summary = run(options)
+    assert summary["unaccounted"] == {}
     assert "Nothing lost" in (tmp_path / "out" / "report.html").read_text()
     assert os.path.exists(tmp_path / "out" / "volume.png")
     recon = spark.read.parquet(str(tmp_path / "out" / "tables" / "reconciliation"))
@@ -260,3 +272,41 @@ def test_a_ledger_of_old_and_new_exports_reconciles_as_one(spark, tmp_path):
     events, malformed = load_events(spark, Options(str(tmp_path / "ledger"), ""))
     found = [(r.kind, r.subscriber) for r in reconcile(events).collect()]
     assert (found, malformed) == ([("never_delivered", "news_b")], 0)
+
+
+def snapshot(spark, queued):
+    return spark.createDataFrame(list(queued.items()), "subscriber string, queued long")
+
+
+def untracked_rows(spark, rows, queued):
+    events = T.with_keys(frame(spark, rows))
+    table = T.untracked(T.copies(events), events,
+                        None if queued is None else snapshot(spark, queued))
+    return [tuple(r) for r in table.collect()]
+
+
+def test_an_untracked_subscriber_is_checked_against_what_gearmand_still_holds(spark):
+    rows = (published("g1", "jobs", 1000, ["worker", "other"])
+            + published("g2", "jobs", 2000, ["worker", "other"]))
+    # Both copies of "worker" still queued: accounted; "other" had one taken
+    # by a consumer that records nothing (or lost): unaccounted.
+    assert untracked_rows(spark, rows, {"jobs_worker": 2, "jobs_other": 1}) == [
+        ("jobs_other", 2, 1, 1), ("jobs_worker", 2, 2, 0)]
+    # Copies that came after the export are no negative count.
+    assert untracked_rows(spark, rows, {"jobs_worker": 5, "jobs_other": 2}) == [
+        ("jobs_other", 2, 2, 0), ("jobs_worker", 2, 5, 0)]
+    # Without a snapshot, nothing can be checked: every copy is unaccounted.
+    assert untracked_rows(spark, rows, None) == [("jobs_other", 2, None, 2),
+                                                 ("jobs_worker", 2, None, 2)]
+
+
+def test_a_tracked_subscriber_is_not_in_the_untracked_table(spark):
+    assert untracked_rows(spark, good_ledger(), {"weather_a": 1}) == [
+        ("weather_b", 1, 0, 1), ("weather_c", 1, 0, 1), ("weather_a", 1, 1, 0)]
+
+
+def test_a_copy_resolved_but_never_made_is_a_width_mismatch(spark):
+    rows = published("m9", "news", 1000, ["a"])
+    rows[0] = ev("published", 1000, "m9", "news", count=2)  # two resolved, one copy made
+    found = [(r.kind, r.message_id) for r in reconcile(T.with_keys(frame(spark, rows))).collect()]
+    assert ("width_mismatch", "m9") in found

@@ -129,10 +129,12 @@ function renderReport(report) {
   const node = document.getElementById("report");
   if (!report) return;
   const problems = Object.values(report.reconciliation || {}).reduce((a, b) => a + b, 0);
+  const unaccounted = Object.values(report.unaccounted || {}).reduce((a, b) => a + b, 0);
+  const verdict = problems ? `${num(problems)} problems: ${JSON.stringify(report.reconciliation)}`
+    : unaccounted ? `${num(unaccounted)} copies of untracked Gearman subscribers unaccounted`
+    : "nothing lost";
   node.replaceChildren(
-    el("span", { class: problems ? "verdict-bad" : "verdict-ok" },
-       problems ? `${num(problems)} problems: ${JSON.stringify(report.reconciliation)}`
-                : "nothing lost"),
+    el("span", { class: problems || unaccounted ? "verdict-bad" : "verdict-ok" }, verdict),
     ` - ${num(report.events)} events, ${since(report.finished)}, report at ${report.report}`);
 }
 
