@@ -463,6 +463,10 @@ class WorkerProcess:
                 self.service.record_rejection(job.function, str(outcome))
             else:
                 worker.complete(grabbed.handle, outcome)
+        # The group's ledger entries are in Redis before its jobs are answered
+        # (one round trip a group): a worker killed after answering takes no
+        # entry with it, so the reconciliation knows every copy it made.
+        self.ledger.flush()
         self._flush({worker for worker, _, _ in done})
         self.jobs_done += len(done)
 

@@ -27,6 +27,7 @@ import itertools
 import json
 import logging
 import os
+import threading
 import time
 import zlib
 from collections import deque
@@ -93,6 +94,9 @@ class Ledger:
         self._unwritten: list[dict[str, str]] = []
         self.lost = 0  # events dropped because Redis stayed away too long
         self._outage = Outage(log, "redis (ledger)")
+        # A worker flushes from its flusher thread and, before it answers
+        # jobs, from its main thread: one flush at a time (appends need none).
+        self._flushing = threading.Lock()
 
     def published(self, topic: str, message_id: str, copies: Sequence[tuple[str, str]],
                   width: int | None = None) -> None:
@@ -132,6 +136,10 @@ class Ledger:
         """Write what is buffered in one round trip, all or nothing (one
         stream, so one MULTI even on a cluster). On a Redis error the
         entries wait for the next flush; it is logged, never raised."""
+        with self._flushing:
+            self._flush()
+
+    def _flush(self) -> None:
         events, lines = _take(self._buffer), _take(self._lines)
         if lines:
             batch = {"e": "batch", "events": "\n".join(lines)}

@@ -180,8 +180,9 @@ class Restartable:
         self.gearmand.kill()
         self.start_gearmand()
 
-    def power_cut(self):
-        """SIGKILL to gearmand and both Redis at once, then all started again."""
+    def kill_everything(self):
+        """kill -9 of gearmand and both Redis at once, then all started again (not a
+        power cut: what they wrote is in the page cache, which survives)."""
         for server in (self.gearmand, self.redis, self.queue_redis):
             if server is not None:
                 server.process.kill()

@@ -145,9 +145,21 @@ class StompClient:
                 self.listener.lock.wait(left)
 
     def messages(self, count, timeout=20.0):
+        """The first ``count`` messages (more may have come: to count every
+        one, duplicates included, use :meth:`until`)."""
         self.wait(lambda: len(self.listener.messages) >= count, timeout,
                   f"{count} messages (have {len(self.listener.messages)})")
         return self.listener.messages[:count]
+
+    def until(self, marker: bytes, timeout=60.0):
+        """Every message received before the one whose body is ``marker``
+        (sent last, down the same path: what came before it is everything)."""
+        def seen():
+            return any(m.body == marker for m in self.listener.messages)
+        self.wait(seen, timeout, f"the marker {marker!r} (have "
+                                 f"{len(self.listener.messages)} messages)")
+        got = list(self.listener.messages)
+        return got[:next(i for i, m in enumerate(got) if m.body == marker)]
 
     def receipt(self):
         """A receipt id to pass as ``receipt=``; then ``await_receipt(rid)``."""

@@ -205,6 +205,7 @@ def test_no_persistence_is_said_in_the_banner_and_loses_the_queue(tmp_path, ups)
     with Producer(gm) as producer:
         producer.subscribe("news", "alice")
         producer.publish("news", "gone", background=True)
+    assert queue_depth(first.gearmand, "news_alice") == 1  # queued: there was a copy to lose
     first.kill_everything()
     second = ups(tmp_path, ports=first.ports, extra=["--no-persistence"])
     assert queue_depth(second.gearmand, "news_alice") == 0

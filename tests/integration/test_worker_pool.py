@@ -172,7 +172,10 @@ def test_bad_input_fails_with_its_reason_and_nothing_accepted_is_lost(
 
 
 def test_fanout_right_after_a_subscribe_always_includes_it(gearmand, start_pool):
-    """The consistency promise, across worker processes, many times over."""
+    """The consistency promise, many times over, with two worker processes
+    running: gearmand gives each job to whichever asks first, so a subscribe
+    and the next fanout may run in different processes (each checks its
+    cache against the topic's version: docs/design.rst)."""
     pool = start_pool([gearmand], processes=2)
     client = GearClient(gearmand)
     topic = unique_topic()
