@@ -1,21 +1,20 @@
 """A small Python helper for producers and consumers.
 
 Producer side: subscribe, unsubscribe and publish through gearhorn's
-Gearman functions::
+Gearman functions (with a gearmand and a worker pool running)::
 
-    >>> from gearhorn.client import Producer
-    >>> producer = Producer([("127.0.0.1", 4730)])            # doctest: +SKIP
-    >>> producer.subscribe("news", "alice")                    # doctest: +SKIP
-    {'topic': 'news', 'client_id': 'alice', 'subscribers': 1}
-    >>> producer.publish("news", "hello", background=True)     # doctest: +SKIP
-    {'topic': 'news', 'message_id': '...', 'copies': 1, 'background': True}
+    from gearhorn.client import Producer
+    producer = Producer([("127.0.0.1", 4730)])
+    producer.subscribe("news", "alice")
+    # {'topic': 'news', 'client_id': 'alice', 'subscribers': 1}
+    producer.publish("news", "hello", background=True)
+    # {'topic': 'news', 'message_id': '...', 'copies': 1, 'background': True}
 
 Consumer side: receive your copies from ``<topic>_<client_id>``::
 
-    >>> from gearhorn.client import Consumer
-    >>> with Consumer([("127.0.0.1", 4730)], "news", "alice") as inbox:  # doctest: +SKIP
-    ...     inbox.get(timeout=5)
-    b'hello'
+    from gearhorn.client import Consumer
+    with Consumer([("127.0.0.1", 4730)], "news", "alice") as inbox:
+        inbox.get(timeout=5)                                   # b'hello'
 
 Any other Gearman worker of ``news_alice`` (``gearman -w -f news_alice``)
 receives the same copies; this class is a convenience, not a requirement.

@@ -40,9 +40,10 @@ class Members:
 class Registry:
     """Subscriptions and worker liveness for one Redis database.
 
-    >>> reg = Registry(redis.Redis())                      # doctest: +SKIP
-    >>> reg.subscribe(Subscription("news", "alice"))       # doctest: +SKIP
-    1
+    With a Redis on localhost::
+
+        reg = Registry(redis.Redis())
+        reg.subscribe(Subscription("news", "alice"))       # 1: subscribers of news
     """
 
     def __init__(self, client: redis.Redis, keys: Keys | None = None) -> None:

@@ -42,8 +42,40 @@ def find_binary(name: str) -> str | None:
     return None
 
 
+# Ports handed out by free_port in this process: never the same one twice.
+_HANDED_OUT: set[int] = set()
+
+
+def _ephemeral_ports() -> tuple[int, int]:
+    """The kernel's range for the local end of outgoing connections."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as fp:
+            low, high = (int(n) for n in fp.read().split())
+        return low, high
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
 def free_port() -> int:
-    with socket.socket() as sock:
+    """A loopback port free now, for a server about to be started.
+
+    Not one the kernel would give (bind to port 0): those come from the
+    ephemeral range, where any outgoing connection made meanwhile (a client
+    of another server) may take it before the server binds it. So a port
+    below that range, never handed out twice by this process."""
+    low, _ = _ephemeral_ports()
+    for _ in range(200):
+        port = random.randrange(10_000, max(low, 10_001))
+        if port in _HANDED_OUT:
+            continue
+        with socket.socket() as sock:
+            try:
+                sock.bind((HOST, port))
+            except OSError:
+                continue
+        _HANDED_OUT.add(port)
+        return port
+    with socket.socket() as sock:  # a crowded range: the kernel's choice after all
         sock.bind((HOST, 0))
         return sock.getsockname()[1]
 

@@ -77,9 +77,10 @@ class Client:
     Each call starts at the next server (spreading load); when a server
     fails mid-batch, the copies it did not accept go to the next one.
 
-    >>> client = Client([("127.0.0.1", 4730)])             # doctest: +SKIP
-    >>> client.submit_background([Copy("news_alice", "m1:alice", b"hi")])  # doctest: +SKIP
-    1
+    With a gearmand on 127.0.0.1:4730::
+
+        client = Client([("127.0.0.1", 4730)])
+        client.submit_background([Copy("news_alice", "m1:alice", b"hi")])  # 1
     """
 
     def __init__(self, servers: Sequence[tuple[str, int]], batch: int = 1000,

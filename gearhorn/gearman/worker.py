@@ -187,10 +187,12 @@ class JobSource:
     on a connection (complete, fail, warn) are gathered until its
     :meth:`WorkerConnection.flush`: one write for a batch.
 
-    >>> source = JobSource([("127.0.0.1", 4730)], ["fanout"], "w1")  # doctest: +SKIP
-    >>> for worker, job in source.take(timeout=1.0):                # doctest: +SKIP
-    ...     worker.complete(job.handle, b"done")
-    ...     worker.flush()
+    With a gearmand on 127.0.0.1:4730::
+
+        source = JobSource([("127.0.0.1", 4730)], ["fanout"], "w1")
+        for worker, job in source.take(timeout=1.0):
+            worker.complete(job.handle, b"done")
+            worker.flush()
     """
 
     def __init__(self, servers: Sequence[tuple[str, int]], functions: Sequence[str],

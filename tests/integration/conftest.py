@@ -67,8 +67,9 @@ def gearman_cli_tool():
 def start_pool(redis_url, tmp_path):
     pools = []
 
-    def start(gearman_servers, processes=2):
-        pool = PoolProcess(gearman_servers, redis_url, processes, log_dir=str(tmp_path))
+    def start(gearman_servers, processes=2, env=None):
+        pool = PoolProcess(gearman_servers, redis_url, processes, log_dir=str(tmp_path),
+                           env=env)
         pools.append(pool)
         return pool.wait_ready()
 

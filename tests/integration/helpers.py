@@ -86,8 +86,16 @@ class PoolProcess(ChildProcess):
 
     name = "worker pool"
 
+    # Settings for every test pool: heart-beats at a brisk pace, but a worker
+    # counts as dead only after 10 s without one and a foreground fanout
+    # waits 20 s for its receivers, so a loaded machine cannot fake either.
+    # A test that needs a shorter fanout timeout (a receiver that never
+    # answers) sets its own.
+    SETTINGS = {"GEARHORN_HEARTBEAT_INTERVAL": "1", "GEARHORN_WORKER_TTL": "10",
+                "GEARHORN_FANOUT_TIMEOUT": "20"}
+
     def __init__(self, gearman_servers, redis_url, processes=2, log_dir=None, extra=(),
-                 tls=None):
+                 tls=None, env=None):
         self.gearman_servers = list(gearman_servers)
         self.tls = tls  # gearman.TlsFiles of the servers; the pool reads its own from env
         self.redis_url = redis_url
@@ -98,13 +106,12 @@ class PoolProcess(ChildProcess):
             argv += ["--gearman", server.address]
         super().__init__(argv + list(extra),
                          os.path.join(log_dir, "pool.log") if log_dir else os.devnull,
-                         env={"GEARHORN_HEARTBEAT_INTERVAL": "0.3", "GEARHORN_WORKER_TTL": "1.5",
-                              "GEARHORN_FANOUT_TIMEOUT": "3"})
+                         env={**self.SETTINGS, **(env or {})})
 
     def live(self):
         return self.registry.live_workers()
 
-    def wait_ready(self, timeout=30.0):
+    def wait_ready(self, timeout=60.0):
         def ready():
             if self.process.poll() is not None:
                 raise AssertionError(f"pool exited early:\n{self.log()}")

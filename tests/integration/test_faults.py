@@ -316,7 +316,8 @@ def test_while_redis_or_gearmand_is_away_work_is_refused_clearly_then_resumes(
 def test_the_pool_cleans_up_after_a_bridge_killed_without_a_word(
         gearmand, start_pool, start_bridge, stomp_clients, redis_url):
     pool = start_pool([gearmand])
-    fast = {"GEARHORN_HEARTBEAT_INTERVAL": "0.3", "GEARHORN_WORKER_TTL": "1.5"}
+    # The bridge's heart-beats expire after 5 x worker_ttl: 20 s here.
+    fast = {"GEARHORN_HEARTBEAT_INTERVAL": "1", "GEARHORN_WORKER_TTL": "4"}
     doomed = start_bridge([gearmand], env=fast)
     topic = unique_topic()
     client = stomp_clients(doomed.port, **{"client-id": "keeper"})
@@ -330,13 +331,13 @@ def test_the_pool_cleans_up_after_a_bridge_killed_without_a_word(
     doomed.process.kill()
     doomed.process.wait()
 
-    wait_for(lambda: len(pool.registry.subscribers(topic)) == 1, 30,
+    wait_for(lambda: len(pool.registry.subscribers(topic)) == 1, 120,
              message="the janitor to remove the non-durable subscription")
     (kept,) = pool.registry.subscribers(topic)
     assert kept.startswith("d-")  # the durable one stays, its queue keeps filling
     gone = (registered - {kept}).pop()
     wait_for(lambda: not {f"{topic}_{gone}", temp} & {
-        f.name for f in gearman.status(gearmand.host, gearmand.port)}, 30,
+        f.name for f in gearman.status(gearmand.host, gearmand.port)}, 60,
              message="the dead bridge's queues to be dropped")
     with Producer([(gearmand.host, gearmand.port)]) as producer:
         assert producer.publish(topic, "after", background=True)["copies"] == 1

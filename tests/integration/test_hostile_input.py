@@ -63,21 +63,20 @@ def test_a_frame_never_finished_is_cut_off(stack, bystander):
     raw = RawClient(stack.port)
     raw.connect()
     raw.send(b"SEND\ndestination:/queue/x\n")  # ...and nothing more
-    started = time.monotonic()
+    # The ERROR names the 1 s frame timeout as the cause (a bridge that never
+    # cut it off would leave read_frame to its 20 s socket timeout: no ERROR).
     assert error_of(raw) == "frame not completed within 1s"
-    assert time.monotonic() - started < 5
     bystander()
 
 
 def test_a_sender_trickling_a_frame_is_cut_off(stack, bystander):
     raw = RawClient(stack.port)
     raw.connect()
-    started = time.monotonic()
-    with pytest.raises(OSError):  # the bridge hangs up mid-trickle
+    # The whole trickle would take 7.5 s; the bridge hangs up in the middle.
+    with pytest.raises(OSError):
         for byte in b"SEND\ndestination:/queue/x\ncontent-length:100\n\n" + b"x" * 100:
             raw.send(bytes([byte]))
             time.sleep(0.05)  # the trickle itself is what is tested
-    assert time.monotonic() - started < 5
     bystander()
 
 
@@ -147,9 +146,8 @@ def test_line_breaks_before_connect_do_not_buy_time(gearmand, start_pool, start_
     start_pool([gearmand])
     bridge = start_bridge([gearmand], env={"GEARHORN_STOMP_CONNECT_TIMEOUT": "1"})
     raw = RawClient(bridge.port)
-    started = time.monotonic()
-    with pytest.raises(OSError):  # the bridge hangs up while we keep "beating"
+    # 10 s of "beating" before CONNECT; the bridge hangs up in the middle.
+    with pytest.raises(OSError):
         for _ in range(100):
             raw.send(b"\n")
             time.sleep(0.1)  # the trickle itself is what is tested
-    assert time.monotonic() - started < 5

@@ -67,7 +67,7 @@ def test_foreground_fanout_completes_when_every_receiver_answered(gearman_server
 
 
 def test_foreground_fanout_reports_a_receiver_that_never_answers(gearmand, start_pool):
-    start_pool([gearmand])
+    start_pool([gearmand], env={"GEARHORN_FANOUT_TIMEOUT": "3"})
     client = GearClient(gearmand)
     topic = unique_topic()
     try:
@@ -199,8 +199,8 @@ def test_a_killed_worker_leaves_the_live_set_and_is_restarted(gearmand, start_po
     before = pool.live()
     victim_id, victim = next(iter(before.items()))
     os.kill(int(victim["pid"]), signal.SIGKILL)
-    wait_for(lambda: victim_id not in pool.live(), timeout=10, message="dead worker to expire")
-    after = wait_for(lambda: len(pool.live()) == 2 and pool.live(), timeout=20,
+    wait_for(lambda: victim_id not in pool.live(), timeout=60, message="dead worker to expire")
+    after = wait_for(lambda: len(pool.live()) == 2 and pool.live(), timeout=60,
                      message="pool to restart the worker")
     assert victim_id not in after
     assert victim["pid"] not in {info["pid"] for info in after.values()}
@@ -221,7 +221,7 @@ def fanout_status(gearmand):
 
 def busy_worker(gearmand, client):
     """A foreground fanout the only worker is busy with: nobody consumes its
-    copy, so the worker waits out its 3 s fanout timeout."""
+    copy, so the worker waits out its fanout timeout."""
     topic = unique_topic()
     client.call("subscribe_fanout", {"topic": topic, "client_id": "slow"})
     job = gear.Job("fanout", json.dumps({"topic": topic, "payload": "x"}).encode())
@@ -231,12 +231,12 @@ def busy_worker(gearmand, client):
 
 
 def test_sigterm_drains_the_job_in_hand(gearmand, start_pool):
-    pool = start_pool([gearmand], processes=1)
+    pool = start_pool([gearmand], processes=1, env={"GEARHORN_FANOUT_TIMEOUT": "3"})
     client = GearClient(gearmand)
     try:
         job = busy_worker(gearmand, client)
         pool.process.send_signal(signal.SIGTERM)
-        wait_for(lambda: job.complete, timeout=15, message="drained job to complete")
+        wait_for(lambda: job.complete, timeout=60, message="drained job to complete")
         assert not job.failure
         assert json.loads(b"".join(job.data))["failed"][0]["status"] == "timeout"
         assert pool.process.wait(15) == 0
@@ -284,7 +284,7 @@ def test_a_second_sigterm_stops_at_once(gearmand, start_pool):
         pool.process.send_signal(signal.SIGTERM)
         pool.process.wait(10)
         # Stopped, not drained: the job in hand was never answered (a drain
-        # answers it once its 3 s fanout timeout ends), and gearmand, which
+        # answers it once its 20 s fanout timeout ends), and gearmand, which
         # saw its worker go, queues it again for the client still waiting.
         assert "stopping now" in pool.log(full=True)
         wait_for(lambda: fanout_status(gearmand) == (0, 0, True), message="the job queued again")
