@@ -175,13 +175,13 @@ class FanoutService:
             message_ids = message_ids_for(job.unique, len(request.bodies))
             made.append((message_ids, self._copies(request, message_ids,
                                                     recipients[request.topic])))
-        self.client.submit_background([c for _, copies in made for c in copies],
+        self.client.submit_background([c for _, per in made for c in _flat(per)],
                                       run[0][1].priority)
         outcomes: list[Answer] = []
-        for (job, request), (message_ids, copies) in zip(run, made, strict=True):
-            self._delivered(request, message_ids, copies, [], job.received,
+        for (job, request), (message_ids, per) in zip(run, made, strict=True):
+            self._delivered(request, message_ids, per, [], job.received,
                             len(recipients[request.topic]))
-            outcomes.append(_dumps({"topic": request.topic, "copies": len(copies),
+            outcomes.append(_dumps({"topic": request.topic, "copies": len(_flat(per)),
                                     "background": True, **_ids(message_ids)}))
         return outcomes
 
@@ -243,7 +243,8 @@ class FanoutService:
         """Queue one copy of each message per subscriber; the fanout's result.
         Counted (gearhorn/stats.py) before the job is answered."""
         recipients = self.cache.recipients(request.topic)
-        copies = self._copies(request, message_ids, recipients, header_ids)
+        per = self._copies(request, message_ids, recipients, header_ids)
+        copies = _flat(per)
         result: dict[str, object] = {"topic": request.topic, "copies": len(copies),
                                      "background": request.background, **_ids(message_ids)}
         if request.background:
@@ -257,24 +258,25 @@ class FanoutService:
                       for r, o, c, n in zip(targets, outcomes, copies, attempts, strict=True)
                       if not o.ok]
             result.update(completed=len(copies) - len(failed), failed=[f for f, _ in failed])
-        self._delivered(request, message_ids, copies, failed, received, len(recipients))
+        self._delivered(request, message_ids, per, failed, received, len(recipients))
         return result
 
     def _copies(self, request: Fanout, message_ids: list[str],
                 recipients: tuple[Recipient, ...],
-                header_ids: list[str] | None = None) -> list[gearman.Copy]:
+                header_ids: list[str] | None = None) -> list[list[gearman.Copy]]:
         if header_ids is None and any(r.pattern is not None for r in recipients):
             # A prefix subscriber's STOMP MESSAGE names the topic published to,
             # which only the headers can carry.
             header_ids = self._keep_headers(request, message_ids, needed=True)
         return make_copies(request, message_ids, recipients, header_ids)
 
-    def _delivered(self, request: Fanout, message_ids: list[str], copies: list[gearman.Copy],
-                   failed: list[tuple[dict, str]], received: float | None,
-                   width: int) -> None:
+    def _delivered(self, request: Fanout, message_ids: list[str],
+                   per_message: list[list[gearman.Copy]], failed: list[tuple[dict, str]],
+                   received: float | None, width: int) -> None:
         """Ledger and metrics of a fanout, before its job is answered;
         ``width``: the subscribers the look-up resolved."""
-        self._record(request.topic, message_ids, copies, failed, width)
+        self._record(request.topic, message_ids, per_message, failed, width)
+        copies = _flat(per_message)
         if self.stats is not None:
             elapsed = None if received is None else time.monotonic() - received
             self.stats.fanout(request.topic, len(message_ids), len(copies), elapsed)
@@ -300,17 +302,16 @@ class FanoutService:
                 outcomes[i], attempts[i] = outcome, attempt
         return outcomes, attempts
 
-    def _record(self, topic: str, message_ids: list[str], copies: list[gearman.Copy],
-                failed: list[tuple[dict, str]], width: int) -> None:
+    def _record(self, topic: str, message_ids: list[str],
+                per_message: list[list[gearman.Copy]], failed: list[tuple[dict, str]],
+                width: int) -> None:
         """Ledger entries for a fanout (buffered; the ledger's flusher writes
         them): per message, the ``width`` subscribers resolved, apart from the
         copies gearmand accepted, so a copy made for no one or never made
         shows up in the reconciliation as a width mismatch."""
         if self.ledger is None:
             return
-        made = len(copies) // len(message_ids)
-        for i, message_id in enumerate(message_ids):
-            mine = copies[i * made:(i + 1) * made]
+        for message_id, mine in zip(message_ids, per_message, strict=True):
             self.ledger.published(topic, message_id, [(c.function, c.unique) for c in mine],
                                   width)
         for failure, unique in failed:
@@ -328,20 +329,28 @@ def _plain(request: Fanout) -> bool:
 
 
 def make_copies(request: Fanout, message_ids: list[str], recipients: tuple[Recipient, ...],
-                header_ids: list[str] | None = None) -> list[gearman.Copy]:
-    """One Gearman job per message and recipient, each with its own unique key.
+                header_ids: list[str] | None = None) -> list[list[gearman.Copy]]:
+    """One Gearman job per message and recipient, each with its own unique
+    key; a list per message (the ledger records each message's own copies).
 
     Message by message, so every subscriber's queue receives them in order.
     """
-    copies = []
+    per_message = []
     for i, (body, message_id) in enumerate(zip(request.bodies, message_ids, strict=True)):
         base = request.unique or message_id
         header_id = header_ids[i] if header_ids else None
+        copies = []
         for r in recipients:
             who = r.client_id if r.pattern is None else f"{r.pattern}:{r.client_id}"
             copies.append(gearman.Copy(r.queue, copy_unique(base, who, header_id,
                                                             not request.background), body))
-    return copies
+        per_message.append(copies)
+    return per_message
+
+
+def _flat(per_message: list[list[gearman.Copy]]) -> list[gearman.Copy]:
+    """Every message's copies in one list, in order: one write to gearmand."""
+    return [copy for copies in per_message for copy in copies]
 
 
 def _ids(message_ids: list[str]) -> dict[str, object]:

@@ -43,6 +43,11 @@ def pytest_runtest_logreport(report):
         _SKIPPED.append(report.nodeid)
 
 
+def pytest_collectreport(report):
+    if report.skipped:  # a whole module skipped (allow_module_level)
+        _SKIPPED.append(report.nodeid)
+
+
 def pytest_sessionfinish(session, exitstatus):
     """In CI a skipped test fails the run: something the suite claims to
     test did not run."""
