@@ -258,11 +258,17 @@ Press Ctrl-C to stop everything.
 
 
 def _answers_as_redis(host: str, port: int) -> bool:
+    """Redis answers PING with ``+PONG`` (or an error such as ``-NOAUTH``).
+    One try with a 5 s deadline: redis-py's client would retry a silent
+    port for a minute."""
     try:
-        return bool(redis.Redis(host=host, port=port, socket_timeout=5,
-                                socket_connect_timeout=5).ping())
-    except redis.RedisError:
+        with socket.create_connection((host, port), timeout=5) as sock:
+            sock.settimeout(5)
+            sock.sendall(b"PING\r\n")
+            reply = sock.recv(64)
+    except OSError:
         return False
+    return reply.startswith((b"+PONG", b"-NOAUTH", b"-ERR", b"-WRONGPASS"))
 
 
 def _answers_as_bridge(host: str, port: int) -> bool:

@@ -23,6 +23,7 @@ from gearhorn.client import Producer
 from gearhorn.config import Config
 from gearhorn.keys import Keys
 from gearhorn.ledger import Ledger, entries
+from tests.conftest import require_binary
 
 from .helpers import GearClient, PoolProcess, unique_topic, wait_for
 
@@ -172,6 +173,7 @@ def test_a_master_killed_mid_broadcast_fails_over_and_nothing_acknowledged_is_lo
     """3 masters with a replica each; 10,000 messages to 10 subscribers and a
     durable STOMP subscriber receiving live through a bridge; the master
     serving the topic is killed with -9 while the broadcast runs."""
+    require_binary("java", "default-jre-headless")  # for the reconciliation at the end
     cluster = servers.start_redis_cluster(masters=3, replicas=1, node_timeout_ms=1000,
                                           data_dir=str(tmp_path / "cluster"))
     pool = None
