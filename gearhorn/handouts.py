@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import redis
 
 from gearhorn.keys import Keys
+from gearhorn.redisutil import script
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +46,7 @@ class Handouts:
         self.redis = client
         self.keys = keys
         self.ttl_ms = max(1, int(ttl * 1000))
+        self._take = script(client, "handouts.lua")
 
     def originals(self, tokens: Sequence[str]) -> dict[str, Returned]:
         """The given-back messages among ``tokens`` whose record still exists."""
@@ -60,15 +62,14 @@ class Handouts:
                 found[token] = Returned(token, record["u"], bool(record["d"]))
         return found
 
-    def take(self, function: str, uniques: Sequence[str]) -> list[bool]:
-        """Count a hand-out of each message; True for those handed out before."""
-        key = self.keys.handouts(function)
-        pipe = self.redis.pipeline(transaction=False)
-        for unique in uniques:
-            pipe.hincrby(key, unique, 1)
-        pipe.pexpire(key, self.ttl_ms)
-        counts = pipe.execute()[:-1]
-        return [count > 1 for count in counts]
+    def take(self, function: str, uniques: Sequence[str],
+             settled: Sequence[str] = ()) -> list[bool]:
+        """Count a hand-out of each message; True for those handed out before.
+        ``settled``: messages acknowledged since, forgotten in the same call
+        (one script call: gearhorn/lua/handouts.lua)."""
+        before = self._take(keys=[self.keys.handouts(function)],
+                            args=[self.ttl_ms, len(settled), *settled, *uniques])
+        return [bool(flag) for flag in before]
 
     def settled(self, function: str, uniques: Iterable[str]) -> None:
         """Acknowledged (or dead-lettered): gone for good, forget them."""

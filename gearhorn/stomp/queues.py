@@ -188,15 +188,15 @@ class QueueDispatcher:
         self.credit_changed()
 
     def _forget(self, delivery: Delivery) -> None:
-        """Gone for good: its hand-out count goes too (in one write with the
-        others settled in this turn of the event loop)."""
+        """Gone for good: its hand-out count goes too, with the next grab's
+        call to Redis (or at the close): no round trip of its own."""
         if delivery.tracked and self._handouts is not None:
-            if not self._settled:
-                gevent.spawn(self._write_settled)
             self._settled.append(delivery.unique)
 
     def _write_settled(self) -> None:
         uniques, self._settled = self._settled, []
+        if not uniques or self._handouts is None:
+            return
         try:
             self._handouts.settled(self.function, uniques)
         except REDIS_ERRORS as exc:  # a count left behind expires with the queue's hash
@@ -347,12 +347,14 @@ class QueueDispatcher:
         Without Redis, every one may have been: say so (``redelivered``)."""
         if self._handouts is None:
             return [False] * len(uniques)
+        settled, self._settled = self._settled, []
         try:
-            before = self._handouts.take(self.function, uniques)
+            before = self._handouts.take(self.function, uniques, settled)
             self._outage.succeeded()
             return before
         except REDIS_ERRORS as exc:
             self._outage.failed(exc)
+            self._settled = settled + self._settled  # forgotten next time
             return [True] * len(uniques)
 
     def _headers_of(self, uniques: list[str]) -> dict[str, dict[str, str]]:
@@ -385,6 +387,8 @@ class QueueDispatcher:
         self._closed = True
         self._wake.set()
         gevent.killall(self._loops, block=False)
+        if self._settled:
+            gevent.spawn(self._write_settled)
         held = [d for d in self.waiting if not d.done]
         self.waiting.clear()
         if give_back and held and self._give_back is not None:

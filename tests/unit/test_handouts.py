@@ -35,3 +35,9 @@ def test_a_message_given_back_names_its_original_and_undoes_what_never_went_out(
     assert found == {"t1": Returned("t1", "sent", True), "t2": Returned("t2", "waiting", False)}
     assert handouts.take("q", ["sent", "waiting"]) == [True, False]
     assert handouts.originals([]) == {}
+
+
+def test_acknowledged_messages_are_forgotten_with_the_next_grab(handouts):
+    handouts.take("q", ["a", "b"])
+    assert handouts.take("q", ["c"], settled=["a"]) == [False]
+    assert handouts.take("q", ["a", "b", "c"]) == [False, True, True]
