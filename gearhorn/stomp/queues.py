@@ -24,6 +24,7 @@ from typing import Protocol
 
 import gevent
 import gevent.event
+import gevent.queue
 
 from gearhorn import gearman
 from gearhorn.background import Backoff, Outage
@@ -104,6 +105,8 @@ class QueueDispatcher:
         self.released: gevent.Greenlet | None = None  # our own give-back, once closed
         self._settled: list[str] = []  # acknowledged, to forget in Redis
         self._outage = Outage(log, f"redis (hand-outs of {function})")
+        self._arrivals: gevent.queue.Queue = gevent.queue.Queue()
+        self._looking_up = 0  # grabbed, waiting for what Redis knows of them
         self.state = dispatch.Dispatch(max_deliveries)
         self._wake = gevent.event.Event()
         self._closed = False
@@ -118,6 +121,7 @@ class QueueDispatcher:
         counts this bridge as a worker of the queue."""
         self._loops = [gevent.spawn(self._grab_loop, self._open(host, port, self._client_id))
                        for host, port in self._servers]
+        self._loops.append(gevent.spawn(self._arrivals_loop))
 
     def _open(self, host: str, port: int, client_id: str) -> gearman.WorkerConnection:
         worker = gearman.WorkerConnection(host, port, [self.function], client_id, self._tls)
@@ -304,7 +308,7 @@ class QueueDispatcher:
         # was the bridge's CPU, and its latency, at light load).
         burst = 1
         while not self._closed:
-            want = self.state.wanted()
+            want = self.state.wanted() - self._looking_up
             if want <= 0:
                 self._wake.clear()
                 self._wake.wait(1.0)
@@ -312,10 +316,39 @@ class QueueDispatcher:
             asked = min(want, burst)
             jobs = worker.grab(asked, then_sleep=True)
             if jobs:
-                self.waiting.extend(self._deliveries(worker, jobs))
-                self.dispatch()
+                # Redis is asked about them in a greenlet of its own, so the
+                # next GRAB need not wait for that answer.
+                self._looking_up += len(jobs)
+                self._arrivals.put((worker, jobs))
             burst = min(burst * 2, _GRAB_BURST) if len(jobs) == asked else 1
             worker.wait_for_work(1.0)
+
+    def _arrivals_loop(self) -> None:
+        """Grabbed jobs in the order they came: what Redis knows of them (the
+        grab loops go on meanwhile), then to the subscribers. Jobs still here
+        when the dispatcher closes go back through gearmand, not the ordered
+        give-back: without Redis's answer the bridge cannot tell a request
+        from a message."""
+        while not self._closed:
+            worker, jobs = self._arrivals.get()
+            try:
+                if worker not in self._workers:
+                    continue  # its connection broke: gearmand has them again
+                try:
+                    deliveries = self._deliveries(worker, jobs)
+                except gearman.GearmanError as exc:
+                    log.warning("queue %s: %s; gearmand takes the jobs back", self.function, exc)
+                    self._forget_worker(worker)
+                    continue
+                except Exception:  # a bug must not stop the queue: the jobs go back
+                    log.exception("queue %s: grabbed jobs not delivered", self.function)
+                    self._forget_worker(worker)
+                    continue
+            finally:
+                self._looking_up -= len(jobs)
+            self.waiting.extend(deliveries)
+            self.dispatch()
+            self._wake.set()
 
     def _deliveries(self, worker: gearman.WorkerConnection,
                     jobs: list[gearman.GrabbedJob]) -> list[Delivery]:
