@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
 import threading
 import time
 from urllib.parse import urlparse
@@ -94,7 +93,7 @@ class Embedded:
         url = urlparse(self.config.redis_url)
         host, port = url.hostname or "127.0.0.1", url.port or 6379
         if servers.is_listening(host, port):
-            if not _answers_as_redis(host, port):
+            if not ports.answers_as_redis(host, port):
                 raise ports.not_what_was_expected(host, port, ports.REDIS_URL, "Redis")
             self.notes["redis"] = "already running, used as is"
             return
@@ -106,7 +105,7 @@ class Embedded:
     def _ensure_gearman(self) -> None:
         host, port = self.config.gearman_servers[0]
         if servers.is_listening(host, port):
-            if not self._answers_as_gearmand(host, port):
+            if not ports.answers_as_gearmand(host, port, self.config.gearman_tls):
                 raise ports.not_what_was_expected(host, port, ports.GEARMAN_SERVERS, "gearmand")
             self.notes["gearman"] = "already running, used as is"
             self.notes["persistence"] = "whatever the running gearmand was started with"
@@ -127,27 +126,11 @@ class Embedded:
         self.notes["persistence"] = _PERSISTENCE_NOTES[self.config.persistence].format(
             url=self.config.queue_redis_url, dir=self.config.data_dir)
 
-    def _answers_as_gearmand(self, host: str, port: int) -> bool:
-        """gearmand (or gear.Server) answers the admin ``status`` with lines ending in ``.``."""
-        try:
-            with gearman.connect(host, port, 5, self.config.gearman_tls) as sock:
-                sock.settimeout(5)
-                sock.sendall(b"status\n")
-                data = b""
-                while not (data == b".\n" or data.endswith(b"\n.\n")):
-                    chunk = sock.recv(65536)
-                    if not chunk:
-                        return False
-                    data += chunk
-                return True
-        except (gearman.GearmanError, OSError):
-            return False
-
     def _ensure_queue_redis(self) -> None:
         url = urlparse(self.config.queue_redis_url)
         host, port = url.hostname or "127.0.0.1", url.port or 6379
         if servers.is_listening(host, port):
-            if not _answers_as_redis(host, port):
+            if not ports.answers_as_redis(host, port):
                 raise ports.not_what_was_expected(host, port, ports.QUEUE_REDIS_URL, "Redis")
             return
         if host not in _LOOPBACK:
@@ -180,7 +163,7 @@ class Embedded:
     def _ensure_bridge(self) -> None:
         host, port = self.config.bridge_host, self.config.bridge_port
         if servers.is_listening(host, port):
-            if not _answers_as_bridge(host, port):
+            if not ports.answers_as_bridge(host, port):
                 # RabbitMQ's STOMP plugin, say: gearhorn starts without its bridge.
                 self.notes["stomp"] = f"off: {ports.UP_BRIDGE_PORT.explain(host, port, 'is taken')}"
                 self.notes["websocket"] = "off: no bridge started"
@@ -255,34 +238,3 @@ Broadcast from another terminal:
 
 Press Ctrl-C to stop everything.
 """
-
-
-def _answers_as_redis(host: str, port: int) -> bool:
-    """Redis answers PING with ``+PONG`` (or an error such as ``-NOAUTH``).
-    One try with a 5 s deadline: redis-py's client would retry a silent
-    port for a minute."""
-    try:
-        with socket.create_connection((host, port), timeout=5) as sock:
-            sock.settimeout(5)
-            sock.sendall(b"PING\r\n")
-            reply = sock.recv(64)
-    except OSError:
-        return False
-    return reply.startswith((b"+PONG", b"-NOAUTH", b"-ERR", b"-WRONGPASS"))
-
-
-def _answers_as_bridge(host: str, port: int) -> bool:
-    """A gearhorn bridge answers CONNECT with CONNECTED and ``server:gearhorn/...``."""
-    try:
-        with socket.create_connection((host, port), timeout=5) as sock:
-            sock.settimeout(5)
-            sock.sendall(b"CONNECT\naccept-version:1.2\nhost:probe\n\n\0")
-            data = b""
-            while b"\0" not in data:
-                chunk = sock.recv(4096)
-                if not chunk:
-                    break
-                data += chunk
-    except OSError:
-        return False
-    return data.startswith(b"CONNECTED") and b"\nserver:gearhorn/" in data

@@ -5,9 +5,10 @@ gave back itself.
 A STOMP client relies on ``redelivered:true`` to spot a message it may
 have processed already, whichever bridge delivered it first; a bridge's
 memory does not survive the client's reconnect to another bridge, or the
-bridge's death. So a bridge counts in Redis, one pipelined write per grab,
-the messages of a shared queue (``/queue/``, a durable subscription's) it
-hands out, and forgets a message once it is acknowledged.
+bridge's death. So a bridge counts in Redis, one script call per grab
+(gearhorn/lua/handouts.lua), the messages of a shared queue (``/queue/``,
+a durable subscription's) it hands out, and forgets a message once it is
+acknowledged (in the next grab's call).
 
 ================================  =============================================
 ``<p>handouts:<function>``        hash: unique key -> times a bridge took the

@@ -1,5 +1,5 @@
-"""The listening sockets of gearhorn's servers, and the one-line error a
-port that is taken becomes.
+"""The listening sockets of gearhorn's servers, the one-line error a port
+that is taken becomes, and what ``gearhorn up`` asks a port it finds taken.
 
 ``gearhorn bridge`` next to a running bridge used to die with a traceback
 (``OSError: [Errno 98] Address already in use``) on the default WebSocket
@@ -11,10 +11,15 @@ from __future__ import annotations
 
 import errno
 import socket
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from gearhorn.config import ENV_PREFIX
 from gearhorn.errors import GearhornError
+
+if TYPE_CHECKING:
+    from gearhorn.gearman import TlsFiles
 
 
 class PortTaken(GearhornError):
@@ -78,3 +83,58 @@ def listen(host: str, port: int, what: PortSetting, reuse_port: bool = False,
                 from None
         raise
     return sock
+
+
+# -- what listens there --------------------------------------------------------------
+
+
+def _ask(sock: socket.socket, request: bytes, done: Callable[[bytes], bool]) -> bytes:
+    """Send ``request`` and read until ``done`` says the answer is whole, or
+    the peer closes; one try, the socket's timeout bounds each read."""
+    sock.sendall(request)
+    answer = b""
+    while not done(answer):
+        chunk = sock.recv(65536)
+        if not chunk:
+            break
+        answer += chunk
+    return answer
+
+
+def _answer(host: str, port: int, request: bytes, done: Callable[[bytes], bool]) -> bytes:
+    """What a plain TCP server answers ``request`` within 5 s; b"" if nothing.
+    (A client library would retry a silent port: redis-py did for a minute.)"""
+    try:
+        with socket.create_connection((host, port), timeout=5) as sock:
+            return _ask(sock, request, done)
+    except OSError:
+        return b""
+
+
+def answers_as_redis(host: str, port: int) -> bool:
+    """Redis answers PING with ``+PONG`` (or an error such as ``-NOAUTH``)."""
+    reply = _answer(host, port, b"PING\r\n", lambda a: b"\r\n" in a)
+    return reply.startswith((b"+PONG", b"-NOAUTH", b"-ERR", b"-WRONGPASS"))
+
+
+def answers_as_gearmand(host: str, port: int, tls: TlsFiles | None = None) -> bool:
+    """gearmand (or gear.Server) answers the admin ``status`` with lines
+    ending in a line of ``.`` (just ``.`` when no function is known)."""
+    from gearhorn import gearman  # gear is slow to import; only up needs this
+
+    def whole(answer: bytes) -> bool:
+        return answer == b".\n" or answer.endswith(b"\n.\n")
+
+    try:
+        with gearman.connect(host, port, 5, tls) as sock:
+            sock.settimeout(5)
+            return whole(_ask(sock, b"status\n", whole))
+    except (gearman.GearmanError, OSError):
+        return False
+
+
+def answers_as_bridge(host: str, port: int) -> bool:
+    """A gearhorn bridge answers CONNECT with CONNECTED and ``server:gearhorn/...``."""
+    reply = _answer(host, port, b"CONNECT\naccept-version:1.2\nhost:probe\n\n\0",
+                    lambda a: b"\0" in a)
+    return reply.startswith(b"CONNECTED") and b"\nserver:gearhorn/" in reply

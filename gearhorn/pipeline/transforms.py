@@ -138,9 +138,10 @@ def untracked(copy_rows: DataFrame, events: DataFrame,
     was exported: subscriber, copies enqueued, still ``queued`` (``queued``:
     subscriber, queued; None without a snapshot, and then every copy is
     unaccounted), ``unaccounted`` (taken by a consumer that records
-    nothing, or lost: the ledger cannot tell which). Copies that arrived
-    after the export are not in its ledger, so ``unaccounted`` never goes
-    below 0.
+    nothing, or lost: the ledger cannot tell which). The snapshot is taken
+    before the ledger is read, so a copy that came in between counts as
+    unaccounted (a false alarm, never a hidden loss); ``unaccounted`` never
+    goes below 0.
     """
     seen = tracked_subscribers(events)
     per = (copy_rows.filter(F.col("enqueues") > 0)

@@ -143,13 +143,17 @@ def test_a_message_comes_back_redelivered_from_another_bridge_and_after_a_kill(
     consumer.subscribe_confirmed(f"/queue/{queue}", id="1", ack="client")
     frame, = consumer.received(1)
     assert (frame.body, frame.headers["redelivered"]) == (b"seen on a", "true")
+    consumer.conn.ack(frame.headers["ack"])
     consumer.conn.disconnect()
 
-    # Bridge a dies holding a message: gearmand requeues it, b says redelivered.
+    # A message only bridge c ever handed out; c dies with -9 holding it
+    # (no give-back), gearmand requeues it, and b still says redelivered.
     c = start_bridge([gearmand])
     victim = users(c.port)
     victim.subscribe_confirmed(f"/queue/{queue}", id="1", ack="client")
-    victim.received(1)
+    producer.conn.send(f"/queue/{queue}", b"held by c")
+    assert [(f.body, f.headers["redelivered"]) for f in victim.received(1)] == [
+        (b"held by c", "false")]
     c.process.send_signal(signal.SIGKILL)
     c.process.wait()
     producer.conn.send(f"/queue/{queue}", b"new")
@@ -158,13 +162,13 @@ def test_a_message_comes_back_redelivered_from_another_bridge_and_after_a_kill(
                                  headers={"prefetch-count": 10})
     received = consumer.received(2)
     assert sorted(zip(bodies(received), flags(received), strict=True)) == [
-        ("new", "false"), ("seen on a", "true")]
+        ("held by c", "true"), ("new", "false")]
 
 
 @pytest.mark.parametrize("requeue, back", [(False, False), ("FALSE", False),
                                             (True, True), ("True", True)])
 def test_nack_requeue_is_read_in_any_case_as_stomp_py_writes_it(
-        gearmand, start_pool, bridge, users, requeue, back):
+        gearmand, bridge, users, requeue, back):
     queue = unique_topic("q")
     consumer, producer = users(bridge.port), users(bridge.port)
     consumer.subscribe_confirmed(f"/queue/{queue}", id="1", ack="client-individual")
