@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING
 
 from gearhorn.errors import GearhornError
+from gearhorn.limits import OVERFLOWS
 from gearhorn.messages import DEFAULT_MAX_PAYLOAD
 
 if TYPE_CHECKING:
@@ -132,6 +133,25 @@ class Config:
     # gearhorn web: /metrics, /healthz, /readyz and the console (docs/operations.rst).
     web_host: str = "127.0.0.1"
     web_port: int = 15672
+    # Every subscriber queue's limits unless its subscription says otherwise
+    # (gearhorn/limits.py, docs/reliability.rst "Bounded queues"): copies and
+    # payload bytes queued at most (0: no limit), seconds a copy may wait and
+    # seconds a subscription may go without a consumer (0: forever), what
+    # happens at the limit (drop-head or reject-publish), and whether
+    # dropped and expired copies go to <queue>.dlq.
+    queue_max_length: int = 100_000
+    queue_max_bytes: int = 0
+    queue_message_ttl: float = 0.0
+    queue_expires: float = 0.0
+    queue_overflow: str = "drop-head"
+    queue_dead_letter: bool = False
+    # Seconds between the warden's rounds (gearhorn/warden.py).
+    retention_interval: float = 1.0
+    # gearhorn up gives gearmand's queue Redis this maxmemory (bytes; 0: none);
+    # above queue_store_guard of whatever maxmemory it has, fanouts are
+    # refused with the reason until there is room again.
+    queue_maxmemory: int = 1024 * 1024 * 1024
+    queue_store_guard: float = 0.9
     # The delivery ledger (a Redis Stream; gearhorn ledger export reads it).
     ledger_enabled: bool = True
     ledger_maxlen: int = 1_000_000
@@ -210,7 +230,9 @@ def _convert(name: str, raw: str, source: str) -> object:
 
 
 # Settings where 0 turns something off.
-_ZERO_MEANS_OFF = frozenset({"bridge_ws_port", "web_port"})
+_ZERO_MEANS_OFF = frozenset({"bridge_ws_port", "web_port", "queue_max_length",
+                             "queue_max_bytes", "queue_message_ttl", "queue_expires",
+                             "queue_maxmemory"})
 
 
 _TRUE = {"1", "true", "yes", "on"}
@@ -278,6 +300,12 @@ def load(
     if "{" in config.key_prefix or "}" in config.key_prefix:
         raise ConfigError(f"key_prefix may not contain {{ or }} (they choose Redis Cluster "
                           f"hash slots), got {config.key_prefix!r}")
+    if config.queue_overflow not in OVERFLOWS:
+        raise ConfigError(f"queue_overflow must be one of {', '.join(OVERFLOWS)}, "
+                          f"got {config.queue_overflow!r}")
+    if not 0 < config.queue_store_guard <= 1:
+        raise ConfigError(f"queue_store_guard is a fraction of the queue Redis's maxmemory, "
+                          f"above 0 and at most 1, got {config.queue_store_guard}")
     if not 1 <= config.bridge_processes <= 256:
         raise ConfigError(f"bridge_processes must be 1 to 256, got {config.bridge_processes}")
     tls = [config.gearman_tls_ca, config.gearman_tls_cert, config.gearman_tls_key]

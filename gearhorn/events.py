@@ -19,6 +19,10 @@ class Event(enum.StrEnum):
     DELIVERED = "delivered"  # the bridge gave a copy to a STOMP client
     ACKED = "acked"  # the STOMP client acknowledged it
     FAILED = "failed"  # a fanout or a copy failed (reason)
+    # A copy not kept by the subscription's limits (reason: maxlen, maxbytes,
+    # expired, removed; full: never made, with its message id): "not
+    # delivered by policy", apart from lost (gearhorn/limits.py).
+    DROPPED = "dropped"
 
 
 # (name, type) of every row field, in order; types are "string", "int64", "bool".

@@ -18,6 +18,8 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
+import redis
+
 from gearhorn import gearman, redisconn
 from gearhorn.background import Backoff, Outage
 from gearhorn.cache import InvalidationListener, SubscriberCache
@@ -28,6 +30,7 @@ from gearhorn.headers import HeaderStore
 from gearhorn.janitor import Janitor
 from gearhorn.keys import Keys
 from gearhorn.ledger import Flusher, Ledger
+from gearhorn.limits import FULL
 from gearhorn.messages import (
     BadRequest,
     Fanout,
@@ -38,10 +41,13 @@ from gearhorn.messages import (
     parse_subscription,
 )
 from gearhorn.naming import delayed_unique
+from gearhorn.pressure import Pressure
 from gearhorn.redisconn import REDIS_ERRORS
 from gearhorn.registry import Recipient, Registry, new_worker_id
 from gearhorn.replay import DashedFunctions
 from gearhorn.stats import Stats
+from gearhorn.tally import TallyWriter
+from gearhorn.warden import Warden
 
 log = logging.getLogger(__name__)
 
@@ -89,8 +95,11 @@ class FanoutService:
 
     def __init__(self, config: Config, registry: Registry, cache: SubscriberCache,
                  client: gearman.Client, ledger: Ledger | None = None,
-                 sleep=time.sleep, stats: Stats | None = None) -> None:
+                 sleep=time.sleep, stats: Stats | None = None,
+                 tally: TallyWriter | None = None, pressure: Pressure | None = None) -> None:
         self.config = config
+        self.tally = tally  # when each queue's copies were queued (gearhorn/tally.py)
+        self.pressure = pressure  # full queues, a full store (gearhorn/pressure.py)
         self.registry = registry
         self.cache = cache
         self.client = client
@@ -168,22 +177,46 @@ class FanoutService:
             yield run
 
     def _plain_fanouts(self, run: list[tuple[Job, Fanout]]) -> list[Answer]:
+        full, over = self._pressure()
+        if over:
+            return [BadRequest(over) for _ in run]
         # One round trip for every topic, after every job of the run was taken.
         recipients = self.cache.recipients_of({request.topic: None for _, request in run})
         made = []
         for job, request in run:
             message_ids = message_ids_for(job.unique, len(request.bodies))
-            made.append((message_ids, self._copies(request, message_ids,
-                                                    recipients[request.topic])))
-        self.client.submit_background([c for _, per in made for c in _flat(per)],
-                                      run[0][1].priority)
+            kept, refused = _admit(recipients[request.topic], full)
+            made.append((message_ids, self._copies(request, message_ids, kept), refused))
+        copies = [c for _, per, _ in made for c in _flat(per)]
+        self.client.submit_background(copies, run[0][1].priority)
+        self._tallied(copies)
         outcomes: list[Answer] = []
-        for (job, request), (message_ids, per) in zip(run, made, strict=True):
+        for (job, request), (message_ids, per, refused) in zip(run, made, strict=True):
+            self._refused(request, message_ids, refused)
             self._delivered(request, message_ids, per, [], job.received,
                             len(recipients[request.topic]))
             outcomes.append(_dumps({"topic": request.topic, "copies": len(_flat(per)),
-                                    "background": True, **_ids(message_ids)}))
+                                    "background": True, **_ids(message_ids),
+                                    **_full(refused)}))
         return outcomes
+
+    def _pressure(self) -> tuple[frozenset[str], str]:
+        return self.pressure.current() if self.pressure else (frozenset(), "")
+
+    def _tallied(self, copies: list[gearman.Copy]) -> None:
+        if self.tally is not None:
+            self.tally.add(copies)
+
+    def _refused(self, request: Fanout, message_ids: list[str],
+                 refused: tuple[Recipient, ...], header_ids: list[str] | None = None) -> None:
+        """Ledger entries for the copies reject-publish did not make: each
+        with the unique key it would have had and its message id."""
+        if not refused or self.ledger is None:
+            return
+        per = make_copies(request, message_ids, refused, header_ids)
+        for message_id, copies in zip(message_ids, per, strict=True):
+            for copy in copies:
+                self.ledger.dropped(FULL, request.topic, copy.function, copy.unique, message_id)
 
     def subscribe(self, data: bytes) -> bytes:
         sub = parse_subscription(data)
@@ -242,23 +275,32 @@ class FanoutService:
                 received: float | None = None) -> dict[str, object]:
         """Queue one copy of each message per subscriber; the fanout's result.
         Counted (gearhorn/stats.py) before the job is answered."""
-        recipients = self.cache.recipients(request.topic)
+        full, over = self._pressure()
+        if over:
+            raise BadRequest(over)
+        resolved = self.cache.recipients(request.topic)
+        recipients, refused = _admit(resolved, full)
         per = self._copies(request, message_ids, recipients, header_ids)
         copies = _flat(per)
         result: dict[str, object] = {"topic": request.topic, "copies": len(copies),
-                                     "background": request.background, **_ids(message_ids)}
+                                     "background": request.background, **_ids(message_ids),
+                                     **_full(refused)}
+        self._refused(request, message_ids, refused, header_ids)
         if request.background:
             self.client.submit_background(copies, request.priority)
+            self._tallied(copies)
             failed = []
         else:
-            outcomes, attempts = self._run_copies(copies, request.priority)
+            placed = self.client.start_foreground(copies, request.priority)
+            self._tallied(copies)
+            outcomes, attempts = self._run_copies(copies, request.priority, placed)
             targets = recipients * len(request.bodies)
             failed = [({"client_id": r.client_id, "queue": r.queue, "status": o.status,
                         "reason": o.reason, "attempts": n}, c.unique)
                       for r, o, c, n in zip(targets, outcomes, copies, attempts, strict=True)
                       if not o.ok]
             result.update(completed=len(copies) - len(failed), failed=[f for f, _ in failed])
-        self._delivered(request, message_ids, per, failed, received, len(recipients))
+        self._delivered(request, message_ids, per, failed, received, len(resolved))
         return result
 
     def _copies(self, request: Fanout, message_ids: list[str],
@@ -281,13 +323,14 @@ class FanoutService:
             elapsed = None if received is None else time.monotonic() - received
             self.stats.fanout(request.topic, len(message_ids), len(copies), elapsed)
 
-    def _run_copies(self, copies: list[gearman.Copy],
-                    priority: str) -> tuple[list[gearman.Outcome], list[int]]:
-        """Foreground copies; a copy whose receiver failed is tried again after
-        a growing pause, up to ``max_deliveries`` times in all, within the
-        fanout timeout. A late one is not: it is still queued."""
+    def _run_copies(self, copies: list[gearman.Copy], priority: str,
+                    placed: gearman.Placed) -> tuple[list[gearman.Outcome], list[int]]:
+        """Foreground copies (``placed``: submitted); a copy whose receiver
+        failed is tried again after a growing pause, up to ``max_deliveries``
+        times in all, within the fanout timeout. A late one is not: it is
+        still queued."""
         deadline = time.monotonic() + self.config.fanout_timeout
-        outcomes = self.client.submit_foreground(copies, self.config.fanout_timeout, priority)
+        outcomes = placed.wait(self.config.fanout_timeout)
         attempts = [1] * len(copies)
         backoff = Backoff(self.config.retry_backoff)
         for attempt in range(2, self.config.max_deliveries + 1):
@@ -321,6 +364,20 @@ class FanoutService:
     def record_rejection(self, function: str, reason: str) -> None:
         if self.ledger is not None:
             self.ledger.failed(f"{function}: {reason}")
+
+
+def _admit(recipients: tuple[Recipient, ...], full: frozenset[str]
+           ) -> tuple[tuple[Recipient, ...], tuple[Recipient, ...]]:
+    """(recipients that get a copy, reject-publish ones whose queue is full)."""
+    if not full:
+        return recipients, ()
+    return (tuple(r for r in recipients if r.queue not in full),
+            tuple(r for r in recipients if r.queue in full))
+
+
+def _full(refused: tuple[Recipient, ...]) -> dict[str, object]:
+    """The result's ``full``: subscribers whose queue took no copy."""
+    return {"full": [r.client_id for r in refused]} if refused else {}
 
 
 def _plain(request: Fanout) -> bool:
@@ -359,6 +416,22 @@ def _ids(message_ids: list[str]) -> dict[str, object]:
     return {"message_ids": message_ids}
 
 
+def _store_full(exc: Exception) -> bool:
+    """gearmand's answer when its persistent queue refuses a job (the queue
+    Redis at maxmemory, say)."""
+    return "QUEUE_ERROR" in str(exc)
+
+
+def _queue_store(config: Config):
+    """A client of gearmand's queue Redis for the warden's memory check
+    (None when gearmand keeps its queue elsewhere)."""
+    if config.persistence != "redis":
+        return lambda: None
+    client = redis.Redis.from_url(config.queue_redis_url, socket_timeout=2,
+                                  socket_connect_timeout=1)
+    return lambda: client
+
+
 def _jobs_named(taken: list[tuple[object, gearman.GrabbedJob, Job]]) -> str:
     """``fanout job H:1``, or ``3 jobs from fanout job H:1 on``, for the log."""
     _, first, _ = taken[0]
@@ -385,15 +458,21 @@ class WorkerProcess:
                              source=self.worker_id, shards=config.ledger_shards)
         self.stats = Stats(self.redis, keys, config.metrics_enabled,
                            buffered=not config.metrics_write_through)
+        self.tally = TallyWriter(self.redis, keys)
+        pressure = Pressure(self.redis, keys)
         self.service = FanoutService(config, self.registry, self.cache, self.client,
-                                     self.ledger, stats=self.stats)
-        self.flusher = Flusher(self.ledger, self.stats)
+                                     self.ledger, stats=self.stats, tally=self.tally,
+                                     pressure=pressure)
+        self.flusher = Flusher(self.ledger, self.stats, self.tally)
+        self.warden = Warden(config, self.redis, self.ledger, self.stats, self.worker_id,
+                             queue_store=_queue_store(config))
         # Due delayed messages go out from a thread of their own, with their
         # own Gearman connection (a Client is not shared between threads).
         self.release_client = gearman.Client(config.gearman_servers, batch=config.submit_batch,
                                              before_background=dashed.record, tls=tls)
         releasing = FanoutService(config, self.registry, self.cache, self.release_client,
-                                  self.ledger, stats=self.stats)
+                                  self.ledger, stats=self.stats, tally=self.tally,
+                                  pressure=pressure)
         self.releaser = Releaser(releasing.scheduler, releasing.release,
                                  config.delay_poll_interval)
         self.listener = InvalidationListener(self.redis, keys.channel, self.cache)
@@ -412,6 +491,7 @@ class WorkerProcess:
         self.flusher.start()
         self.releaser.start()
         threading.Thread(target=self._heartbeats, name="gearhorn-heartbeat", daemon=True).start()
+        threading.Thread(target=self._guard_queues, name="gearhorn-warden", daemon=True).start()
         log.info("worker %s serving %s on %s", self.worker_id, ", ".join(FUNCTIONS),
                  ", ".join(f"{h}:{p}" for h, p in self.config.gearman_servers))
         try:
@@ -446,6 +526,9 @@ class WorkerProcess:
                 # one WORK_WARNING saying why.
                 if self._draining.is_set():
                     return  # gearmand requeues them when we leave
+                if _store_full(exc) and time.monotonic() - since >= self.config.fanout_timeout / 2:
+                    self._refuse_all(pending, self._store_full_reason(exc))
+                    return
                 if not warned:
                     log.warning("%s waits: %s; retrying with backoff", _jobs_named(pending), exc)
                     for worker, grabbed, _ in pending:
@@ -472,12 +555,34 @@ class WorkerProcess:
                 self.service.record_rejection(job.function, str(outcome))
             else:
                 worker.complete(grabbed.handle, outcome)
+        self.tally.flush()
         # The group's ledger entries are in Redis before its jobs are answered
         # (one round trip a group): a worker killed after answering takes no
         # entry with it, so the reconciliation knows every copy it made.
         self.ledger.flush()
         self._flush({worker for worker, _, _ in done})
         self.jobs_done += len(done)
+
+    def _refuse_all(self, pending: list[tuple[gearman.WorkerConnection, gearman.GrabbedJob, Job]],
+                    reason: str) -> None:
+        """Fail every job in hand with ``reason``: the queue store stays full
+        (a fanout must fail within ``fanout_timeout``, not hang). Copies of
+        it gearmand already took stay queued."""
+        log.warning("%s refused: %s", _jobs_named(pending), reason)
+        for worker, grabbed, job in pending:
+            self._refuse(worker, grabbed, job, reason)
+            self.service.record_rejection(job.function, reason)
+        self.ledger.flush()
+        self._flush({worker for worker, _, _ in pending})
+        self.jobs_done += len(pending)
+
+    def _store_full_reason(self, exc: Exception) -> str:
+        over = self.service.pressure.current()[1] if self.service.pressure else ""
+        if over:
+            return over
+        largest = self.service.pressure.largest_backlogs() if self.service.pressure else "?"
+        return f"queue store full: gearmand cannot store the copies ({exc}); " \
+               f"largest backlogs: {largest}"
 
     @staticmethod
     def _refuse(worker: gearman.WorkerConnection, grabbed: gearman.GrabbedJob, job: Job,
@@ -513,6 +618,20 @@ class WorkerProcess:
             except REDIS_ERRORS as exc:
                 outage.failed(exc)
             self._draining.wait(self.config.heartbeat_interval)
+
+    def _guard_queues(self) -> None:
+        """The warden's rounds, while this process holds its lease."""
+        outage = Outage(log, "warden")
+        while not self._draining.is_set():
+            try:
+                if self.warden.lead():
+                    self.warden.round()
+                outage.succeeded()
+            except (*REDIS_ERRORS, gearman.GearmanError, OSError) as exc:
+                outage.failed(exc)
+            except Exception:  # a bug must not stop the rounds
+                log.exception("warden round failed")
+            self._draining.wait(self.config.retention_interval)
 
     def _shutdown(self) -> None:
         self.listener.stop()

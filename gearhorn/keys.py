@@ -58,6 +58,21 @@ Redis the braces are just characters.
                                 a shared queue to a client (gearhorn/handouts.py)
 ``<p>returned:<token>``         string: the original of a message a bridge gave back
                                 as ``~<token>`` (gearhorn/handouts.py)
+``<p>subscriptions``            hash: subscriber queue -> JSON of its topic, client id,
+                                when it was (re)subscribed and the limits it was
+                                given (gearhorn/limits.py, gearhorn/warden.py)
+``<p>tally:{<queue>}``          list: ``<ms> <copies> <bytes>`` per group of copies a
+                                worker queued, oldest first (gearhorn/retention.py)
+``<p>tally:{<queue>}:sum``      hash: ``c`` copies and ``b`` bytes the list holds
+``<p>consumed:<queue>``         string: epoch second a consumer of the queue was last
+                                seen (subscriptions with ``expires``)
+``<p>full``                     set: reject-publish queues at their limit (no new copy)
+``<p>store``                    hash: the queue store's state as the warden last saw it:
+                                ``used``, ``max``, ``guard``, ``over`` (the one-line
+                                reason fanouts are refused, or empty)
+``<p>backlogs``                 string: JSON of the largest backlogs, their age, consumers
+                                and limits (the warden's last round)
+``<p>warden``                   string: the warden's lease (one process of the pool)
 ==============================  ====================================================
 
 The matchmaking channel (default ``__matchmaking``, not prefixed so other
@@ -154,6 +169,35 @@ class Keys:
 
     def dead_info(self, queue: str) -> str:
         return f"{self.prefix}dead-info:{queue}"
+
+    @property
+    def subscriptions(self) -> str:
+        return self.prefix + "subscriptions"
+
+    def tally(self, queue: str) -> str:
+        return f"{self.prefix}tally:{{{queue}}}"
+
+    def tally_sum(self, queue: str) -> str:
+        return f"{self.tally(queue)}:sum"
+
+    def consumed(self, queue: str) -> str:
+        return f"{self.prefix}consumed:{queue}"
+
+    @property
+    def full(self) -> str:
+        return self.prefix + "full"
+
+    @property
+    def store(self) -> str:
+        return self.prefix + "store"
+
+    @property
+    def backlogs(self) -> str:
+        return self.prefix + "backlogs"
+
+    @property
+    def warden(self) -> str:
+        return self.prefix + "warden"
 
     @property
     def last_report(self) -> str:

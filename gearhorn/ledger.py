@@ -113,6 +113,13 @@ class Ledger:
         self._add({"e": Event.FAILED.value, "ts": str(now_ms()), "reason": reason[:500],
                    "topic": topic, "sub": subscriber, "u": unique, "mid": message_id})
 
+    def dropped(self, reason: str, topic: str, queue: str, unique: str,
+                message_id: str = "") -> None:
+        """A copy the queue's limits did not keep (``message_id``: only for
+        one never made, ``full``; the reconciliation counts it in the width)."""
+        self._add({"e": Event.DROPPED.value, "ts": str(now_ms()), "reason": reason,
+                   "topic": topic, "sub": queue, "u": unique, "mid": message_id})
+
     def record(self, event: str, subscriber: str, unique: str = "",
                redelivered: bool = False) -> None:
         """A bridge event: attached, delivered, acked. These are many (two per

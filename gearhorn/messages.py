@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from gearhorn.errors import BadRequest
+from gearhorn.limits import Limits, limits_from_job
 from gearhorn.naming import (  # noqa: F401 - the naming rules, re-exported
     HEADER_MARK,
     MAX_UNIQUE_BYTES,
@@ -54,6 +55,9 @@ class Subscription:
 
     topic: str
     client_id: str
+    # Limits given with the request (gearhorn/limits.py); None: keep the ones
+    # it has, or the defaults. Not part of what makes two subscriptions equal.
+    limits: Limits | None = field(default=None, compare=False)
 
     @property
     def is_prefix(self) -> bool:
@@ -124,7 +128,7 @@ def parse_subscription(data: bytes) -> Subscription:
     obj = _load_object(data, limit=_RAW_SLACK)
     topic = validate_topic(_require(obj, "topic"), allow_prefix=True)
     client_id = validate_client_id(_require(obj, "client_id"))
-    return Subscription(topic, client_id)
+    return Subscription(topic, client_id, limits_from_job(obj))
 
 
 def parse_fanout(data: bytes, max_payload: int = DEFAULT_MAX_PAYLOAD,

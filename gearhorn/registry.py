@@ -7,11 +7,14 @@ index too: the topics' index lives in another hash slot, see _index_topic).
 
 from __future__ import annotations
 
+import json
+import time
 from dataclasses import dataclass
 
 import redis
 
 from gearhorn.keys import Keys
+from gearhorn.limits import Limits, limits_from_json
 from gearhorn.liveness import Liveness
 from gearhorn.messages import PREFIX_WILDCARD, Subscription, queue_name
 from gearhorn.naming import process_id
@@ -68,16 +71,52 @@ class Registry:
         return self._change(sub, subscribe=False)
 
     def _change(self, sub: Subscription, *, subscribe: bool) -> int:
+        # The queue's record first: a copy never lands in a queue the warden
+        # does not know the limits of (a removed one may linger: harmless).
+        if subscribe:
+            self._record(sub)
         args = ["1" if subscribe else "0", sub.topic, sub.client_id, self.keys.channel]
         if sub.is_prefix:
             keys = [self.keys.prefix_set(sub.topic), self.keys.prefix_version,
                     self.keys.prefixes]
-            return int(self._subscribe(keys=keys, args=args)[0])
-        keys = [self.keys.topic(sub.topic), self.keys.topic_version(sub.topic)]
-        count, changed = (int(n) for n in self._subscribe(keys=keys, args=args))
-        if changed:
-            self._index_topic(sub.topic, count)
+            count = int(self._subscribe(keys=keys, args=args)[0])
+        else:
+            keys = [self.keys.topic(sub.topic), self.keys.topic_version(sub.topic)]
+            count, changed = (int(n) for n in self._subscribe(keys=keys, args=args))
+            if changed:
+                self._index_topic(sub.topic, count)
+        if not subscribe:
+            self._forget(queue_name(sub.topic, sub.client_id))
         return count
+
+    def _record(self, sub: Subscription) -> None:
+        """``<p>subscriptions``: the queue's topic, client, when, and limits
+        (given now, or else the ones it had)."""
+        queue = queue_name(sub.topic, sub.client_id)
+        limits = sub.limits
+        if limits is None:
+            limits = self.subscription(queue)[1]
+        entry = {"topic": sub.topic, "client_id": sub.client_id, "since": time.time(),
+                 "limits": limits.said()}
+        self.redis.hset(self.keys.subscriptions, queue, json.dumps(entry))
+
+    def _forget(self, queue: str) -> None:
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.hdel(self.keys.subscriptions, queue)
+        pipe.delete(self.keys.tally(queue), self.keys.tally_sum(queue))  # one hash slot
+        pipe.delete(self.keys.consumed(queue))
+        pipe.srem(self.keys.full, queue)
+        pipe.execute()
+
+    def subscription(self, queue: str) -> tuple[dict, Limits]:
+        """A subscriber queue's record and the limits it was given."""
+        raw = self.redis.hget(self.keys.subscriptions, queue)
+        return _subscription_entry(raw)
+
+    def subscriptions(self) -> dict[str, tuple[dict, Limits]]:
+        """Every subscriber queue's record and limits."""
+        return {text(q): _subscription_entry(raw)
+                for q, raw in self.redis.hgetall(self.keys.subscriptions).items()}
 
     def _index_topic(self, topic: str, count: int) -> None:
         """Keep ``<p>topics`` (another hash slot than the topic's set) in
@@ -208,6 +247,11 @@ def _fresh(topic: str, cached: Members | None, direct: list, by_prefix: list) ->
         if len(by_prefix) > 1 or text(by_prefix[0]) != prefix_version
         else [r for r in old if r.pattern is not None])
     return Members(token, tuple(recipients))
+
+
+def _subscription_entry(raw: bytes | str | None) -> tuple[dict, Limits]:
+    entry = json.loads(raw) if raw else {}
+    return entry, limits_from_json(json.dumps(entry.get("limits") or {}))
 
 
 def new_worker_id() -> str:

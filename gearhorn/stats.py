@@ -126,6 +126,15 @@ class Stats:
         if pipe is None:
             target.execute()
 
+    def dropped(self, topic: str, reason: str, count: int) -> None:
+        """``count`` copies of ``topic`` not kept by their queue's limits."""
+        if not self.enabled or not count:
+            return
+        pipe = self.redis.pipeline(transaction=True)
+        pipe.zincrby(self.keys.stats("dropped"), count, f"{topic}\t{reason}")
+        pipe.hincrby(self.keys.stats("totals"), f"dropped:{reason}", count)
+        pipe.execute()
+
 
 @dataclass
 class Counters:
@@ -134,6 +143,7 @@ class Counters:
     copies: dict[str, float] = field(default_factory=dict)  # topic -> copies
     fanouts: dict[str, float] = field(default_factory=dict)
     dead_letters: dict[str, float] = field(default_factory=dict)  # queue -> count
+    dropped: dict[tuple[str, str], float] = field(default_factory=dict)  # (topic, reason)
     totals: dict[str, float] = field(default_factory=dict)
     # (upper bound, cumulative count) per bucket, +Inf last; and the sum
     buckets: list[tuple[str, float]] = field(default_factory=list)
@@ -150,15 +160,18 @@ def read(client: redis.Redis, keys: Keys, top: int) -> Counters:
     pipe.zrevrange(keys.stats("copies"), 0, top - 1, withscores=True)
     pipe.zrevrange(keys.stats("dead-letters"), 0, top - 1, withscores=True)
     pipe.hgetall(keys.stats("totals"))
-    copies, dead, totals = pipe.execute()
+    pipe.zrevrange(keys.stats("dropped"), 0, top - 1, withscores=True)
+    copies, dead, totals, dropped = pipe.execute()
     counters = Counters(copies={text(t): n for t, n in copies},
-                        dead_letters={text(q): n for q, n in dead})
+                        dead_letters={text(q): n for q, n in dead},
+                        dropped={tuple(text(m).split("\t", 1)): n for m, n in dropped})
     if counters.copies:
         names = list(counters.copies)
         scores = client.zmscore(keys.stats("fanouts"), names)
         counters.fanouts = {t: s or 0.0 for t, s in zip(names, scores, strict=True)}
     raw = {text(k): float(v) for k, v in totals.items()}
     counters.totals = {k: raw.get(k, 0.0) for k in ("copies", "fanouts", "dead_letters")}
+    counters.totals.update({k: v for k, v in raw.items() if k.startswith("dropped:")})
     counters.latency_sum = raw.get("latency_sum", 0.0)
     running = 0.0
     for bound in (*map(str, LATENCY_BUCKETS), INF):

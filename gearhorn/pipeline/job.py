@@ -232,6 +232,7 @@ def run(options: Options) -> dict:
         "reconciliation": reconcile(events),
         "untracked": T.untracked(copy_rows, events, queue_snapshot(spark, options.ledger)),
         "failures": T.failures(events),
+        "policy": T.policy_drops(events),
     }.items()}
     try:
         summary = _write_tables(options, say, events, malformed, tables)
@@ -254,7 +255,10 @@ def _write_tables(options: Options, say, events, malformed: int, tables: dict) -
                # Copies of plain Gearman subscribers neither still queued nor
                # recorded delivered: taken, or lost; the ledger cannot tell.
                "unaccounted": {row["subscriber"]: row["unaccounted"] for row in untracked
-                               if row["unaccounted"]}}
+                               if row["unaccounted"]},
+               # Copies the subscriptions' limits did not keep, by reason:
+               # not delivered by policy, which is not lost.
+               "policy": _by_reason(tables["policy"].collect())}
     say("[5/5] writing the report")
     from gearhorn.pipeline.report import write_report
 
@@ -264,6 +268,13 @@ def _write_tables(options: Options, say, events, malformed: int, tables: dict) -
     report_dir = options.out if "://" not in options.out else os.path.abspath("gearhorn-report")
     summary["report"] = write_report(report_dir, summary, small)
     return summary
+
+
+def _by_reason(rows: list) -> dict[str, int]:
+    totals: dict[str, int] = {}
+    for row in rows:
+        totals[row["reason"]] = totals.get(row["reason"], 0) + row["copies"]
+    return totals
 
 
 def parse_args(argv: list[str] | None = None) -> Options:
@@ -292,8 +303,8 @@ def publish_verdict(summary: dict) -> None:
     from gearhorn import redisconn
     from gearhorn.keys import Keys
 
-    verdict = {key: summary[key] for key in ("events", "malformed", "reconciliation",
-                                             "unaccounted", "report")}
+    verdict = {key: summary.get(key) for key in ("events", "malformed", "reconciliation",
+                                                 "unaccounted", "policy", "report")}
     verdict["finished"] = time.time()
     try:
         config = configuration.load()
@@ -316,8 +327,12 @@ def main(argv: list[str] | None = None) -> int:
     untracked = (f"; {sum(unaccounted.values()):,} copies of {len(unaccounted)} untracked "
                  f"Gearman subscribers unaccounted (taken or lost: the ledger cannot tell)"
                  if unaccounted else "")
+    policy = summary.get("policy") or {}
+    by_policy = (f"; {sum(policy.values()):,} copies not delivered by policy {policy}"
+                 if policy else "")
     print(f"{summary['events']:,} events ({summary['malformed']:,} malformed rows skipped); "
-          f"reconciliation: {problems:,} problems{f' {kinds}' if kinds else ''}{untracked}; "
+          f"reconciliation: {problems:,} problems{f' {kinds}' if kinds else ''}{untracked}"
+          f"{by_policy}; "
           f"report: {summary['report']} ({summary['seconds']}s)")
     return 0
 

@@ -76,6 +76,10 @@ def write_report(out_dir: str, summary: dict, tables: dict) -> str:
     else:
         verdict = ("Nothing lost: every enqueued copy of a tracked subscriber was delivered, "
                    "and every copy of an untracked one is still queued in gearmand.")
+    policy = summary.get("policy") or {}
+    if policy:
+        verdict += (f" Not delivered by policy (the subscriptions' limits, not a loss): "
+                    f"{', '.join(f'{n:,} {reason}' for reason, n in sorted(policy.items()))}.")
     stale = tables["subscribers"][tables["subscribers"]["stale"]]
     body = f"""<!doctype html><meta charset="utf-8"><title>gearhorn delivery report</title>
 <style>body{{font:14px sans-serif;margin:2em;max-width:60em}} .t td,.t th{{padding:2px 8px}}
@@ -86,6 +90,8 @@ def write_report(out_dir: str, summary: dict, tables: dict) -> str:
 {_table(recon)}
 <h2>Untracked subscribers</h2><p>Plain Gearman consumers record no delivery: their copies
 are checked against what gearmand still held at the export.</p>{_table(tables['untracked'])}
+<h2>Not delivered by policy</h2><p>Copies a subscription's limits did not keep
+(max length or bytes, expired, removed, or refused when full).</p>{_table(tables['policy'])}
 <h2>Volume</h2>{''.join(f'<img src="{c}">' for c in charts)}
 <h2>Latency per topic</h2>{_table(tables['latency'])}
 <h2>Stale subscribers</h2>{_table(stale)}

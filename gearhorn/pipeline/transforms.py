@@ -128,7 +128,7 @@ def tracked_subscribers(events: DataFrame) -> DataFrame:
             .select("subscriber").distinct())
 
 
-UNTRACKED_COLUMNS = ("subscriber", "enqueued", "queued", "unaccounted")
+UNTRACKED_COLUMNS = ("subscriber", "enqueued", "dropped", "queued", "unaccounted")
 
 
 def untracked(copy_rows: DataFrame, events: DataFrame,
@@ -144,14 +144,17 @@ def untracked(copy_rows: DataFrame, events: DataFrame,
     goes below 0.
     """
     seen = tracked_subscribers(events)
+    dropped = (_of(events, E.DROPPED).filter(F.col("message_key").isNull())
+               .groupBy("subscriber").agg(F.count("*").alias(E.DROPPED)))
     per = (copy_rows.filter(F.col("enqueues") > 0)
            .join(seen, "subscriber", "left_anti")
-           .groupBy("subscriber").agg(F.count("*").alias(E.ENQUEUED)))
+           .groupBy("subscriber").agg(F.count("*").alias(E.ENQUEUED))
+           .join(dropped, "subscriber", "left").fillna(0, [E.DROPPED]))
     if queued is None:
         held = per.withColumn("queued", F.lit(None).cast(LongType()))
     else:
         held = per.join(queued, "subscriber", "left").fillna(0, ["queued"])  # gone: none
-    left = F.col(E.ENQUEUED) - F.coalesce(F.col("queued"), F.lit(0))
+    left = F.col(E.ENQUEUED) - F.col(E.DROPPED) - F.coalesce(F.col("queued"), F.lit(0))
     return (held.withColumn("unaccounted", F.greatest(left, F.lit(0)))
             .select(*UNTRACKED_COLUMNS).orderBy(F.desc("unaccounted"), "subscriber"))
 
@@ -175,11 +178,12 @@ def subscriber_backlog(copy_rows: DataFrame, events: DataFrame, now_ms: int,
             .orderBy(F.desc("backlog"), "subscriber"))
 
 
-# Per copy, one sum holds three counts (20 bits each would be a million
-# deliveries of one copy): 2**40 per enqueue, 2**20 per delivery, and 1 per
-# delivery not flagged ``redelivered``. A single long aggregate keeps the
-# 30M-row aggregation in Spark's fastest hash map.
-_ENQUEUE, _DELIVERY, _FIRST = 1 << 40, 1 << 20, 1
+# Per copy, one sum holds four counts (20 bits each would be a million
+# deliveries of one copy): 2**60 per policy drop (at most 7), 2**40 per
+# enqueue, 2**20 per delivery, and 1 per delivery not flagged
+# ``redelivered``. A single long aggregate keeps the 30M-row aggregation in
+# Spark's fastest hash map.
+_DROP, _ENQUEUE, _DELIVERY, _FIRST = 1 << 60, 1 << 40, 1 << 20, 1
 _LOW20 = (1 << 20) - 1
 
 
@@ -187,22 +191,41 @@ def copy_problems(events: DataFrame) -> DataFrame:
     """copy_key, deliveries, first_deliveries of every copy that was never
     delivered or delivered more than once without the ``redelivered`` flag.
 
-    Keyed events (:func:`with_keys`) in. Only ``enqueued`` and ``delivered``
-    rows are read; queue messages (delivered, never enqueued) are not
-    fanout copies and are left out.
+    Keyed events (:func:`with_keys`) in. Only ``enqueued``, ``delivered``
+    and ``dropped`` rows are read; queue messages (delivered, never
+    enqueued) are not fanout copies and are left out. A copy its queue's
+    limits dropped was not delivered by policy: not a problem.
     """
     event = F.col("event")
     counted = (F.when(event == E.ENQUEUED, F.lit(_ENQUEUE))
+               .when(event == E.DROPPED, F.lit(_DROP))
                .when(F.col("redelivered"), F.lit(_DELIVERY))
                .otherwise(F.lit(_DELIVERY + _FIRST)))
     total = F.col("total")
     deliveries = F.shiftright(total, 20).bitwiseAND(_LOW20)
     firsts = total.bitwiseAND(_LOW20)
-    return (events.filter(event.isin(E.ENQUEUED, E.DELIVERED) & F.col("copy_key").isNotNull())
+    enqueues = F.shiftright(total, 40).bitwiseAND(_LOW20)
+    dropped = F.shiftright(total, 60)
+    return (events.filter(event.isin(E.ENQUEUED, E.DELIVERED, E.DROPPED)
+                          & F.col("copy_key").isNotNull())
             .groupBy("copy_key").agg(F.sum(counted).alias("total"))
-            .filter((F.shiftright(total, 40) > 0) & ((deliveries == 0) | (firsts > 1)))
+            .filter((enqueues > 0) & (((deliveries == 0) & (dropped == 0)) | (firsts > 1)))
             .select("copy_key", deliveries.alias("deliveries"),
                     firsts.alias("first_deliveries")))
+
+
+def _made_or_refused() -> Column:
+    """A subscriber a message was published for: its copy was enqueued, or
+    refused by ``reject-publish`` (a ``dropped`` row with the message id)."""
+    event = F.col("event")
+    return (event == E.ENQUEUED) | ((event == E.DROPPED) & F.col("message_key").isNotNull())
+
+
+def policy_drops(events: DataFrame) -> DataFrame:
+    """topic, reason, copies: not delivered by policy (the subscription's
+    limits), apart from lost."""
+    return (_of(events, E.DROPPED).groupBy("topic", "reason")
+            .agg(F.count("*").alias("copies")).orderBy(F.desc("copies"), "topic"))
 
 
 def width_suspects(events: DataFrame) -> DataFrame:
@@ -212,10 +235,11 @@ def width_suspects(events: DataFrame) -> DataFrame:
     gearmand replayed it) logs its copies again, so these are only suspects:
     :func:`width_problems` counts their distinct copies."""
     event = F.col("event")
-    return (events.filter(event.isin(E.PUBLISHED, E.ENQUEUED) & F.col("message_key").isNotNull())
+    return (events.filter(event.isin(E.PUBLISHED, E.ENQUEUED, E.DROPPED)
+                          & F.col("message_key").isNotNull())
             .groupBy("message_key")
             .agg(F.max(F.when(event == E.PUBLISHED, F.col("count"))).alias("count"),
-                 F.count(F.when(event == E.ENQUEUED, F.lit(1))).alias(E.ENQUEUED))
+                 F.count(F.when(_made_or_refused(), F.lit(1))).alias(E.ENQUEUED))
             .filter(F.col("count").isNotNull() & (F.col("count") != F.col(E.ENQUEUED))))
 
 
@@ -230,7 +254,7 @@ def width_problems(events: DataFrame, suspects: DataFrame | None = None,
     suspects = width_suspects(events) if suspects is None else suspects
     keys = suspects.select("message_key", "count")
     wanted = F.broadcast(keys) if broadcast else keys
-    distinct = (events.filter(F.col("event") == E.ENQUEUED)
+    distinct = (events.filter(_made_or_refused())
                 .join(wanted.select("message_key"), "message_key")
                 .groupBy("message_key").agg(F.countDistinct("copy_key").alias("copies")))
     enqueued = F.coalesce(F.col("copies"), F.lit(0))

@@ -30,11 +30,25 @@ class RecordingClient:
         self.precedences.append(precedence)
         return [self._answer(c.function) for c in copies]
 
+    def start_foreground(self, copies, precedence="normal"):
+        outcomes = self.submit_foreground(copies, 0, precedence)
+        return _Answered(outcomes)
+
     def _answer(self, function):
         answer = self.answers.get(function, gearman.Outcome("complete", b"ok"))
         if isinstance(answer, list):
             return answer.pop(0) if len(answer) > 1 else answer[0]
         return answer
+
+
+class _Answered:
+    """gearman.Placed for RecordingClient: the outcomes are known at once."""
+
+    def __init__(self, outcomes):
+        self.outcomes = outcomes
+
+    def wait(self, timeout):
+        return self.outcomes
 
 
 @pytest.fixture

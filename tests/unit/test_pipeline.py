@@ -291,18 +291,18 @@ def test_an_untracked_subscriber_is_checked_against_what_gearmand_still_holds(sp
     # Both copies of "worker" still queued: accounted; "other" had one taken
     # by a consumer that records nothing (or lost): unaccounted.
     assert untracked_rows(spark, rows, {"jobs_worker": 2, "jobs_other": 1}) == [
-        ("jobs_other", 2, 1, 1), ("jobs_worker", 2, 2, 0)]
+        ("jobs_other", 2, 0, 1, 1), ("jobs_worker", 2, 0, 2, 0)]
     # Copies that came after the export are no negative count.
     assert untracked_rows(spark, rows, {"jobs_worker": 5, "jobs_other": 2}) == [
-        ("jobs_other", 2, 2, 0), ("jobs_worker", 2, 5, 0)]
+        ("jobs_other", 2, 0, 2, 0), ("jobs_worker", 2, 0, 5, 0)]
     # Without a snapshot, nothing can be checked: every copy is unaccounted.
-    assert untracked_rows(spark, rows, None) == [("jobs_other", 2, None, 2),
-                                                 ("jobs_worker", 2, None, 2)]
+    assert untracked_rows(spark, rows, None) == [("jobs_other", 2, 0, None, 2),
+                                                 ("jobs_worker", 2, 0, None, 2)]
 
 
 def test_a_tracked_subscriber_is_not_in_the_untracked_table(spark):
     assert untracked_rows(spark, good_ledger(), {"weather_a": 1}) == [
-        ("weather_b", 1, 0, 1), ("weather_c", 1, 0, 1), ("weather_a", 1, 1, 0)]
+        ("weather_b", 1, 0, 0, 1), ("weather_c", 1, 0, 0, 1), ("weather_a", 1, 0, 1, 0)]
 
 
 def test_a_copy_resolved_but_never_made_is_a_width_mismatch(spark):
@@ -310,3 +310,36 @@ def test_a_copy_resolved_but_never_made_is_a_width_mismatch(spark):
     rows[0] = ev("published", 1000, "m9", "news", count=2)  # two resolved, one copy made
     found = [(r.kind, r.message_id) for r in reconcile(T.with_keys(frame(spark, rows))).collect()]
     assert ("width_mismatch", "m9") in found
+
+
+def delivered(subscriber, unique, ts):
+    return ev("delivered", ts, subscriber=subscriber, unique=unique)
+
+
+def test_policy_drops_are_not_losses_and_a_real_loss_beside_them_is_still_found(spark):
+    """A STOMP subscriber (tracked) whose queue dropped m1 (maxlen) and
+    expired m2, and never got m3: only m3 is a problem. A reject-publish
+    subscriber that got no copy of m4 (full) is no width mismatch."""
+    rows = []
+    for i in (1, 2, 3, 4):
+        rows += published(f"m{i}", "news", 1000 + i, ["stomp"])
+    # m4 resolved two subscribers; "full" got no copy, by reject-publish.
+    rows[6] = ev("published", 1004, "m4", "news", count=2)
+    rows += [delivered("news_stomp", "m4:stomp", 2000),
+             ev("dropped", 3001, None, "news", "news_stomp", "m1:stomp", reason="maxlen"),
+             ev("dropped", 3002, None, "news", "news_stomp", "m2:stomp", reason="expired"),
+             ev("dropped", 1004, "m4", "news", "news_full", "m4:full", reason="full")]
+    events = T.with_keys(frame(spark, rows))
+    found = sorted((r.kind, r.message_id, r.subscriber) for r in reconcile(events).collect())
+    assert found == [("never_delivered", "m3", "news_stomp")]
+    policy = sorted(tuple(r) for r in T.policy_drops(events).collect())
+    assert policy == [("news", "expired", 1), ("news", "full", 1), ("news", "maxlen", 1)]
+
+
+def test_policy_drops_of_an_untracked_subscriber_are_accounted(spark):
+    rows = published("g1", "jobs", 1000, ["w"]) + published("g2", "jobs", 2000, ["w"])
+    rows.append(ev("dropped", 3000, None, "jobs", "jobs_w", "g1:w", reason="maxlen"))
+    # One dropped, one still queued: nothing unaccounted; without the drop row
+    # the dropped copy would be unaccounted.
+    assert untracked_rows(spark, rows, {"jobs_w": 1}) == [("jobs_w", 2, 1, 1, 0)]
+    assert untracked_rows(spark, rows[:-1], {"jobs_w": 1}) == [("jobs_w", 2, 0, 1, 1)]

@@ -1,0 +1,56 @@
+"""What the warden last said about the queues, as the fanout workers need it:
+which ``reject-publish`` queues are full, and whether the queue store is
+over its guard (gearhorn/warden.py writes both every round).
+
+Read at most every ``refresh`` seconds (one round trip), so a fanout costs
+nothing more; on a Redis error the last answer stands.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+
+import redis
+
+from gearhorn.keys import Keys
+from gearhorn.redisconn import REDIS_ERRORS
+from gearhorn.redisutil import text
+
+
+class Pressure:
+    def __init__(self, client: redis.Redis, keys: Keys, refresh: float = 0.25,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.redis = client
+        self.keys = keys
+        self.refresh = refresh
+        self.clock = clock
+        self.full: frozenset[str] = frozenset()
+        self.over = ""  # why the queue store takes no more, or empty
+        self._read_at: float | None = None
+
+    def current(self) -> tuple[frozenset[str], str]:
+        """(full queues, store over-guard reason), at most ``refresh`` s old."""
+        now = self.clock()
+        if self._read_at is None or now - self._read_at >= self.refresh:
+            self._read_at = now
+            pipe = self.redis.pipeline(transaction=False)
+            pipe.smembers(self.keys.full)
+            pipe.hget(self.keys.store, "over")
+            try:
+                full, over = pipe.execute()
+            except REDIS_ERRORS:
+                return self.full, self.over
+            self.full = frozenset(text(q) for q in full)
+            self.over = text(over or b"")
+        return self.full, self.over
+
+    def largest_backlogs(self, count: int = 3) -> str:
+        """``q1 (n copies), ...`` from the warden's last round, for an error."""
+        try:
+            raw = self.redis.get(self.keys.backlogs)
+        except REDIS_ERRORS:
+            return "unknown (Redis unavailable)"
+        queues = json.loads(raw)["queues"][:count] if raw else []
+        return ", ".join(f"{q['queue']} ({q['depth']:,} copies)" for q in queues) or "none"

@@ -1,0 +1,110 @@
+"""Each subscriber queue's tally: when its copies were queued, and their size.
+
+Workers append (one entry per queue and group of copies, after gearmand
+accepted them); the warden reads the oldest entries and forgets the ones
+consumed (gearhorn/retention.py says which). Redis keys: ``<p>tally:{Q}``
+(the list) and ``<p>tally:{Q}:sum`` (its copies ``c`` and bytes ``b``),
+one hash slot per queue.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Iterable, Sequence
+
+import redis
+
+from gearhorn.background import Outage
+from gearhorn.gearman import Copy
+from gearhorn.keys import Keys
+from gearhorn.redisconn import REDIS_ERRORS
+from gearhorn.retention import Tallied, TallyEntry
+
+log = logging.getLogger(__name__)
+
+# Queues whose counts a worker keeps while Redis is away.
+MAX_PENDING_QUEUES = 100_000
+
+
+class TallyWriter:
+    """The worker's side: ``add`` the copies gearmand accepted, ``flush``
+    before answering the group (one round trip, with nothing to write none)."""
+
+    def __init__(self, client: redis.Redis, keys: Keys) -> None:
+        self.redis = client
+        self.keys = keys
+        self._pending: dict[str, list[int]] = {}  # queue -> [copies, bytes, first ms]
+        self._lock = threading.Lock()  # the releaser thread adds too
+        self._outage = Outage(log, "redis (tally)")
+
+    def add(self, copies: Iterable[Copy], now_ms: int | None = None) -> None:
+        at = time.time_ns() // 1_000_000 if now_ms is None else now_ms
+        with self._lock:
+            for copy in copies:
+                counts = self._pending.get(copy.function)
+                if counts is None:
+                    counts = self._pending[copy.function] = [0, 0, at]
+                counts[0] += 1
+                counts[1] += len(copy.data)
+
+    def flush(self) -> None:
+        with self._lock:
+            pending, self._pending = self._pending, {}
+        if not pending:
+            return
+        pipe = self.redis.pipeline(transaction=False)
+        for queue, (count, size, at) in pending.items():
+            pipe.rpush(self.keys.tally(queue), TallyEntry(at, count, size).encode())
+            pipe.hincrby(self.keys.tally_sum(queue), "c", count)
+            pipe.hincrby(self.keys.tally_sum(queue), "b", size)
+        try:
+            pipe.execute()
+            self._outage.succeeded()
+        except REDIS_ERRORS as exc:
+            # Kept for the next flush: the warden then sees copies it has no
+            # entry for yet, and counts them as the oldest (retention.py).
+            with self._lock:
+                for queue, counts in list(pending.items())[:MAX_PENDING_QUEUES]:
+                    mine = self._pending.setdefault(queue, [0, 0, counts[2]])
+                    mine[0] += counts[0]
+                    mine[1] += counts[1]
+                    mine[2] = min(mine[2], counts[2])
+            self._outage.failed(exc)
+
+
+class TallyReader:
+    """The warden's side."""
+
+    def __init__(self, client: redis.Redis, keys: Keys, window: int = 512) -> None:
+        self.redis = client
+        self.keys = keys
+        self.window = window
+
+    def sums(self, queues: Sequence[str]) -> dict[str, tuple[int, int]]:
+        """Copies and bytes tallied per queue (read before gearmand's counts:
+        see Warden.round)."""
+        pipe = self.redis.pipeline(transaction=False)
+        for queue in queues:
+            pipe.hmget(self.keys.tally_sum(queue), "c", "b")
+        return {q: (int(c or 0), int(b or 0))
+                for q, (c, b) in zip(queues, pipe.execute(), strict=True)}
+
+    def read(self, sums: dict[str, tuple[int, int]]) -> dict[str, Tallied]:
+        queues = list(sums)
+        pipe = self.redis.pipeline(transaction=False)
+        for queue in queues:
+            pipe.lrange(self.keys.tally(queue), 0, self.window - 1)
+        return {q: Tallied(*sums[q], [TallyEntry.decode(e) for e in window])
+                for q, window in zip(queues, pipe.execute(), strict=True)}
+
+    def forget(self, queue: str, entries: Sequence[TallyEntry]) -> None:
+        """Drop the oldest ``entries`` (consumed), from the list and its sums."""
+        if not entries:
+            return
+        pipe = self.redis.pipeline(transaction=True)
+        pipe.ltrim(self.keys.tally(queue), len(entries), -1)
+        pipe.hincrby(self.keys.tally_sum(queue), "c", -sum(e.count for e in entries))
+        pipe.hincrby(self.keys.tally_sum(queue), "b", -sum(e.size for e in entries))
+        pipe.execute()
