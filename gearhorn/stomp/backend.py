@@ -11,6 +11,7 @@ from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from gearhorn import gearman
+from gearhorn.limits import Limits
 from gearhorn.stomp.auth import Principal
 from gearhorn.stomp.queues import Consumer, QueueDispatcher
 from gearhorn.stomp.sending import SendOptions
@@ -48,7 +49,8 @@ class Backend(Protocol):
 
     def attach(self, function: str, consumer: Consumer, shared: bool = True) -> QueueDispatcher: ...
 
-    def subscribe_topic(self, pattern: str, client_id: str, durable: bool = False) -> None: ...
+    def subscribe_topic(self, pattern: str, client_id: str, durable: bool = False,
+                        limits: Limits | None = None) -> None: ...
 
     def unsubscribe_topic(self, pattern: str, client_id: str) -> None: ...
 

@@ -29,6 +29,7 @@ from gearhorn.handouts import Handouts
 from gearhorn.headers import HeaderStore
 from gearhorn.janitor import BridgeLiveness, queue_entry, topic_entry
 from gearhorn.ledger import Ledger
+from gearhorn.limits import Limits
 from gearhorn.messages import Subscription, validate_topic
 from gearhorn.naming import dead_letter_queue, queue_copy_unique, stomp_unique
 from gearhorn.redisconn import REDIS_ERRORS
@@ -322,8 +323,10 @@ class Broker:
 
     # -- topics ------------------------------------------------------------------
 
-    def subscribe_topic(self, pattern: str, client_id: str, durable: bool = False) -> None:
-        subscription = Subscription(validate_topic(pattern, allow_prefix=True), client_id)
+    def subscribe_topic(self, pattern: str, client_id: str, durable: bool = False,
+                        limits: Limits | None = None) -> None:
+        subscription = Subscription(validate_topic(pattern, allow_prefix=True), client_id,
+                                    limits)
         if not durable:  # listed first, so a crash right after leaves nothing unlisted
             self.liveness.holds(topic_entry(pattern, client_id))
         self.registry.subscribe(subscription)

@@ -15,6 +15,7 @@ from collections.abc import Callable
 
 from gearhorn import gearman
 from gearhorn.events import Event
+from gearhorn.limits import limits_from_headers
 from gearhorn.messages import (
     MAX_BATCH,
     BadRequest,
@@ -369,9 +370,13 @@ class Session:
             sub.durable = True
         else:
             sub.client_id = "s" + uuid.uuid4().hex[:20]
+        try:  # RabbitMQ's queue arguments: x-max-length and the rest (gearhorn/limits.py)
+            limits = limits_from_headers(frame.headers)
+        except BadRequest as exc:
+            raise ProtocolError(str(exc), INVALID_HEADER) from None
         sub.pattern = pattern
         sub.function = queue_name(pattern, sub.client_id)
-        self.broker.subscribe_topic(pattern, sub.client_id, sub.durable)
+        self.broker.subscribe_topic(pattern, sub.client_id, sub.durable, limits)
 
     def on_unsubscribe(self, frame: Frame) -> None:
         sub_id = frame.get("id")

@@ -92,7 +92,7 @@ class FakeBroker:
         self.requests = getattr(self, "requests", []) + [(function, body, options, reply_queue)]
         self.done = getattr(self, "done", []) + [done]
 
-    def subscribe_topic(self, pattern, client_id, durable=False):
+    def subscribe_topic(self, pattern, client_id, durable=False, limits=None):
         self.topics.append(("+", pattern, client_id))
 
     def temp_queue_opened(self, function):
