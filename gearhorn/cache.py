@@ -15,7 +15,7 @@ import json
 import logging
 import threading
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import redis
 
@@ -76,8 +76,11 @@ class SubscriberCache:
     def handle_announcement(self, data: bytes | str) -> None:
         """Apply one matchmaking message (see ``gearhorn.keys``)."""
         try:
-            topic = json.loads(data)["topic"]
-        except (ValueError, KeyError, TypeError):
+            message = json.loads(data)
+            if message.get("op") == "pressure":
+                return  # the warden's, about full queues (gearhorn/pressure.py)
+            topic = message["topic"]
+        except (ValueError, KeyError, TypeError, AttributeError):
             log.warning("ignoring malformed matchmaking message %r", data[:200])
             return
         # A prefix change may touch any topic: drop them all.
@@ -91,11 +94,13 @@ class InvalidationListener(StoppableThread):
     on every (re)connect; it retries with capped exponential backoff.
     """
 
-    def __init__(self, client: redis.Redis, channel: str, cache: SubscriberCache) -> None:
+    def __init__(self, client: redis.Redis, channel: str, cache: SubscriberCache,
+                 also: Callable[[bytes | str], None] | None = None) -> None:
         super().__init__("gearhorn-invalidation")
         self.client = client
         self.channel = channel
         self.cache = cache
+        self.also = also  # told every message too (gearhorn/pressure.py)
         self.subscribed = threading.Event()
 
     def run(self) -> None:
@@ -120,5 +125,7 @@ class InvalidationListener(StoppableThread):
                 message = pubsub.get_message(timeout=1.0)
                 if message and message["type"] == "message":
                     self.cache.handle_announcement(message["data"])
+                    if self.also is not None:
+                        self.also(message["data"])
         finally:
             pubsub.close()

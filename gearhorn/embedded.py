@@ -141,8 +141,13 @@ class Embedded:
 
     def _start_queue_redis(self) -> servers.Managed:
         port = urlparse(self.config.queue_redis_url).port or 6379
+        # A maxmemory with noeviction: a full queue Redis refuses new jobs
+        # (the workers refuse fanouts at queue_store_guard of it) instead of
+        # growing until the OOM killer stops it, or evicting queued jobs.
+        limit = self.config.queue_maxmemory
+        extra = ["--maxmemory", str(limit), "--maxmemory-policy", "noeviction"] if limit else []
         return servers.start_redis(port, os.path.join(self.config.data_dir, "gearmand-queue"),
-                                   appendonly=True, cpus=self._queue_cpus())
+                                   appendonly=True, cpus=self._queue_cpus(), extra=extra)
 
     def _queue_cpus(self) -> set[int] | None:
         return servers.queue_cpus() if self.config.pin_queue else None

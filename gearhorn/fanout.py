@@ -475,7 +475,8 @@ class WorkerProcess:
                                   pressure=pressure)
         self.releaser = Releaser(releasing.scheduler, releasing.release,
                                  config.delay_poll_interval)
-        self.listener = InvalidationListener(self.redis, keys.channel, self.cache)
+        self.listener = InvalidationListener(self.redis, keys.channel, self.cache,
+                                             also=pressure.announced)
         self.janitor = Janitor(self.registry, lambda function: gearman.drop_function(
             config.gearman_servers, function, tls))
         self.jobs = gearman.JobSource(config.gearman_servers, FUNCTIONS, self.worker_id, tls,

@@ -79,7 +79,8 @@ The matchmaking channel (default ``__matchmaking``, not prefixed so other
 tools find it) carries one JSON message per change:
 ``{"op": "subscribe"|"unsubscribe", "topic": T, "client_id": C, "version": "N"}``,
 N being the new change counter of the topic (or of all prefix subscriptions,
-for a pattern) as a string.
+for a pattern) as a string; and ``{"op": "pressure"}`` when the warden changed
+``<p>full`` or the store's state (workers read them again).
 """
 
 from __future__ import annotations

@@ -3,7 +3,9 @@ which ``reject-publish`` queues are full, and whether the queue store is
 over its guard (gearhorn/warden.py writes both every round).
 
 Read at most every ``refresh`` seconds (one round trip), so a fanout costs
-nothing more; on a Redis error the last answer stands.
+nothing more, and at once after the warden announces a change on the
+matchmaking channel (``{"op": "pressure"}``); on a Redis error the last
+answer stands.
 """
 
 from __future__ import annotations
@@ -45,6 +47,11 @@ class Pressure:
             self.full = frozenset(text(q) for q in full)
             self.over = text(over or b"")
         return self.full, self.over
+
+    def announced(self, data: bytes | str) -> None:
+        """A matchmaking message: after the warden's, read again."""
+        if b'"pressure"' in (data if isinstance(data, bytes) else data.encode()):
+            self._read_at = None
 
     def largest_backlogs(self, count: int = 3) -> str:
         """``q1 (n copies), ...`` from the warden's last round, for an error."""

@@ -213,6 +213,7 @@ class Warden:
                              DeadLetterIndex(client, self.keys, stats), config.gearman_tls)
         self.queue_store = queue_store
         self._full: set[str] = set()
+        self._over = ""
 
     def lead(self) -> bool:
         """Hold the lease for three intervals; True while this process holds it."""
@@ -306,6 +307,11 @@ class Warden:
             pipe.sadd(self.keys.full, *full)
         pipe.execute()
         self._full = full
+        self._announce()
+
+    def _announce(self) -> None:
+        """Workers read ``<p>full`` and ``<p>store`` again at once (pressure.py)."""
+        self.redis.publish(self.keys.channel, json.dumps({"op": "pressure"}))
 
     def _publish(self, backlogs: list[Backlog], now: float) -> None:
         backlogs.sort(key=lambda b: -b.depth)
@@ -315,6 +321,9 @@ class Warden:
             "at": now, "queues": [b.to_dict() for b in backlogs[:BACKLOGS_KEPT]]}))
         pipe.hset(self.keys.store, mapping={k: str(v) for k, v in store.items()})
         pipe.execute()
+        if store["over"] != self._over:
+            self._over = store["over"]
+            self._announce()
         if self.ledger is not None:
             self.ledger.flush()
 

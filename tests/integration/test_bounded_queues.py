@@ -1,0 +1,257 @@
+"""Bounded subscriber queues on real gearmand and Redis: a subscriber that
+stops reading keeps at most its limit, the others get everything; expired
+copies are never handed out; an unused subscription goes; a full queue
+store fails fanouts with a reason instead of hanging them.
+(docs/reliability.rst, "Bounded queues")"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+
+import pytest
+import redis
+
+from gearhorn import servers
+from gearhorn.keys import Keys
+from gearhorn.ledger import entries, rows_from_entries
+
+from .helpers import (
+    GearClient,
+    drain_jobs,
+    gearman_cli,
+    queue_depth,
+    unique_topic,
+    wait_for,
+)
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
+
+# The warden goes round five times a second here (once by default).
+BRISK = {"GEARHORN_RETENTION_INTERVAL": "0.2"}
+
+
+@pytest.fixture
+def client(gearmand):
+    gear_client = GearClient(gearmand)
+    yield gear_client
+    gear_client.close()
+
+
+def subscribe(client, topic, client_id, **limits):
+    return client.call("subscribe_fanout", {"topic": topic, "client_id": client_id, **limits})
+
+
+def publish(client, topic, bodies, **extra):
+    """One fanout job with ``bodies`` in order; its result."""
+    return client.call("fanout", {"topic": topic, "payloads": bodies, "background": True,
+                                  **extra})
+
+
+def dropped(redis_url, queue):
+    """(reason, unique) of every ``dropped`` ledger entry of ``queue``."""
+    client = redis.Redis.from_url(redis_url)
+    rows = rows_from_entries(entries(client, Keys(), 8))
+    return [(r["reason"], r["unique"]) for r in rows
+            if r["event"] == "dropped" and r["subscriber"] == queue]
+
+
+def totals(redis_url):
+    raw = redis.Redis.from_url(redis_url).hgetall(Keys().stats("totals"))
+    return {k.decode(): int(float(v)) for k, v in raw.items()}
+
+
+def bodies_of(jobs):
+    return [job.data.decode() for job in jobs]
+
+
+def test_drop_head_keeps_the_newest_in_order_beside_a_live_subscriber(
+        gearmand, start_pool, client, redis_url):
+    start_pool([gearmand], processes=1, env=BRISK)
+    topic = unique_topic("dh")
+    subscribe(client, topic, "slow", max_length=100, overflow="drop-head")
+    subscribe(client, topic, "live")
+    sent = [f"m{i:03d}" for i in range(300)]
+    for chunk in range(0, 300, 50):  # six fanouts of 50 messages, in order
+        assert publish(client, topic, sent[chunk:chunk + 50])["copies"] == 100
+    slow = f"{topic}_slow"
+    wait_for(lambda: queue_depth(gearmand, slow) == 100 and len(dropped(redis_url, slow)) == 200,
+             timeout=60, message="the slow queue cut to its newest 100")
+    assert bodies_of(drain_jobs(gearmand, slow)) == sent[200:]
+    assert bodies_of(drain_jobs(gearmand, f"{topic}_live")) == sent
+    reasons = {reason for reason, _ in dropped(redis_url, slow)}
+    assert reasons == {"maxlen"} and totals(redis_url)["dropped:maxlen"] == 200
+    assert dropped(redis_url, f"{topic}_live") == []
+
+
+def test_the_default_cap_bounds_a_subscriber_that_never_reads(
+        gearmand, start_pool, client, redis_url):
+    start_pool([gearmand], processes=1, env={**BRISK, "GEARHORN_QUEUE_MAX_LENGTH": "40"})
+    topic = unique_topic("cap")
+    subscribe(client, topic, "dead")
+    subscribe(client, topic, "reader")
+    got = []
+    for chunk in range(4):  # the live one reads as it goes
+        publish(client, topic, [f"{chunk}-{i}" for i in range(50)])
+        got += bodies_of(drain_jobs(gearmand, f"{topic}_reader"))
+    assert got == [f"{c}-{i}" for c in range(4) for i in range(50)]
+    wait_for(lambda: queue_depth(gearmand, f"{topic}_dead") == 40
+             and len(dropped(redis_url, f"{topic}_dead")) == 160,
+             timeout=60, message="the dead subscriber held at the default cap")
+    assert bodies_of(drain_jobs(gearmand, f"{topic}_dead")) == [f"3-{i}" for i in range(10, 50)]
+
+
+def test_reject_publish_lists_the_full_subscriber_and_leaves_the_others_alone(
+        gearmand, start_pool, client, redis_url):
+    start_pool([gearmand], processes=1, env=BRISK)
+    topic = unique_topic("rp")
+    subscribe(client, topic, "capped", max_length=5, overflow="reject-publish")
+    subscribe(client, topic, "other")
+    assert "full" not in publish(client, topic, [f"a{i}" for i in range(5)])
+    capped = f"{topic}_capped"
+    keys = Keys()
+    registry_redis = redis.Redis.from_url(redis_url)
+    wait_for(lambda: registry_redis.sismember(keys.full, capped), timeout=30,
+             message="the capped queue marked full")
+    # The workers hear of it on the matchmaking channel: a fanout made before
+    # they did may still copy (docs/reliability.rst); it shows in the depth.
+    late = 0
+    while "full" not in (result := publish(client, topic, [f"b{late}"])):
+        late += 1
+        assert late < 20, "the workers never heard the queue was full"
+    assert (result["full"], result["copies"]) == (["capped"], 1)
+    assert publish(client, topic, ["after"])["full"] == ["capped"]
+    early = [f"b{i}" for i in range(late)]
+    assert bodies_of(drain_jobs(gearmand, f"{topic}_other")) == [
+        *[f"a{i}" for i in range(5)], *early, f"b{late}", "after"]
+    # A foreground fanout says so too (the other's copy answered by a worker).
+    answered = subprocess.Popen(["gearman", "-h", gearmand.host, "-p", str(gearmand.port),
+                                 "-w", "-f", f"{topic}_other", "-c", "1", "--", "cat"],
+                                stdout=subprocess.DEVNULL)
+    try:
+        foreground = client.call("fanout", {"topic": topic, "payload": "c0"}, timeout=60)
+    finally:
+        answered.wait(timeout=60)
+    assert foreground["full"] == ["capped"] and foreground["failed"] == []
+    assert bodies_of(drain_jobs(gearmand, capped)) == [f"a{i}" for i in range(5)] + early
+    assert sorted(reason for reason, _ in dropped(redis_url, capped)) == ["full"] * 3
+
+
+def consume_one(gearmand, queue, out, timeout_ms):
+    """``gearman -w`` taking at most one job of ``queue`` within ``timeout_ms``;
+    what it took is appended to ``out``."""
+    gearman_cli(gearmand, "-w", "-f", queue, "-c", "1", "-t", str(timeout_ms), "--",
+                "sh", "-c", f"cat >> {out}", timeout=timeout_ms / 1000 + 30)
+    return out.read_bytes() if out.exists() else b""
+
+
+def test_an_expired_copy_is_never_handed_to_a_plain_gearman_worker(
+        gearmand, start_pool, client, redis_url, gearman_cli_tool, tmp_path):
+    start_pool([gearmand], processes=1, env=BRISK)
+    topic = unique_topic("ttl")
+    subscribe(client, topic, "late", message_ttl=1)
+    publish(client, topic, ["x", "y", "z"])
+    queue = f"{topic}_late"
+    wait_for(lambda: len(dropped(redis_url, queue)) == 3, timeout=30,
+             message="three copies expired")
+    assert queue_depth(gearmand, queue) == 0
+    # A consumer that comes now gets nothing: it waits out its 1 s timeout.
+    assert consume_one(gearmand, queue, tmp_path / "late.out", 1000) == b""
+    assert {reason for reason, _ in dropped(redis_url, queue)} == {"expired"}
+    assert totals(redis_url)["dropped:expired"] == 3
+    # Subscribing again with another TTL changes it: a copy younger than
+    # that is there for a consumer.
+    subscribe(client, topic, "late", message_ttl=60)
+    publish(client, topic, ["fresh"])
+    assert consume_one(gearmand, queue, tmp_path / "fresh.out", 20_000) == b"fresh"
+
+
+def test_expires_removes_an_unused_subscription_and_keeps_a_consumed_one(
+        gearmand, start_pool, client, redis_url):
+    pool = start_pool([gearmand], processes=1, env=BRISK)
+    topic = unique_topic("exp")
+    consumer = subprocess.Popen(["gearman", "-h", gearmand.host, "-p", str(gearmand.port),
+                                 "-w", "-f", f"{topic}_kept", "--", "cat"],
+                                stdout=subprocess.DEVNULL)
+    try:
+        wait_for(lambda: any(f.name == f"{topic}_kept" and f.workers
+                             for f in _status(gearmand)), message="the consumer registered")
+        subscribe(client, topic, "gone", expires=1)
+        subscribe(client, topic, "kept", expires=1)
+        publish(client, topic, ["one", "two"])
+        wait_for(lambda: pool.registry.subscribers(topic) == {"kept"}, timeout=30,
+                 message="the unused subscription removed")
+        removed_at = time.time()
+        assert sorted(r for r, _ in dropped(redis_url, f"{topic}_gone")) == ["removed"] * 2
+        assert queue_depth(gearmand, f"{topic}_gone") == 0
+        # Rounds well past its expiry later, the consumed one is still there.
+        backlogs = Keys().backlogs
+        registry_redis = redis.Redis.from_url(redis_url)
+        wait_for(lambda: json.loads(registry_redis.get(backlogs))["at"] > removed_at + 2,
+                 timeout=30, message="the warden's rounds 2 s on")
+        assert pool.registry.subscribers(topic) == {"kept"}
+    finally:
+        consumer.kill()
+        consumer.wait(timeout=10)
+
+
+def _status(server):
+    from gearhorn import gearman
+
+    return gearman.status(server.host, server.port)
+
+
+@pytest.fixture
+def small_queue_store(tmp_path):
+    """gearmand with its redis queue in a Redis we can fill: (gearmand, queue Redis)."""
+    queue_redis = servers.start_redis(data_dir=str(tmp_path / "queue-redis"),
+                                      extra=["--maxmemory-policy", "noeviction"])
+    host, port = servers.HOST, queue_redis.port
+    gearmand = servers.start_gearmand(data_dir=str(tmp_path / "gearmand"), queue="redis",
+                                      queue_server=(host, port))
+    yield gearmand, queue_redis
+    gearmand.stop()
+    queue_redis.stop()
+
+
+def test_a_full_queue_store_fails_fanouts_with_a_reason_and_recovers(
+        small_queue_store, start_pool, redis_url):
+    gearmand, queue_server = small_queue_store
+    queue_redis = redis.Redis.from_url(queue_server.details["url"])
+    used = int(queue_redis.info("memory")["used_memory"])
+    queue_redis.config_set("maxmemory", used + 4 * 1024 * 1024)
+    start_pool([gearmand], processes=1, env={
+        **BRISK, "GEARHORN_QUEUE_REDIS_URL": queue_server.details["url"],
+        "GEARHORN_FANOUT_TIMEOUT": "10", "GEARHORN_QUEUE_MAX_LENGTH": "0"})
+    client = GearClient(gearmand)
+    try:
+        topic = unique_topic("hog")
+        subscribe(client, topic, "hog")
+        accepted, failure, started = 0, None, None
+        payload = "x" * 20_000
+        for _ in range(2000):
+            started = time.monotonic()
+            job = client.submit("fanout", {"topic": topic, "payload": payload,
+                                           "background": True}, timeout=60)
+            if job.failure:
+                failure = b"".join(job.data).decode() or "failed"
+                break
+            accepted += json.loads(b"".join(job.data))["copies"]
+        assert failure is not None, "the store never filled"
+        assert time.monotonic() - started <= 10 + 5  # within fanout_timeout, not a hang
+        assert "queue store full" in failure and f"{topic}_hog" in failure, failure
+        # Room again: fanouts work, and every copy accepted before is there.
+        queue_redis.config_set("maxmemory", 0)
+        wait_for(lambda: not _refused(client, topic), timeout=60,
+                 message="fanouts accepted again")
+        assert queue_depth(gearmand, f"{topic}_hog") == accepted + 1
+        assert len(drain_jobs(gearmand, f"{topic}_hog")) == accepted + 1
+    finally:
+        client.close()
+
+
+def _refused(client, topic):
+    job = client.submit("fanout", {"topic": topic, "payload": "again", "background": True},
+                        timeout=60)
+    return bool(job.failure)
