@@ -103,8 +103,9 @@ class Registry:
     def _forget(self, queue: str) -> None:
         pipe = self.redis.pipeline(transaction=False)
         pipe.hdel(self.keys.subscriptions, queue)
-        pipe.delete(self.keys.tally(queue), self.keys.tally_sum(queue))  # one hash slot
-        pipe.delete(self.keys.consumed(queue))
+        for key in (self.keys.tally(queue), self.keys.tally_sum(queue),
+                    self.keys.consumed(queue)):
+            pipe.delete(key)  # one by one: a cluster pipeline deletes no more
         pipe.srem(self.keys.full, queue)
         pipe.execute()
 

@@ -13,7 +13,7 @@ import time
 import pytest
 import redis
 
-from gearhorn import servers
+from gearhorn import redisconn, servers
 from gearhorn.keys import Keys
 from gearhorn.ledger import entries, rows_from_entries
 
@@ -25,6 +25,7 @@ from .helpers import (
     unique_topic,
     wait_for,
 )
+from .stomp_helpers import RawClient, error_detail
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
@@ -33,32 +34,32 @@ BRISK = {"GEARHORN_RETENTION_INTERVAL": "0.2"}
 
 
 @pytest.fixture
-def client(gearmand):
+def gc(gearmand):
     gear_client = GearClient(gearmand)
     yield gear_client
     gear_client.close()
 
 
-def subscribe(client, topic, client_id, **limits):
-    return client.call("subscribe_fanout", {"topic": topic, "client_id": client_id, **limits})
+def subscribe(gc, topic, client_id, **limits):
+    return gc.call("subscribe_fanout", {"topic": topic, "client_id": client_id, **limits})
 
 
-def publish(client, topic, bodies, **extra):
+def publish(gc, topic, bodies, **extra):
     """One fanout job with ``bodies`` in order; its result."""
-    return client.call("fanout", {"topic": topic, "payloads": bodies, "background": True,
+    return gc.call("fanout", {"topic": topic, "payloads": bodies, "background": True,
                                   **extra})
 
 
 def dropped(redis_url, queue):
     """(reason, unique) of every ``dropped`` ledger entry of ``queue``."""
-    client = redis.Redis.from_url(redis_url)
-    rows = rows_from_entries(entries(client, Keys(), 8))
+    gc = redisconn.connect(redis_url)
+    rows = rows_from_entries(entries(gc, Keys(), 8))
     return [(r["reason"], r["unique"]) for r in rows
             if r["event"] == "dropped" and r["subscriber"] == queue]
 
 
 def totals(redis_url):
-    raw = redis.Redis.from_url(redis_url).hgetall(Keys().stats("totals"))
+    raw = redisconn.connect(redis_url).hgetall(Keys().stats("totals"))
     return {k.decode(): int(float(v)) for k, v in raw.items()}
 
 
@@ -67,14 +68,14 @@ def bodies_of(jobs):
 
 
 def test_drop_head_keeps_the_newest_in_order_beside_a_live_subscriber(
-        gearmand, start_pool, client, redis_url):
+        gearmand, start_pool, gc, redis_url):
     start_pool([gearmand], processes=1, env=BRISK)
     topic = unique_topic("dh")
-    subscribe(client, topic, "slow", max_length=100, overflow="drop-head")
-    subscribe(client, topic, "live")
+    subscribe(gc, topic, "slow", max_length=100, overflow="drop-head")
+    subscribe(gc, topic, "live")
     sent = [f"m{i:03d}" for i in range(300)]
     for chunk in range(0, 300, 50):  # six fanouts of 50 messages, in order
-        assert publish(client, topic, sent[chunk:chunk + 50])["copies"] == 100
+        assert publish(gc, topic, sent[chunk:chunk + 50])["copies"] == 100
     slow = f"{topic}_slow"
     wait_for(lambda: queue_depth(gearmand, slow) == 100 and len(dropped(redis_url, slow)) == 200,
              timeout=60, message="the slow queue cut to its newest 100")
@@ -86,14 +87,14 @@ def test_drop_head_keeps_the_newest_in_order_beside_a_live_subscriber(
 
 
 def test_the_default_cap_bounds_a_subscriber_that_never_reads(
-        gearmand, start_pool, client, redis_url):
+        gearmand, start_pool, gc, redis_url):
     start_pool([gearmand], processes=1, env={**BRISK, "GEARHORN_QUEUE_MAX_LENGTH": "40"})
     topic = unique_topic("cap")
-    subscribe(client, topic, "dead")
-    subscribe(client, topic, "reader")
+    subscribe(gc, topic, "dead")
+    subscribe(gc, topic, "reader")
     got = []
     for chunk in range(4):  # the live one reads as it goes
-        publish(client, topic, [f"{chunk}-{i}" for i in range(50)])
+        publish(gc, topic, [f"{chunk}-{i}" for i in range(50)])
         got += bodies_of(drain_jobs(gearmand, f"{topic}_reader"))
     assert got == [f"{c}-{i}" for c in range(4) for i in range(50)]
     wait_for(lambda: queue_depth(gearmand, f"{topic}_dead") == 40
@@ -103,25 +104,25 @@ def test_the_default_cap_bounds_a_subscriber_that_never_reads(
 
 
 def test_reject_publish_lists_the_full_subscriber_and_leaves_the_others_alone(
-        gearmand, start_pool, client, redis_url):
+        gearmand, start_pool, gc, redis_url):
     start_pool([gearmand], processes=1, env=BRISK)
     topic = unique_topic("rp")
-    subscribe(client, topic, "capped", max_length=5, overflow="reject-publish")
-    subscribe(client, topic, "other")
-    assert "full" not in publish(client, topic, [f"a{i}" for i in range(5)])
+    subscribe(gc, topic, "capped", max_length=5, overflow="reject-publish")
+    subscribe(gc, topic, "other")
+    assert "full" not in publish(gc, topic, [f"a{i}" for i in range(5)])
     capped = f"{topic}_capped"
     keys = Keys()
-    registry_redis = redis.Redis.from_url(redis_url)
+    registry_redis = redisconn.connect(redis_url)
     wait_for(lambda: registry_redis.sismember(keys.full, capped), timeout=30,
              message="the capped queue marked full")
     # The workers hear of it on the matchmaking channel: a fanout made before
     # they did may still copy (docs/reliability.rst); it shows in the depth.
     late = 0
-    while "full" not in (result := publish(client, topic, [f"b{late}"])):
+    while "full" not in (result := publish(gc, topic, [f"b{late}"])):
         late += 1
         assert late < 20, "the workers never heard the queue was full"
     assert (result["full"], result["copies"]) == (["capped"], 1)
-    assert publish(client, topic, ["after"])["full"] == ["capped"]
+    assert publish(gc, topic, ["after"])["full"] == ["capped"]
     early = [f"b{i}" for i in range(late)]
     assert bodies_of(drain_jobs(gearmand, f"{topic}_other")) == [
         *[f"a{i}" for i in range(5)], *early, f"b{late}", "after"]
@@ -130,7 +131,7 @@ def test_reject_publish_lists_the_full_subscriber_and_leaves_the_others_alone(
                                  "-w", "-f", f"{topic}_other", "-c", "1", "--", "cat"],
                                 stdout=subprocess.DEVNULL)
     try:
-        foreground = client.call("fanout", {"topic": topic, "payload": "c0"}, timeout=60)
+        foreground = gc.call("fanout", {"topic": topic, "payload": "c0"}, timeout=60)
     finally:
         answered.wait(timeout=60)
     assert foreground["full"] == ["capped"] and foreground["failed"] == []
@@ -147,11 +148,11 @@ def consume_one(gearmand, queue, out, timeout_ms):
 
 
 def test_an_expired_copy_is_never_handed_to_a_plain_gearman_worker(
-        gearmand, start_pool, client, redis_url, gearman_cli_tool, tmp_path):
+        gearmand, start_pool, gc, redis_url, gearman_cli_tool, tmp_path):
     start_pool([gearmand], processes=1, env=BRISK)
     topic = unique_topic("ttl")
-    subscribe(client, topic, "late", message_ttl=1)
-    publish(client, topic, ["x", "y", "z"])
+    subscribe(gc, topic, "late", message_ttl=1)
+    publish(gc, topic, ["x", "y", "z"])
     queue = f"{topic}_late"
     wait_for(lambda: len(dropped(redis_url, queue)) == 3, timeout=30,
              message="three copies expired")
@@ -162,13 +163,13 @@ def test_an_expired_copy_is_never_handed_to_a_plain_gearman_worker(
     assert totals(redis_url)["dropped:expired"] == 3
     # Subscribing again with another TTL changes it: a copy younger than
     # that is there for a consumer.
-    subscribe(client, topic, "late", message_ttl=60)
-    publish(client, topic, ["fresh"])
+    subscribe(gc, topic, "late", message_ttl=60)
+    publish(gc, topic, ["fresh"])
     assert consume_one(gearmand, queue, tmp_path / "fresh.out", 20_000) == b"fresh"
 
 
 def test_expires_removes_an_unused_subscription_and_keeps_a_consumed_one(
-        gearmand, start_pool, client, redis_url):
+        gearmand, start_pool, gc, redis_url):
     pool = start_pool([gearmand], processes=1, env=BRISK)
     topic = unique_topic("exp")
     consumer = subprocess.Popen(["gearman", "-h", gearmand.host, "-p", str(gearmand.port),
@@ -177,17 +178,18 @@ def test_expires_removes_an_unused_subscription_and_keeps_a_consumed_one(
     try:
         wait_for(lambda: any(f.name == f"{topic}_kept" and f.workers
                              for f in _status(gearmand)), message="the consumer registered")
-        subscribe(client, topic, "gone", expires=1)
-        subscribe(client, topic, "kept", expires=1)
-        publish(client, topic, ["one", "two"])
-        wait_for(lambda: pool.registry.subscribers(topic) == {"kept"}, timeout=30,
-                 message="the unused subscription removed")
+        subscribe(gc, topic, "gone", expires=1)
+        subscribe(gc, topic, "kept", expires=1)
+        publish(gc, topic, ["one", "two"])
+        wait_for(lambda: pool.registry.subscribers(topic) == {"kept"}
+                 and len(dropped(redis_url, f"{topic}_gone")) == 2, timeout=30,
+                 message="the unused subscription removed with its copies")
         removed_at = time.time()
         assert sorted(r for r, _ in dropped(redis_url, f"{topic}_gone")) == ["removed"] * 2
         assert queue_depth(gearmand, f"{topic}_gone") == 0
         # Rounds well past its expiry later, the consumed one is still there.
         backlogs = Keys().backlogs
-        registry_redis = redis.Redis.from_url(redis_url)
+        registry_redis = redisconn.connect(redis_url)
         wait_for(lambda: json.loads(registry_redis.get(backlogs))["at"] > removed_at + 2,
                  timeout=30, message="the warden's rounds 2 s on")
         assert pool.registry.subscribers(topic) == {"kept"}
@@ -224,15 +226,15 @@ def test_a_full_queue_store_fails_fanouts_with_a_reason_and_recovers(
     start_pool([gearmand], processes=1, env={
         **BRISK, "GEARHORN_QUEUE_REDIS_URL": queue_server.details["url"],
         "GEARHORN_FANOUT_TIMEOUT": "10", "GEARHORN_QUEUE_MAX_LENGTH": "0"})
-    client = GearClient(gearmand)
+    gc = GearClient(gearmand)
     try:
         topic = unique_topic("hog")
-        subscribe(client, topic, "hog")
+        subscribe(gc, topic, "hog")
         accepted, failure, started = 0, None, None
         payload = "x" * 20_000
         for _ in range(2000):
             started = time.monotonic()
-            job = client.submit("fanout", {"topic": topic, "payload": payload,
+            job = gc.submit("fanout", {"topic": topic, "payload": payload,
                                            "background": True}, timeout=60)
             if job.failure:
                 failure = b"".join(job.data).decode() or "failed"
@@ -243,15 +245,57 @@ def test_a_full_queue_store_fails_fanouts_with_a_reason_and_recovers(
         assert "queue store full" in failure and f"{topic}_hog" in failure, failure
         # Room again: fanouts work, and every copy accepted before is there.
         queue_redis.config_set("maxmemory", 0)
-        wait_for(lambda: not _refused(client, topic), timeout=60,
+        wait_for(lambda: not _refused(gc, topic), timeout=60,
                  message="fanouts accepted again")
         assert queue_depth(gearmand, f"{topic}_hog") == accepted + 1
         assert len(drain_jobs(gearmand, f"{topic}_hog")) == accepted + 1
     finally:
-        client.close()
+        gc.close()
 
 
-def _refused(client, topic):
-    job = client.submit("fanout", {"topic": topic, "payload": "again", "background": True},
+def _refused(gc, topic):
+    job = gc.submit("fanout", {"topic": topic, "payload": "again", "background": True},
                         timeout=60)
     return bool(job.failure)
+
+
+@pytest.fixture
+def bridge(gearmand, start_pool, start_bridge):
+    start_pool([gearmand], processes=1, env=BRISK)
+    return start_bridge([gearmand])
+
+
+def test_a_durable_stomp_subscription_takes_rabbitmqs_limit_headers(
+        gearmand, bridge, stomp_clients, redis_url):
+    topic = unique_topic("sx")
+    away = stomp_clients(bridge.port, **{"client-id": "app"})
+    away.subscribe(f"/topic/{topic}", "dur", ack="client", durable="true",
+                   **{"x-max-length": "3", "x-overflow": "drop-head"})
+    away.close()
+    producer = stomp_clients(bridge.port)
+    for i in range(10):
+        producer.send(f"/topic/{topic}", f"m{i}".encode())
+    queue = [q for q in _subscription_queues(redis_url) if q.startswith(f"{topic}_")][0]
+    wait_for(lambda: queue_depth(gearmand, queue) == 3 and len(dropped(redis_url, queue)) == 7,
+             timeout=60, message="the durable queue cut to 3")
+    back = stomp_clients(bridge.port, **{"client-id": "app"})
+    back.subscribe(f"/topic/{topic}", "dur", ack="auto", durable="true")
+    assert [m.body for m in back.messages(3)] == [b"m7", b"m8", b"m9"]
+
+
+def test_an_invalid_limit_header_is_an_error_frame_and_nothing_is_subscribed(
+        bridge, stomp_clients, redis_url):
+    raw = RawClient(bridge.port)
+    raw.connect()
+    topic = unique_topic("bad")
+    raw.frame("SUBSCRIBE", {"destination": f"/topic/{topic}", "id": "1",
+                            "x-max-length": "lots"})
+    error = raw.expect("ERROR")
+    assert error.headers["message"] == "Invalid header"
+    assert "x-max-length must be a whole number, got 'lots'" in error_detail(error)
+    raw.close()
+    assert not [q for q in _subscription_queues(redis_url) if q.startswith(f"{topic}_")]
+
+
+def _subscription_queues(redis_url):
+    return [q.decode() for q in redisconn.connect(redis_url).hkeys(Keys().subscriptions)]

@@ -28,6 +28,15 @@ from tests.conftest import require_binary
 from .helpers import GearClient, PoolProcess, unique_topic, wait_for
 
 # Each imported test runs here on the cluster, with this module's fixtures.
+from .test_bounded_queues import (  # noqa: F401
+    bridge,
+    gc,
+    test_a_durable_stomp_subscription_takes_rabbitmqs_limit_headers,
+    test_an_expired_copy_is_never_handed_to_a_plain_gearman_worker,
+    test_drop_head_keeps_the_newest_in_order_beside_a_live_subscriber,
+    test_expires_removes_an_unused_subscription_and_keeps_a_consumed_one,
+    test_reject_publish_lists_the_full_subscriber_and_leaves_the_others_alone,
+)
 from .test_commands import test_helper_commands_subscribe_publish_consume_status  # noqa: F401
 from .test_dead_letters import test_list_requeue_and_purge_from_the_command_line  # noqa: F401
 from .test_delivery_options import (  # noqa: F401
