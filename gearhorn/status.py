@@ -8,6 +8,7 @@ from gearhorn.delayed import Scheduler
 from gearhorn.keys import Keys
 from gearhorn.redisconn import REDIS_ERRORS
 from gearhorn.registry import Registry
+from gearhorn.web.snapshot import retention
 
 
 def collect(config: Config) -> dict:
@@ -19,6 +20,7 @@ def collect(config: Config) -> dict:
         report["topics"] = registry.topics()
         report["workers"] = registry.live_workers()
         report["delayed"] = Scheduler(registry.redis, registry.keys).pending()
+        report.update(retention(registry.redis, registry.keys))
     except REDIS_ERRORS as exc:
         report["redis_error"] = str(exc)
     for host, port in config.gearman_servers:
@@ -58,6 +60,7 @@ def render(report: dict) -> str:
               for name, count in sorted(report["topics"].items())]
     if "delayed" in report:
         lines.append(f"delayed messages waiting: {report['delayed']}")
+    lines += _retention_lines(report)
     lines.append(f"live workers ({len(report['workers'])}):")
     lines += [f"  {wid:40} pid {info.get('pid', '?'):>7} jobs {info.get('jobs', '?')}"
               for wid, info in sorted(report["workers"].items())]
@@ -75,3 +78,26 @@ def render(report: dict) -> str:
         lines += [f"  {f['name']:40} {f['queued']:>8} {f['running']:>8} {f['workers']:>8}"
                   for f in server["functions"]]
     return "\n".join(lines)
+
+
+def _retention_lines(report: dict) -> list[str]:
+    """The warden's view: the queue store, and the largest subscriber backlogs
+    with the oldest copy's age; ``!`` marks one that nobody consumes."""
+    lines = []
+    store = report.get("store") or {}
+    if store.get("over"):
+        lines.append(f"REFUSING FANOUTS: {store['over']}")
+    elif int(store.get("max") or 0):
+        lines.append(f"queue store: {int(store['used']) / 1048576:.0f} of "
+                     f"{int(store['max']) / 1048576:.0f} MiB (fanouts refused from "
+                     f"{int(store['guard']) / 1048576:.0f} MiB)")
+    backlogs = report.get("backlogs") or []
+    if backlogs:
+        lines.append("subscriber backlogs (largest; ! = no consumer):")
+        lines.append(f"  {'queue':40} {'queued':>8} {'oldest':>8} {'readers':>7}  limits")
+        for b in backlogs:
+            age = "-" if b["oldest_age"] is None else f"{b['oldest_age']:.0f}s"
+            mark = " " if b["consumers"] else "!"
+            lines.append(f"{mark} {b['queue']:40} {b['depth']:>8} {age:>8} "
+                         f"{b['consumers']:>7}  {b['limits']}")
+    return lines

@@ -61,6 +61,7 @@ def _registry(snap: dict) -> Iterator[Metric]:
                               value=totals["dead_letters"])
     yield _labelled(CounterMetricFamily, "gearhorn_dead_letters", "messages dead-lettered per "
                     "queue (top N)", "queue", snap["dead_letter_totals"].items(), tuple)
+    yield from _retention(snap)
     yield _gauge("gearhorn_topics", "topics with a direct subscriber", snap["topic_count"])
     yield _gauge("gearhorn_prefix_subscriptions", "prefix patterns with a subscriber",
                  snap["pattern_count"])
@@ -75,6 +76,33 @@ def _registry(snap: dict) -> Iterator[Metric]:
         "gearhorn_fanout_latency_seconds", "from a fanout job's arrival at a worker to "
         "gearmand accepting its copies", buckets=[list(b) for b in latency["buckets"]],
         sum_value=latency["sum"])
+
+
+def _retention(snap: dict) -> Iterator[Metric]:
+    """Bounded queues (gearhorn/warden.py): what was not kept, and the backlogs."""
+    dropped = CounterMetricFamily("gearhorn_copies_dropped", "copies not kept by their "
+                                  "queue's limits, per topic and reason (maxlen, maxbytes, "
+                                  "expired, removed, full)", labels=["topic", "reason"])
+    for row in snap.get("dropped", []):
+        dropped.add_metric([row["topic"], row["reason"]], row["copies"])
+    yield dropped
+    backlogs = snap.get("backlogs", [])
+    for name, doc, value in (
+            ("gearhorn_subscriber_backlog", "copies queued per subscriber queue (largest)",
+             lambda b: b["depth"]),
+            ("gearhorn_subscriber_oldest_age_seconds", "age of the oldest queued copy "
+             "per subscriber queue (largest backlogs)", lambda b: b["oldest_age"] or 0.0),
+            ("gearhorn_subscriber_without_consumer", "1 for a subscriber queue with a "
+             "backlog and no consumer (largest backlogs)", lambda b: 0 if b["consumers"] else 1)):
+        yield _labelled(GaugeMetricFamily, name, doc, "queue", backlogs,
+                        lambda b, value=value: (b["queue"], value(b)))
+    store = snap.get("store", {})
+    yield _gauge("gearhorn_queue_store_used_bytes", "memory used by gearmand's queue Redis",
+                 float(store.get("used") or 0))
+    yield _gauge("gearhorn_queue_store_guard_bytes", "above this the workers refuse fanouts "
+                 "(0: no maxmemory, no guard)", float(store.get("guard") or 0))
+    yield _gauge("gearhorn_queue_store_over_guard", "1 while fanouts are refused: the queue "
+                 "store is over its guard", 1 if store.get("over") else 0)
 
 
 def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:

@@ -59,6 +59,12 @@ class Collector:
                 reasons.append("no live worker")
         except REDIS_ERRORS as exc:
             reasons.append(f"redis unreachable: {exc}")
+        try:
+            over = text(self.redis.hget(self.keys.store, "over") or b"")
+            if over:
+                reasons.append(over)
+        except REDIS_ERRORS:
+            pass  # said above
         for host, port in self.servers:
             try:
                 gearman.admin(host, port, "version", tls=self.tls)
@@ -75,6 +81,9 @@ class Collector:
             "totals": counters.totals,
             "latency": {"buckets": counters.buckets, "sum": counters.latency_sum},
             "dead_letter_totals": counters.dead_letters,
+            "dropped": [{"topic": t, "reason": r, "copies": n}
+                        for (t, r), n in counters.dropped.items()],
+            **retention(self.redis, self.keys),
             "workers": self._workers(),
             "bridges": self._bridges(),
             "delayed": Scheduler(self.redis, self.keys).pending(),
@@ -143,6 +152,14 @@ def _dead_letter_queues(snap: dict) -> list[dict]:
     names = sorted(set(queued) | set(totals))
     return [{"queue": q, "queued": queued.get(q, 0), "total": totals.get(q, 0.0)}
             for q in names]
+
+
+def retention(client, keys: Keys) -> dict:
+    """The warden's last round: the largest backlogs (queue, depth, bytes,
+    oldest_age, consumers, limits) and the queue store against its guard."""
+    backlogs = _json_or_none(client.get(keys.backlogs)) or {"queues": []}
+    store = {text(k): text(v) for k, v in client.hgetall(keys.store).items()}
+    return {"backlogs": backlogs["queues"], "store": store}
 
 
 def _json_or_none(raw: bytes | None) -> dict | None:

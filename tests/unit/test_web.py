@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import base64
+import json
 
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
@@ -16,7 +17,7 @@ from gearhorn.stomp import auth
 from gearhorn.web import access
 from gearhorn.web.history import RateHistory
 from gearhorn.web.metrics import SnapshotCollector
-from gearhorn.web.snapshot import Collector
+from gearhorn.web.snapshot import Collector, retention
 
 pytestmark = pytest.mark.timeout(30)
 KEYS = Keys("t:", "chan")
@@ -188,6 +189,11 @@ def test_the_grafana_dashboard_and_alerts_use_only_metrics_that_exist(fake_redis
 
     stats.Stats(fake_redis, KEYS).fanout("news", 1, 3, 0.01)
     stats.Stats(fake_redis, KEYS).dead_letter("jobs")
+    stats.Stats(fake_redis, KEYS).dropped("news", "maxlen", 2)
+    fake_redis.set(KEYS.backlogs, json.dumps({"at": 1.0, "queues": [
+        {"queue": "news_a", "topic": "news", "client_id": "a", "depth": 3, "bytes": 30,
+         "oldest_age": 5.0, "consumers": 0, "limits": "max_length=100 drop-head"}]}))
+    fake_redis.hset(KEYS.store, mapping={"used": 10, "max": 100, "guard": 90, "over": ""})
     fake_redis.sadd(KEYS.topics, "news")
     fake_redis.sadd(KEYS.topic("news"), "a")
     collector = Collector(fake_redis, KEYS, servers=(), top=10)
@@ -203,8 +209,28 @@ def test_the_grafana_dashboard_and_alerts_use_only_metrics_that_exist(fake_redis
     root = os.path.join(os.path.dirname(__file__), "..", "..", "etc")
     with open(os.path.join(root, "grafana-gearhorn.json")) as fp:
         exprs = [t["expr"] for p in json.load(fp)["panels"] for t in p["targets"]]
-    with open(os.path.join(root, "prometheus.yml")) as fp:
-        exprs.append(fp.read())
+    for rules in ("prometheus.yml", "gearhorn-alerts.yml"):
+        with open(os.path.join(root, rules)) as fp:
+            exprs.append(fp.read())
     used = {name for expr in exprs for name in re.findall(r"gearhorn_[a-z_]+", expr)}
-    assert len(used) >= 15
+    assert len(used) >= 20
     assert used - exposed == set()
+
+
+def test_readyz_and_status_say_when_the_queue_store_is_over_its_guard(fake_redis):
+    from gearhorn.status import render
+
+    collector = Collector(fake_redis, KEYS, servers=(), top=10)
+    fake_redis.hset(KEYS.store, mapping={"used": 95, "max": 100, "guard": 90, "over": ""})
+    assert "queue store full" not in " ".join(collector.readiness()["reasons"])
+    over = "queue store full: 95 MiB of 100 MiB used; largest backlogs: news_a (3 copies)"
+    fake_redis.hset(KEYS.store, "over", over)
+    ready = collector.readiness()
+    assert not ready["ready"] and over in ready["reasons"]
+    fake_redis.set(KEYS.backlogs, json.dumps({"at": 1.0, "queues": [
+        {"queue": "news_a", "topic": "news", "client_id": "a", "depth": 3, "bytes": 30,
+         "oldest_age": 61.0, "consumers": 0, "limits": "max_length=100 drop-head"}]}))
+    text = render({"redis": "r", "topics": {}, "workers": {}, "gearman": [],
+                   **retention(fake_redis, KEYS)})
+    assert f"REFUSING FANOUTS: {over}" in text
+    assert "! news_a" in text and "61s" in text and "max_length=100 drop-head" in text
