@@ -139,13 +139,14 @@ class Config:
     # seconds a subscription may go without a consumer (0: forever), what
     # happens at the limit (drop-head or reject-publish), and whether
     # dropped and expired copies go to <queue>.dlq.
-    queue_max_length: int = 100_000
-    queue_max_bytes: int = 0
+    queue_max_length: int = 10_000
+    queue_max_bytes: int = 16 * 1024 * 1024
     queue_message_ttl: float = 0.0
     queue_expires: float = 0.0
     queue_overflow: str = "drop-head"
     queue_dead_letter: bool = False
-    # Seconds between the warden's rounds (gearhorn/warden.py).
+    # Seconds between the warden's rounds (gearhorn/warden.py); 0 turns
+    # bounded queues off (no tally, no warden, no guard: queues grow unbounded).
     retention_interval: float = 1.0
     # gearhorn up gives gearmand's queue Redis this maxmemory (bytes; 0: none);
     # above queue_store_guard of whatever maxmemory it has, fanouts are
@@ -232,7 +233,7 @@ def _convert(name: str, raw: str, source: str) -> object:
 # Settings where 0 turns something off.
 _ZERO_MEANS_OFF = frozenset({"bridge_ws_port", "web_port", "queue_max_length",
                              "queue_max_bytes", "queue_message_ttl", "queue_expires",
-                             "queue_maxmemory"})
+                             "queue_maxmemory", "retention_interval"})
 
 
 _TRUE = {"1", "true", "yes", "on"}

@@ -458,12 +458,14 @@ class WorkerProcess:
                              source=self.worker_id, shards=config.ledger_shards)
         self.stats = Stats(self.redis, keys, config.metrics_enabled,
                            buffered=not config.metrics_write_through)
-        self.tally = TallyWriter(self.redis, keys)
-        pressure = Pressure(self.redis, keys)
+        # Bounded queues (gearhorn/warden.py); retention_interval 0: off.
+        bounded = config.retention_interval > 0
+        self.tally = TallyWriter(self.redis, keys) if bounded else None
+        pressure = Pressure(self.redis, keys) if bounded else None
         self.service = FanoutService(config, self.registry, self.cache, self.client,
                                      self.ledger, stats=self.stats, tally=self.tally,
                                      pressure=pressure)
-        self.flusher = Flusher(self.ledger, self.stats, self.tally)
+        self.flusher = Flusher(*(b for b in (self.ledger, self.stats, self.tally) if b))
         self.warden = Warden(config, self.redis, self.ledger, self.stats, self.worker_id,
                              queue_store=_queue_store(config))
         # Due delayed messages go out from a thread of their own, with their
@@ -476,7 +478,7 @@ class WorkerProcess:
         self.releaser = Releaser(releasing.scheduler, releasing.release,
                                  config.delay_poll_interval)
         self.listener = InvalidationListener(self.redis, keys.channel, self.cache,
-                                             also=pressure.announced)
+                                             also=pressure.announced if pressure else None)
         self.janitor = Janitor(self.registry, lambda function: gearman.drop_function(
             config.gearman_servers, function, tls))
         self.jobs = gearman.JobSource(config.gearman_servers, FUNCTIONS, self.worker_id, tls,
@@ -492,7 +494,9 @@ class WorkerProcess:
         self.flusher.start()
         self.releaser.start()
         threading.Thread(target=self._heartbeats, name="gearhorn-heartbeat", daemon=True).start()
-        threading.Thread(target=self._guard_queues, name="gearhorn-warden", daemon=True).start()
+        if self.config.retention_interval > 0:
+            threading.Thread(target=self._guard_queues, name="gearhorn-warden",
+                             daemon=True).start()
         log.info("worker %s serving %s on %s", self.worker_id, ", ".join(FUNCTIONS),
                  ", ".join(f"{h}:{p}" for h, p in self.config.gearman_servers))
         try:
@@ -556,7 +560,8 @@ class WorkerProcess:
                 self.service.record_rejection(job.function, str(outcome))
             else:
                 worker.complete(grabbed.handle, outcome)
-        self.tally.flush()
+        if self.tally is not None:
+            self.tally.flush()
         # The group's ledger entries are in Redis before its jobs are answered
         # (one round trip a group): a worker killed after answering takes no
         # entry with it, so the reconciliation knows every copy it made.
