@@ -36,6 +36,9 @@ pytestmark = [pytest.mark.integration, pytest.mark.faults, pytest.mark.timeout(4
 
 MESSAGES = 10_000
 SUBSCRIBERS = 10
+# The Gearman subscribers here read only after the broadcast: their queues
+# hold every message (the default cap, 10,000 copies, would drop the first).
+UNBOUNDED = {"GEARHORN_QUEUE_MAX_LENGTH": "0", "GEARHORN_QUEUE_MAX_BYTES": "0"}
 
 
 def depth(server, function):
@@ -141,7 +144,8 @@ def test_a_broadcast_survives_a_killed_worker_and_restarts_of_gearmand_and_redis
         persistent_servers, tmp_path, report):
     require_binary("java", "default-jre-headless")  # for the reconciliation at the end
     s = persistent_servers
-    pool = PoolProcess([s.gearmand], s.redis_url, processes=2, log_dir=str(tmp_path))
+    pool = PoolProcess([s.gearmand], s.redis_url, processes=2, log_dir=str(tmp_path),
+                       env=UNBOUNDED)
     try:
         pool.wait_ready()
         topic = unique_topic("faults")
@@ -178,7 +182,8 @@ def test_a_broadcast_survives_a_killed_worker_and_restarts_of_gearmand_and_redis
             os.kill(pid, signal.SIGKILL)  # with the servers below: everything at once
         s.kill_everything()
         pool.process.wait()
-        pool = PoolProcess([s.gearmand], s.redis_url, processes=2, log_dir=str(tmp_path))
+        pool = PoolProcess([s.gearmand], s.redis_url, processes=2, log_dir=str(tmp_path),
+                           env=UNBOUNDED)
         pool.wait_ready()
 
         producer.join(120)

@@ -47,6 +47,7 @@ from .test_delivery_options import (  # noqa: F401
 )
 from .test_faults import (  # noqa: F401
     MESSAGES,
+    UNBOUNDED,
     SUBSCRIBERS,
     SteadyProducer,
     depth,
@@ -193,7 +194,8 @@ def test_a_master_killed_mid_broadcast_fails_over_and_nothing_acknowledged_is_lo
                      if owner(cluster, Keys().topic(t)) is not cluster.nodes[0])
         victim = owner(cluster, Keys().topic(topic))
         stack = SimpleNamespace(gearmand=gearmand, redis_url=cluster.url)
-        pool = PoolProcess([gearmand], cluster.url, processes=2, log_dir=str(tmp_path))
+        pool = PoolProcess([gearmand], cluster.url, processes=2, log_dir=str(tmp_path),
+                           env=UNBOUNDED)
         pool.wait_ready()
         subscribers = [f"s{i}" for i in range(SUBSCRIBERS)]
         with Producer([(gearmand.host, gearmand.port)]) as admin:
