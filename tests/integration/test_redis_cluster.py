@@ -47,8 +47,8 @@ from .test_delivery_options import (  # noqa: F401
 )
 from .test_faults import (  # noqa: F401
     MESSAGES,
-    UNBOUNDED,
     SUBSCRIBERS,
+    UNBOUNDED,
     SteadyProducer,
     depth,
     drain,
