@@ -45,6 +45,15 @@ def test_the_console_follows_subscriptions_and_requeues_a_dead_letter(
         assert json.loads(out.stdout)["subscribers"] == 4
         subscribers.filter(has_text="4").wait_for(timeout=WAIT_MS)
 
+        # Their backlogs, which nobody reads, are marked, with the oldest
+        # copy's age and the limits.
+        client.call("fanout", {"topic": topic, "payloads": ["1", "2", "3"], "background": True})
+        backlog = page.locator(f'tr.unread[data-backlog="{topic}_a"]')
+        backlog.locator("td.queued").filter(has_text="3").wait_for(timeout=WAIT_MS)
+        assert "(no consumer)" in backlog.locator("td").first.text_content()
+        assert "max_length=10000" in backlog.locator("td.limits").text_content()
+        assert backlog.locator("td.oldest").text_content().endswith(" s")
+
         # A message NACKed five times is dead-lettered and appears in the page.
         consumer = stomp_clients(bridge.port)
         consumer.subscribe(f"/queue/{queue}", "1", ack="client-individual")

@@ -63,6 +63,8 @@ function renderOverview(s) {
     ["copies", num(totals.copies)], ["messages", num(totals.fanouts)],
     ["topics", num(s.topic_count)], ["queued jobs", num(s.queued_total)],
     ["delayed", num(s.delayed)], ["dead letters", num(totals.dead_letters)],
+    ["copies dropped", num(Object.entries(totals).filter(([k]) => k.startsWith("dropped:"))
+      .reduce((n, [, v]) => n + Number(v), 0))],
     ["workers", num((s.workers || []).length)], ["bridges", num((s.bridges || []).length)],
     ["STOMP connections",
      num((s.bridges || []).reduce((n, b) => n + Number(b.connections || 0), 0))],
@@ -101,6 +103,30 @@ function renderQueues(s) {
     `(${num(s.queue_count)} functions, ${num(s.queued_total)} jobs queued; deepest ${queues.length})`;
   fill("queues", queues.map((q) => el("tr", { "data-queue": q.queue }, cell(q.queue),
     cell(num(q.queued), true, "queued"), cell(num(q.running), true), cell(num(q.workers), true))));
+}
+
+function age(seconds) {
+  if (seconds === null || seconds === undefined) return "-";
+  if (seconds < 120) return `${Math.round(seconds)} s`;
+  if (seconds < 7200) return `${Math.round(seconds / 60)} min`;
+  return `${(seconds / 3600).toFixed(1)} h`;
+}
+
+// The warden's largest backlogs; one nobody consumes is marked (it grows
+// until its limits drop copies).
+function renderBacklogs(s) {
+  const store = s.store || {};
+  const refusing = document.getElementById("refusing");
+  refusing.hidden = !store.over;
+  refusing.textContent = store.over ? `Refusing fanouts: ${store.over}` : "";
+  document.getElementById("store").textContent = Number(store.max) ?
+    `(queue store ${num(store.used / 1048576)} of ${num(store.max / 1048576)} MiB, ` +
+    `fanouts refused from ${num(store.guard / 1048576)} MiB)` : "";
+  fill("backlogs", (s.backlogs || []).map((b) => el("tr",
+    { "data-backlog": b.queue, class: b.consumers ? "" : "unread" },
+    cell(b.consumers ? b.queue : `${b.queue} (no consumer)`), cell(num(b.depth), true, "queued"),
+    cell(age(b.oldest_age), true, "oldest"), cell(num(b.consumers), true, "consumers"),
+    cell(b.limits, false, "limits"))));
 }
 
 function renderProcesses(s) {
@@ -142,6 +168,7 @@ function render(s) {
   renderOverview(s);
   renderTopics(s);
   renderQueues(s);
+  renderBacklogs(s);
   renderProcesses(s);
   renderDeadLetters(s);
   renderReport(s.report);
