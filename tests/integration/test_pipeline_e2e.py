@@ -111,7 +111,8 @@ def test_traffic_reconciles_and_a_planted_loss_is_found(gearmand, redis_url, sta
     html = (report / "report.html").read_text()
     assert "5 problems found" in html and gearman_queue in html
     untracked = pq.read_table(f"{report}/tables/untracked").to_pylist()
-    assert untracked == [{"subscriber": gearman_queue, "enqueued": 76, "queued": 75,
+    assert untracked == [{"subscriber": gearman_queue, "enqueued": 76, "dropped": 0,
+                          "queued": 75,
                           "unaccounted": 1}]
     # The verdict is left where gearhorn web's console shows it.
     verdict = json.loads(redis.Redis.from_url(redis_url).get(Keys().last_report))
