@@ -218,7 +218,7 @@ def small_queue_store(tmp_path):
 
 
 def test_a_full_queue_store_fails_fanouts_with_a_reason_and_recovers(
-        small_queue_store, start_pool, redis_url):
+        small_queue_store, start_pool, start_bridge, stomp_clients, redis_url):
     gearmand, queue_server = small_queue_store
     queue_redis = redis.Redis.from_url(queue_server.details["url"])
     used = int(queue_redis.info("memory")["used_memory"])
@@ -243,6 +243,14 @@ def test_a_full_queue_store_fails_fanouts_with_a_reason_and_recovers(
         assert failure is not None, "the store never filled"
         assert time.monotonic() - started <= 10 + 5  # within fanout_timeout, not a hang
         assert "queue store full" in failure and f"{topic}_hog" in failure, failure
+        # A STOMP SEND with a receipt gets an ERROR with the same reason.
+        bridge = start_bridge([gearmand])
+        sender = stomp_clients(bridge.port)
+        sender.conn.send(destination=f"/topic/{topic}", body=b"one more",
+                         receipt=sender.receipt())
+        sender.wait(lambda: sender.listener.errors, 60, "an ERROR")
+        said = sender.listener.errors[0].headers["message"]
+        assert "queue store full" in said and f"{topic}_hog" in said, said
         # Room again: fanouts work, and every copy accepted before is there.
         queue_redis.config_set("maxmemory", 0)
         wait_for(lambda: not _refused(gc, topic), timeout=60,
