@@ -100,6 +100,15 @@ class Registry:
                  "limits": limits.said()}
         self.redis.hset(self.keys.subscriptions, queue, json.dumps(entry))
 
+    def bound_queue(self, queue: str, limits: Limits) -> None:
+        """A plain queue (a STOMP ``/queue/``) bounded like a subscriber's:
+        listed in ``<p>subscriptions`` with no topic."""
+        entry = {"topic": "", "client_id": "", "since": time.time(), "limits": limits.said()}
+        self.redis.hset(self.keys.subscriptions, queue, json.dumps(entry))
+
+    def unbound_queue(self, queue: str) -> None:
+        self._forget(queue)
+
     def _forget(self, queue: str) -> None:
         pipe = self.redis.pipeline(transaction=False)
         pipe.hdel(self.keys.subscriptions, queue)

@@ -291,7 +291,10 @@ class Warden:
         last = max(seen, float(entry.get("since", now)))
         if now - last < limits.expires:
             return False
-        self.registry.unsubscribe(Subscription(entry["topic"], entry["client_id"]))
+        if entry.get("topic"):
+            self.registry.unsubscribe(Subscription(entry["topic"], entry["client_id"]))
+        else:  # a bounded /queue/: no subscription, only its record
+            self.registry.unbound_queue(queue)
         emptied = self._drop(queue, entry, load.depth, REMOVED, load, limits.dead_letter)
         gearman.drop_function(self.config.gearman_servers, queue, self.config.gearman_tls)
         log.info("%s: subscription expired after %.0fs without a consumer; %d copies removed",

@@ -37,6 +37,7 @@ from gearhorn.registry import Registry
 from gearhorn.replay import DashedFunctions
 from gearhorn.stats import Stats
 from gearhorn.stomp.auth import Credentials, Principal
+from gearhorn.stomp.bounds import QueueBounds
 from gearhorn.stomp.giveback import GiveBack
 from gearhorn.stomp.queues import Consumer, Delivery, QueueDispatcher
 from gearhorn.stomp.sending import PLAIN, SendOptions
@@ -68,6 +69,7 @@ class Broker:
         # The bridge's own jobs (dead letters, replies) share one client, one at a time.
         self.dashed = DashedFunctions(registry.redis, registry.keys)
         self.handouts = Handouts(registry.redis, registry.keys, config.headers_ttl)
+        self.bounds = QueueBounds(registry)  # x-max-length on /queue/ (stomp/bounds.py)
         self.give_back = GiveBack(self.handouts, config.gearman_tls, self.dashed.record)
         # Queues whose held messages a closed dispatcher is giving back: a new
         # dispatcher of the same queue grabs only after that.
@@ -123,6 +125,7 @@ class Broker:
     def flush_ledger(self) -> None:
         self._flush_soon = False
         self.ledger.flush()
+        self.bounds.flush()
 
     def _heartbeats(self) -> None:
         """Tell the pool this bridge lives; if it stops, the pool's janitor
@@ -204,9 +207,12 @@ class Broker:
                       bodies: Sequence[bytes], options: SendOptions = PLAIN) -> None:
         """Background jobs on ``function``, in order, in one pipelined write;
         returns once gearmand accepted them all (or, delayed, Redis kept them)."""
+        self.bounds.admit(function)
         if options.plain:
-            client.submit_background([gearman.Copy(function, stomp_unique(uuid.uuid4().hex), body)
-                                      for body in bodies])
+            copies = [gearman.Copy(function, stomp_unique(uuid.uuid4().hex), body)
+                      for body in bodies]
+            client.submit_background(copies)
+            self.bounds.sent(copies)
             return
         (body,) = bodies  # a SEND with options is never batched
         message_id = uuid.uuid4().hex
@@ -221,7 +227,9 @@ class Broker:
                                header_ids=header_ids)
             if self.scheduler.schedule(item):
                 return
-        client.submit_background([gearman.Copy(function, unique, body)], options.priority)
+        copies = [gearman.Copy(function, unique, body)]
+        client.submit_background(copies, options.priority)
+        self.bounds.sent(copies)
 
     def publish(self, client: gearman.Client, topic: str, bodies: Sequence[bytes],
                 options: SendOptions = PLAIN) -> dict:
@@ -322,6 +330,9 @@ class Broker:
         return message_id
 
     # -- topics ------------------------------------------------------------------
+
+    def bound_queue(self, function: str, limits: Limits) -> None:
+        self.bounds.limit(function, limits)
 
     def subscribe_topic(self, pattern: str, client_id: str, durable: bool = False,
                         limits: Limits | None = None) -> None:

@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 from gearhorn import gearman
 from gearhorn.events import Event
-from gearhorn.limits import limits_from_headers
+from gearhorn.limits import Limits, limits_from_headers
 from gearhorn.messages import (
     MAX_BATCH,
     BadRequest,
@@ -26,6 +26,7 @@ from gearhorn.naming import TEMP_FUNCTION_PREFIX, durable_client_id, temp_queue
 from gearhorn.redisconn import REDIS_ERRORS
 from gearhorn.stomp.auth import OPEN
 from gearhorn.stomp.backend import Backend, Transport
+from gearhorn.stomp.bounds import QueueFull
 from gearhorn.stomp.broker import FanoutFailed
 from gearhorn.stomp.frames import Frame, encode, message_frame, message_prefix
 from gearhorn.stomp.queues import Delivery
@@ -112,7 +113,7 @@ class Session:
             self.error(exc.title, frame, str(exc))
         except BadRequest as exc:
             self.error(str(exc), frame)
-        except FanoutFailed as exc:
+        except (FanoutFailed, QueueFull) as exc:
             log.warning("session %s: %s", self.id, exc)
             self.error(str(exc), frame)
         except (gearman.GearmanError, *REDIS_ERRORS) as exc:
@@ -170,7 +171,7 @@ class Session:
         except ProtocolError as exc:
             self.error(exc.title, batch[0], str(exc))
             return
-        except (BadRequest, FanoutFailed) as exc:
+        except (BadRequest, FanoutFailed, QueueFull) as exc:
             self.error(str(exc), batch[0])
             return
         except (gearman.GearmanError, *REDIS_ERRORS) as exc:
@@ -354,6 +355,9 @@ class Session:
             self._subscribe_topic(sub, dest.name, frame)
         else:
             sub.function = dest.name
+            limits = _limits(frame)
+            if limits is not None:
+                self.broker.bound_queue(sub.function, limits)
         self.subscriptions[sub_id] = sub
         sub.dispatcher = self.broker.attach(sub.function, sub, sub.shared)
         self.broker.record(Event.ATTACHED, sub.function)
@@ -370,10 +374,7 @@ class Session:
             sub.durable = True
         else:
             sub.client_id = "s" + uuid.uuid4().hex[:20]
-        try:  # RabbitMQ's queue arguments: x-max-length and the rest (gearhorn/limits.py)
-            limits = limits_from_headers(frame.headers)
-        except BadRequest as exc:
-            raise ProtocolError(str(exc), INVALID_HEADER) from None
+        limits = _limits(frame)
         sub.pattern = pattern
         sub.function = queue_name(pattern, sub.client_id)
         self.broker.subscribe_topic(pattern, sub.client_id, sub.durable, limits)
@@ -523,3 +524,12 @@ class Session:
         if receipt is not None:
             headers = {"receipt-id": receipt, **(extra or {})}
             self.transport.send(encode("RECEIPT", headers, b"", self.version))
+
+
+def _limits(frame: Frame) -> Limits | None:
+    """RabbitMQ's queue arguments on a SUBSCRIBE: x-max-length and the rest
+    (gearhorn/limits.py)."""
+    try:
+        return limits_from_headers(frame.headers)
+    except BadRequest as exc:
+        raise ProtocolError(str(exc), INVALID_HEADER) from None

@@ -92,6 +92,9 @@ class FakeBroker:
         self.requests = getattr(self, "requests", []) + [(function, body, options, reply_queue)]
         self.done = getattr(self, "done", []) + [done]
 
+    def bound_queue(self, function, limits):
+        self.topics.append(("bound", function, limits))
+
     def subscribe_topic(self, pattern, client_id, durable=False, limits=None):
         self.topics.append(("+", pattern, client_id))
 
