@@ -117,10 +117,10 @@ def test_reject_publish_lists_the_full_subscriber_and_leaves_the_others_alone(
              message="the capped queue marked full")
     # The workers hear of it on the matchmaking channel: a fanout made before
     # they did may still copy (docs/reliability.rst); it shows in the depth.
-    late = 0
+    late, deadline = 0, time.monotonic() + 30
     while "full" not in (result := publish(gc, topic, [f"b{late}"])):
         late += 1
-        assert late < 20, "the workers never heard the queue was full"
+        assert time.monotonic() < deadline, "the workers never heard the queue was full"
     assert (result["full"], result["copies"]) == (["capped"], 1)
     assert publish(gc, topic, ["after"])["full"] == ["capped"]
     early = [f"b{i}" for i in range(late)]
@@ -307,3 +307,54 @@ def test_an_invalid_limit_header_is_an_error_frame_and_nothing_is_subscribed(
 
 def _subscription_queues(redis_url):
     return [q.decode() for q in redisconn.connect(redis_url).hkeys(Keys().subscriptions)]
+
+
+def test_a_stomp_queue_subscription_bounds_the_queue_and_its_ttl(
+        gearmand, bridge, stomp_clients, redis_url):
+    queue, short = unique_topic("sq"), unique_topic("sqttl")
+    reader = stomp_clients(bridge.port)
+    reader.subscribe(f"/queue/{queue}", "1", **{"x-max-length": "3"})
+    reader.subscribe(f"/queue/{short}", "2", **{"x-message-ttl": "1000"})
+    reader.close()
+    sender = stomp_clients(bridge.port)
+    for i in range(10):
+        sender.send(f"/queue/{queue}", f"m{i}".encode())
+    sender.send(f"/queue/{short}", b"soon gone")
+    wait_for(lambda: queue_depth(gearmand, queue) == 3 and len(dropped(redis_url, queue)) == 7,
+             timeout=60, message="the queue cut to its newest 3")
+    wait_for(lambda: [r for r, _ in dropped(redis_url, short)] == ["expired"], timeout=60,
+             message="the queue's message expired")
+    back = stomp_clients(bridge.port)
+    back.subscribe(f"/queue/{queue}", "1")
+    assert [m.body for m in back.messages(3)] == [b"m7", b"m8", b"m9"]
+    assert queue_depth(gearmand, short) == 0
+
+
+def test_a_send_to_a_full_reject_publish_queue_is_an_error(
+        gearmand, bridge, stomp_clients, redis_url):
+    queue = unique_topic("sqfull")
+    reader = stomp_clients(bridge.port)
+    reader.subscribe(f"/queue/{queue}", "1",
+                     **{"x-max-length": "2", "x-overflow": "reject-publish"})
+    reader.close()
+    sender = stomp_clients(bridge.port)
+    sender.send(f"/queue/{queue}", b"a")
+    sender.send(f"/queue/{queue}", b"b")
+    registry_redis = redisconn.connect(redis_url)
+    wait_for(lambda: registry_redis.sismember(Keys().full, queue), timeout=30,
+             message="the queue marked full")
+    # The bridge reads the mark at most 0.25 s late: a SEND before that is queued.
+    late, deadline = 0, time.monotonic() + 30
+    while True:
+        sender = stomp_clients(bridge.port)
+        sender.conn.send(destination=f"/queue/{queue}", body=b"late",
+                         receipt=sender.receipt())
+        sender.wait(lambda s=sender: s.listener.errors or s.listener.receipts, 30, "an answer")
+        if sender.listener.errors:
+            break
+        late += 1
+        assert time.monotonic() < deadline, "the bridge never refused"
+        sender.close()
+    said = sender.listener.errors[0].headers["message"]
+    assert f"queue {queue} is full (reject-publish)" in said, said
+    assert queue_depth(gearmand, queue) == 2 + late
