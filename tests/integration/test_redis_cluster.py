@@ -32,6 +32,7 @@ from .test_bounded_queues import (  # noqa: F401
     bridge,
     gc,
     test_a_durable_stomp_subscription_takes_rabbitmqs_limit_headers,
+    test_a_stomp_queue_subscription_bounds_the_queue_and_its_ttl,
     test_an_expired_copy_is_never_handed_to_a_plain_gearman_worker,
     test_drop_head_keeps_the_newest_in_order_beside_a_live_subscriber,
     test_expires_removes_an_unused_subscription_and_keeps_a_consumed_one,
