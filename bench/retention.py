@@ -95,12 +95,12 @@ OFF = {"GEARHORN_RETENTION_INTERVAL": "0"}
 ON: dict[str, str] = {}  # the defaults
 
 
-def bench_cost(processes: int, fanouts: int, turns: int) -> dict[int, list[float]]:
+def bench_cost(processes: int, copies: int, turns: int) -> dict[int, list[float]]:
     """on/off ratios per width, one per turn (each turn: off then on, or on
-    then off, on fresh servers)."""
+    then off, on fresh servers), ``copies`` a measurement."""
     ratios: dict[int, list[float]] = {}
     for width in (10, 100):
-        count = max(50, fanouts // width * 10)
+        count = copies // width
         for turn in range(turns):
             rates = {}
             order = ("off", "on") if turn % 2 == 0 else ("on", "off")
@@ -260,7 +260,8 @@ def main() -> None:
     args = parser.parse_args()
     minutes = args.minutes or (2.0 if args.quick else 10.0)
     if args.part in ("cost", "both"):
-        ratios = bench_cost(args.processes, 2000 if args.quick else 6000, 2 if args.quick else 4)
+        ratios = bench_cost(args.processes, 100_000 if args.quick else 300_000,
+                            2 if args.quick else 4)
         for width, values in ratios.items():
             print(f"limits on/off x{width}: {', '.join(f'{v:.3f}' for v in values)} "
                   f"(mean {sum(values) / len(values):.3f}; target >= 0.90)")

@@ -560,8 +560,6 @@ class WorkerProcess:
                 self.service.record_rejection(job.function, str(outcome))
             else:
                 worker.complete(grabbed.handle, outcome)
-        if self.tally is not None:
-            self.tally.flush()
         # The group's ledger entries are in Redis before its jobs are answered
         # (one round trip a group): a worker killed after answering takes no
         # entry with it, so the reconciliation knows every copy it made.

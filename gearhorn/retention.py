@@ -8,9 +8,12 @@ copies are the newest ``depth`` of the tally; every entry older than those
 was consumed and can go. That is what this module works out, with the
 copies to expire (too old) and to drop (over a limit) from the head.
 
-Copies gearmand holds that no tally entry accounts for (sent to the queue
-by something else than a fanout) count as the oldest, as old as the
-oldest entry, at the queue's mean copy size.
+Copies gearmand holds that no tally entry accounts for count as the
+newest, at the queue's mean copy size: mostly they are (a worker writes
+its entries every 0.1 s, after gearmand accepted the copies), and so a
+copy is never expired early. Copies sent to the queue by something else
+than a fanout or the bridge never expire by age; the length and bytes
+limits still count them.
 """
 
 from __future__ import annotations
@@ -94,10 +97,9 @@ def _portions(tallied: Tallied, depth: int) -> tuple[int, int, list[_Queued]]:
         queued.append(_Queued(entry.at_ms, left, _part(entry.size, entry.count, left)))
         consumed_size += entry.size - queued[-1].size
     unknown = max(0, depth - tallied.count)
-    if unknown:
+    if unknown:  # the newest: accepted, not tallied yet; they never expire early
         mean = tallied.size // tallied.count if tallied.count else 0
-        at = tallied.window[0].at_ms if tallied.window else -1
-        queued.insert(0, _Queued(at, unknown, mean * unknown))
+        queued.append(_Queued(-1, unknown, mean * unknown))
     return consumed_entries, consumed_size, queued
 
 
@@ -109,7 +111,7 @@ def judge(tallied: Tallied, depth: int, running: int, limits: Limits, now_ms: in
     """The verdict for a queue holding ``depth`` jobs, ``running`` of them
     handed to a consumer (those are the oldest, and cannot be taken back)."""
     consumed, consumed_size, queued = _portions(tallied, depth)
-    size = max(0, tallied.size - consumed_size + sum(q.size for q in queued[:1]
+    size = max(0, tallied.size - consumed_size + sum(q.size for q in queued[-1:]
                                                       if depth > tallied.count))
     expire = 0
     if limits.message_ttl:

@@ -29,8 +29,9 @@ MAX_PENDING_QUEUES = 100_000
 
 
 class TallyWriter:
-    """The worker's side: ``add`` the copies gearmand accepted, ``flush``
-    before answering the group (one round trip, with nothing to write none)."""
+    """The worker's side: ``add`` the copies gearmand accepted; the worker's
+    flusher thread writes them every 0.1 s (one entry per queue, one round
+    trip). Copies not written yet count as the newest (retention.py)."""
 
     def __init__(self, client: redis.Redis, keys: Keys) -> None:
         self.redis = client

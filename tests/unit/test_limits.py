@@ -95,8 +95,8 @@ def test_expired_copies_are_the_head_ones_older_than_the_ttl():
     assert judge(tallied(window), 6, 0, limits, 4_000).expire == 2
     assert judge(tallied(window), 6, 0, limits, 4_600).expire == 5
     assert judge(tallied(window), 6, 0, limits, 3_400).expire == 0
-    # Copies nobody tallied are the oldest: expired with the first entry.
-    assert judge(tallied(window), 8, 0, limits, 4_000).expire == 4
+    # Copies nobody tallied yet are the newest: never expired early.
+    assert judge(tallied(window), 8, 0, limits, 4_600).expire == 5
 
 
 def test_reject_publish_marks_full_and_drops_nothing():
