@@ -358,3 +358,22 @@ def test_a_send_to_a_full_reject_publish_queue_is_an_error(
     said = sender.listener.errors[0].headers["message"]
     assert f"queue {queue} is full (reject-publish)" in said, said
     assert queue_depth(gearmand, queue) == 2 + late
+
+
+def test_an_invalid_limit_fails_the_subscribe_with_its_reason_and_subscribes_nothing(
+        gearmand, start_pool, gearman_cli_tool, redis_url):
+    pool = start_pool([gearmand], processes=1)
+    topic = unique_topic("inv")
+    out = gearman_cli(gearmand, "-f", "subscribe_fanout", json.dumps(
+        {"topic": topic, "client_id": "c", "max_length": 10, "overflow": "drop-tail"}))
+    assert out.returncode != 0
+    said = out.stdout.decode() + out.stderr.decode()
+    assert "overflow must be drop-head or reject-publish, got 'drop-tail'" in said, said
+    assert pool.registry.subscribers(topic) == set()
+    assert f"{topic}_c" not in _subscription_queues(redis_url)
+    # The same subscription with valid limits is taken, and says so.
+    ok = gearman_cli(gearmand, "-f", "subscribe_fanout", json.dumps(
+        {"topic": topic, "client_id": "c", "max_length": 10, "overflow": "reject-publish"}))
+    assert json.loads(ok.stdout)["subscribers"] == 1
+    entry = json.loads(redisconn.connect(redis_url).hget(Keys().subscriptions, f"{topic}_c"))
+    assert entry["limits"] == {"max_length": 10, "overflow": "reject-publish"}
