@@ -7,8 +7,7 @@ import time
 import pytest
 
 from .helpers import gearman_cli, unique_topic, wait_for
-from .stomp_helpers import error_detail
-from .test_stomp_bridge import RawClient
+from .stomp_helpers import RawClient, error_detail
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 

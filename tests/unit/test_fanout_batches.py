@@ -11,8 +11,7 @@ from gearhorn.cache import SubscriberCache
 from gearhorn.config import Config
 from gearhorn.fanout import FanoutService, Job, Unavailable
 from gearhorn.messages import BadRequest, message_ids_for
-
-from .test_fanout_service import RecordingClient
+from tests.fakes import RecordingClient
 
 
 def fanout(unique, topic="news", **extra):

@@ -9,46 +9,7 @@ from gearhorn.cache import SubscriberCache
 from gearhorn.config import Config
 from gearhorn.fanout import FanoutService, Unavailable
 from gearhorn.messages import BadRequest
-
-
-class RecordingClient:
-    """Stands in for gearmand: records copies, answers foreground jobs."""
-
-    def __init__(self, answers=None):
-        self.background, self.foreground = [], []
-        self.precedences = []
-        # function -> Outcome, or a list of Outcomes given one per attempt
-        self.answers = answers or {}
-
-    def submit_background(self, copies, precedence="normal"):
-        self.background += copies
-        self.precedences.append(precedence)
-        return len(copies)
-
-    def submit_foreground(self, copies, timeout, precedence="normal"):
-        self.foreground += copies
-        self.precedences.append(precedence)
-        return [self._answer(c.function) for c in copies]
-
-    def start_foreground(self, copies, precedence="normal"):
-        outcomes = self.submit_foreground(copies, 0, precedence)
-        return _Answered(outcomes)
-
-    def _answer(self, function):
-        answer = self.answers.get(function, gearman.Outcome("complete", b"ok"))
-        if isinstance(answer, list):
-            return answer.pop(0) if len(answer) > 1 else answer[0]
-        return answer
-
-
-class _Answered:
-    """gearman.Placed for RecordingClient: the outcomes are known at once."""
-
-    def __init__(self, outcomes):
-        self.outcomes = outcomes
-
-    def wait(self, timeout):
-        return self.outcomes
+from tests.fakes import RecordingClient
 
 
 @pytest.fixture

@@ -1,9 +1,9 @@
-import random
 
 import pytest
 
 from gearhorn import gearman as g
 from gearhorn.gearman import connection
+from tests.fakes import chunkings
 
 
 def stream():
@@ -19,18 +19,9 @@ def stream():
     return packets, wire
 
 
-def chunkings(wire):
-    yield [wire]
-    yield [wire[i:i + 1] for i in range(len(wire))]
-    rng = random.Random(7)
-    for _ in range(50):
-        cuts = sorted(rng.sample(range(1, len(wire)), rng.randint(1, 10)))
-        yield [wire[a:b] for a, b in zip([0] + cuts, cuts + [len(wire)], strict=True)]
-
-
 def test_reader_decodes_every_chunking():
     packets, wire = stream()
-    for chunks in chunkings(wire):
+    for chunks in chunkings(wire, seed=7, splits=50, most_cuts=10):
         reader = g.PacketReader()
         out = [p for chunk in chunks for p in reader.feed(chunk)]
         assert out == packets

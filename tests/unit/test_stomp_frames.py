@@ -1,20 +1,8 @@
-import random
 
 import pytest
 
 from gearhorn.stomp.frames import Frame, FrameError, FrameParser, Limits, encode
-
-
-def chunkings(wire: bytes):
-    """Whole, byte by byte, and many random splits."""
-    yield [wire]
-    yield [wire[i:i + 1] for i in range(len(wire))]
-    rng = random.Random(len(wire))
-    for _ in range(40):
-        if len(wire) < 2:
-            break
-        cuts = sorted(rng.sample(range(1, len(wire)), min(len(wire) - 1, rng.randint(1, 8))))
-        yield [wire[a:b] for a, b in zip([0] + cuts, cuts + [len(wire)], strict=True)]
+from tests.fakes import chunkings
 
 
 def parse_all(wire: bytes, version="1.2", limits=None):

@@ -2,125 +2,12 @@
 
 import pytest
 
-from gearhorn import gearman
-from gearhorn.config import Config
-from gearhorn.stomp.auth import OPEN, Principal
-from gearhorn.stomp.frames import Frame, FrameParser
-from gearhorn.stomp.queues import Delivery
+from gearhorn.stomp.auth import Principal
+from gearhorn.stomp.frames import Frame
 from gearhorn.stomp.rules import SessionSettings, parse_destination
 from gearhorn.stomp.sending import PLAIN
 from gearhorn.stomp.session import Session
-
-
-class FakeTransport:
-    def __init__(self):
-        self.parser = FrameParser()
-        self.parser.version = "1.2"
-        self.frames, self.callbacks = [], []
-        self.closed = False
-        self.backlog = 0
-
-    def send(self, data, on_sent=None, on_dropped=None):
-        self.frames += self.parser.feed(data)
-        self.callbacks.append((on_sent, on_dropped))
-
-    def close(self):
-        self.closed = True
-
-
-class FakeDispatcher:
-    def __init__(self, function):
-        self.function = function
-        self.consumers, self.acked, self.given_back, self.returned = [], [], [], []
-        self.rejected = []
-
-    def ack(self, delivery):
-        self.acked.append(delivery.body)
-
-    def give_back(self, deliveries):
-        self.given_back += [d.body for d in deliveries]
-
-    def reject(self, deliveries):
-        self.rejected += [d.body for d in deliveries]
-
-    def remove(self, consumer, unacked, give_back=True):
-        self.consumers.remove(consumer)
-        self.returned += [d.body for d in unacked]
-
-    def push(self, body, consumer=None, headers=None, deliveries=1):
-        job = gearman.GrabbedJob(b"H:%d" % len(body), self.function, "u", body)
-        delivery = Delivery(job, None, self, headers)
-        delivery.deliveries = deliveries
-        (consumer or self.consumers[0]).deliver(delivery)
-        return delivery
-
-
-class FakeBroker:
-    def __init__(self):
-        self.config = Config()
-        self.sent, self.published, self.topics = [], [], []
-        self.dispatchers = {}
-
-    principal = OPEN
-
-    def authenticate(self, login, passcode):
-        self.logins = getattr(self, "logins", []) + [login]
-        return self.principal if passcode != "Wr0ngPass" else None
-
-    def new_client(self):
-        return gearman.Client(self.config.gearman_servers)
-
-    def record(self, event, subscriber, unique="", redelivered=False):
-        self.ledger = getattr(self, "ledger", []) + [(event, subscriber, unique)]
-
-    def attach(self, function, consumer, shared=True):
-        d = self.dispatchers.setdefault(function, FakeDispatcher(function))
-        d.consumers.append(consumer)
-        return d
-
-    def send_to_queue(self, client, function, bodies, options=PLAIN):
-        self.sent += [(function, body) for body in bodies]
-        self.options = getattr(self, "options", []) + [options]
-        self.calls = getattr(self, "calls", 0) + 1
-
-    def publish(self, client, topic, bodies, options=PLAIN):
-        self.published += [(topic, body) for body in bodies]
-        self.options = getattr(self, "options", []) + [options]
-        self.calls = getattr(self, "calls", 0) + 1
-
-    def request(self, function, body, options, reply_queue, done=None):
-        self.requests = getattr(self, "requests", []) + [(function, body, options, reply_queue)]
-        self.done = getattr(self, "done", []) + [done]
-
-    def bound_queue(self, function, limits):
-        self.topics.append(("bound", function, limits))
-
-    def subscribe_topic(self, pattern, client_id, durable=False, limits=None):
-        self.topics.append(("+", pattern, client_id))
-
-    def temp_queue_opened(self, function):
-        self.topics.append(("temp+", function))
-
-    def temp_queue_exists(self, function):
-        return ("temp+", function) in self.topics and ("temp-", function) not in self.topics
-
-    def temp_queue_closed(self, function):
-        self.topics.append(("temp-", function))
-
-    def unsubscribe_topic(self, pattern, client_id):
-        self.topics.append(("-", pattern, client_id))
-
-    def drop_queue(self, function):
-        self.topics.append(("drop", function))
-
-    def count_messages(self, function):
-        return 7
-
-    def count_queue_subscribers(self, function):
-        return 2
-
-    def count_topic_subscribers(self, topic):
-        return 3
+from tests.fakes import FakeBroker, FakeTransport
 
 
 @pytest.fixture

@@ -1,0 +1,182 @@
+"""Test doubles shared by the unit tests: a Gearman client that records,
+the STOMP session's transport, dispatcher and backend, and byte streams cut
+every which way. ``FakeBroker`` is checked against ``stomp.backend.Backend``
+(tests/unit/test_fakes.py), so a session test cannot pass against a backend
+method that no longer exists.
+"""
+
+from __future__ import annotations
+
+import random
+
+from gearhorn import gearman
+from gearhorn.config import Config
+from gearhorn.stomp.auth import OPEN
+from gearhorn.stomp.frames import FrameParser
+from gearhorn.stomp.queues import Delivery
+from gearhorn.stomp.sending import PLAIN
+
+
+class RecordingClient:
+    """Stands in for gearmand: records copies, answers foreground jobs."""
+
+    def __init__(self, answers=None):
+        self.background, self.foreground = [], []
+        self.precedences = []
+        # function -> Outcome, or a list of Outcomes given one per attempt
+        self.answers = answers or {}
+
+    def submit_background(self, copies, precedence="normal"):
+        self.background += copies
+        self.precedences.append(precedence)
+        return len(copies)
+
+    def submit_foreground(self, copies, timeout, precedence="normal"):
+        self.foreground += copies
+        self.precedences.append(precedence)
+        return [self._answer(c.function) for c in copies]
+
+    def start_foreground(self, copies, precedence="normal"):
+        outcomes = self.submit_foreground(copies, 0, precedence)
+        return Answered(outcomes)
+
+    def _answer(self, function):
+        answer = self.answers.get(function, gearman.Outcome("complete", b"ok"))
+        if isinstance(answer, list):
+            return answer.pop(0) if len(answer) > 1 else answer[0]
+        return answer
+
+
+class Answered:
+    """gearman.Placed for RecordingClient: the outcomes are known at once."""
+
+    def __init__(self, outcomes):
+        self.outcomes = outcomes
+
+    def wait(self, timeout):
+        return self.outcomes
+
+
+class FakeTransport:
+    def __init__(self):
+        self.parser = FrameParser()
+        self.parser.version = "1.2"
+        self.frames, self.callbacks = [], []
+        self.closed = False
+        self.backlog = 0
+
+    def send(self, data, on_sent=None, on_dropped=None):
+        self.frames += self.parser.feed(data)
+        self.callbacks.append((on_sent, on_dropped))
+
+    def close(self):
+        self.closed = True
+
+
+class FakeDispatcher:
+    def __init__(self, function):
+        self.function = function
+        self.consumers, self.acked, self.given_back, self.returned = [], [], [], []
+        self.rejected = []
+
+    def ack(self, delivery):
+        self.acked.append(delivery.body)
+
+    def give_back(self, deliveries):
+        self.given_back += [d.body for d in deliveries]
+
+    def reject(self, deliveries):
+        self.rejected += [d.body for d in deliveries]
+
+    def remove(self, consumer, unacked, give_back=True):
+        self.consumers.remove(consumer)
+        self.returned += [d.body for d in unacked]
+
+    def push(self, body, consumer=None, headers=None, deliveries=1):
+        job = gearman.GrabbedJob(b"H:%d" % len(body), self.function, "u", body)
+        delivery = Delivery(job, None, self, headers)
+        delivery.deliveries = deliveries
+        (consumer or self.consumers[0]).deliver(delivery)
+        return delivery
+
+
+class FakeBroker:
+    def __init__(self):
+        self.config = Config()
+        self.sent, self.published, self.topics = [], [], []
+        self.dispatchers = {}
+
+    principal = OPEN
+
+    def authenticate(self, login, passcode):
+        self.logins = getattr(self, "logins", []) + [login]
+        return self.principal if passcode != "Wr0ngPass" else None
+
+    def new_client(self):
+        return gearman.Client(self.config.gearman_servers)
+
+    def record(self, event, subscriber, unique="", redelivered=False):
+        self.ledger = getattr(self, "ledger", []) + [(event, subscriber, unique)]
+
+    def attach(self, function, consumer, shared=True):
+        d = self.dispatchers.setdefault(function, FakeDispatcher(function))
+        d.consumers.append(consumer)
+        return d
+
+    def send_to_queue(self, client, function, bodies, options=PLAIN):
+        self.sent += [(function, body) for body in bodies]
+        self.options = getattr(self, "options", []) + [options]
+        self.calls = getattr(self, "calls", 0) + 1
+
+    def publish(self, client, topic, bodies, options=PLAIN):
+        self.published += [(topic, body) for body in bodies]
+        self.options = getattr(self, "options", []) + [options]
+        self.calls = getattr(self, "calls", 0) + 1
+
+    def request(self, function, body, options, reply_queue, done=None):
+        self.requests = getattr(self, "requests", []) + [(function, body, options, reply_queue)]
+        self.done = getattr(self, "done", []) + [done]
+
+    def bound_queue(self, function, limits):
+        self.topics.append(("bound", function, limits))
+
+    def subscribe_topic(self, pattern, client_id, durable=False, limits=None):
+        self.topics.append(("+", pattern, client_id))
+
+    def temp_queue_opened(self, function):
+        self.topics.append(("temp+", function))
+
+    def temp_queue_exists(self, function):
+        return ("temp+", function) in self.topics and ("temp-", function) not in self.topics
+
+    def temp_queue_closed(self, function):
+        self.topics.append(("temp-", function))
+
+    def unsubscribe_topic(self, pattern, client_id):
+        self.topics.append(("-", pattern, client_id))
+
+    def drop_queue(self, function):
+        self.topics.append(("drop", function))
+
+    def count_messages(self, function):
+        return 7
+
+    def count_queue_subscribers(self, function):
+        return 2
+
+    def count_topic_subscribers(self, topic):
+        return 3
+
+
+def chunkings(wire: bytes, seed: int | None = None, splits: int = 40, most_cuts: int = 8):
+    """Whole, byte by byte, and ``splits`` random splits of at most
+    ``most_cuts`` cuts (seeded by the length unless ``seed`` is given)."""
+    yield [wire]
+    yield [wire[i:i + 1] for i in range(len(wire))]
+    rng = random.Random(len(wire) if seed is None else seed)
+    for _ in range(splits):
+        if len(wire) < 2:
+            break
+        count = min(len(wire) - 1, rng.randint(1, most_cuts))
+        cuts = sorted(rng.sample(range(1, len(wire)), count))
+        yield [wire[a:b] for a, b in zip([0] + cuts, cuts + [len(wire)], strict=True)]
