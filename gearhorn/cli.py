@@ -214,7 +214,7 @@ def cmd_replay(config: Config, args: argparse.Namespace) -> int:
     from gearhorn.keys import Keys
     from gearhorn.redisconn import REDIS_ERRORS
 
-    keys = Keys(config.key_prefix, config.matchmaking_channel)
+    keys = Keys.for_config(config)
     queue = redis.Redis.from_url(config.queue_redis_url, socket_timeout=60)
     try:
         dashed = replay.DashedFunctions(redisconn.for_config(config), keys).load()
@@ -304,7 +304,7 @@ def cmd_ledger(config: Config, args: argparse.Namespace) -> int:
     # would hide a lost one.
     queued = _queued_now(config)
     try:
-        result = export(client, Keys(config.key_prefix, config.matchmaking_channel), args.out,
+        result = export(client, Keys.for_config(config), args.out,
                         args.format, shards=config.ledger_shards)
     except (*REDIS_ERRORS, RuntimeError) as exc:
         raise CommandError(str(exc)) from None

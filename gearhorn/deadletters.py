@@ -189,7 +189,7 @@ class DeadLetterMover:
 
 def for_config(config, client: redis.Redis) -> tuple[DeadLetterIndex, DeadLetterMover]:
     """The index and mover for ``config``'s servers (the CLI and the console)."""
-    keys = Keys(config.key_prefix, config.matchmaking_channel)
+    keys = Keys.for_config(config)
     index = DeadLetterIndex(client, keys, Stats(client, keys, config.metrics_enabled))
     mover = DeadLetterMover(config.gearman_servers, index,
                             HeaderStore(client, keys, config.headers_ttl), config.gearman_tls)

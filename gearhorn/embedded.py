@@ -59,7 +59,7 @@ class Embedded:
                 server.stop()
 
     def _keys(self) -> Keys:
-        return Keys(self.config.key_prefix, self.config.matchmaking_channel)
+        return Keys.for_config(self.config)
 
     def _registry_redis(self) -> redis.Redis:
         return redisconn.for_config(self.config, socket_timeout=30)
@@ -199,7 +199,7 @@ class Embedded:
 
     def _announce_when_ready(self) -> None:
         registry = Registry(redisconn.for_config(self.config),
-                            Keys(self.config.key_prefix, self.config.matchmaking_channel))
+                            Keys.for_config(self.config))
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             try:

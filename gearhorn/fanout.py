@@ -447,7 +447,7 @@ class WorkerProcess:
         self.worker_id = new_worker_id()
         self.redis = redisconn.for_config(config, socket_timeout=10, socket_connect_timeout=5,
                                           health_check_interval=30)
-        keys = Keys(config.key_prefix, config.matchmaking_channel)
+        keys = Keys.for_config(config)
         self.registry = Registry(self.redis, keys)
         self.cache = SubscriberCache(self.registry, config.cache_size)
         dashed = DashedFunctions(self.redis, keys)

@@ -93,6 +93,11 @@ class Keys:
     prefix: str = "gearhorn:"
     channel: str = "__matchmaking"
 
+    @classmethod
+    def for_config(cls, config) -> Keys:
+        """The keys of ``config``'s ``key_prefix`` and ``matchmaking_channel``."""
+        return cls(config.key_prefix, config.matchmaking_channel)
+
     @property
     def topics(self) -> str:
         return self.prefix + "topics"

@@ -30,6 +30,7 @@ from gearhorn.naming import (  # noqa: F401 - the naming rules, re-exported
     message_ids_for,
     new_message_id,
     queue_name,
+    shorten,
     split_queue_name,
 )
 
@@ -109,7 +110,7 @@ def _validate_name(field: str, value: object) -> str:
         raise BadRequest(f"{field} must be a string, not {_json_type(value)}")
     if not _NAME.fullmatch(value):
         raise BadRequest(
-            f"invalid {field} {_shorten(value)}: use 1 to {MAX_NAME_BYTES} printable "
+            f"invalid {field} {shorten(value)}: use 1 to {MAX_NAME_BYTES} printable "
             "ASCII characters without whitespace"
         )
     return value
@@ -118,7 +119,7 @@ def _validate_name(field: str, value: object) -> str:
 def validate_queue(name: object) -> str:
     """A Gearman function name a STOMP client may send to or work (``/queue/Q``)."""
     if not isinstance(name, str) or not _QUEUE.fullmatch(name):
-        raise BadRequest(f"invalid queue name {_shorten(str(name))}: use 1 to "
+        raise BadRequest(f"invalid queue name {shorten(str(name))}: use 1 to "
                          f"{2 * MAX_NAME_BYTES + 1} printable ASCII characters without whitespace")
     return name
 
@@ -175,7 +176,7 @@ RESERVED_HEADERS = frozenset({"content-length", "destination", "message-id", "su
 
 def parse_priority(value: object) -> str:
     if value not in PRIORITIES:
-        raise BadRequest(f"invalid priority {_shorten(str(value))}: use high, normal or low")
+        raise BadRequest(f"invalid priority {shorten(str(value))}: use high, normal or low")
     return str(value)
 
 
@@ -202,7 +203,7 @@ def _number(key: str, value: object) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float) \
             or not math.isfinite(value) or value < 0:
         raise BadRequest(f"{key} must be a number of seconds (0 or more), not "
-                         f"{_shorten(json.dumps(value))}")
+                         f"{shorten(json.dumps(value))}")
     return float(value)
 
 
@@ -212,7 +213,7 @@ def _rfc3339(text: str) -> float:
     except ValueError:
         moment = None
     if moment is None or moment.tzinfo is None:
-        raise BadRequest(f"invalid deliver_at {_shorten(text)}: use epoch seconds or RFC 3339 "
+        raise BadRequest(f"invalid deliver_at {shorten(text)}: use epoch seconds or RFC 3339 "
                          "with a time zone (2026-11-22T21:00:00Z)")
     return moment.timestamp()
 
@@ -229,7 +230,7 @@ def parse_headers(value: object) -> dict[str, str]:
     for name, text in value.items():
         if not (isinstance(name, str) and 0 < len(name) <= MAX_HEADER_NAME
                 and "\0" not in name):
-            raise BadRequest(f"invalid header name {_shorten(str(name))}: 1 to "
+            raise BadRequest(f"invalid header name {shorten(str(name))}: 1 to "
                              f"{MAX_HEADER_NAME} characters without NUL")
         if name in RESERVED_HEADERS:
             raise BadRequest(f"header {name!r} is set by the bridge, not by a message")
@@ -286,7 +287,7 @@ def _parse_unique(unique: object) -> str | None:
         raise BadRequest(f"unique must be a string, not {_json_type(unique)}")
     if not re.fullmatch(rf"[!-~]{{1,{MAX_UNIQUE_BYTES}}}", unique):
         raise BadRequest(
-            f"invalid unique {_shorten(unique)}: use 1 to {MAX_UNIQUE_BYTES} printable "
+            f"invalid unique {shorten(unique)}: use 1 to {MAX_UNIQUE_BYTES} printable "
             "ASCII characters without whitespace"
         )
     return unique
@@ -335,7 +336,3 @@ _JSON_TYPES = {dict: "an object", list: "an array", str: "a string", bool: "a bo
 def _json_type(value: object) -> str:
     return _JSON_TYPES.get(type(value), type(value).__name__)
 
-
-def _shorten(value: str, limit: int = 40) -> str:
-    text = value if len(value) <= limit else value[:limit] + "..."
-    return repr(text)

@@ -36,7 +36,8 @@ MAX_UNIQUE_BYTES = 63
 TEMP_FUNCTION_PREFIX = "gearhorn.tmp."
 
 
-def _shorten(value: str, limit: int = 40) -> str:
+def shorten(value: str, limit: int = 40) -> str:
+    """``value`` quoted, cut after ``limit`` characters (for error texts)."""
     return repr(value if len(value) <= limit else value[:limit] + "...")
 
 
@@ -49,7 +50,7 @@ def split_queue_name(name: str) -> tuple[str, str]:
     """Inverse of :func:`queue_name`: ``"a_b_c"`` -> ``("a_b", "c")``."""
     topic, sep, client_id = name.rpartition("_")
     if not sep or not topic or not client_id:
-        raise BadRequest(f"{_shorten(name)} is not a <topic>_<client_id> queue name")
+        raise BadRequest(f"{shorten(name)} is not a <topic>_<client_id> queue name")
     return topic, client_id
 
 

@@ -16,7 +16,7 @@ def collect(config: Config) -> dict:
     report: dict = {"redis": config.redis_url, "topics": {}, "workers": {}, "gearman": []}
     try:
         registry = Registry(redisconn.for_config(config, socket_timeout=5),
-                            Keys(config.key_prefix, config.matchmaking_channel))
+                            Keys.for_config(config))
         report["topics"] = registry.topics()
         report["workers"] = registry.live_workers()
         report["delayed"] = Scheduler(registry.redis, registry.keys).pending()

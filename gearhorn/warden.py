@@ -201,7 +201,7 @@ class Warden:
                  queue_store: Callable[[], redis.Redis | None] | None = None) -> None:
         self.config = config
         self.redis = client
-        self.keys = Keys(config.key_prefix, config.matchmaking_channel)
+        self.keys = Keys.for_config(config)
         self.registry = Registry(client, self.keys)
         self.tally = TallyReader(client, self.keys)
         self.ledger = ledger

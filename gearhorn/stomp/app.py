@@ -46,7 +46,7 @@ def build_server(config: Config) -> BridgeServer:
     # plain pool raises "Too many connections" beyond 100).
     client = redisconn.for_config(config, max_connections=64, socket_timeout=10,
                                   socket_connect_timeout=5)
-    registry = Registry(client, Keys(config.key_prefix, config.matchmaking_channel))
+    registry = Registry(client, Keys.for_config(config))
     # Unique across hosts and restarts: the janitor cleans up by this id.
     bridge_id = process_id()
     broker = Broker(config, registry, bridge_id=bridge_id, credentials=credentials)

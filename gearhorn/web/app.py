@@ -129,7 +129,7 @@ class WebApp:
                  credentials: auth.Credentials) -> None:
         self.config = config
         self.credentials = credentials
-        self.collector = Collector(client, Keys(config.key_prefix, config.matchmaking_channel),
+        self.collector = Collector(client, Keys.for_config(config),
                                    config.gearman_servers, config.metrics_top,
                                    config.gearman_tls)
         self.console = Console(self.collector)
