@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import os
 import sys
 
@@ -12,8 +11,6 @@ from gearhorn import config as configuration
 from gearhorn.config import Config
 from gearhorn.errors import GearhornError
 from gearhorn.logs import setup_logging
-
-log = logging.getLogger(__name__)
 
 
 def _common(nested: bool = False) -> argparse.ArgumentParser:
@@ -306,7 +303,7 @@ def cmd_ledger(config: Config, args: argparse.Namespace) -> int:
     try:
         result = export(client, Keys.for_config(config), args.out,
                         args.format, shards=config.ledger_shards)
-    except (*REDIS_ERRORS, RuntimeError) as exc:
+    except REDIS_ERRORS as exc:
         raise CommandError(str(exc)) from None
     print(f"exported {result['rows']:,} rows in {len(result['files'])} files to {args.out} "
           f"(ledger up to {result['last_id']})")

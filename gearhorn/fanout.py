@@ -592,7 +592,7 @@ class WorkerProcess:
     def _refuse(worker: gearman.WorkerConnection, grabbed: gearman.GrabbedJob, job: Job,
                 reason: str) -> None:
         # WARNING then FAIL: every client (the gearman CLI too) sees the
-        # reason; WORK_EXCEPTION would end the job in gearmand (DESIGN.md).
+        # reason; WORK_EXCEPTION would end the job in gearmand (docs/design.rst).
         log.info("rejected %s job: %s", job.function, reason)
         worker.warn(grabbed.handle, reason.encode())
         worker.fail(grabbed.handle)

@@ -2,7 +2,7 @@
 
 For tests and ``gearhorn up`` where C gearmand is not installed. It cannot
 run in a gevent-patched process, so it always gets a process of its own.
-Not for production: no persistence, no unique coalescing (DESIGN.md).
+Not for production: no persistence, no unique coalescing (docs/design.rst).
 """
 
 from __future__ import annotations

@@ -37,6 +37,7 @@ from datetime import UTC, datetime
 import redis
 
 from gearhorn.background import Outage, StoppableThread
+from gearhorn.errors import GearhornError
 from gearhorn.events import FIELDS, Event, copy_key, message_key
 from gearhorn.keys import Keys
 from gearhorn.redisconn import REDIS_ERRORS
@@ -253,6 +254,10 @@ def _decode(fields: dict) -> dict[str, str]:
     return {text(k): text(v) for k, v in fields.items()}
 
 
+class ExportError(GearhornError):
+    """The export cannot be written as asked; the message says what to do."""
+
+
 class ExportResult(dict):
     """rows, files, first_id, last_id, trimmed (events lost before export)."""
 
@@ -420,8 +425,8 @@ class _ParquetRows:
             import pyarrow as pa
             import pyarrow.parquet as pq
         except ImportError:
-            raise RuntimeError("Parquet export needs pyarrow (pip install pyarrow), "
-                               "or use --format jsonl") from None
+            raise ExportError("Parquet export needs pyarrow (pip install pyarrow), "
+                              "or use --format jsonl") from None
         types = {"string": pa.string(), "int64": pa.int64(), "bool": pa.bool_()}
         self.schema = pa.schema([(name, types[kind]) for name, kind in FIELDS])
         self.table = pa.Table

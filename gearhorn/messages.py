@@ -2,7 +2,7 @@
 
 Pure functions only (no sockets, no Redis), so every rule is unit tested.
 
-Naming rules (DESIGN.md):
+Naming rules (docs/design.rst):
 - topic and client id: printable ASCII without whitespace, 1..128 bytes;
 - a client id has no ``_``, so ``<topic>_<client_id>`` splits at the last ``_``;
 - a topic has no ``*``; a subscription topic may *end* with one ``*``, which

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import socket
 import ssl
 import time
@@ -23,8 +22,6 @@ from gearhorn.gearman.packets import (
     PartialSubmit,
     encode,
 )
-
-log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -167,12 +164,6 @@ class Connection:
             return None
         finally:
             sock.settimeout(None)
-
-    def set_option(self, name: str) -> None:
-        self.send(encode(P.OPTION_REQ, name.encode()))
-        packet = self._read_reply()
-        if packet.type != P.OPTION_RES:
-            raise GearmanError(f"gearmand refused option {name}")
 
     def _read_reply(self) -> Packet:
         packet = self.read()

@@ -4,14 +4,10 @@ decoding, and the errors of talking it. Pure: no sockets."""
 from __future__ import annotations
 
 import enum
-import logging
 import struct
 from dataclasses import dataclass
 
 from gearhorn.errors import GearhornError
-
-log = logging.getLogger(__name__)
-
 
 REQ = b"\0REQ"
 RES = b"\0RES"
