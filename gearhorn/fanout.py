@@ -58,7 +58,7 @@ FANOUT = "fanout"
 FUNCTIONS = (SUBSCRIBE, SUBSCRIBE_ALIAS, UNSUBSCRIBE, FANOUT)
 
 
-class Unavailable(GearhornError):
+class ServiceUnavailable(GearhornError):
     """Redis or gearmand cannot take the request now; the message says which."""
 
 
@@ -85,9 +85,9 @@ def _unavailable_when_servers_fail() -> Iterator[None]:
     try:
         yield
     except REDIS_ERRORS as exc:
-        raise Unavailable(f"registry unavailable (redis: {exc})") from None
+        raise ServiceUnavailable(f"registry unavailable (redis: {exc})") from None
     except gearman.GearmanError as exc:
-        raise Unavailable(f"gearmand unavailable: {exc}") from None
+        raise ServiceUnavailable(f"gearmand unavailable: {exc}") from None
 
 
 class FanoutService:
@@ -114,7 +114,7 @@ class FanoutService:
 
     def handle(self, function: str, data: bytes, job_unique: str = "",
                received: float | None = None) -> bytes:
-        """Run one job; raises BadRequest (bad input) or Unavailable.
+        """Run one job; raises BadRequest (bad input) or ServiceUnavailable.
 
         ``job_unique`` is the Gearman unique key of the job, which makes a
         fanout's message ids the same each time the job runs; ``received``
@@ -135,7 +135,7 @@ class FanoutService:
         delay) are one group: one subscriber look-up for all their topics
         and one Gearman write for all their copies, which is what makes a
         worker fast when small fanouts queue up. Any other job is a group of its
-        own. Raises Unavailable (Redis or gearmand away): the groups yielded
+        own. Raises ServiceUnavailable (Redis or gearmand away): the groups yielded
         are done, the others are not.
         """
         for group in self._groups(jobs):
@@ -524,7 +524,7 @@ class WorkerProcess:
                     self._answer(done, outcomes)
                     if self._draining.is_set():
                         return  # the jobs not started go back to gearmand as we leave
-            except Unavailable as exc:
+            except ServiceUnavailable as exc:
                 # Keep the jobs and try again with a growing pause instead of
                 # failing them (a failed background job would be gone); new
                 # work waits in gearmand meanwhile. A foreground client gets

@@ -33,9 +33,9 @@ from gearhorn.gearman.packets import (
     Outcome,
     P,
     Packet,
+    PacketError,
     PacketReader,
     PartialSubmit,
-    ProtocolError,
     Unavailable,
     encode,
 )
@@ -45,7 +45,7 @@ __all__ = [
     "MAX_PACKET", "REQ", "RES", "Client", "Connection", "Copy", "FunctionStatus", "GearmanError",
     "GrabbedJob", "JobSource", "NoDelayWorker", "Outcome", "P", "Packet", "PacketReader",
     "PartialSubmit",
-    "Placed", "ProtocolError", "TlsFiles", "Unavailable", "WorkerConnection", "_outcome",
+    "Placed", "PacketError", "TlsFiles", "Unavailable", "WorkerConnection", "_outcome",
     "add_server", "admin", "connect", "drop_function", "encode", "status", "status_rows",
     "wait_for_results",
 ]

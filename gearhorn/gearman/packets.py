@@ -66,7 +66,7 @@ class GearmanError(GearhornError):
     """gearmand answered ERROR, or the connection broke."""
 
 
-class ProtocolError(GearmanError):
+class PacketError(GearmanError):
     """The peer sent bytes that are not Gearman."""
 
 
@@ -98,7 +98,7 @@ class PacketReader:
         while len(self._buf) >= _HEADER.size:
             magic, ptype, size = _HEADER.unpack_from(self._buf)
             if magic not in (REQ, RES) or size > MAX_PACKET:
-                raise ProtocolError(f"not a Gearman packet (magic {bytes(magic)!r}, size {size})")
+                raise PacketError(f"not a Gearman packet (magic {bytes(magic)!r}, size {size})")
             end = _HEADER.size + size
             if len(self._buf) < end:
                 break

@@ -13,7 +13,7 @@ from typing import Protocol
 from gearhorn import gearman
 from gearhorn.limits import Limits
 from gearhorn.stomp.auth import Principal
-from gearhorn.stomp.queues import Consumer, QueueDispatcher
+from gearhorn.stomp.queues import QueueConsumer, QueueDispatcher
 from gearhorn.stomp.sending import SendOptions
 
 
@@ -47,7 +47,8 @@ class Backend(Protocol):
     def request(self, function: str, body: bytes, options: SendOptions,
                 reply_queue: str, done: Callable[[], None] | None = None) -> None: ...
 
-    def attach(self, function: str, consumer: Consumer, shared: bool = True) -> QueueDispatcher: ...
+    def attach(self, function: str, consumer: QueueConsumer,
+               shared: bool = True) -> QueueDispatcher: ...
 
     def bound_queue(self, function: str, limits: Limits) -> None: ...
 

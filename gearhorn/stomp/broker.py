@@ -39,7 +39,7 @@ from gearhorn.stats import Stats
 from gearhorn.stomp.auth import Credentials, Principal
 from gearhorn.stomp.bounds import QueueBounds
 from gearhorn.stomp.giveback import GiveBack
-from gearhorn.stomp.queues import Consumer, Delivery, QueueDispatcher
+from gearhorn.stomp.queues import Delivery, QueueConsumer, QueueDispatcher
 from gearhorn.stomp.sending import PLAIN, SendOptions
 
 log = logging.getLogger(__name__)
@@ -168,7 +168,8 @@ class Broker:
             gevent.sleep(0.2)
             self.flush_ledger()
 
-    def attach(self, function: str, consumer: Consumer, shared: bool = True) -> QueueDispatcher:
+    def attach(self, function: str, consumer: QueueConsumer,
+               shared: bool = True) -> QueueDispatcher:
         """``consumer`` takes messages of ``function`` from now on. ``shared``:
         others may read the queue too (``/queue/``, durable subscriptions), so
         hand-outs are counted across bridges and held messages given back in

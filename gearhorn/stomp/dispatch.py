@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from typing import Protocol
 
 
-class Consumer(Protocol):
+class Taker(Protocol):
     """What a dispatch needs from a STOMP subscription."""
 
     ack_timeout: float | None
@@ -27,7 +27,7 @@ class Consumer(Protocol):
 class Message(Protocol):
     """What a dispatch keeps of a message."""
 
-    consumer: Consumer | None
+    consumer: Taker | None
     redelivered: bool
     deliveries: int
 
@@ -52,14 +52,14 @@ class Dispatch:
 
     def __init__(self, max_deliveries: int = 0) -> None:
         self.max_deliveries = max_deliveries  # 0: redeliver forever
-        self.consumers: list[Consumer] = []
+        self.consumers: list[Taker] = []
         self.waiting: deque[Message] = deque()
         self._next = 0
 
-    def add(self, consumer: Consumer) -> None:
+    def add(self, consumer: Taker) -> None:
         self.consumers.append(consumer)
 
-    def remove(self, consumer: Consumer) -> None:
+    def remove(self, consumer: Taker) -> None:
         if consumer in self.consumers:
             self.consumers.remove(consumer)
 
@@ -71,7 +71,7 @@ class Dispatch:
         """How many more messages to grab: credit not met by waiting ones."""
         return self.credit() - len(self.waiting)
 
-    def assignments(self, avoid: Consumer | None = None) -> Iterator[tuple[Message, Consumer]]:
+    def assignments(self, avoid: Taker | None = None) -> Iterator[tuple[Message, Taker]]:
         """Waiting messages with the subscriber each goes to, round-robin
         among those with credit, one at a time: the caller delivers each
         (which uses the credit) before asking for the next. ``avoid`` (the
@@ -85,7 +85,7 @@ class Dispatch:
             message.deliveries += 1
             yield message, consumer
 
-    def _pick(self, avoid: Consumer | None) -> Consumer | None:
+    def _pick(self, avoid: Taker | None) -> Taker | None:
         n = len(self.consumers)
         fallback = None
         for i in range(n):

@@ -39,7 +39,7 @@ log = logging.getLogger(__name__)
 _GRAB_BURST = 64
 
 
-class Consumer(dispatch.Consumer, Protocol):
+class QueueConsumer(dispatch.Taker, Protocol):
     """What a dispatcher needs from a STOMP subscription."""
 
     def deliver(self, delivery: Delivery) -> None: ...
@@ -61,7 +61,7 @@ class Delivery:
         self.headers = headers or {}  # the sender's, from the HeaderStore
         self.worker = worker
         self.dispatcher = dispatcher
-        self.consumer: Consumer | None = None
+        self.consumer: QueueConsumer | None = None
         # The message's own unique key: a given-back job's original (ledger, headers).
         self.unique = job.unique if unique is None else unique
         self.redelivered = redelivered  # handed to a client before, by any bridge
@@ -134,7 +134,7 @@ class QueueDispatcher:
         return worker
 
     @property
-    def consumers(self) -> list[Consumer]:
+    def consumers(self) -> list[QueueConsumer]:
         return self.state.consumers
 
     @property
@@ -143,11 +143,11 @@ class QueueDispatcher:
 
     # -- consumers -------------------------------------------------------------
 
-    def add(self, consumer: Consumer) -> None:
+    def add(self, consumer: QueueConsumer) -> None:
         self.state.add(consumer)
         self.credit_changed()
 
-    def remove(self, consumer: Consumer, unacked: list[Delivery],
+    def remove(self, consumer: QueueConsumer, unacked: list[Delivery],
                give_back: bool = True) -> None:
         """``consumer`` leaves; its ``unacked`` deliveries go to the others,
         first in line, in the order they had been delivered. The last one
@@ -170,7 +170,7 @@ class QueueDispatcher:
 
     # -- delivery ----------------------------------------------------------------
 
-    def dispatch(self, avoid: Consumer | None = None) -> None:
+    def dispatch(self, avoid: QueueConsumer | None = None) -> None:
         """Give waiting jobs to consumers with credit, round-robin."""
         for delivery, consumer in self.state.assignments(avoid):
             if consumer.ack_timeout:

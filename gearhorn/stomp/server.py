@@ -35,7 +35,7 @@ _READ_SIZE = 64 * 1024
 _HEARTBEAT_GRACE = 2.0
 
 
-class Connection:
+class ClientConnection:
     """One client socket: the session's transport."""
 
     def __init__(self, sock: socket.socket | websocket.WebSocketStream, address: tuple,
@@ -223,7 +223,7 @@ class BridgeServer:
         self.settings = settings
         self.max_connections = max_connections
         self.connect_timeout = connect_timeout
-        self.connections: set[Connection] = set()
+        self.connections: set[ClientConnection] = set()
         self.tls = tls_context(certfile, keyfile) if certfile else None
         self.server = StreamServer(listen(host, port, BRIDGE_PORT, reuse_port), self._handle)
         self.ws_server = None
@@ -289,7 +289,7 @@ class BridgeServer:
         if len(self.connections) >= self.max_connections:
             _refuse(sock, f"too many connections (limit {self.max_connections})")
             return
-        conn = Connection(sock, address, self.broker, self.limits, self.settings,
+        conn = ClientConnection(sock, address, self.broker, self.limits, self.settings,
                           self.connect_timeout, self.frame_timeout)
         self.connections.add(conn)
         try:

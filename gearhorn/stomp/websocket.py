@@ -3,7 +3,7 @@ at ``/ws`` with the subprotocols ``v12.stomp``, ``v11.stomp`` and
 ``v10.stomp``, then STOMP bytes carried in WebSocket messages.
 
 :class:`WebSocketStream` looks like a socket to
-:class:`gearhorn.stomp.server.Connection` (``recv``, ``sendall``,
+:class:`gearhorn.stomp.server.ClientConnection` (``recv``, ``sendall``,
 ``settimeout``, ``shutdown``, ``close``), so a WebSocket connection has the
 same session, logins, rights, limits, heart-beats and TLS as a TCP one. The
 bytes of every message go to the same incremental frame parser: a message

@@ -9,7 +9,7 @@ import pytest
 from gearhorn import gearman
 from gearhorn.cache import SubscriberCache
 from gearhorn.config import Config
-from gearhorn.fanout import FanoutService, Job, Unavailable
+from gearhorn.fanout import FanoutService, Job, ServiceUnavailable
 from gearhorn.messages import BadRequest, message_ids_for
 from tests.fakes import RecordingClient
 
@@ -101,7 +101,7 @@ def test_an_outage_stops_the_run_after_the_groups_that_are_done(service):
     run = svc.run([fanout("n1"), subscribe("news", "erin"), fanout("n2")])
     assert json.loads(next(run)[0])["copies"] == 2
     assert json.loads(next(run)[0])["subscribers"] == 3
-    with pytest.raises(Unavailable, match="gearmand unavailable"):
+    with pytest.raises(ServiceUnavailable, match="gearmand unavailable"):
         next(run)
     assert [c.data for c in written[0]] == [b"n1", b"n1"]
 

@@ -7,7 +7,7 @@ import redis
 from gearhorn import gearman
 from gearhorn.cache import SubscriberCache
 from gearhorn.config import Config
-from gearhorn.fanout import FanoutService, Unavailable
+from gearhorn.fanout import FanoutService, ServiceUnavailable
 from gearhorn.messages import BadRequest
 from tests.fakes import RecordingClient
 
@@ -111,7 +111,7 @@ def test_redis_down_is_reported_as_unavailable(registry, monkeypatch):
         raise redis.ConnectionError("Connection refused")
 
     monkeypatch.setattr(registry, "members_of", down)
-    with pytest.raises(Unavailable, match="registry unavailable"):
+    with pytest.raises(ServiceUnavailable, match="registry unavailable"):
         svc.handle("fanout", b'{"topic": "t", "payload": 1}')
 
 

@@ -42,7 +42,7 @@ def test_encode_header():
     b"\0RES" + (8).to_bytes(4, "big") + (2**31).to_bytes(4, "big"),
 ])
 def test_reader_rejects_garbage(wire):
-    with pytest.raises(g.ProtocolError):
+    with pytest.raises(g.PacketError):
         g.PacketReader().feed(wire)
 
 
