@@ -20,8 +20,25 @@ def redis_server():
     server.stop()
 
 
+def pytest_generate_tests(metafunc):
+    """A test marked ``cluster_too`` runs twice: on one Redis, and on the
+    Redis Cluster (that run is marked ``cluster``)."""
+    if "redis_url" in metafunc.fixturenames and metafunc.definition.get_closest_marker(
+            "cluster_too"):
+        metafunc.parametrize("redis_url", ["redis", pytest.param("cluster",
+                                                                 marks=pytest.mark.cluster)],
+                             indirect=True)
+
+
 @pytest.fixture
-def redis_url(redis_server):
+def redis_url(request, redis_server):
+    """A flushed Redis: the one of the session, or the cluster's first node
+    when a ``cluster_too`` test runs its cluster turn."""
+    if getattr(request, "param", "redis") == "cluster":
+        cluster = request.getfixturevalue("redis_cluster")
+        for node in cluster.nodes:
+            redis.Redis.from_url(node.details["url"]).flushall()
+        return cluster.url
     url = redis_server.details["url"]
     redis.Redis.from_url(url).flushall()
     return url

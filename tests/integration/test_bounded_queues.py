@@ -67,6 +67,7 @@ def bodies_of(jobs):
     return [job.data.decode() for job in jobs]
 
 
+@pytest.mark.cluster_too
 def test_drop_head_keeps_the_newest_in_order_beside_a_live_subscriber(
         gearmand, start_pool, gc, redis_url):
     start_pool([gearmand], processes=1, env=BRISK)
@@ -103,6 +104,7 @@ def test_the_default_cap_bounds_a_subscriber_that_never_reads(
     assert bodies_of(drain_jobs(gearmand, f"{topic}_dead")) == [f"3-{i}" for i in range(10, 50)]
 
 
+@pytest.mark.cluster_too
 def test_reject_publish_lists_the_full_subscriber_and_leaves_the_others_alone(
         gearmand, start_pool, gc, redis_url):
     start_pool([gearmand], processes=1, env=BRISK)
@@ -147,6 +149,7 @@ def consume_one(gearmand, queue, out, timeout_ms):
     return out.read_bytes() if out.exists() else b""
 
 
+@pytest.mark.cluster_too
 def test_an_expired_copy_is_never_handed_to_a_plain_gearman_worker(
         gearmand, start_pool, gc, redis_url, gearman_cli_tool, tmp_path):
     start_pool([gearmand], processes=1, env=BRISK)
@@ -168,6 +171,7 @@ def test_an_expired_copy_is_never_handed_to_a_plain_gearman_worker(
     assert consume_one(gearmand, queue, tmp_path / "fresh.out", 20_000) == b"fresh"
 
 
+@pytest.mark.cluster_too
 def test_expires_removes_an_unused_subscription_and_keeps_a_consumed_one(
         gearmand, start_pool, gc, redis_url):
     pool = start_pool([gearmand], processes=1, env=BRISK)
@@ -273,6 +277,7 @@ def bridge(gearmand, start_pool, start_bridge):
     return start_bridge([gearmand])
 
 
+@pytest.mark.cluster_too
 def test_a_durable_stomp_subscription_takes_rabbitmqs_limit_headers(
         gearmand, bridge, stomp_clients, redis_url):
     topic = unique_topic("sx")
@@ -309,6 +314,7 @@ def _subscription_queues(redis_url):
     return [q.decode() for q in redisconn.connect(redis_url).hkeys(Keys().subscriptions)]
 
 
+@pytest.mark.cluster_too
 def test_a_stomp_queue_subscription_bounds_the_queue_and_its_ttl(
         gearmand, bridge, stomp_clients, redis_url):
     queue, short = unique_topic("sq"), unique_topic("sqttl")

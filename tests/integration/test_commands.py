@@ -22,6 +22,7 @@ def gearhorn(*args, timeout=30, **kwargs):
                           timeout=timeout, **kwargs)
 
 
+@pytest.mark.cluster_too
 def test_helper_commands_subscribe_publish_consume_status(gearmand, redis_url, start_pool):
     start_pool([gearmand])
     common = ["--gearman", gearmand.address, "--redis-url", redis_url]

@@ -41,6 +41,7 @@ def dlq(gearmand, redis_url, *args):
     return out.stdout
 
 
+@pytest.mark.cluster_too
 def test_list_requeue_and_purge_from_the_command_line(gearmand, stack, stomp_clients,
                                                       redis_url, start_web):
     queue = unique_topic("q")

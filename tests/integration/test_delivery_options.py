@@ -50,6 +50,7 @@ def functions(server):
 # -- priority ---------------------------------------------------------------------
 
 
+@pytest.mark.cluster_too
 def test_a_backlog_is_consumed_high_before_normal_before_low(gearmand, stack, stomp_clients,
                                                              gearman_cli_tool):
     topic = unique_topic()
@@ -77,6 +78,7 @@ def test_a_backlog_is_consumed_high_before_normal_before_low(gearmand, stack, st
 # -- delayed delivery ---------------------------------------------------------------
 
 
+@pytest.mark.cluster_too
 def test_a_delayed_stomp_message_is_invisible_until_due_then_on_time(stack, stomp_clients):
     topic, queue = unique_topic(), unique_topic("q")
     sub = stomp_clients(stack.port)
@@ -203,6 +205,7 @@ def answered_by_a_gearman_worker(gearmand, requester, text):
         worker.wait()
 
 
+@pytest.mark.cluster_too
 def test_request_reply_with_a_stomp_service(gearmand, stack, stomp_clients, gearman_cli_tool):
     service_queue = unique_topic("svc")
     service = stomp_clients(stack.port)
@@ -297,6 +300,7 @@ def test_python_client_call_with_a_timeout(gearmand, stack, gearman_cli_tool):
 # -- headers ---------------------------------------------------------------------------
 
 
+@pytest.mark.cluster_too
 def test_sender_headers_reach_stomp_consumers_unchanged_and_gearman_gets_the_payload(
         gearmand, stack, stomp_clients, gearman_cli_tool):
     topic, queue = unique_topic(), unique_topic("q")

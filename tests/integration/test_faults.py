@@ -318,6 +318,7 @@ def test_while_redis_or_gearmand_is_away_work_is_refused_clearly_then_resumes(
         pool.stop()
 
 
+@pytest.mark.cluster_too
 def test_the_pool_cleans_up_after_a_bridge_killed_without_a_word(
         gearmand, start_pool, start_bridge, stomp_clients, redis_url):
     pool = start_pool([gearmand])

@@ -1,7 +1,7 @@
 """gearhorn on a real Redis Cluster (3 masters, from ``redis-cli --cluster create``).
 
-``redis_url`` is overridden here to point at one node of the cluster, so the
-tests imported below from the other modules run unchanged against it: the
+``redis_url`` is overridden here to point at one node of the cluster; tests
+of other modules marked ``cluster_too`` run on it too, unchanged: the
 pool, the bridge and the command-line tools find the cluster by asking that
 node (``redis_cluster = auto``). Before the hash-tagged key layout every one
 of them failed here (CROSSSLOT in the scripts, MOVED in heartbeats).
@@ -27,26 +27,9 @@ from tests.conftest import require_binary
 
 from .helpers import GearClient, PoolProcess, unique_topic, wait_for
 
-# Each imported test runs here on the cluster, with this module's fixtures.
-from .test_bounded_queues import (  # noqa: F401
-    bridge,
-    gc,
-    test_a_durable_stomp_subscription_takes_rabbitmqs_limit_headers,
-    test_a_stomp_queue_subscription_bounds_the_queue_and_its_ttl,
-    test_an_expired_copy_is_never_handed_to_a_plain_gearman_worker,
-    test_drop_head_keeps_the_newest_in_order_beside_a_live_subscriber,
-    test_expires_removes_an_unused_subscription_and_keeps_a_consumed_one,
-    test_reject_publish_lists_the_full_subscriber_and_leaves_the_others_alone,
-)
-from .test_commands import test_helper_commands_subscribe_publish_consume_status  # noqa: F401
-from .test_dead_letters import test_list_requeue_and_purge_from_the_command_line  # noqa: F401
-from .test_delivery_options import (  # noqa: F401
-    test_a_backlog_is_consumed_high_before_normal_before_low,
-    test_a_delayed_stomp_message_is_invisible_until_due_then_on_time,
-    test_request_reply_with_a_stomp_service,
-    test_sender_headers_reach_stomp_consumers_unchanged_and_gearman_gets_the_payload,
-)
-from .test_faults import (  # noqa: F401
+# Tests of other modules marked cluster_too run on the cluster too, through
+# the redis_url fixture (tests/integration/conftest.py); these are helpers.
+from .test_faults import (
     MESSAGES,
     SUBSCRIBERS,
     UNBOUNDED,
@@ -56,19 +39,6 @@ from .test_faults import (  # noqa: F401
     publish_marker,
     reconcile,
     stomp_subscriber,
-    test_the_pool_cleans_up_after_a_bridge_killed_without_a_word,
-)
-from .test_stomp_bridge import (  # noqa: F401
-    test_durable_topic_subscription_keeps_its_backlog,
-    test_prefix_subscription_receives_every_matching_topic,
-    test_topic_fanout_to_three_connections_in_order_exactly_once,
-)
-from .test_web_metrics import (  # noqa: F401
-    test_metrics_cover_queues_processes_connections_and_delays,
-)
-from .test_worker_pool import (  # noqa: F401
-    test_bad_input_fails_with_its_reason_and_nothing_accepted_is_lost,
-    test_fanout_right_after_a_subscribe_always_includes_it,
 )
 
 pytestmark = [pytest.mark.integration, pytest.mark.cluster, pytest.mark.timeout(240)]

@@ -26,6 +26,7 @@ def control(client, path):
     return client.send(f"/control/{path}", b"").headers
 
 
+@pytest.mark.cluster_too
 def test_topic_fanout_to_three_connections_in_order_exactly_once(stack, stomp_clients):
     topic = unique_topic()
     subs = [stomp_clients(stack.port) for _ in range(3)]
@@ -115,6 +116,7 @@ def test_a_killed_consumer_gives_its_messages_back(stack, stomp_clients):
     assert message.body == b"precious"
 
 
+@pytest.mark.cluster_too
 def test_durable_topic_subscription_keeps_its_backlog(stack, stomp_clients):
     topic = unique_topic()
     first = stomp_clients(stack.port, **{"client-id": "app1"})
@@ -159,6 +161,7 @@ def test_non_durable_subscription_is_gone_with_its_connection(stack, stomp_clien
     assert result.headers["receipt-id"]
 
 
+@pytest.mark.cluster_too
 def test_prefix_subscription_receives_every_matching_topic(stack, stomp_clients):
     stem = unique_topic("p")
     sub = stomp_clients(stack.port)

@@ -87,6 +87,7 @@ def test_copies_add_up_over_worker_processes_and_survive_a_killed_worker(
     client.close()
 
 
+@pytest.mark.cluster_too
 def test_metrics_cover_queues_processes_connections_and_delays(
         gearmand, start_pool, start_bridge, start_web, stomp_clients):
     start_pool([gearmand], processes=1)

@@ -147,6 +147,7 @@ BAD_JOBS = [
 ]
 
 
+@pytest.mark.cluster_too
 def test_bad_input_fails_with_its_reason_and_nothing_accepted_is_lost(
         gearman_server, gearman_cli_tool, start_pool):
     start_pool([gearman_server])
@@ -171,6 +172,7 @@ def test_bad_input_fails_with_its_reason_and_nothing_accepted_is_lost(
         client.close()
 
 
+@pytest.mark.cluster_too
 def test_fanout_right_after_a_subscribe_always_includes_it(gearmand, start_pool):
     """The consistency promise, many times over, with two worker processes
     running: gearmand gives each job to whichever asks first, so a subscribe
