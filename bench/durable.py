@@ -44,8 +44,8 @@ from fanout import gearhorn_rate, start_pool, subscribe_many  # noqa: E402
 from stomp_bridge import RabbitMQ, connect  # noqa: E402
 
 from gearhorn import gearman, servers  # noqa: E402
-from gearhorn.keys import Keys  # noqa: E402
-from gearhorn.registry import Registry  # noqa: E402
+from gearhorn.store.keys import Keys  # noqa: E402
+from gearhorn.store.registry import Registry  # noqa: E402
 
 WIDTHS = (10, 100, 1000)
 SUBSCRIPTIONS_PER_CONNECTION = 100  # gearhorn's stomp_max_subscriptions

@@ -31,10 +31,11 @@ import redis
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from gearhorn import gearman, redisconn, servers  # noqa: E402
-from gearhorn.keys import Keys  # noqa: E402
+from gearhorn import gearman, servers  # noqa: E402
 from gearhorn.messages import Subscription  # noqa: E402
-from gearhorn.registry import Registry  # noqa: E402
+from gearhorn.store import redisconn
+from gearhorn.store.keys import Keys  # noqa: E402
+from gearhorn.store.registry import Registry  # noqa: E402
 
 
 def start_pool(gm: servers.Managed, redis_url: str, processes: int,

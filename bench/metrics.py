@@ -38,8 +38,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from fanout import gearhorn_rate, start_pool, subscribe_many  # noqa: E402
 
 from gearhorn import gearman, servers  # noqa: E402
-from gearhorn.keys import Keys  # noqa: E402
-from gearhorn.registry import Registry  # noqa: E402
+from gearhorn.store.keys import Keys  # noqa: E402
+from gearhorn.store.registry import Registry  # noqa: E402
 from gearhorn.web.snapshot import Collector  # noqa: E402
 
 

@@ -39,9 +39,10 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from durable import rss_mib  # noqa: E402
 from fanout import gearhorn_rate, subscribe_many  # noqa: E402
 
-from gearhorn import gearman, redisconn, servers  # noqa: E402
-from gearhorn.keys import Keys  # noqa: E402
-from gearhorn.registry import Registry  # noqa: E402
+from gearhorn import gearman, servers  # noqa: E402
+from gearhorn.store import redisconn
+from gearhorn.store.keys import Keys  # noqa: E402
+from gearhorn.store.registry import Registry  # noqa: E402
 
 PAYLOAD = "x" * 1024
 

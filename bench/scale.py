@@ -35,10 +35,11 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from fanout import start_pool, subscribe_many  # noqa: E402
 
-from gearhorn import gearman, redisconn, servers  # noqa: E402
-from gearhorn.keys import Keys  # noqa: E402
+from gearhorn import gearman, servers  # noqa: E402
 from gearhorn.messages import Subscription  # noqa: E402
-from gearhorn.registry import Registry  # noqa: E402
+from gearhorn.store import redisconn
+from gearhorn.store.keys import Keys  # noqa: E402
+from gearhorn.store.registry import Registry  # noqa: E402
 
 WIDTH = 100
 

@@ -33,8 +33,8 @@ import stomp
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from gearhorn import servers  # noqa: E402
-from gearhorn.keys import Keys  # noqa: E402
-from gearhorn.registry import Registry  # noqa: E402
+from gearhorn.store.keys import Keys  # noqa: E402
+from gearhorn.store.registry import Registry  # noqa: E402
 
 SUBSCRIBERS = 10
 

@@ -180,7 +180,7 @@ class CommandError(GearhornError):
 
 
 def cmd_worker(config: Config, args: argparse.Namespace) -> int:
-    from gearhorn.pool import Pool
+    from gearhorn.worker.pool import Pool
 
     return Pool(config).run()
 
@@ -207,9 +207,11 @@ def cmd_up(config: Config, args: argparse.Namespace) -> int:
 def cmd_replay(config: Config, args: argparse.Namespace) -> int:
     import redis
 
-    from gearhorn import gearman, redisconn, replay
-    from gearhorn.keys import Keys
-    from gearhorn.redisconn import REDIS_ERRORS
+    from gearhorn import gearman
+    from gearhorn.store import redisconn
+    from gearhorn.store.keys import Keys
+    from gearhorn.store.redisconn import REDIS_ERRORS
+    from gearhorn.worker import replay
 
     keys = Keys.for_config(config)
     queue = redis.Redis.from_url(config.queue_redis_url, socket_timeout=60)
@@ -289,10 +291,10 @@ def cmd_consume(config: Config, args: argparse.Namespace) -> int:
 
 
 def cmd_ledger(config: Config, args: argparse.Namespace) -> int:
-    from gearhorn import redisconn
-    from gearhorn.keys import Keys
-    from gearhorn.ledger import export, write_queue_snapshot
-    from gearhorn.redisconn import REDIS_ERRORS
+    from gearhorn.store import redisconn
+    from gearhorn.store.keys import Keys
+    from gearhorn.store.ledger import export, write_queue_snapshot
+    from gearhorn.store.redisconn import REDIS_ERRORS
 
     client = redisconn.for_config(config, socket_timeout=30)
     # Before the ledger is read: a copy that arrives in between is then in
@@ -370,9 +372,10 @@ def cmd_status(config: Config, args: argparse.Namespace) -> int:
 def cmd_dlq(config: Config, args: argparse.Namespace) -> int:
     import time
 
-    from gearhorn import deadletters, gearman, redisconn
+    from gearhorn import gearman
     from gearhorn.naming import dead_letter_queue
-    from gearhorn.redisconn import REDIS_ERRORS
+    from gearhorn.store import deadletters, redisconn
+    from gearhorn.store.redisconn import REDIS_ERRORS
 
     index, mover = deadletters.for_config(config, redisconn.for_config(config,
                                                                        socket_timeout=30))

@@ -52,7 +52,7 @@ class Config:
     gearman_tls_key: str = ""
     redis_url: str = "redis://127.0.0.1:6379/0"
     # "auto": ask the node (INFO cluster) and use the Redis Cluster client when
-    # it says cluster_enabled:1; "yes" or "no" forces it (gearhorn/redisconn.py).
+    # it says cluster_enabled:1; "yes" or "no" forces it (gearhorn/store/redisconn.py).
     redis_cluster: str = "auto"
     key_prefix: str = "gearhorn:"
     matchmaking_channel: str = "__matchmaking"
@@ -111,9 +111,9 @@ class Config:
     # reported failed (foreground fanout copies, retried with backoff).
     max_deliveries: int = 5
     retry_backoff: float = 0.2
-    # Seconds a message's headers are kept for its consumers (gearhorn/headers.py).
+    # Seconds a message's headers are kept for its consumers (gearhorn/store/headers.py).
     headers_ttl: float = 7 * 86_400.0
-    # Delayed delivery (gearhorn/delayed.py): shard width, how often each
+    # Delayed delivery (gearhorn/worker/delayed.py): shard width, how often each
     # worker looks for due messages, and how long one may take to send them.
     delay_shard_seconds: float = 10.0
     delay_poll_interval: float = 0.1
@@ -122,7 +122,7 @@ class Config:
     delay_lanes: int = 8
     # Seconds the bridge waits for the answer to a request with reply-to.
     request_timeout: float = 60.0
-    # Metrics (gearhorn/stats.py): counters in Redis, written with each fanout.
+    # Metrics (gearhorn/store/stats.py): counters in Redis, written with each fanout.
     metrics_enabled: bool = True
     # Workers sum their counts and write them every 0.1 s (one round trip).
     # True: with each fanout, before it is answered: exact through kill -9,
@@ -145,7 +145,7 @@ class Config:
     queue_expires: float = 0.0
     queue_overflow: str = "drop-head"
     queue_dead_letter: bool = False
-    # Seconds between the warden's rounds (gearhorn/warden.py); 0 turns
+    # Seconds between the warden's rounds (gearhorn/worker/warden.py); 0 turns
     # bounded queues off (no tally, no warden, no guard: queues grow unbounded).
     retention_interval: float = 1.0
     # gearhorn up gives gearmand's queue Redis this maxmemory (bytes; 0: none);

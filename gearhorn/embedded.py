@@ -17,12 +17,14 @@ from urllib.parse import urlparse
 
 import redis
 
-from gearhorn import gearman, ports, redisconn, replay, servers
+from gearhorn import gearman, ports, servers
 from gearhorn.config import Config, to_env
-from gearhorn.keys import Keys
-from gearhorn.pool import Pool
-from gearhorn.redisconn import REDIS_ERRORS
-from gearhorn.registry import Registry
+from gearhorn.store import redisconn
+from gearhorn.store.keys import Keys
+from gearhorn.store.redisconn import REDIS_ERRORS
+from gearhorn.store.registry import Registry
+from gearhorn.worker import replay
+from gearhorn.worker.pool import Pool
 
 log = logging.getLogger(__name__)
 _LOOPBACK = {"127.0.0.1", "localhost", "::1"}

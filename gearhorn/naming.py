@@ -85,7 +85,7 @@ def _copy_key(base: str, client_id: str, header_id: str | None, limit: int) -> s
 
 
 # A unique key that starts with this and a 32-digit header id says the job's
-# STOMP headers are in Redis (gearhorn/headers.py).
+# STOMP headers are in Redis (gearhorn/store/headers.py).
 HEADER_MARK = "@"
 _HEADER_ID = re.compile(r"[0-9a-f]{32}")
 
@@ -109,7 +109,7 @@ def header_id_of(unique: str) -> str | None:
 # A foreground fanout's copy (its sender waits for the answer).
 FOREGROUND_MARK = "!"
 # A message a bridge gave back itself: ``~<token>``; the token names its
-# original unique key in Redis (gearhorn/handouts.py).
+# original unique key in Redis (gearhorn/store/handouts.py).
 RETURNED_MARK = "~"
 _DIGEST_COPY = re.compile(r"h:[0-9a-f]{60}")
 

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from gearhorn import gearman, redisconn
+from gearhorn import gearman
 from gearhorn.config import Config
-from gearhorn.delayed import Scheduler
-from gearhorn.keys import Keys
-from gearhorn.redisconn import REDIS_ERRORS
-from gearhorn.registry import Registry
+from gearhorn.store import redisconn
+from gearhorn.store.keys import Keys
+from gearhorn.store.redisconn import REDIS_ERRORS
+from gearhorn.store.registry import Registry
 from gearhorn.web.snapshot import retention
+from gearhorn.worker.delayed import Scheduler
 
 
 def collect(config: Config) -> dict:

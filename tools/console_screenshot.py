@@ -20,8 +20,8 @@ import redis  # noqa: E402
 import stomp  # noqa: E402
 
 from gearhorn import gearman, servers  # noqa: E402
-from gearhorn.keys import Keys  # noqa: E402
-from gearhorn.registry import Registry  # noqa: E402
+from gearhorn.store.keys import Keys  # noqa: E402
+from gearhorn.store.registry import Registry  # noqa: E402
 
 
 def spawn(*args: str) -> subprocess.Popen:

@@ -93,7 +93,7 @@ class Client:
         self.batch = batch
         self._next = 0
         # Told the functions of every background batch before it is sent
-        # (gearhorn/replay.py records names gearmand's redis queue misreads).
+        # (gearhorn/worker/replay.py records names gearmand's redis queue misreads).
         self.before_background = before_background
 
     def close(self) -> None:

@@ -23,7 +23,7 @@ if __package__ in (None, ""):  # run as a file by spark-submit
 
 from gearhorn.errors import GearhornError
 from gearhorn.pipeline import transforms as T  # noqa: E402
-from gearhorn.redisconn import REDIS_ERRORS
+from gearhorn.store.redisconn import REDIS_ERRORS
 
 # Problem rows the reconciliation sends to every task to find their names;
 # beyond this (a subscriber that never took anything, say) it shuffles.
@@ -105,7 +105,7 @@ def queue_snapshot(spark, ledger: str):
     """What gearmand held per queue when the ledger was last exported
     (``_queues.json``, written by ``gearhorn ledger export``) as a DataFrame
     of subscriber, queued; None when there is none."""
-    from gearhorn.ledger import QUEUE_SNAPSHOT
+    from gearhorn.store.ledger import QUEUE_SNAPSHOT
 
     path = os.path.join(ledger, QUEUE_SNAPSHOT)
     if "://" in ledger or not os.path.exists(path):
@@ -300,8 +300,8 @@ def publish_verdict(summary: dict) -> None:
     stands without it, and a report run far from Redis says so once."""
 
     from gearhorn import config as configuration
-    from gearhorn import redisconn
-    from gearhorn.keys import Keys
+    from gearhorn.store import redisconn
+    from gearhorn.store.keys import Keys
 
     verdict = {key: summary.get(key) for key in ("events", "malformed", "reconciliation",
                                                  "unaccounted", "policy", "report")}

@@ -1,7 +1,7 @@
 """Pure DataFrame transforms of ledger events: DataFrames in, DataFrames out.
 
 Events have the columns of ``EVENT_SCHEMA`` (one row per ledger event; see
-gearhorn/ledger.py). A *copy* is one (subscriber, unique) pair: the Gearman
+gearhorn/store/ledger.py). A *copy* is one (subscriber, unique) pair: the Gearman
 job that carries one message to one subscriber's queue.
 
 The big aggregations group by 64-bit keys (``copy_key``, ``message_key``:

@@ -12,18 +12,18 @@ import time
 import gevent
 import gevent.event
 
-from gearhorn import redisconn
 from gearhorn.background import Backoff
 from gearhorn.config import Config, to_env
-from gearhorn.keys import Keys
 from gearhorn.naming import process_id
-from gearhorn.registry import Registry
 from gearhorn.servers import die_with_parent
 from gearhorn.stomp import auth
 from gearhorn.stomp.broker import Broker
 from gearhorn.stomp.frames import Limits
 from gearhorn.stomp.rules import SessionSettings
 from gearhorn.stomp.server import BridgeServer
+from gearhorn.store import redisconn
+from gearhorn.store.keys import Keys
+from gearhorn.store.registry import Registry
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""Bounded ``/queue/`` destinations, the bridge's side (gearhorn/warden.py
+"""Bounded ``/queue/`` destinations, the bridge's side (gearhorn/worker/warden.py
 keeps them within their limits, as it does subscriber queues).
 
 A SUBSCRIBE to ``/queue/Q`` with RabbitMQ's ``x-max-length`` and the rest
@@ -16,10 +16,10 @@ from collections.abc import Callable, Sequence
 from gearhorn import gearman
 from gearhorn.errors import GearhornError
 from gearhorn.limits import Limits
-from gearhorn.pressure import Pressure
-from gearhorn.redisconn import REDIS_ERRORS
-from gearhorn.registry import Registry
-from gearhorn.tally import TallyWriter
+from gearhorn.store.redisconn import REDIS_ERRORS
+from gearhorn.store.registry import Registry
+from gearhorn.store.tally import TallyWriter
+from gearhorn.worker.pressure import Pressure
 
 RECHECK_SECONDS = 1.0
 

@@ -22,25 +22,25 @@ import gevent.lock
 from gearhorn import gearman
 from gearhorn.background import Outage
 from gearhorn.config import Config
-from gearhorn.deadletters import DeadLetterIndex
-from gearhorn.delayed import DelayedItem, Scheduler
 from gearhorn.errors import GearhornError
-from gearhorn.handouts import Handouts
-from gearhorn.headers import HeaderStore
-from gearhorn.janitor import BridgeLiveness, queue_entry, topic_entry
-from gearhorn.ledger import Ledger
 from gearhorn.limits import Limits
 from gearhorn.messages import Subscription, validate_topic
 from gearhorn.naming import dead_letter_queue, queue_copy_unique, stomp_unique
-from gearhorn.redisconn import REDIS_ERRORS
-from gearhorn.registry import Registry
-from gearhorn.replay import DashedFunctions
-from gearhorn.stats import Stats
 from gearhorn.stomp.auth import Credentials, Principal
 from gearhorn.stomp.bounds import QueueBounds
 from gearhorn.stomp.giveback import GiveBack
 from gearhorn.stomp.queues import Delivery, QueueConsumer, QueueDispatcher
 from gearhorn.stomp.sending import PLAIN, SendOptions
+from gearhorn.store.deadletters import DeadLetterIndex
+from gearhorn.store.handouts import Handouts
+from gearhorn.store.headers import HeaderStore
+from gearhorn.store.ledger import Ledger
+from gearhorn.store.redisconn import REDIS_ERRORS
+from gearhorn.store.registry import Registry
+from gearhorn.store.stats import Stats
+from gearhorn.worker.delayed import DelayedItem, Scheduler
+from gearhorn.worker.janitor import BridgeLiveness, queue_entry, topic_entry
+from gearhorn.worker.replay import DashedFunctions
 
 log = logging.getLogger(__name__)
 

@@ -9,7 +9,7 @@ newer ones. So the bridge gives them back itself: it submits each again, in
 the order it had them, as a high-priority background job ``~<token>``, and
 only then completes the originals. A crash in between leaves both: a
 message may come twice, never not at all. The token's record in Redis
-(:mod:`gearhorn.handouts`) names the original unique key, so its headers,
+(:mod:`gearhorn.store.handouts`) names the original unique key, so its headers,
 its ledger entries and its ``redelivered`` flag follow it.
 
 Only background jobs gearhorn made can be given back this way
@@ -24,9 +24,9 @@ import uuid
 from collections.abc import Callable, Iterable, Sequence
 
 from gearhorn import gearman
-from gearhorn.handouts import Handouts, Returned
 from gearhorn.naming import TEMP_FUNCTION_PREFIX, returnable, returned_unique
 from gearhorn.stomp.queues import Delivery
+from gearhorn.store.handouts import Handouts, Returned
 
 log = logging.getLogger(__name__)
 

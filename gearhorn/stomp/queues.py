@@ -11,7 +11,7 @@ and closes its Gearman connections; gearmand requeues whatever is left. So a
 message is never completed before its ack and never vanishes.
 
 A shared queue's dispatcher (``/queue/``, a durable subscription's) counts
-in Redis what it hands out (:mod:`gearhorn.handouts`), so a message that
+in Redis what it hands out (:mod:`gearhorn.store.handouts`), so a message that
 reached a client before is ``redelivered`` whichever bridge delivers it again.
 """
 
@@ -28,10 +28,10 @@ import gevent.queue
 
 from gearhorn import gearman
 from gearhorn.background import Backoff, Outage
-from gearhorn.handouts import Handouts, Returned
 from gearhorn.naming import returned_token
-from gearhorn.redisconn import REDIS_ERRORS
 from gearhorn.stomp import dispatch
+from gearhorn.store.handouts import Handouts, Returned
+from gearhorn.store.redisconn import REDIS_ERRORS
 
 log = logging.getLogger(__name__)
 

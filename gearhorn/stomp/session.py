@@ -23,7 +23,6 @@ from gearhorn.messages import (
     validate_queue,
 )
 from gearhorn.naming import TEMP_FUNCTION_PREFIX, durable_client_id, temp_queue
-from gearhorn.redisconn import REDIS_ERRORS
 from gearhorn.stomp.auth import OPEN
 from gearhorn.stomp.backend import Backend, Transport
 from gearhorn.stomp.bounds import QueueFull
@@ -59,6 +58,7 @@ from gearhorn.stomp.rules import (
 )
 from gearhorn.stomp.sending import TEMP_QUEUE, SendOptions, send_options
 from gearhorn.stomp.subscription import StompSubscription
+from gearhorn.store.redisconn import REDIS_ERRORS
 
 log = logging.getLogger(__name__)
 

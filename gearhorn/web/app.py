@@ -36,14 +36,15 @@ import redis
 from gevent.pywsgi import WSGIServer
 from prometheus_client import CollectorRegistry, make_wsgi_app
 
-from gearhorn import deadletters, gearman, redisconn
+from gearhorn import gearman
 from gearhorn.config import Config
-from gearhorn.keys import Keys
 from gearhorn.messages import BadRequest, validate_queue
 from gearhorn.naming import dead_letter_queue
 from gearhorn.ports import WEB_PORT, listen
-from gearhorn.redisconn import REDIS_ERRORS
 from gearhorn.stomp import auth
+from gearhorn.store import deadletters, redisconn
+from gearhorn.store.keys import Keys
+from gearhorn.store.redisconn import REDIS_ERRORS
 from gearhorn.web import access
 from gearhorn.web.history import RateHistory
 from gearhorn.web.metrics import SnapshotCollector

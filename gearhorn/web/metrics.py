@@ -79,7 +79,7 @@ def _registry(snap: dict) -> Iterator[Metric]:
 
 
 def _retention(snap: dict) -> Iterator[Metric]:
-    """Bounded queues (gearhorn/warden.py): what was not kept, and the backlogs."""
+    """Bounded queues (gearhorn/worker/warden.py): what was not kept, and the backlogs."""
     dropped = CounterMetricFamily("gearhorn_copies_dropped", "copies not kept by their "
                                   "queue's limits, per topic and reason (maxlen, maxbytes, "
                                   "expired, removed, full)", labels=["topic", "reason"])

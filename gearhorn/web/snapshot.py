@@ -3,7 +3,7 @@
 The metrics, the console and readiness all read this. Its cost is bounded
 whatever the number of topics and queues: ``top`` topics (by copies, then
 any others up to ``top``), ``top`` queues by depth, ``top`` dead-letter
-queues; totals are exact (gearhorn/stats.py). An unreachable server is
+queues; totals are exact (gearhorn/store/stats.py). An unreachable server is
 reported in the snapshot, never raised.
 """
 
@@ -16,14 +16,15 @@ from collections.abc import Sequence
 
 import redis
 
-from gearhorn import gearman, stats
-from gearhorn.delayed import Scheduler
-from gearhorn.keys import Keys
+from gearhorn import gearman
 from gearhorn.messages import PREFIX_WILDCARD
 from gearhorn.naming import dead_letter_queue
-from gearhorn.redisconn import REDIS_ERRORS
-from gearhorn.redisutil import text
-from gearhorn.registry import Registry
+from gearhorn.store import stats
+from gearhorn.store.keys import Keys
+from gearhorn.store.redisconn import REDIS_ERRORS
+from gearhorn.store.redisutil import text
+from gearhorn.store.registry import Registry
+from gearhorn.worker.delayed import Scheduler
 
 DLQ_SUFFIX = dead_letter_queue("")
 

@@ -5,8 +5,9 @@ import tempfile
 import pytest
 import redis
 
-from gearhorn import replay, servers
-from gearhorn.keys import Keys
+from gearhorn import servers
+from gearhorn.store.keys import Keys
+from gearhorn.worker import replay
 from tests.conftest import require_binary
 
 from .helpers import PoolProcess

@@ -16,10 +16,11 @@ from collections import Counter
 
 import gear
 
-from gearhorn import gearman, redisconn, servers
+from gearhorn import gearman, servers
 from gearhorn.gearman.packets import PacketReader
-from gearhorn.keys import Keys
-from gearhorn.registry import Registry
+from gearhorn.store import redisconn
+from gearhorn.store.keys import Keys
+from gearhorn.store.registry import Registry
 
 
 def wait_for(predicate, timeout=20.0, interval=0.02, message="condition"):

@@ -13,9 +13,10 @@ import time
 import pytest
 import redis
 
-from gearhorn import redisconn, servers
-from gearhorn.keys import Keys
-from gearhorn.ledger import entries, rows_from_entries
+from gearhorn import servers
+from gearhorn.store import redisconn
+from gearhorn.store.keys import Keys
+from gearhorn.store.ledger import entries, rows_from_entries
 
 from .helpers import (
     GearClient,

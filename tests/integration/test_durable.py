@@ -13,9 +13,10 @@ from collections import Counter
 import pytest
 import redis
 
-from gearhorn import gearman, replay, servers
+from gearhorn import gearman, servers
 from gearhorn.client import JobFailed, Producer
-from gearhorn.keys import Keys
+from gearhorn.store.keys import Keys
+from gearhorn.worker import replay
 from tests.conftest import require_binary
 
 from .helpers import drain_jobs, queue_depth, wait_for

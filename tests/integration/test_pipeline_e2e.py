@@ -10,8 +10,9 @@ import pyarrow.parquet as pq
 import pytest
 import redis
 
-from gearhorn import gearman, redisconn
-from gearhorn.keys import Keys
+from gearhorn import gearman
+from gearhorn.store import redisconn
+from gearhorn.store.keys import Keys
 from tests.conftest import require_binary
 
 from .helpers import GearClient, drain_jobs, queue_depth, unique_topic, wait_for
@@ -29,7 +30,7 @@ def gearhorn(*args, timeout=240, env=None):
 
 def acked_events(redis_url):
     from gearhorn.config import Config
-    from gearhorn.ledger import entries, rows_from_entries
+    from gearhorn.store.ledger import entries, rows_from_entries
 
     rows = rows_from_entries(entries(redisconn.connect(redis_url), Keys(),
                                      Config().ledger_shards))

@@ -18,11 +18,12 @@ from types import SimpleNamespace
 import pytest
 import redis
 
-from gearhorn import redisconn, servers
+from gearhorn import servers
 from gearhorn.client import Producer
 from gearhorn.config import Config
-from gearhorn.keys import Keys
-from gearhorn.ledger import Ledger, entries
+from gearhorn.store import redisconn
+from gearhorn.store.keys import Keys
+from gearhorn.store.ledger import Ledger, entries
 from tests.conftest import require_binary
 
 from .helpers import GearClient, PoolProcess, unique_topic, wait_for

@@ -7,7 +7,8 @@ import threading
 import pytest
 import redis
 
-from gearhorn import redisconn, servers
+from gearhorn import servers
+from gearhorn.store import redisconn
 from tests.conftest import require_binary
 
 from .helpers import GearClient, PoolProcess, drain_queue, unique_topic, wait_for

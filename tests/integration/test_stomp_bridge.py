@@ -425,8 +425,8 @@ def test_bridge_processes_share_the_port_and_topics_stay_right(gearmand, start_p
                                                                redis_url):
     import redis as redis_client
 
-    from gearhorn.keys import Keys
-    from gearhorn.liveness import Liveness
+    from gearhorn.store.keys import Keys
+    from gearhorn.store.liveness import Liveness
 
     start_pool([gearmand])
     bridge = start_bridge([gearmand], env={"GEARHORN_BRIDGE_PROCESSES": "2"})

@@ -8,7 +8,7 @@ import time
 import pytest
 import redis
 
-from gearhorn.keys import Keys
+from gearhorn.store.keys import Keys
 
 from .browser import browser
 from .helpers import GearClient, gearman_cli, unique_topic, wait_for

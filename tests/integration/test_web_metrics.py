@@ -13,8 +13,8 @@ import redis
 
 from gearhorn import servers
 from gearhorn.config import Config
-from gearhorn.keys import Keys
-from gearhorn.ledger import entries
+from gearhorn.store.keys import Keys
+from gearhorn.store.ledger import entries
 from tests.conftest import require_binary
 
 from .helpers import GearClient, PoolProcess, unique_topic, wait_for

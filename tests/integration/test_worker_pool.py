@@ -8,12 +8,13 @@ import threading
 import gear
 import pytest
 
-from gearhorn import gearman, redisconn
+from gearhorn import gearman
 from gearhorn.client import Consumer
 from gearhorn.gearman.packets import P
-from gearhorn.keys import Keys
 from gearhorn.messages import Subscription
-from gearhorn.registry import Registry
+from gearhorn.store import redisconn
+from gearhorn.store.keys import Keys
+from gearhorn.store.registry import Registry
 
 from .helpers import (
     GearClient,

@@ -1,8 +1,8 @@
 import fakeredis
 import pytest
 
-from gearhorn.keys import Keys
-from gearhorn.registry import Registry
+from gearhorn.store.keys import Keys
+from gearhorn.store.registry import Registry
 
 
 @pytest.fixture

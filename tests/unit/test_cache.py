@@ -1,7 +1,7 @@
 import json
 
-from gearhorn.cache import SubscriberCache
 from gearhorn.messages import Subscription
+from gearhorn.worker.cache import SubscriberCache
 
 
 def names(recipients):
@@ -54,7 +54,7 @@ def test_cache_is_bounded(registry):
 def test_listener_drops_entries_announced_on_the_channel(registry, fake_redis):
     import time
 
-    from gearhorn.cache import InvalidationListener
+    from gearhorn.worker.cache import InvalidationListener
 
     cache = SubscriberCache(registry)
     listener = InvalidationListener(fake_redis, "chan", cache)

@@ -3,8 +3,8 @@ import time
 
 import pytest
 
-from gearhorn.delayed import DelayedItem, Releaser, Scheduler
-from gearhorn.keys import Keys
+from gearhorn.store.keys import Keys
+from gearhorn.worker.delayed import DelayedItem, Releaser, Scheduler
 
 
 @pytest.fixture

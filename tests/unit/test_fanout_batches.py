@@ -7,10 +7,10 @@ import json
 import pytest
 
 from gearhorn import gearman
-from gearhorn.cache import SubscriberCache
 from gearhorn.config import Config
-from gearhorn.fanout import FanoutService, Job, ServiceUnavailable
 from gearhorn.messages import BadRequest, message_ids_for
+from gearhorn.worker.cache import SubscriberCache
+from gearhorn.worker.fanout import FanoutService, Job, ServiceUnavailable
 from tests.fakes import RecordingClient
 
 

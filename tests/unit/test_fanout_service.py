@@ -5,10 +5,10 @@ import pytest
 import redis
 
 from gearhorn import gearman
-from gearhorn.cache import SubscriberCache
 from gearhorn.config import Config
-from gearhorn.fanout import FanoutService, ServiceUnavailable
 from gearhorn.messages import BadRequest
+from gearhorn.worker.cache import SubscriberCache
+from gearhorn.worker.fanout import FanoutService, ServiceUnavailable
 from tests.fakes import RecordingClient
 
 
@@ -231,7 +231,7 @@ def test_prefix_subscribers_learn_the_topic_a_message_was_published_to(service):
 
 
 def test_fanouts_are_counted_with_their_copies_and_latency(registry):
-    from gearhorn.stats import Stats, read
+    from gearhorn.store.stats import Stats, read
 
     counts = Stats(registry.redis, registry.keys)  # write-through
     svc = FanoutService(Config(), registry, SubscriberCache(registry), RecordingClient(),

@@ -1,11 +1,11 @@
-"""Hand-out counts and given-back records in Redis (gearhorn/handouts.py)."""
+"""Hand-out counts and given-back records in Redis (gearhorn/store/handouts.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from gearhorn.handouts import Handouts, Returned
-from gearhorn.keys import Keys
+from gearhorn.store.handouts import Handouts, Returned
+from gearhorn.store.keys import Keys
 
 
 @pytest.fixture

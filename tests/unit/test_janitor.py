@@ -1,5 +1,5 @@
-from gearhorn.janitor import BridgeLiveness, Janitor, queue_entry, topic_entry
 from gearhorn.messages import Subscription
+from gearhorn.worker.janitor import BridgeLiveness, Janitor, queue_entry, topic_entry
 
 
 def test_what_a_dead_bridge_held_is_removed_once(registry):

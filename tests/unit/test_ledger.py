@@ -3,9 +3,9 @@ import os
 
 import pytest
 
-from gearhorn import ledger as L
 from gearhorn.events import ROW_FIELDS
-from gearhorn.keys import Keys
+from gearhorn.store import ledger as L
+from gearhorn.store.keys import Keys
 from tests.conftest import require_module
 
 
@@ -168,7 +168,7 @@ def test_an_outage_is_logged_once_and_its_end_with_what_was_lost(book, monkeypat
         return type("P", (), {"xadd": lambda *a, **k: None,
                               "execute": lambda self: (_ for _ in ()).throw(error)})()
     monkeypatch.setattr(book.redis, "pipeline", pipeline)
-    caplog.set_level("INFO", logger="gearhorn.ledger")
+    caplog.set_level("INFO", logger="gearhorn.store.ledger")
     for n in range(3):
         book.record("acked", "q", f"u{n}")
         book.flush()

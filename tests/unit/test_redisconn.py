@@ -1,8 +1,9 @@
 import pytest
 from redis.exceptions import RedisClusterException
 
-from gearhorn import config, redisconn
+from gearhorn import config
 from gearhorn.servers import free_port
+from gearhorn.store import redisconn
 
 
 def test_a_sentinel_url_names_the_sentinels_the_master_and_the_database():

@@ -1,7 +1,7 @@
 import json
 
 from gearhorn.messages import Subscription
-from gearhorn.registry import Recipient, Registry
+from gearhorn.store.registry import Recipient, Registry
 
 
 def queues(members):

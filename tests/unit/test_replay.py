@@ -2,9 +2,9 @@
 
 import pytest
 
-from gearhorn import replay
-from gearhorn.keys import Keys
-from gearhorn.replay import DashedFunctions, QueuedJob, replayed_wrong, split_key
+from gearhorn.store.keys import Keys
+from gearhorn.worker import replay
+from gearhorn.worker.replay import DashedFunctions, QueuedJob, replayed_wrong, split_key
 
 KEYS = Keys("t:", "chan")
 

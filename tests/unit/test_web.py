@@ -10,10 +10,10 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gearhorn import stats
-from gearhorn.keys import Keys
 from gearhorn.messages import Subscription
 from gearhorn.stomp import auth
+from gearhorn.store import stats
+from gearhorn.store.keys import Keys
 from gearhorn.web import access
 from gearhorn.web.history import RateHistory
 from gearhorn.web.metrics import SnapshotCollector
@@ -75,7 +75,7 @@ def test_buffered_counts_are_summed_and_written_at_flush(fake_redis, monkeypatch
 
 
 def test_the_flusher_writes_what_is_left_when_stopped(fake_redis):
-    from gearhorn.ledger import Flusher
+    from gearhorn.store.ledger import Flusher
 
     counts = stats.Stats(fake_redis, KEYS, buffered=True)
     flusher = Flusher(counts, interval=60)

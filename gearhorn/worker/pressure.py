@@ -1,6 +1,6 @@
 """What the warden last said about the queues, as the fanout workers need it:
 which ``reject-publish`` queues are full, and whether the queue store is
-over its guard (gearhorn/warden.py writes both every round).
+over its guard (gearhorn/worker/warden.py writes both every round).
 
 Read at most every ``refresh`` seconds (one round trip), so a fanout costs
 nothing more, and at once after the warden announces a change on the
@@ -16,9 +16,9 @@ from collections.abc import Callable
 
 import redis
 
-from gearhorn.keys import Keys
-from gearhorn.redisconn import REDIS_ERRORS
-from gearhorn.redisutil import text
+from gearhorn.store.keys import Keys
+from gearhorn.store.redisconn import REDIS_ERRORS
+from gearhorn.store.redisutil import text
 
 
 class Pressure:

@@ -12,7 +12,7 @@ import time
 
 import redis
 
-from gearhorn.redisutil import text
+from gearhorn.store.redisutil import text
 
 
 class Liveness:

@@ -35,8 +35,8 @@ from dataclasses import dataclass
 import redis
 
 from gearhorn import gearman
-from gearhorn.keys import Keys
 from gearhorn.servers import Managed
+from gearhorn.store.keys import Keys
 
 log = logging.getLogger(__name__)
 

@@ -13,12 +13,12 @@ from dataclasses import dataclass
 
 import redis
 
-from gearhorn.keys import Keys
 from gearhorn.limits import Limits, limits_from_json
-from gearhorn.liveness import Liveness
 from gearhorn.messages import PREFIX_WILDCARD, Subscription, queue_name
 from gearhorn.naming import process_id
-from gearhorn.redisutil import run_scripts, script, text
+from gearhorn.store.keys import Keys
+from gearhorn.store.liveness import Liveness
+from gearhorn.store.redisutil import run_scripts, script, text
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,9 +26,9 @@ import redis
 
 from gearhorn.background import Backoff, Outage, StoppableThread
 from gearhorn.gearman import GearmanError
-from gearhorn.keys import Keys
-from gearhorn.redisconn import REDIS_ERRORS
-from gearhorn.redisutil import run_scripts, script
+from gearhorn.store.keys import Keys
+from gearhorn.store.redisconn import REDIS_ERRORS
+from gearhorn.store.redisutil import run_scripts, script
 
 log = logging.getLogger(__name__)
 

@@ -20,16 +20,10 @@ from dataclasses import dataclass
 
 import redis
 
-from gearhorn import gearman, redisconn
+from gearhorn import gearman
 from gearhorn.background import Backoff, Outage
-from gearhorn.cache import InvalidationListener, SubscriberCache
 from gearhorn.config import Config
-from gearhorn.delayed import DelayedItem, Releaser, Scheduler
 from gearhorn.errors import GearhornError
-from gearhorn.headers import HeaderStore
-from gearhorn.janitor import Janitor
-from gearhorn.keys import Keys
-from gearhorn.ledger import Flusher, Ledger
 from gearhorn.limits import FULL
 from gearhorn.messages import (
     BadRequest,
@@ -41,13 +35,20 @@ from gearhorn.messages import (
     parse_subscription,
 )
 from gearhorn.naming import delayed_unique
-from gearhorn.pressure import Pressure
-from gearhorn.redisconn import REDIS_ERRORS
-from gearhorn.registry import Recipient, Registry, new_worker_id
-from gearhorn.replay import DashedFunctions
-from gearhorn.stats import Stats
-from gearhorn.tally import TallyWriter
-from gearhorn.warden import Warden
+from gearhorn.store import redisconn
+from gearhorn.store.headers import HeaderStore
+from gearhorn.store.keys import Keys
+from gearhorn.store.ledger import Flusher, Ledger
+from gearhorn.store.redisconn import REDIS_ERRORS
+from gearhorn.store.registry import Recipient, Registry, new_worker_id
+from gearhorn.store.stats import Stats
+from gearhorn.store.tally import TallyWriter
+from gearhorn.worker.cache import InvalidationListener, SubscriberCache
+from gearhorn.worker.delayed import DelayedItem, Releaser, Scheduler
+from gearhorn.worker.janitor import Janitor
+from gearhorn.worker.pressure import Pressure
+from gearhorn.worker.replay import DashedFunctions
+from gearhorn.worker.warden import Warden
 
 log = logging.getLogger(__name__)
 
@@ -98,8 +99,8 @@ class FanoutService:
                  sleep=time.sleep, stats: Stats | None = None,
                  tally: TallyWriter | None = None, pressure: Pressure | None = None) -> None:
         self.config = config
-        self.tally = tally  # when each queue's copies were queued (gearhorn/tally.py)
-        self.pressure = pressure  # full queues, a full store (gearhorn/pressure.py)
+        self.tally = tally  # when each queue's copies were queued (gearhorn/store/tally.py)
+        self.pressure = pressure  # full queues, a full store (gearhorn/worker/pressure.py)
         self.registry = registry
         self.cache = cache
         self.client = client
@@ -274,7 +275,7 @@ class FanoutService:
                 header_ids: list[str] | None = None,
                 received: float | None = None) -> dict[str, object]:
         """Queue one copy of each message per subscriber; the fanout's result.
-        Counted (gearhorn/stats.py) before the job is answered."""
+        Counted (gearhorn/store/stats.py) before the job is answered."""
         full, over = self._pressure()
         if over:
             raise BadRequest(over)
@@ -458,7 +459,7 @@ class WorkerProcess:
                              source=self.worker_id, shards=config.ledger_shards)
         self.stats = Stats(self.redis, keys, config.metrics_enabled,
                            buffered=not config.metrics_write_through)
-        # Bounded queues (gearhorn/warden.py); retention_interval 0: off.
+        # Bounded queues (gearhorn/worker/warden.py); retention_interval 0: off.
         bounded = config.retention_interval > 0
         self.tally = TallyWriter(self.redis, keys) if bounded else None
         pressure = Pressure(self.redis, keys) if bounded else None

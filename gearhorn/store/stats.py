@@ -22,9 +22,9 @@ from dataclasses import dataclass, field
 import redis
 
 from gearhorn.background import Outage
-from gearhorn.keys import Keys
-from gearhorn.redisconn import REDIS_ERRORS
-from gearhorn.redisutil import text
+from gearhorn.store.keys import Keys
+from gearhorn.store.redisconn import REDIS_ERRORS
+from gearhorn.store.redisutil import text
 
 # Seconds from a fanout job's arrival at a worker to gearmand accepting its
 # copies (foreground: to the last receiver's answer).

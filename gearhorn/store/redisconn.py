@@ -4,7 +4,7 @@ Every process gets its Redis client from :func:`connect`. With
 ``redis_cluster = auto`` it asks the node at the URL (``INFO cluster``) and
 uses redis-py's cluster client when it says ``cluster_enabled:1``; ``yes``
 and ``no`` force it. Both clients take the same commands: every key layout
-in gearhorn/keys.py keeps the keys of one script or transaction in one hash
+in gearhorn/store/keys.py keeps the keys of one script or transaction in one hash
 slot, so the code above never asks which it has. A ``redis+sentinel://``
 URL names Sentinels and a master name instead (:func:`_sentinel_master`).
 """

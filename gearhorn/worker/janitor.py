@@ -15,11 +15,11 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from gearhorn.liveness import Liveness
 from gearhorn.messages import Subscription, queue_name
-from gearhorn.redisconn import REDIS_ERRORS
-from gearhorn.redisutil import text
-from gearhorn.registry import Registry
+from gearhorn.store.liveness import Liveness
+from gearhorn.store.redisconn import REDIS_ERRORS
+from gearhorn.store.redisutil import text
+from gearhorn.store.registry import Registry
 
 log = logging.getLogger(__name__)
 

@@ -6,7 +6,7 @@ A STOMP client relies on ``redelivered:true`` to spot a message it may
 have processed already, whichever bridge delivered it first; a bridge's
 memory does not survive the client's reconnect to another bridge, or the
 bridge's death. So a bridge counts in Redis, one script call per grab
-(gearhorn/lua/handouts.lua), the messages of a shared queue (``/queue/``,
+(gearhorn/store/lua/handouts.lua), the messages of a shared queue (``/queue/``,
 a durable subscription's) it hands out, and forgets a message once it is
 acknowledged (in the next grab's call).
 
@@ -28,8 +28,8 @@ from dataclasses import dataclass
 
 import redis
 
-from gearhorn.keys import Keys
-from gearhorn.redisutil import script
+from gearhorn.store.keys import Keys
+from gearhorn.store.redisutil import script
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,7 +67,7 @@ class Handouts:
              settled: Sequence[str] = ()) -> list[bool]:
         """Count a hand-out of each message; True for those handed out before.
         ``settled``: messages acknowledged since, forgotten in the same call
-        (one script call: gearhorn/lua/handouts.lua)."""
+        (one script call: gearhorn/store/lua/handouts.lua)."""
         before = self._take(keys=[self.keys.handouts(function)],
                             args=[self.ttl_ms, len(settled), *settled, *uniques])
         return [bool(flag) for flag in before]

@@ -21,8 +21,8 @@ import redis
 
 from gearhorn.background import Backoff, StoppableThread
 from gearhorn.messages import PREFIX_WILDCARD
-from gearhorn.redisconn import REDIS_ERRORS
-from gearhorn.registry import Members, Recipient, Registry
+from gearhorn.store.redisconn import REDIS_ERRORS
+from gearhorn.store.registry import Members, Recipient, Registry
 
 log = logging.getLogger(__name__)
 
@@ -74,11 +74,11 @@ class SubscriberCache:
         return len(self._entries)
 
     def handle_announcement(self, data: bytes | str) -> None:
-        """Apply one matchmaking message (see ``gearhorn.keys``)."""
+        """Apply one matchmaking message (see ``gearhorn.store.keys``)."""
         try:
             message = json.loads(data)
             if message.get("op") == "pressure":
-                return  # the warden's, about full queues (gearhorn/pressure.py)
+                return  # the warden's, about full queues (gearhorn/worker/pressure.py)
             topic = message["topic"]
         except (ValueError, KeyError, TypeError, AttributeError):
             log.warning("ignoring malformed matchmaking message %r", data[:200])
@@ -100,7 +100,7 @@ class InvalidationListener(StoppableThread):
         self.client = client
         self.channel = channel
         self.cache = cache
-        self.also = also  # told every message too (gearhorn/pressure.py)
+        self.also = also  # told every message too (gearhorn/worker/pressure.py)
         self.subscribed = threading.Event()
 
     def run(self) -> None:

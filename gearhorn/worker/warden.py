@@ -36,19 +36,19 @@ import redis
 
 from gearhorn import gearman
 from gearhorn.config import Config
-from gearhorn.deadletters import DeadLetterIndex
-from gearhorn.headers import HeaderStore
-from gearhorn.keys import Keys
-from gearhorn.ledger import Ledger
 from gearhorn.limits import EXPIRED, REMOVED, Limits
 from gearhorn.messages import Subscription
 from gearhorn.naming import FOREGROUND_MARK, dead_letter_queue, queue_copy_unique
-from gearhorn.redisconn import REDIS_ERRORS
-from gearhorn.redisutil import text
-from gearhorn.registry import Registry
 from gearhorn.retention import Tallied, Verdict, judge
-from gearhorn.stats import Stats
-from gearhorn.tally import TallyReader
+from gearhorn.store.deadletters import DeadLetterIndex
+from gearhorn.store.headers import HeaderStore
+from gearhorn.store.keys import Keys
+from gearhorn.store.ledger import Ledger
+from gearhorn.store.redisconn import REDIS_ERRORS
+from gearhorn.store.redisutil import text
+from gearhorn.store.registry import Registry
+from gearhorn.store.stats import Stats
+from gearhorn.store.tally import TallyReader
 
 log = logging.getLogger(__name__)
 

@@ -27,13 +27,13 @@ from dataclasses import dataclass
 import redis
 
 from gearhorn import gearman
-from gearhorn.headers import HeaderStore
-from gearhorn.keys import Keys
 from gearhorn.messages import header_id_of
 from gearhorn.naming import dead_letter_queue, queue_copy_unique, stomp_unique
-from gearhorn.redisutil import text
-from gearhorn.replay import DashedFunctions
-from gearhorn.stats import Stats
+from gearhorn.store.headers import HeaderStore
+from gearhorn.store.keys import Keys
+from gearhorn.store.redisutil import text
+from gearhorn.store.stats import Stats
+from gearhorn.worker.replay import DashedFunctions
 
 PREVIEW_BYTES = 200
 DLQ_HEADER_PREFIX = "dlq-"

@@ -18,9 +18,9 @@ import redis
 
 from gearhorn.background import Outage
 from gearhorn.gearman import Copy
-from gearhorn.keys import Keys
-from gearhorn.redisconn import REDIS_ERRORS
 from gearhorn.retention import Tallied, TallyEntry
+from gearhorn.store.keys import Keys
+from gearhorn.store.redisconn import REDIS_ERRORS
 
 log = logging.getLogger(__name__)
 

@@ -16,9 +16,10 @@ def text(value: bytes | str) -> str:
 
 
 def script(client: redis.Redis, name: str) -> Script:
-    """``gearhorn/lua/<name>`` registered on ``client`` (each file's header
+    """``gearhorn/store/lua/<name>`` registered on ``client`` (each file's header
     documents its KEYS and ARGV)."""
-    return client.register_script(resources.files("gearhorn").joinpath(f"lua/{name}").read_text())
+    lua = resources.files("gearhorn.store").joinpath(f"lua/{name}")
+    return client.register_script(lua.read_text())
 
 
 def run_scripts(client: redis.Redis, calls: list[tuple[Script, list[str], list[object]]]

@@ -39,9 +39,9 @@ import redis
 from gearhorn.background import Outage, StoppableThread
 from gearhorn.errors import GearhornError
 from gearhorn.events import FIELDS, Event, copy_key, message_key
-from gearhorn.keys import Keys
-from gearhorn.redisconn import REDIS_ERRORS
-from gearhorn.redisutil import text
+from gearhorn.store.keys import Keys
+from gearhorn.store.redisconn import REDIS_ERRORS
+from gearhorn.store.redisutil import text
 
 log = logging.getLogger(__name__)
 

@@ -16,12 +16,12 @@ Redis the braces are just characters.
 ``<p>workers``                  sorted set: worker id scored by the epoch second at
                                 which it is dead unless it sends a heartbeat
 ``<p>worker:<id>``              hash: pid, host, started, jobs; expires with the worker
-``<p>headers:<id>``             string: JSON headers of a message (gearhorn/headers.py),
+``<p>headers:<id>``             string: JSON headers of a message (gearhorn/store/headers.py),
                                 expiring after ``headers_ttl``
 ``{<p>due:<L>}:<n>``            sorted set: delayed messages of lane L (of
                                 ``delay_lanes``) due in the ``n``-th time shard of
                                 ``delay_shard_seconds``, scored by due time in ms
-                                (gearhorn/delayed.py)
+                                (gearhorn/worker/delayed.py)
 ``{<p>due:<L>}:cursor``         string: the oldest shard of lane L that may hold
                                 messages
 ``<p>bridges``                  sorted set: bridge id scored by the epoch second at
@@ -34,17 +34,17 @@ Redis the braces are just characters.
 ``<p>temp-queues``              set: every live ``/temp-queue/`` function; a reply may
                                 only be sent to one of these
 ``{<p>ledger:<n>}``             stream: shard n (of ``ledger_shards``) of the
-                                delivery ledger (gearhorn/ledger.py); each writer
+                                delivery ledger (gearhorn/store/ledger.py); each writer
                                 appends to one; together trimmed to about
                                 ``ledger_maxlen`` entries
 ``<p>dashed-functions``         set: Gearman functions with a ``-`` that gearhorn
-                                submitted background jobs to (gearhorn/replay.py)
+                                submitted background jobs to (gearhorn/worker/replay.py)
 ``<p>held:<key>``               hash, in gearmand's queue Redis: a queued job moved
                                 out of gearmand's sight until gearhorn resubmits
-                                it (gearhorn/replay.py)
+                                it (gearhorn/worker/replay.py)
 ``<p>bridge-info:<id>``         hash: pid, host, started, connections of a live
                                 bridge; expires with its heartbeat
-``{<p>stats}:copies``           sorted set: topic -> copies made, ever (gearhorn/stats.py)
+``{<p>stats}:copies``           sorted set: topic -> copies made, ever (gearhorn/store/stats.py)
 ``{<p>stats}:fanouts``          sorted set: topic -> messages fanned out, ever
 ``{<p>stats}:totals``           hash: copies, fanouts, dead letters over every topic
                                 and queue, and the fanout latency histogram
@@ -52,15 +52,15 @@ Redis the braces are just characters.
 ``<p>dead:<queue>``             sorted set: header ids of the dead letters of a queue
                                 still in ``<queue>.dlq``, scored by when (ms)
 ``<p>dead-info:<queue>``        hash: header id -> JSON of reason, delivery count,
-                                size and the start of the body (gearhorn/deadletters.py)
+                                size and the start of the body (gearhorn/store/deadletters.py)
 ``<p>last-report``              string: JSON summary of the last ``gearhorn report``
 ``<p>handouts:<function>``      hash: unique key -> times a bridge handed that message of
-                                a shared queue to a client (gearhorn/handouts.py)
+                                a shared queue to a client (gearhorn/store/handouts.py)
 ``<p>returned:<token>``         string: the original of a message a bridge gave back
-                                as ``~<token>`` (gearhorn/handouts.py)
+                                as ``~<token>`` (gearhorn/store/handouts.py)
 ``<p>subscriptions``            hash: subscriber queue -> JSON of its topic, client id,
                                 when it was (re)subscribed and the limits it was
-                                given (gearhorn/limits.py, gearhorn/warden.py)
+                                given (gearhorn/limits.py, gearhorn/worker/warden.py)
 ``<p>tally:{<queue>}``          list: ``<ms> <copies> <bytes>`` per group of copies a
                                 worker queued, oldest first (gearhorn/retention.py)
 ``<p>tally:{<queue>}:sum``      hash: ``c`` copies and ``b`` bytes the list holds

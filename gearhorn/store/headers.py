@@ -16,8 +16,8 @@ from collections.abc import Iterable, Mapping
 
 import redis
 
-from gearhorn.keys import Keys
 from gearhorn.messages import header_id_of
+from gearhorn.store.keys import Keys
 
 
 class HeaderStore:
