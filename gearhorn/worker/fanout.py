@@ -1,9 +1,8 @@
 """The worker: ``subscribe_fanout``, ``unsubscribe_fanout``, ``fanout``.
 
 :class:`FanoutService` is the logic (bytes in, JSON bytes out, BadRequest
-for bad input); :class:`WorkerProcess` feeds it jobs from gearmand, several
-at a time (:class:`gearman.JobSource`), and keeps this process's heartbeat
-and cache listener.
+for bad input), whatever brings the jobs; gearhorn/worker/process.py's
+``WorkerProcess`` feeds it jobs from gearmand and answers them.
 """
 
 from __future__ import annotations
@@ -11,17 +10,12 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import os
-import socket
-import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
-import redis
-
 from gearhorn import gearman
-from gearhorn.background import Backoff, Outage
+from gearhorn.background import Backoff
 from gearhorn.config import Config
 from gearhorn.errors import GearhornError
 from gearhorn.limits import FULL
@@ -35,20 +29,15 @@ from gearhorn.messages import (
     parse_subscription,
 )
 from gearhorn.naming import delayed_unique
-from gearhorn.store import redisconn
 from gearhorn.store.headers import HeaderStore
-from gearhorn.store.keys import Keys
-from gearhorn.store.ledger import Flusher, Ledger
+from gearhorn.store.ledger import Ledger
 from gearhorn.store.redisconn import REDIS_ERRORS
-from gearhorn.store.registry import Recipient, Registry, new_worker_id
+from gearhorn.store.registry import Recipient, Registry
 from gearhorn.store.stats import Stats
 from gearhorn.store.tally import TallyWriter
-from gearhorn.worker.cache import InvalidationListener, SubscriberCache
-from gearhorn.worker.delayed import DelayedItem, Releaser, Scheduler
-from gearhorn.worker.janitor import Janitor
+from gearhorn.worker.cache import SubscriberCache
+from gearhorn.worker.delayed import DelayedItem, Scheduler
 from gearhorn.worker.pressure import Pressure
-from gearhorn.worker.replay import DashedFunctions
-from gearhorn.worker.warden import Warden
 
 log = logging.getLogger(__name__)
 
@@ -415,239 +404,3 @@ def _ids(message_ids: list[str]) -> dict[str, object]:
     if len(message_ids) == 1:
         return {"message_id": message_ids[0]}
     return {"message_ids": message_ids}
-
-
-def _store_full(exc: Exception) -> bool:
-    """gearmand's answer when its persistent queue refuses a job (the queue
-    Redis at maxmemory, say)."""
-    return "QUEUE_ERROR" in str(exc)
-
-
-def _queue_store(config: Config):
-    """A client of gearmand's queue Redis for the warden's memory check
-    (None when gearmand keeps its queue elsewhere)."""
-    if config.persistence != "redis":
-        return lambda: None
-    client = redis.Redis.from_url(config.queue_redis_url, socket_timeout=2,
-                                  socket_connect_timeout=1)
-    return lambda: client
-
-
-def _jobs_named(taken: list[tuple[object, gearman.GrabbedJob, Job]]) -> str:
-    """``fanout job H:1``, or ``3 jobs from fanout job H:1 on``, for the log."""
-    _, first, _ = taken[0]
-    name = f"{first.function} job {first.handle.decode(errors='replace')}"
-    return name if len(taken) == 1 else f"{len(taken)} jobs from {name} on"
-
-
-class WorkerProcess:
-    """One worker process: gets jobs from gearmand until told to stop."""
-
-    def __init__(self, config: Config) -> None:
-        self.config = config
-        self.worker_id = new_worker_id()
-        self.redis = redisconn.for_config(config, socket_timeout=10, socket_connect_timeout=5,
-                                          health_check_interval=30)
-        keys = Keys.for_config(config)
-        self.registry = Registry(self.redis, keys)
-        self.cache = SubscriberCache(self.registry, config.cache_size)
-        dashed = DashedFunctions(self.redis, keys)
-        tls = config.gearman_tls
-        self.client = gearman.Client(config.gearman_servers, batch=config.submit_batch,
-                                     before_background=dashed.record, tls=tls)
-        self.ledger = Ledger(self.redis, keys, config.ledger_maxlen, config.ledger_enabled,
-                             source=self.worker_id, shards=config.ledger_shards)
-        self.stats = Stats(self.redis, keys, config.metrics_enabled,
-                           buffered=not config.metrics_write_through)
-        # Bounded queues (gearhorn/worker/warden.py); retention_interval 0: off.
-        bounded = config.retention_interval > 0
-        self.tally = TallyWriter(self.redis, keys) if bounded else None
-        pressure = Pressure(self.redis, keys) if bounded else None
-        self.service = FanoutService(config, self.registry, self.cache, self.client,
-                                     self.ledger, stats=self.stats, tally=self.tally,
-                                     pressure=pressure)
-        self.flusher = Flusher(*(b for b in (self.ledger, self.stats, self.tally) if b))
-        self.warden = Warden(config, self.redis, self.ledger, self.stats, self.worker_id,
-                             queue_store=_queue_store(config))
-        # Due delayed messages go out from a thread of their own, with their
-        # own Gearman connection (a Client is not shared between threads).
-        self.release_client = gearman.Client(config.gearman_servers, batch=config.submit_batch,
-                                             before_background=dashed.record, tls=tls)
-        releasing = FanoutService(config, self.registry, self.cache, self.release_client,
-                                  self.ledger, stats=self.stats, tally=self.tally,
-                                  pressure=pressure)
-        self.releaser = Releaser(releasing.scheduler, releasing.release,
-                                 config.delay_poll_interval)
-        self.listener = InvalidationListener(self.redis, keys.channel, self.cache,
-                                             also=pressure.announced if pressure else None)
-        self.janitor = Janitor(self.registry, lambda function: gearman.drop_function(
-            config.gearman_servers, function, tls))
-        self.jobs = gearman.JobSource(config.gearman_servers, FUNCTIONS, self.worker_id, tls,
-                                      most=config.worker_batch)
-        self.jobs_done = 0
-        self.started = time.time()
-        self._draining = threading.Event()
-
-    def run(self) -> None:
-        """Serve jobs until :meth:`drain` is called (see :meth:`serve` for
-        what happens to the jobs in hand)."""
-        self.listener.start()
-        self.flusher.start()
-        self.releaser.start()
-        threading.Thread(target=self._heartbeats, name="gearhorn-heartbeat", daemon=True).start()
-        if self.config.retention_interval > 0:
-            threading.Thread(target=self._guard_queues, name="gearhorn-warden",
-                             daemon=True).start()
-        log.info("worker %s serving %s on %s", self.worker_id, ", ".join(FUNCTIONS),
-                 ", ".join(f"{h}:{p}" for h, p in self.config.gearman_servers))
-        try:
-            while not self._draining.is_set():
-                taken = self.jobs.take(timeout=1.0)
-                if taken:
-                    self.serve(taken)
-        finally:
-            self._shutdown()
-
-    def serve(self, taken: list[tuple[gearman.WorkerConnection, gearman.GrabbedJob]]) -> None:
-        """Run the jobs taken together and answer each on its connection.
-
-        Once :meth:`drain` was called, the group of jobs running is finished
-        and the rest is left unanswered: C gearmand gives those to another
-        worker when this one leaves (gear.Server fails them)."""
-        received = time.monotonic()
-        pending = [(worker, grabbed, Job(grabbed.function, grabbed.data, grabbed.unique,
-                                         received)) for worker, grabbed in taken]
-        backoff, warned, since = Backoff(0.2), False, time.monotonic()
-        while pending:
-            try:
-                for outcomes in self.service.run([job for _, _, job in pending]):
-                    done, pending = pending[:len(outcomes)], pending[len(outcomes):]
-                    self._answer(done, outcomes)
-                    if self._draining.is_set():
-                        return  # the jobs not started go back to gearmand as we leave
-            except ServiceUnavailable as exc:
-                # Keep the jobs and try again with a growing pause instead of
-                # failing them (a failed background job would be gone); new
-                # work waits in gearmand meanwhile. A foreground client gets
-                # one WORK_WARNING saying why.
-                if self._draining.is_set():
-                    return  # gearmand requeues them when we leave
-                if _store_full(exc) and time.monotonic() - since >= self.config.fanout_timeout / 2:
-                    self._refuse_all(pending, self._store_full_reason(exc))
-                    return
-                if not warned:
-                    log.warning("%s waits: %s; retrying with backoff", _jobs_named(pending), exc)
-                    for worker, grabbed, _ in pending:
-                        worker.warn(grabbed.handle, f"{exc}; retrying".encode())
-                    self._flush({worker for worker, _, _ in pending})
-                    warned = True
-                self._draining.wait(backoff.failed())
-            except Exception as exc:  # a bug must not kill the worker
-                # Refuse the first job not answered (the culprit, or one of
-                # its group: the others then go the same way) and run the rest.
-                (worker, grabbed, job), pending = pending[0], pending[1:]
-                log.exception("job %s on %s failed", grabbed.handle, job.function)
-                self._refuse(worker, grabbed, job, f"internal error: {type(exc).__name__}: {exc}")
-                self._flush({worker})
-                self.jobs_done += 1
-        if warned:
-            log.info("jobs done after %.1fs of outage", time.monotonic() - since)
-
-    def _answer(self, done: list[tuple[gearman.WorkerConnection, gearman.GrabbedJob, Job]],
-                outcomes: list[Answer]) -> None:
-        for (worker, grabbed, job), outcome in zip(done, outcomes, strict=True):
-            if isinstance(outcome, BadRequest):
-                self._refuse(worker, grabbed, job, str(outcome))
-                self.service.record_rejection(job.function, str(outcome))
-            else:
-                worker.complete(grabbed.handle, outcome)
-        # The group's ledger entries are in Redis before its jobs are answered
-        # (one round trip a group): a worker killed after answering takes no
-        # entry with it, so the reconciliation knows every copy it made.
-        self.ledger.flush()
-        self._flush({worker for worker, _, _ in done})
-        self.jobs_done += len(done)
-
-    def _refuse_all(self, pending: list[tuple[gearman.WorkerConnection, gearman.GrabbedJob, Job]],
-                    reason: str) -> None:
-        """Fail every job in hand with ``reason``: the queue store stays full
-        (a fanout must fail within ``fanout_timeout``, not hang). Copies of
-        it gearmand already took stay queued."""
-        log.warning("%s refused: %s", _jobs_named(pending), reason)
-        for worker, grabbed, job in pending:
-            self._refuse(worker, grabbed, job, reason)
-            self.service.record_rejection(job.function, reason)
-        self.ledger.flush()
-        self._flush({worker for worker, _, _ in pending})
-        self.jobs_done += len(pending)
-
-    def _store_full_reason(self, exc: Exception) -> str:
-        over = self.service.pressure.current()[1] if self.service.pressure else ""
-        if over:
-            return over
-        largest = self.service.pressure.largest_backlogs() if self.service.pressure else "?"
-        return f"queue store full: gearmand cannot store the copies ({exc}); " \
-               f"largest backlogs: {largest}"
-
-    @staticmethod
-    def _refuse(worker: gearman.WorkerConnection, grabbed: gearman.GrabbedJob, job: Job,
-                reason: str) -> None:
-        # WARNING then FAIL: every client (the gearman CLI too) sees the
-        # reason; WORK_EXCEPTION would end the job in gearmand (docs/design.rst).
-        log.info("rejected %s job: %s", job.function, reason)
-        worker.warn(grabbed.handle, reason.encode())
-        worker.fail(grabbed.handle)
-
-    @staticmethod
-    def _flush(workers: set[gearman.WorkerConnection]) -> None:
-        for worker in workers:
-            try:
-                worker.flush()
-            except gearman.GearmanError as exc:  # gone: gearmand requeues its jobs
-                log.warning("could not answer gearmand: %s", exc)
-
-    def drain(self) -> None:
-        """Stop taking jobs; safe to call from a signal handler."""
-        self._draining.set()
-        self.jobs.wake()
-
-    def _heartbeats(self) -> None:
-        info = {"pid": os.getpid(), "host": socket.gethostname(), "started": self.started}
-        outage = Outage(log, "redis (heartbeat)")
-        while not self._draining.is_set():
-            try:
-                self.registry.heartbeat(self.worker_id, self.config.worker_ttl,
-                                        {**info, "jobs": self.jobs_done})
-                self.janitor.sweep()  # after bridges that died without a word
-                outage.succeeded()
-            except REDIS_ERRORS as exc:
-                outage.failed(exc)
-            self._draining.wait(self.config.heartbeat_interval)
-
-    def _guard_queues(self) -> None:
-        """The warden's rounds, while this process holds its lease."""
-        outage = Outage(log, "warden")
-        while not self._draining.is_set():
-            try:
-                if self.warden.lead():
-                    self.warden.round()
-                outage.succeeded()
-            except (*REDIS_ERRORS, gearman.GearmanError, OSError) as exc:
-                outage.failed(exc)
-            except Exception:  # a bug must not stop the rounds
-                log.exception("warden round failed")
-            self._draining.wait(self.config.retention_interval)
-
-    def _shutdown(self) -> None:
-        self.listener.stop()
-        self.releaser.stop()
-        self.releaser.join(timeout=10)
-        self.flusher.stop()
-        self.jobs.close()
-        self.client.close()
-        self.release_client.close()
-        try:
-            self.registry.retire(self.worker_id)
-        except REDIS_ERRORS as exc:
-            log.warning("could not retire %s: %s", self.worker_id, exc)
-        log.info("worker %s stopped after %d jobs", self.worker_id, self.jobs_done)

@@ -29,7 +29,7 @@ _MAX_RESTART_DELAY = 10.0
 def run_worker(config: Config) -> None:
     """Body of one worker process."""
     from gearhorn.logs import setup_logging
-    from gearhorn.worker.fanout import WorkerProcess
+    from gearhorn.worker.process import WorkerProcess
 
     setup_logging(config.log_level)
     worker = WorkerProcess(config)
