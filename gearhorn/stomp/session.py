@@ -412,6 +412,12 @@ class Session:
 
     # -- delivery ----------------------------------------------------------------
 
+    def backlogged(self) -> bool:
+        return self.transport.backlog >= self.settings.max_backlog
+
+    def settled(self, message_id: str) -> None:
+        self.acks.pop(message_id, None)
+
     def deliver(self, sub: StompSubscription, delivery: Delivery) -> None:
         message_id = f"{self.id}-{next(self._counter)}"
         delivery.message_id = message_id

@@ -3,18 +3,31 @@
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from gearhorn.stomp.queues import Delivery, QueueDispatcher
 
-if TYPE_CHECKING:
-    from gearhorn.stomp.session import Session
+
+class Owner(Protocol):
+    """What a subscription needs from its session (gearhorn/stomp/session.py)."""
+
+    closed: bool
+
+    def backlogged(self) -> bool:
+        """True while the connection has too much written and not yet sent."""
+        ...
+
+    def deliver(self, sub: StompSubscription, delivery: Delivery) -> None: ...
+
+    def settled(self, message_id: str) -> None:
+        """``message_id`` no longer waits for an ACK."""
+        ...
 
 
 class StompSubscription:
     """A SUBSCRIBE: the consumer a QueueDispatcher hands jobs to."""
 
-    def __init__(self, session: Session, sub_id: str, destination: str, ack: str,
+    def __init__(self, session: Owner, sub_id: str, destination: str, ack: str,
                  prefetch: int, ack_timeout: float | None) -> None:
         self.session = session
         self.id = sub_id
@@ -44,7 +57,7 @@ class StompSubscription:
         if self.closed or self.session.closed:
             return 0
         if self.ack == "auto":
-            if self.session.transport.backlog >= self.session.settings.max_backlog:
+            if self.session.backlogged():
                 return 0
             return self.prefetch - self.in_flight
         return self.prefetch - len(self.unacked)
@@ -69,4 +82,4 @@ class StompSubscription:
 
     def forget(self, delivery: Delivery) -> None:
         self.unacked.pop(delivery.message_id, None)
-        self.session.acks.pop(delivery.message_id, None)
+        self.session.settled(delivery.message_id)
