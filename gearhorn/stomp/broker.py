@@ -142,11 +142,8 @@ class Broker:
             gevent.sleep(self.config.heartbeat_interval)
 
     def _publish_info(self, info: dict[str, object]) -> None:
-        key = self.registry.keys.bridge_info(self.bridge_id)
-        pipe = self.registry.redis.pipeline(transaction=False)
-        pipe.hset(key, mapping={k: str(v) for k, v in {**info, **self.describe()}.items()})
-        pipe.pexpire(key, int(self.liveness.ttl * 1000))
-        pipe.execute()
+        self.liveness.liveness.tell(self.bridge_id, {**info, **self.describe()},
+                                    self.liveness.ttl)
 
     def retire(self) -> None:
         """A clean stop (after every session ended and cleaned up)."""
@@ -159,7 +156,6 @@ class Broker:
         self.flush_ledger()  # the last deliveries and acks of the sessions just ended
         try:
             self.liveness.retire()
-            self.registry.redis.delete(self.registry.keys.bridge_info(self.bridge_id))
         except REDIS_ERRORS as exc:
             log.warning("could not retire bridge %s: %s", self.bridge_id, exc)
 

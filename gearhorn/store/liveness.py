@@ -9,6 +9,7 @@ removing it (dramatiq's dispatch.lua does the same).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import redis
 
@@ -16,15 +17,19 @@ from gearhorn.store.redisutil import text
 
 
 class Liveness:
-    """Heartbeats of one kind of process in the sorted set ``key``.
+    """Heartbeats of one kind of process in the sorted set ``key``, and what
+    each says about itself (a hash at ``info_key(member)``, expiring with
+    its heartbeat): the one owner of both, for workers and bridges alike.
 
     Every method takes an optional ``pipe`` to batch with other commands;
     without one it runs at once.
     """
 
-    def __init__(self, client: redis.Redis, key: str) -> None:
+    def __init__(self, client: redis.Redis, key: str,
+                 info_key: Callable[[str], str] | None = None) -> None:
         self.redis = client
         self.key = key
+        self.info_key = info_key
 
     def beat(self, member: str, ttl: float, now: float | None = None,
              pipe: redis.client.Pipeline | None = None) -> object:
@@ -33,8 +38,34 @@ class Liveness:
         now = time.time() if now is None else now
         return (pipe or self.redis).zadd(self.key, {member: now + ttl})
 
-    def retire(self, member: str, pipe: redis.client.Pipeline | None = None) -> object:
-        return (pipe or self.redis).zrem(self.key, member)
+    def tell(self, member: str, info: dict[str, object], ttl: float,
+             pipe: redis.client.Pipeline | None = None) -> None:
+        """What ``member`` says about itself (pid, host, ...), kept as long as
+        its heartbeat."""
+        target = pipe or self.redis.pipeline(transaction=False)
+        if info:
+            target.hset(self.info_key(member), mapping={k: str(v) for k, v in info.items()})
+        target.pexpire(self.info_key(member), max(1, int(ttl * 1000)))
+        if pipe is None:
+            target.execute()
+
+    def retire(self, member: str, pipe: redis.client.Pipeline | None = None) -> None:
+        """Gone (a clean stop, or swept after it died): its entry and its info."""
+        target = pipe or self.redis.pipeline(transaction=False)
+        target.zrem(self.key, member)
+        if self.info_key is not None:
+            target.delete(self.info_key(member))
+        if pipe is None:
+            target.execute()
+
+    def alive_with_info(self, now: float | None = None) -> dict[str, dict[str, str]]:
+        """Live members and what each said about itself, in one round trip more."""
+        members = self.alive(now)
+        pipe = self.redis.pipeline(transaction=False)
+        for member in members:
+            pipe.hgetall(self.info_key(member))
+        return {m: {text(k): text(v) for k, v in info.items()}
+                for m, info in zip(members, pipe.execute(), strict=True)}
 
     def alive(self, now: float | None = None) -> list[str]:
         now = time.time() if now is None else now

@@ -55,7 +55,7 @@ class Registry:
         self._subscribe = script(client, "subscribe.lua")
         self._topic_members = script(client, "topic_members.lua")
         self._prefix_members = script(client, "prefix_members.lua")
-        self.workers = Liveness(client, self.keys.workers)
+        self.workers = Liveness(client, self.keys.workers, self.keys.worker)
         # Every prefix pattern, as of the prefix version (lua/prefix_members.lua).
         self._patterns: tuple[str, ...] = ()
         self._patterns_version = ""
@@ -205,27 +205,16 @@ class Registry:
         pipe = self.redis.pipeline(transaction=False)
         self.workers.beat(worker_id, ttl, now, pipe)
         self.workers.forget_dead(now, pipe)
-        if info:
-            pipe.hset(self.keys.worker(worker_id), mapping={k: str(v) for k, v in info.items()})
-        pipe.pexpire(self.keys.worker(worker_id), max(1, int(ttl * 1000)))
+        self.workers.tell(worker_id, info or {}, ttl, pipe)
         pipe.execute()
 
     def retire(self, worker_id: str) -> None:
         """Remove a worker that stops cleanly."""
-        pipe = self.redis.pipeline(transaction=False)
-        self.workers.retire(worker_id, pipe)
-        pipe.delete(self.keys.worker(worker_id))
-        pipe.execute()
+        self.workers.retire(worker_id)
 
     def live_workers(self, now: float | None = None) -> dict[str, dict[str, str]]:
         """Workers whose last heartbeat has not expired, with their info."""
-        ids = self.workers.alive(now)
-        pipe = self.redis.pipeline(transaction=False)
-        for worker_id in ids:
-            pipe.hgetall(self.keys.worker(worker_id))
-        infos = pipe.execute()
-        return {w: {text(k): text(v) for k, v in info.items()}
-                for w, info in zip(ids, infos, strict=True)}
+        return self.workers.alive_with_info(now)
 
 
 _STALE_PATTERNS = "!prefixes"  # lua/prefix_members.lua's answer to an old list of patterns

@@ -21,6 +21,7 @@ from gearhorn.messages import PREFIX_WILDCARD
 from gearhorn.naming import dead_letter_queue
 from gearhorn.store import stats
 from gearhorn.store.keys import Keys
+from gearhorn.store.liveness import Liveness
 from gearhorn.store.redisconn import REDIS_ERRORS
 from gearhorn.store.redisutil import text
 from gearhorn.store.registry import Registry
@@ -114,12 +115,8 @@ class Collector:
         return [{"id": wid, **info} for wid, info in sorted(self.registry.live_workers().items())]
 
     def _bridges(self) -> list[dict]:
-        ids = [text(b) for b in self.redis.zrangebyscore(self.keys.bridges, time.time(), "+inf")]
-        pipe = self.redis.pipeline(transaction=False)
-        for bridge_id in ids:
-            pipe.hgetall(self.keys.bridge_info(bridge_id))
-        return [{"id": bridge_id, **{text(k): text(v) for k, v in info.items()}}
-                for bridge_id, info in zip(ids, pipe.execute(), strict=True)]
+        live = Liveness(self.redis, self.keys.bridges, self.keys.bridge_info).alive_with_info()
+        return [{"id": bridge_id, **info} for bridge_id, info in live.items()]
 
     def _gearmand(self) -> dict:
         """Every server's status; queue depths summed over servers."""

@@ -44,7 +44,7 @@ class BridgeLiveness:
         self.bridge_id = bridge_id
         self.ttl = ttl
         self.entries: set[str] = set()  # what this bridge holds now
-        self.liveness = Liveness(self.redis, self.keys.bridges)
+        self.liveness = Liveness(self.redis, self.keys.bridges, self.keys.bridge_info)
         self._beating = False
 
     def heartbeat(self, now: float | None = None) -> None:
@@ -102,11 +102,12 @@ class Janitor:
         self.redis = registry.redis
         self.keys = registry.keys
         self.drop_queue = drop_queue
+        self.bridges = Liveness(self.redis, self.keys.bridges, self.keys.bridge_info)
 
     def sweep(self, now: float | None = None) -> int:
         """Clean up after every bridge whose heartbeat expired; returns how many."""
         cleaned = 0
-        for bridge_id in Liveness(self.redis, self.keys.bridges).dead(now):
+        for bridge_id in self.bridges.dead(now):
             # One sweeper per dead bridge; the claim expires if that one dies too.
             if not self.redis.set(self.keys.sweeping(bridge_id), "1", nx=True, ex=60):
                 continue
@@ -129,7 +130,7 @@ class Janitor:
                 self.redis.srem(self.keys.temp_queues, rest)
                 self.drop_queue(rest)
         pipe = self.redis.pipeline(transaction=False)
-        pipe.zrem(self.keys.bridges, bridge_id)
+        self.bridges.retire(bridge_id, pipe)
         pipe.delete(self.keys.bridge(bridge_id))
         pipe.execute()
         log.info("bridge %s is gone: removed its %d subscriptions and temp queues",
