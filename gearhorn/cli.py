@@ -6,6 +6,7 @@ import argparse
 import json
 import os
 import sys
+from dataclasses import fields
 
 from gearhorn import config as configuration
 from gearhorn.config import Config
@@ -22,6 +23,7 @@ def _common(nested: bool = False) -> argparse.ArgumentParser:
     common.add_argument("--config", metavar="FILE",
                         help="INI file with a [gearhorn] section (env GEARHORN_CONFIG)")
     common.add_argument("--gearman", metavar="HOST:PORT", action="append",
+                        dest="gearman_servers",
                         type=configuration.parse_server,
                         help="a gearmand server; repeat for several (env GEARHORN_GEARMAN, "
                              "comma-separated; default 127.0.0.1:4730)")
@@ -34,14 +36,28 @@ def _common(nested: bool = False) -> argparse.ArgumentParser:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    common = _common()
     parser = argparse.ArgumentParser(prog="gearhorn", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    common = _common()
+    for add in (_add_worker, _add_up, _add_replay, _add_bridge, _add_subscriptions,
+                _add_publish, _add_consume, _add_ledger, _add_report, _add_passwd, _add_dlq,
+                _add_web, _add_status):
+        add(sub, common)
+    return parser
 
+
+# Each command's options that are settings have the setting's name as their
+# dest: load_config takes every one given, by name (config.py has the rest).
+
+
+def _add_worker(sub, common) -> None:
     worker = sub.add_parser("worker", parents=[common], help="run the fanout worker pool")
     worker.add_argument("--processes", type=int, metavar="N",
                         help="worker processes (default: number of cores)")
+    worker.set_defaults(func=cmd_worker)
 
+
+def _add_up(sub, common) -> None:
     up = sub.add_parser("up", parents=[common],
                         help="start Redis, a Gearman server and the worker pool on loopback")
     up.add_argument("--processes", type=int, metavar="N")
@@ -52,7 +68,10 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--no-persistence", dest="persistence", action="store_const",
                     const="none", help="keep queued jobs in memory only: faster, and a "
                                        "gearmand crash loses them")
+    up.set_defaults(func=cmd_up)
 
+
+def _add_replay(sub, common) -> None:
     mend = sub.add_parser("replay", parents=[common],
                           help="around a start of gearmand -q redis: hold the queued jobs "
                                "gearmand 1.1.20 would replay wrong, resubmit them after")
@@ -60,23 +79,35 @@ def build_parser() -> argparse.ArgumentParser:
                       help="hold: before gearmand starts; resubmit: once it listens")
     mend.add_argument("--queue-redis-url", metavar="URL",
                       help="the Redis of gearmand's queue (default redis://127.0.0.1:6380/0)")
+    mend.set_defaults(func=cmd_replay)
 
+
+def _add_bridge(sub, common) -> None:
     bridge = sub.add_parser("bridge", parents=[common], help="run the STOMP bridge")
-    bridge.add_argument("--host", help="address to listen on (default 127.0.0.1)")
-    bridge.add_argument("--port", type=int, help="port to listen on (default 61613)")
+    bridge.add_argument("--host", dest="bridge_host",
+                        help="address to listen on (default 127.0.0.1)")
+    bridge.add_argument("--port", type=int, dest="bridge_port",
+                        help="port to listen on (default 61613)")
     bridge.add_argument("--processes", type=int, metavar="N", dest="bridge_processes",
                         help="bridge processes sharing the ports (default 1; one per "
                              "core uses every core)")
-    bridge.add_argument("--ws-port", type=int, metavar="PORT",
+    bridge.add_argument("--ws-port", type=int, metavar="PORT", dest="bridge_ws_port",
                         help="STOMP over WebSocket at ws://HOST:PORT/ws (default 15674; "
                              "0: off)")
+    bridge.set_defaults(func=cmd_bridge)
 
-    for name, text in (("subscribe", "subscribe CLIENT_ID to TOPIC"),
-                       ("unsubscribe", "unsubscribe CLIENT_ID from TOPIC")):
+
+def _add_subscriptions(sub, common) -> None:
+    for name, text, func in (("subscribe", "subscribe CLIENT_ID to TOPIC", cmd_subscribe),
+                             ("unsubscribe", "unsubscribe CLIENT_ID from TOPIC",
+                              cmd_unsubscribe)):
         p = sub.add_parser(name, parents=[common], help=text)
         p.add_argument("topic")
         p.add_argument("client_id")
+        p.set_defaults(func=func)
 
+
+def _add_publish(sub, common) -> None:
     publish = sub.add_parser("publish", parents=[common], help="broadcast PAYLOAD to TOPIC")
     publish.add_argument("topic")
     publish.add_argument("payload", help="sent as text; with --json, parsed as a JSON value")
@@ -91,30 +122,44 @@ def build_parser() -> argparse.ArgumentParser:
                          help="deliver at this epoch second or RFC 3339 time")
     publish.add_argument("--header", action="append", default=[], metavar="NAME=VALUE",
                          help="a header STOMP subscribers receive (repeatable)")
+    publish.set_defaults(func=cmd_publish)
 
+
+def _add_consume(sub, common) -> None:
     consume = sub.add_parser("consume", parents=[common],
                              help="print the copies sent to CLIENT_ID for TOPIC")
     consume.add_argument("topic")
     consume.add_argument("client_id")
     consume.add_argument("--count", type=int, help="stop after N copies")
     consume.add_argument("--timeout", type=float, help="stop after waiting this many seconds")
+    consume.set_defaults(func=cmd_consume)
 
+
+def _add_ledger(sub, common) -> None:
     ledger = sub.add_parser("ledger", parents=[common], help="the delivery ledger")
     ledger_sub = ledger.add_subparsers(dest="ledger_command", required=True, metavar="ACTION")
     export = ledger_sub.add_parser("export", parents=[_common(nested=True)],
                                    help="write new ledger events to files, by date")
     export.add_argument("--out", required=True, metavar="DIR")
     export.add_argument("--format", choices=("parquet", "jsonl"), default="parquet")
+    ledger.set_defaults(func=cmd_ledger)
 
+
+def _add_report(sub, common) -> None:
     # Listed for --help; its options are the Spark job's own (pipeline/job.py).
     sub.add_parser("report", help="Spark job: statistics and reconciliation of an exported "
                                   "ledger (gearhorn report --help)")
 
+
+def _add_passwd(sub, common) -> None:
     passwd = sub.add_parser("passwd", help="set a STOMP user's passcode (hashed) in a "
                                            "credentials file; reads it from stdin or asks")
     passwd.add_argument("file", help="credentials file (created if missing)")
     passwd.add_argument("user")
+    passwd.set_defaults(func=cmd_passwd)
 
+
+def _add_dlq(sub, common) -> None:
     dlq = sub.add_parser("dlq", parents=[common], help="dead letters of a queue "
                                                       "(<queue>.dlq): list, requeue, purge")
     dlq_sub = dlq.add_subparsers(dest="dlq_command", required=True, metavar="ACTION")
@@ -129,33 +174,45 @@ def build_parser() -> argparse.ArgumentParser:
     dlq_sub.add_parser("purge", parents=[_common(nested=True)], help="drop every dead letter")
     for action in dlq_sub.choices.values():
         action.add_argument("queue", help="the queue (Gearman function) whose dead letters")
+    dlq.set_defaults(func=cmd_dlq)
 
+
+def _add_web(sub, common) -> None:
     web = sub.add_parser("web", parents=[common],
                          help="Prometheus /metrics, /healthz, /readyz and the live console")
     web.add_argument("--host", dest="web_host", help="address (default 127.0.0.1)")
     web.add_argument("--port", type=int, dest="web_port", help="port (default 15672)")
+    web.set_defaults(func=cmd_web)
 
+
+def _add_status(sub, common) -> None:
     status = sub.add_parser("status", parents=[common],
                             help="topics, subscribers, live workers and queue depths")
     status.add_argument("--json", action="store_true", help="machine-readable output")
-    return parser
+    status.set_defaults(func=cmd_status)
+
+
+_SETTINGS = frozenset(f.name for f in fields(Config))
 
 
 def load_config(args: argparse.Namespace) -> Config:
+    """Defaults < file < environment < the flags given, which are the
+    options whose dest is a setting's name."""
     if args.command == "passwd":  # no gearhorn servers involved
         return configuration.load({}, None)
-    servers = tuple(args.gearman) if args.gearman else None
-    flags = {"gearman_servers": servers, "redis_url": args.redis_url,
-             "log_level": args.log_level, "processes": getattr(args, "processes", None),
-             "data_dir": getattr(args, "data_dir", None),
-             "persistence": getattr(args, "persistence", None),
-             "queue_redis_url": getattr(args, "queue_redis_url", None),
-             "bridge_host": getattr(args, "host", None), "bridge_port": getattr(args, "port", None),
-             "bridge_ws_port": getattr(args, "ws_port", None),
-             "bridge_processes": getattr(args, "bridge_processes", None),
-             "web_host": getattr(args, "web_host", None),
-             "web_port": getattr(args, "web_port", None)}
+    flags = {name: value for name, value in vars(args).items() if name in _SETTINGS}
+    if flags.get("gearman_servers"):
+        flags["gearman_servers"] = tuple(flags["gearman_servers"])
     return configuration.load(flags, args.config)
+
+
+def _service_errors() -> tuple[type[BaseException], ...]:
+    """Redis and Gearman errors: a server away is one line, not a traceback
+    (imported when one happens: gear is slow to import)."""
+    from gearhorn import gearman
+    from gearhorn.store.redisconn import REDIS_ERRORS
+
+    return (*REDIS_ERRORS, gearman.GearmanError, OSError)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -165,14 +222,16 @@ def main(argv: list[str] | None = None) -> int:
 
         return report(argv[1:])
     args = build_parser().parse_args(argv)
-    args.argv = argv
     try:
         config = load_config(args)
         setup_logging(config.log_level)
-        return globals()[f"cmd_{args.command}"](config, args) or 0
+        return args.func(config, args) or 0
     except GearhornError as exc:  # one line for a person; anything else is a bug
         print(f"gearhorn {args.command}: {exc}", file=sys.stderr)
         return exc.exit_code
+    except _service_errors() as exc:  # the expression is evaluated only then
+        print(f"gearhorn {args.command}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
 
 
 class CommandError(GearhornError):
@@ -189,10 +248,9 @@ def cmd_bridge(config: Config, args: argparse.Namespace) -> int:
     from gevent import monkey
 
     if not monkey.is_module_patched("socket"):
-        # Patch before anything imports the standard library: a fresh process.
-        import os
-
-        os.execv(sys.executable, [sys.executable, "-m", "gearhorn.stomp", *args.argv[1:]])
+        # Patch before anything imports the standard library: a fresh
+        # process, which reads this config from its environment.
+        _exec_patched("gearhorn.stomp", config)
     from gearhorn.stomp.app import run_bridge
 
     return run_bridge(config)
@@ -210,24 +268,20 @@ def cmd_replay(config: Config, args: argparse.Namespace) -> int:
     from gearhorn import gearman
     from gearhorn.store import redisconn
     from gearhorn.store.keys import Keys
-    from gearhorn.store.redisconn import REDIS_ERRORS
     from gearhorn.worker import replay
 
     keys = Keys.for_config(config)
     queue = redis.Redis.from_url(config.queue_redis_url, socket_timeout=60)
+    dashed = replay.DashedFunctions(redisconn.for_config(config), keys).load()
+    if args.step == "hold":
+        print(f"held {replay.hold(queue, dashed, keys):,} jobs")
+        return 0
+    client = gearman.Client(config.gearman_servers, connect_timeout=60,
+                            tls=config.gearman_tls)
     try:
-        dashed = replay.DashedFunctions(redisconn.for_config(config), keys).load()
-        if args.step == "hold":
-            print(f"held {replay.hold(queue, dashed, keys):,} jobs")
-            return 0
-        client = gearman.Client(config.gearman_servers, connect_timeout=60,
-                                tls=config.gearman_tls)
-        try:
-            print(f"resubmitted {replay.resubmit(queue, dashed, keys, client):,} jobs")
-        finally:
-            client.close()
-    except (*REDIS_ERRORS, gearman.GearmanError) as exc:
-        raise CommandError(str(exc)) from None
+        print(f"resubmitted {replay.resubmit(queue, dashed, keys, client):,} jobs")
+    finally:
+        client.close()
     return 0
 
 
@@ -294,7 +348,6 @@ def cmd_ledger(config: Config, args: argparse.Namespace) -> int:
     from gearhorn.store import redisconn
     from gearhorn.store.keys import Keys
     from gearhorn.store.ledger import export, write_queue_snapshot
-    from gearhorn.store.redisconn import REDIS_ERRORS
 
     client = redisconn.for_config(config, socket_timeout=30)
     # Before the ledger is read: a copy that arrives in between is then in
@@ -302,11 +355,8 @@ def cmd_ledger(config: Config, args: argparse.Namespace) -> int:
     # alarm), never in the snapshot and not in the ledger, where its count
     # would hide a lost one.
     queued = _queued_now(config)
-    try:
-        result = export(client, Keys.for_config(config), args.out,
-                        args.format, shards=config.ledger_shards)
-    except REDIS_ERRORS as exc:
-        raise CommandError(str(exc)) from None
+    result = export(client, Keys.for_config(config), args.out, args.format,
+                    shards=config.ledger_shards)
     print(f"exported {result['rows']:,} rows in {len(result['files'])} files to {args.out} "
           f"(ledger up to {result['last_id']})")
     if queued is not None:
@@ -372,34 +422,29 @@ def cmd_status(config: Config, args: argparse.Namespace) -> int:
 def cmd_dlq(config: Config, args: argparse.Namespace) -> int:
     import time
 
-    from gearhorn import gearman
     from gearhorn.naming import dead_letter_queue
     from gearhorn.store import deadletters, redisconn
-    from gearhorn.store.redisconn import REDIS_ERRORS
 
     index, mover = deadletters.for_config(config, redisconn.for_config(config,
                                                                        socket_timeout=30))
-    try:
-        if args.dlq_command == "requeue":
-            print(f"{mover.requeue(args.queue, args.count)} dead letters moved back to "
-                  f"{args.queue}")
-        elif args.dlq_command == "purge":
-            print(f"{mover.purge(args.queue)} dead letters of {args.queue} dropped")
-        else:
-            letters = index.list(args.queue, args.limit)
-            queued = deadletters.queued(config.gearman_servers, dead_letter_queue(args.queue),
-                                        config.gearman_tls)
-            if args.json:
-                print(json.dumps({"queue": args.queue, "queued": queued,
-                                  "letters": [d.to_dict() for d in letters]}, indent=2))
-                return 0
-            print(f"{dead_letter_queue(args.queue)}: {queued} queued")
-            for d in letters:
-                when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(d.at))
-                print(f"  {when}  {d.deliveries:>3} deliveries  {d.reason:12}  "
-                      f"{d.size:>7} bytes  {d.preview[:60]!r}")
-    except (*REDIS_ERRORS, gearman.GearmanError, OSError) as exc:
-        raise CommandError(f"{type(exc).__name__}: {exc}") from None
+    if args.dlq_command == "requeue":
+        print(f"{mover.requeue(args.queue, args.count)} dead letters moved back to "
+              f"{args.queue}")
+    elif args.dlq_command == "purge":
+        print(f"{mover.purge(args.queue)} dead letters of {args.queue} dropped")
+    else:
+        letters = index.list(args.queue, args.limit)
+        queued = deadletters.queued(config.gearman_servers, dead_letter_queue(args.queue),
+                                    config.gearman_tls)
+        if args.json:
+            print(json.dumps({"queue": args.queue, "queued": queued,
+                              "letters": [d.to_dict() for d in letters]}, indent=2))
+            return 0
+        print(f"{dead_letter_queue(args.queue)}: {queued} queued")
+        for d in letters:
+            when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(d.at))
+            print(f"  {when}  {d.deliveries:>3} deliveries  {d.reason:12}  "
+                  f"{d.size:>7} bytes  {d.preview[:60]!r}")
     return 0
 
 
@@ -407,7 +452,17 @@ def cmd_web(config: Config, args: argparse.Namespace) -> int:
     from gevent import monkey
 
     if not monkey.is_module_patched("socket"):  # as cmd_bridge: a fresh, patched process
-        os.execv(sys.executable, [sys.executable, "-m", "gearhorn.web", *args.argv[1:]])
+        _exec_patched("gearhorn.web", config)
     from gearhorn.web.app import run_web
 
     return run_web(config)
+
+
+def _exec_patched(module: str, config: Config) -> None:
+    """Become ``python -m module`` (gevent patches the standard library
+    first there), with ``config`` in the environment, setting by setting."""
+    import os
+
+    env = {**os.environ, **configuration.to_env(config)}
+    env.pop("GEARHORN_CONFIG", None)  # every setting is in env already
+    os.execve(sys.executable, [sys.executable, "-m", module], env)

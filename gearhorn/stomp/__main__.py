@@ -1,4 +1,5 @@
-"""``python -m gearhorn.stomp``: the bridge's entry point.
+"""``python -m gearhorn.stomp``: the bridge, its settings from the
+environment (``gearhorn bridge`` starts it so, config.to_env).
 
 gevent must patch the standard library before anything else imports it.
 """
@@ -9,6 +10,7 @@ monkey.patch_all()
 
 import sys  # noqa: E402
 
-from gearhorn.cli import main  # noqa: E402
+from gearhorn.entry import run_patched  # noqa: E402
+from gearhorn.stomp.app import run_bridge  # noqa: E402
 
-sys.exit(main(["bridge", *sys.argv[1:]]))
+sys.exit(run_patched("bridge", run_bridge))

@@ -1,4 +1,5 @@
-"""``python -m gearhorn.web``: gevent patches the standard library first."""
+"""``python -m gearhorn.web``: the console and metrics, settings from the
+environment (``gearhorn web`` starts it so); gevent patches first."""
 
 from gevent import monkey
 
@@ -6,6 +7,7 @@ monkey.patch_all()
 
 import sys  # noqa: E402
 
-from gearhorn.cli import main  # noqa: E402
+from gearhorn.entry import run_patched  # noqa: E402
+from gearhorn.web.app import run_web  # noqa: E402
 
-sys.exit(main(["web", *sys.argv[1:]]))
+sys.exit(run_patched("web", run_web))
