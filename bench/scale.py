@@ -40,6 +40,7 @@ from gearhorn.messages import Subscription  # noqa: E402
 from gearhorn.store import redisconn
 from gearhorn.store.keys import Keys  # noqa: E402
 from gearhorn.store.registry import Registry  # noqa: E402
+from tests import redis_servers  # noqa: E402
 
 WIDTH = 100
 
@@ -57,7 +58,7 @@ def commands(nodes: list[servers.Managed]) -> dict[str, int]:
 def start_redis(cluster: bool) -> tuple[str, list[servers.Managed], object]:
     """(url, nodes, what to stop): one Redis, or a 3-master cluster."""
     if cluster:
-        started = servers.start_redis_cluster(masters=3)
+        started = redis_servers.start_redis_cluster(masters=3)
         return started.url, started.nodes, started
     red = servers.start_redis()
     return red.details["url"], [red], red
@@ -109,7 +110,7 @@ def run(gearmands: int, fanouts: int, cluster: bool = False) -> tuple[float, dic
 
 def bytes_per_subscription(subscriptions: int, topics: int = 10_000) -> float:
     """Memory of ``subscriptions`` over ``topics`` on a 3-master cluster."""
-    cluster = servers.start_redis_cluster(masters=3)
+    cluster = redis_servers.start_redis_cluster(masters=3)
     try:
         registry = Registry(redisconn.connect(cluster.url), Keys())
         used = sum(redis.Redis.from_url(n.details["url"]).info("memory")["used_memory"]

@@ -8,6 +8,7 @@ import redis
 from gearhorn import servers
 from gearhorn.store.keys import Keys
 from gearhorn.worker import replay
+from tests import redis_servers
 from tests.conftest import require_binary
 
 from .helpers import PoolProcess
@@ -50,7 +51,7 @@ def redis_cluster():
     """A Redis Cluster of 3 masters (tests/integration/test_redis_cluster.py)."""
     require_binary("redis-server", "redis-server")
     require_binary("redis-cli", "redis-tools")
-    cluster = servers.start_redis_cluster(masters=3)
+    cluster = redis_servers.start_redis_cluster(masters=3)
     yield cluster
     cluster.stop()
 

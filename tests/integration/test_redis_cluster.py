@@ -18,12 +18,12 @@ from types import SimpleNamespace
 import pytest
 import redis
 
-from gearhorn import servers
 from gearhorn.client import Producer
 from gearhorn.config import Config
 from gearhorn.store import redisconn
 from gearhorn.store.keys import Keys
 from gearhorn.store.ledger import Ledger, entries
+from tests import redis_servers
 from tests.conftest import require_binary
 
 from .helpers import GearClient, PoolProcess, unique_topic, wait_for
@@ -156,7 +156,7 @@ def test_a_master_killed_mid_broadcast_fails_over_and_nothing_acknowledged_is_lo
     durable STOMP subscriber receiving live through a bridge; the master
     serving the topic is killed with -9 while the broadcast runs."""
     require_binary("java", "default-jre-headless")  # for the reconciliation at the end
-    cluster = servers.start_redis_cluster(masters=3, replicas=1, node_timeout_ms=1000,
+    cluster = redis_servers.start_redis_cluster(masters=3, replicas=1, node_timeout_ms=1000,
                                           data_dir=str(tmp_path / "cluster"))
     pool = None
     try:

@@ -9,6 +9,7 @@ import redis
 
 from gearhorn import servers
 from gearhorn.store import redisconn
+from tests import redis_servers
 from tests.conftest import require_binary
 
 from .helpers import GearClient, PoolProcess, drain_queue, unique_topic, wait_for
@@ -26,7 +27,8 @@ def sentinel_stack(tmp_path):
         replica = servers.start_redis(data_dir=str(tmp_path / "replica"), appendonly=True,
                                       extra=["--replicaof", master.host, str(master.port)])
         started.append(replica)
-        sentinel = servers.start_redis_sentinel(master, "gearhorn", str(tmp_path / "sentinel"))
+        sentinel = redis_servers.start_redis_sentinel(master, "gearhorn",
+                                                      str(tmp_path / "sentinel"))
         started.append(sentinel)
         yield master, replica, sentinel
     finally:
