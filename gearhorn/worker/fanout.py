@@ -70,6 +70,28 @@ class Job:
 Answer = bytes | BadRequest  # a job's result, or why it was refused
 
 
+@dataclass(frozen=True, slots=True)
+class _Made:
+    """One fanout's copies, a list per message; the subscribers they are
+    for, the full ones left out, and how many the look-up resolved."""
+
+    request: Fanout
+    message_ids: list[str]
+    per: list[list[gearman.Copy]]
+    recipients: tuple[Recipient, ...]
+    refused: tuple[Recipient, ...]
+    width: int
+
+    @property
+    def copies(self) -> list[gearman.Copy]:
+        return _flat(self.per)
+
+    def result(self) -> dict[str, object]:
+        return {"topic": self.request.topic, "copies": len(self.copies),
+                "background": self.request.background, **_ids(self.message_ids),
+                **_full(self.refused)}
+
+
 @contextlib.contextmanager
 def _unavailable_when_servers_fail() -> Iterator[None]:
     try:
@@ -117,6 +139,14 @@ class FanoutService:
                 return self.fanout(data, job_unique, received)
             return handler(data)
 
+    def _run_fanout(self, job: Job, request: Fanout) -> Answer:
+        """A fanout parsed already (run alone: not plain)."""
+        try:
+            with _unavailable_when_servers_fail():
+                return self._fanout(request, job.unique, job.received)
+        except BadRequest as exc:
+            return exc
+
     def run(self, jobs: Sequence[Job]) -> Iterator[list[Answer]]:
         """Run ``jobs`` in order, yielding the outcomes of each group of them
         as it is done.
@@ -134,7 +164,10 @@ class FanoutService:
                     outcomes = self._plain_fanouts(group)
                 yield outcomes
                 continue
-            job, refused = group
+            job, request, refused = group
+            if request is not None:
+                yield [self._run_fanout(job, request)]
+                continue
             if refused is None:
                 try:
                     yield [self.handle(job.function, job.data, job.unique, job.received)]
@@ -144,9 +177,11 @@ class FanoutService:
             yield [refused]
 
     def _groups(self, jobs: Sequence[Job]
-                ) -> Iterator[list[tuple[Job, Fanout]] | tuple[Job, BadRequest | None]]:
-        """Runs of plain fanouts as lists; any other job alone, with the
-        reason it was refused if parsing it already refused it."""
+                ) -> Iterator[list[tuple[Job, Fanout]]
+                              | tuple[Job, Fanout | None, BadRequest | None]]:
+        """Runs of plain fanouts as lists; any other job alone, with its
+        parsed fanout, or the reason parsing it refused it (each job is
+        parsed once, here)."""
         run: list[tuple[Job, Fanout]] = []
         for job in jobs:
             request, refused = None, None
@@ -162,7 +197,7 @@ class FanoutService:
             if plain:
                 run.append((job, request))
             else:
-                yield job, refused
+                yield job, request, refused
         if run:
             yield run
 
@@ -172,23 +207,26 @@ class FanoutService:
             return [BadRequest(over) for _ in run]
         # One round trip for every topic, after every job of the run was taken.
         recipients = self.cache.recipients_of({request.topic: None for _, request in run})
-        made = []
-        for job, request in run:
-            message_ids = message_ids_for(job.unique, len(request.bodies))
-            kept, refused = _admit(recipients[request.topic], full)
-            made.append((message_ids, self._copies(request, message_ids, kept), refused))
-        copies = [c for _, per, _ in made for c in _flat(per)]
+        made = [self._make(request, message_ids_for(job.unique, len(request.bodies)),
+                           recipients[request.topic], full) for job, request in run]
+        copies = [c for m in made for c in m.copies]
         self.client.submit_background(copies, run[0][1].priority)
         self._tallied(copies)
         outcomes: list[Answer] = []
-        for (job, request), (message_ids, per, refused) in zip(run, made, strict=True):
-            self._refused(request, message_ids, refused)
-            self._delivered(request, message_ids, per, [], job.received,
-                            len(recipients[request.topic]))
-            outcomes.append(_dumps({"topic": request.topic, "copies": len(_flat(per)),
-                                    "background": True, **_ids(message_ids),
-                                    **_full(refused)}))
+        for (job, _), m in zip(run, made, strict=True):
+            self._delivered(m, [], job.received)
+            outcomes.append(_dumps(m.result()))
         return outcomes
+
+    def _make(self, request: Fanout, message_ids: list[str],
+              resolved: tuple[Recipient, ...], full: frozenset[str],
+              header_ids: list[str] | None = None) -> _Made:
+        """A fanout's copies for the subscribers the look-up ``resolved``,
+        but the full reject-publish ones (recorded as not made)."""
+        kept, refused = _admit(resolved, full)
+        per = self._copies(request, message_ids, kept, header_ids)
+        self._refused(request, message_ids, refused, header_ids)
+        return _Made(request, message_ids, per, kept, refused, len(resolved))
 
     def _pressure(self) -> tuple[frozenset[str], str]:
         return self.pressure.current() if self.pressure else (frozenset(), "")
@@ -219,7 +257,10 @@ class FanoutService:
         return _dumps({"topic": sub.topic, "client_id": sub.client_id, "subscribers": count})
 
     def fanout(self, data: bytes, job_unique: str = "", received: float | None = None) -> bytes:
-        request = parse_fanout(data, self.config.max_payload_bytes)
+        return self._fanout(parse_fanout(data, self.config.max_payload_bytes), job_unique,
+                            received)
+
+    def _fanout(self, request: Fanout, job_unique: str, received: float | None) -> bytes:
         message_ids = message_ids_for(job_unique, len(request.bodies))
         header_ids = self._keep_headers(request, message_ids)
         if request.deliver_at is not None and self._schedule(request, message_ids, header_ids):
@@ -250,47 +291,47 @@ class FanoutService:
                            priority=request.priority, header_ids=tuple(header_ids or ()))
         return self.scheduler.schedule(item)
 
-    def release(self, item: DelayedItem) -> None:
-        """Send a delayed message that is due (called by the worker's releaser)."""
+    def release(self, item: DelayedItem, client: gearman.Client | None = None) -> None:
+        """Send a delayed message that is due (called by the worker's releaser,
+        from its own thread: with a ``client`` of its own)."""
+        client = client or self.client
         if item.queue:  # the bridge set its unique key (headers mark included)
             unique = item.unique or delayed_unique(item.message_ids[0])
-            self.client.submit_background([gearman.Copy(item.queue, unique, item.bodies[0])],
-                                          item.priority)
+            client.submit_background([gearman.Copy(item.queue, unique, item.bodies[0])],
+                                     item.priority)
             return
         request = Fanout(item.topic, item.bodies, item.unique, True, item.priority)
-        self.deliver(request, list(item.message_ids), list(item.header_ids) or None)
+        self.deliver(request, list(item.message_ids), list(item.header_ids) or None,
+                     client=client)
 
     def deliver(self, request: Fanout, message_ids: list[str],
-                header_ids: list[str] | None = None,
-                received: float | None = None) -> dict[str, object]:
+                header_ids: list[str] | None = None, received: float | None = None,
+                client: gearman.Client | None = None) -> dict[str, object]:
         """Queue one copy of each message per subscriber; the fanout's result.
         Counted (gearhorn/store/stats.py) before the job is answered."""
+        client = client or self.client
         full, over = self._pressure()
         if over:
             raise BadRequest(over)
-        resolved = self.cache.recipients(request.topic)
-        recipients, refused = _admit(resolved, full)
-        per = self._copies(request, message_ids, recipients, header_ids)
-        copies = _flat(per)
-        result: dict[str, object] = {"topic": request.topic, "copies": len(copies),
-                                     "background": request.background, **_ids(message_ids),
-                                     **_full(refused)}
-        self._refused(request, message_ids, refused, header_ids)
+        resolved = self.cache.recipients_of([request.topic])[request.topic]
+        made = self._make(request, message_ids, resolved, full, header_ids)
+        copies = made.copies
+        result = made.result()
         if request.background:
-            self.client.submit_background(copies, request.priority)
+            client.submit_background(copies, request.priority)
             self._tallied(copies)
             failed = []
         else:
-            placed = self.client.start_foreground(copies, request.priority)
+            placed = client.start_foreground(copies, request.priority)
             self._tallied(copies)
             outcomes, attempts = self._run_copies(copies, request.priority, placed)
-            targets = recipients * len(request.bodies)
+            targets = made.recipients * len(request.bodies)
             failed = [({"client_id": r.client_id, "queue": r.queue, "status": o.status,
                         "reason": o.reason, "attempts": n}, c.unique)
                       for r, o, c, n in zip(targets, outcomes, copies, attempts, strict=True)
                       if not o.ok]
             result.update(completed=len(copies) - len(failed), failed=[f for f, _ in failed])
-        self._delivered(request, message_ids, per, failed, received, len(resolved))
+        self._delivered(made, failed, received)
         return result
 
     def _copies(self, request: Fanout, message_ids: list[str],
@@ -302,16 +343,14 @@ class FanoutService:
             header_ids = self._keep_headers(request, message_ids, needed=True)
         return make_copies(request, message_ids, recipients, header_ids)
 
-    def _delivered(self, request: Fanout, message_ids: list[str],
-                   per_message: list[list[gearman.Copy]], failed: list[tuple[dict, str]],
-                   received: float | None, width: int) -> None:
-        """Ledger and metrics of a fanout, before its job is answered;
-        ``width``: the subscribers the look-up resolved."""
-        self._record(request.topic, message_ids, per_message, failed, width)
-        copies = _flat(per_message)
+    def _delivered(self, made: _Made, failed: list[tuple[dict, str]],
+                   received: float | None) -> None:
+        """Ledger and metrics of a fanout, before its job is answered."""
+        request = made.request
+        self._record(request.topic, made.message_ids, made.per, failed, made.width)
         if self.stats is not None:
             elapsed = None if received is None else time.monotonic() - received
-            self.stats.fanout(request.topic, len(message_ids), len(copies), elapsed)
+            self.stats.fanout(request.topic, len(made.message_ids), len(made.copies), elapsed)
 
     def _run_copies(self, copies: list[gearman.Copy], priority: str,
                     placed: gearman.Placed) -> tuple[list[gearman.Outcome], list[int]]:

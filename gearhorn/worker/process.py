@@ -99,10 +99,8 @@ class WorkerProcess:
         # own Gearman connection (a Client is not shared between threads).
         self.release_client = gearman.Client(config.gearman_servers, batch=config.submit_batch,
                                              before_background=dashed.record, tls=tls)
-        releasing = FanoutService(config, self.registry, self.cache, self.release_client,
-                                  self.ledger, stats=self.stats, tally=self.tally,
-                                  pressure=pressure)
-        self.releaser = Releaser(releasing.scheduler, releasing.release,
+        self.releaser = Releaser(self.service.scheduler,
+                                 lambda item: self.service.release(item, self.release_client),
                                  config.delay_poll_interval)
         self.listener = InvalidationListener(self.redis, keys.channel, self.cache,
                                              also=pressure.announced if pressure else None)
