@@ -39,11 +39,11 @@ from gearhorn.store.registry import Registry  # noqa: E402
 
 
 def start_pool(gm: servers.Managed, redis_url: str, processes: int,
-               ledger: bool = True) -> subprocess.Popen:
+               ledger: bool = True, env: dict[str, str] | None = None) -> subprocess.Popen:
     pool = subprocess.Popen(
         [sys.executable, "-m", "gearhorn", "worker", "--processes", str(processes),
          "--gearman", gm.address, "--redis-url", redis_url, "--log-level", "WARNING"],
-        env={**os.environ, "GEARHORN_LEDGER_ENABLED": str(ledger).lower()},
+        env={**os.environ, "GEARHORN_LEDGER_ENABLED": str(ledger).lower(), **(env or {})},
         preexec_fn=servers.die_with_parent)
     registry = Registry(redisconn.connect(redis_url), Keys())
     deadline = time.monotonic() + 60

@@ -26,7 +26,6 @@ import argparse
 import os
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 import threading
@@ -37,29 +36,13 @@ import redis
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from durable import rss_mib  # noqa: E402
-from fanout import gearhorn_rate, subscribe_many  # noqa: E402
+from fanout import gearhorn_rate, start_pool, subscribe_many  # noqa: E402
 
 from gearhorn import gearman, servers  # noqa: E402
-from gearhorn.store import redisconn
 from gearhorn.store.keys import Keys  # noqa: E402
 from gearhorn.store.registry import Registry  # noqa: E402
 
 PAYLOAD = "x" * 1024
-
-
-def start_pool(gm: servers.Managed, redis_url: str, processes: int,
-               env: dict[str, str]) -> subprocess.Popen:
-    pool = subprocess.Popen(
-        [sys.executable, "-m", "gearhorn", "worker", "--processes", str(processes),
-         "--gearman", gm.address, "--redis-url", redis_url, "--log-level", "WARNING"],
-        env={**os.environ, **env}, preexec_fn=servers.die_with_parent)
-    registry = Registry(redisconn.connect(redis_url), Keys())
-    deadline = time.monotonic() + 60
-    while len(registry.live_workers()) < processes:
-        if time.monotonic() > deadline or pool.poll() is not None:
-            raise SystemExit("worker pool did not start")
-        time.sleep(0.1)
-    return pool
 
 
 class Stack:
@@ -81,7 +64,7 @@ class Stack:
             queue="redis" if durable else "none", queue_server=address)
         self.url = self.redis.details["url"]
         self.registry = Registry(redis.Redis.from_url(self.url), Keys())
-        self.pool = start_pool(self.gearmand, self.url, processes, env)
+        self.pool = start_pool(self.gearmand, self.url, processes, env=env)
 
     def close(self) -> None:
         self.pool.send_signal(signal.SIGTERM)
