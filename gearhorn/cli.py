@@ -1,14 +1,28 @@
-"""The ``gearhorn`` command. Parses arguments and calls the modules that do the work."""
+"""The ``gearhorn`` command: its arguments, its settings and its errors;
+what each command does is in gearhorn/commands.py."""
 
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import sys
 from dataclasses import fields
 
 from gearhorn import config as configuration
+from gearhorn.commands import (
+    cmd_bridge,
+    cmd_consume,
+    cmd_dlq,
+    cmd_ledger,
+    cmd_passwd,
+    cmd_publish,
+    cmd_replay,
+    cmd_status,
+    cmd_subscribe,
+    cmd_unsubscribe,
+    cmd_up,
+    cmd_web,
+    cmd_worker,
+)
 from gearhorn.config import Config
 from gearhorn.errors import GearhornError
 from gearhorn.logs import setup_logging
@@ -234,235 +248,3 @@ def main(argv: list[str] | None = None) -> int:
         return 1
 
 
-class CommandError(GearhornError):
-    """Ends a command with a one-line message and exit status 1."""
-
-
-def cmd_worker(config: Config, args: argparse.Namespace) -> int:
-    from gearhorn.worker.pool import Pool
-
-    return Pool(config).run()
-
-
-def cmd_bridge(config: Config, args: argparse.Namespace) -> int:
-    from gevent import monkey
-
-    if not monkey.is_module_patched("socket"):
-        # Patch before anything imports the standard library: a fresh
-        # process, which reads this config from its environment.
-        _exec_patched("gearhorn.stomp", config)
-    from gearhorn.stomp.app import run_bridge
-
-    return run_bridge(config)
-
-
-def cmd_up(config: Config, args: argparse.Namespace) -> int:
-    from gearhorn.embedded import Embedded
-
-    return Embedded(config).run()
-
-
-def cmd_replay(config: Config, args: argparse.Namespace) -> int:
-    import redis
-
-    from gearhorn import gearman
-    from gearhorn.store import redisconn
-    from gearhorn.store.keys import Keys
-    from gearhorn.worker import replay
-
-    keys = Keys.for_config(config)
-    queue = redis.Redis.from_url(config.queue_redis_url, socket_timeout=60)
-    dashed = replay.DashedFunctions(redisconn.for_config(config), keys).load()
-    if args.step == "hold":
-        print(f"held {replay.hold(queue, dashed, keys):,} jobs")
-        return 0
-    client = gearman.Client(config.gearman_servers, connect_timeout=60,
-                            tls=config.gearman_tls)
-    try:
-        print(f"resubmitted {replay.resubmit(queue, dashed, keys, client):,} jobs")
-    finally:
-        client.close()
-    return 0
-
-
-def _producer(config: Config):
-    from gearhorn.client import Producer
-
-    return Producer(config.gearman_servers, tls=config.gearman_tls)
-
-
-def _run_job(config: Config, method: str, *args, **kwargs) -> int:
-    with _producer(config) as producer:
-        result = getattr(producer, method)(*args, **kwargs)
-    print(json.dumps(result))
-    return 0
-
-
-def cmd_subscribe(config: Config, args: argparse.Namespace) -> int:
-    return _run_job(config, "subscribe", args.topic, args.client_id)
-
-
-def cmd_unsubscribe(config: Config, args: argparse.Namespace) -> int:
-    return _run_job(config, "unsubscribe", args.topic, args.client_id)
-
-
-def cmd_publish(config: Config, args: argparse.Namespace) -> int:
-    payload = args.payload
-    if args.json:
-        try:
-            payload = json.loads(payload)
-        except ValueError as exc:
-            raise CommandError(f"PAYLOAD is not JSON: {exc}") from None
-    headers = {}
-    for item in args.header:
-        name, sep, value = item.partition("=")
-        if not sep:
-            raise CommandError(f"--header {item!r}: use NAME=VALUE")
-        headers[name] = value
-    deliver_at: float | str | None = args.deliver_at
-    if deliver_at is not None and deliver_at.replace(".", "", 1).isdigit():
-        deliver_at = float(deliver_at)  # else an RFC 3339 time: the worker parses it
-    return _run_job(config, "publish", args.topic, payload,
-                    background=args.background, unique=args.unique, priority=args.priority,
-                    delay=args.delay, deliver_at=deliver_at, headers=headers or None)
-
-
-def cmd_consume(config: Config, args: argparse.Namespace) -> int:
-    from gearhorn.client import Consumer
-
-    consumer = Consumer(config.gearman_servers, args.topic, args.client_id,
-                        tls=config.gearman_tls)
-    received = 0
-    with consumer:
-        while args.count is None or received < args.count:
-            data = consumer.get(args.timeout)
-            if data is None:
-                break
-            sys.stdout.buffer.write(data + b"\n")
-            sys.stdout.flush()
-            received += 1
-    return 0
-
-
-def cmd_ledger(config: Config, args: argparse.Namespace) -> int:
-    from gearhorn.store import redisconn
-    from gearhorn.store.keys import Keys
-    from gearhorn.store.ledger import export, write_queue_snapshot
-
-    client = redisconn.for_config(config, socket_timeout=30)
-    # Before the ledger is read: a copy that arrives in between is then in
-    # the ledger and not in the snapshot (reported unaccounted: a false
-    # alarm), never in the snapshot and not in the ledger, where its count
-    # would hide a lost one.
-    queued = _queued_now(config)
-    result = export(client, Keys.for_config(config), args.out, args.format,
-                    shards=config.ledger_shards)
-    print(f"exported {result['rows']:,} rows in {len(result['files'])} files to {args.out} "
-          f"(ledger up to {result['last_id']})")
-    if queued is not None:
-        write_queue_snapshot(args.out, queued)
-    if result["trimmed"]:
-        print("warning: the ledger was trimmed (ledger_maxlen) before some events were "
-              "exported; export more often", file=sys.stderr)
-    return 0
-
-
-def _queued_now(config: Config) -> dict[str, int] | None:
-    """Jobs per queue on every gearmand now, written beside the export: the
-    report checks plain Gearman subscribers (which record no delivery)
-    against it. None, said once, when a gearmand does not answer."""
-    from gearhorn import gearman
-
-    queued: dict[str, int] = {}
-    try:
-        for host, port in config.gearman_servers:
-            for function in gearman.status(host, port, tls=config.gearman_tls):
-                queued[function.name] = queued.get(function.name, 0) + function.queued
-    except (gearman.GearmanError, OSError) as exc:
-        print(f"warning: no gearmand snapshot ({exc}): the report cannot check plain "
-              "Gearman subscribers", file=sys.stderr)
-        return None
-    return queued
-
-
-def cmd_passwd(config: Config, args: argparse.Namespace) -> int:
-    import getpass
-
-    from gearhorn.stomp import auth
-
-    if sys.stdin.isatty():
-        passcode = getpass.getpass(f"passcode for {args.user}: ")
-        if getpass.getpass("again: ") != passcode:
-            raise CommandError("the passcodes differ")
-    else:
-        passcode = sys.stdin.readline().rstrip("\n")
-    if not passcode:
-        raise CommandError("empty passcode")
-    try:
-        with open(args.file, encoding="utf-8") as fp:
-            text = fp.read()
-    except FileNotFoundError:
-        text = ""
-    updated = auth.set_passcode(text, args.user, passcode)
-    fd = os.open(args.file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as fp:
-        fp.write(updated)
-    print(f"{args.user}: passcode set in {args.file} (add read/write patterns there)")
-    return 0
-
-
-def cmd_status(config: Config, args: argparse.Namespace) -> int:
-    from gearhorn.status import collect, render
-
-    report = collect(config)
-    print(json.dumps(report, indent=2) if args.json else render(report))
-    return 0
-
-
-def cmd_dlq(config: Config, args: argparse.Namespace) -> int:
-    import time
-
-    from gearhorn.naming import dead_letter_queue
-    from gearhorn.store import deadletters, redisconn
-
-    index, mover = deadletters.for_config(config, redisconn.for_config(config,
-                                                                       socket_timeout=30))
-    if args.dlq_command == "requeue":
-        print(f"{mover.requeue(args.queue, args.count)} dead letters moved back to "
-              f"{args.queue}")
-    elif args.dlq_command == "purge":
-        print(f"{mover.purge(args.queue)} dead letters of {args.queue} dropped")
-    else:
-        letters = index.list(args.queue, args.limit)
-        queued = deadletters.queued(config.gearman_servers, dead_letter_queue(args.queue),
-                                    config.gearman_tls)
-        if args.json:
-            print(json.dumps({"queue": args.queue, "queued": queued,
-                              "letters": [d.to_dict() for d in letters]}, indent=2))
-            return 0
-        print(f"{dead_letter_queue(args.queue)}: {queued} queued")
-        for d in letters:
-            when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(d.at))
-            print(f"  {when}  {d.deliveries:>3} deliveries  {d.reason:12}  "
-                  f"{d.size:>7} bytes  {d.preview[:60]!r}")
-    return 0
-
-
-def cmd_web(config: Config, args: argparse.Namespace) -> int:
-    from gevent import monkey
-
-    if not monkey.is_module_patched("socket"):  # as cmd_bridge: a fresh, patched process
-        _exec_patched("gearhorn.web", config)
-    from gearhorn.web.app import run_web
-
-    return run_web(config)
-
-
-def _exec_patched(module: str, config: Config) -> None:
-    """Become ``python -m module`` (gevent patches the standard library
-    first there), with ``config`` in the environment, setting by setting."""
-    import os
-
-    env = {**os.environ, **configuration.to_env(config)}
-    env.pop("GEARHORN_CONFIG", None)  # every setting is in env already
-    os.execve(sys.executable, [sys.executable, "-m", module], env)

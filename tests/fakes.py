@@ -1,17 +1,19 @@
 """Test doubles shared by the unit tests: a Gearman client that records,
 the STOMP session's transport, dispatcher and backend, and byte streams cut
-every which way. ``FakeBroker`` is checked against ``stomp.backend.Backend``
-(tests/unit/test_fakes.py), so a session test cannot pass against a backend
-method that no longer exists.
+every which way. ``FakeBroker`` is checked against each protocol of
+``stomp.backend.Backend`` (tests/unit/test_fakes.py), so a session test
+cannot pass against a backend method that no longer exists.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 from gearhorn import gearman
 from gearhorn.config import Config
 from gearhorn.stomp.auth import OPEN
+from gearhorn.stomp.backend import Backend
 from gearhorn.stomp.frames import FrameParser
 from gearhorn.stomp.queues import Delivery
 from gearhorn.stomp.sending import PLAIN
@@ -101,6 +103,8 @@ class FakeDispatcher:
 
 
 class FakeBroker:
+    """Every collaborator of a session's Backend at once, recording what it is asked."""
+
     def __init__(self):
         self.config = Config()
         self.sent, self.published, self.topics = [], [], []
@@ -115,8 +119,14 @@ class FakeBroker:
     def new_client(self):
         return gearman.Client(self.config.gearman_servers)
 
-    def record(self, event, subscriber, unique="", redelivered=False):
-        self.ledger = getattr(self, "ledger", []) + [(event, subscriber, unique)]
+    def attached(self, queue):
+        self.ledger = getattr(self, "ledger", []) + [("attached", queue, "")]
+
+    def delivered(self, queue, unique, redelivered):
+        self.ledger = getattr(self, "ledger", []) + [("delivered", queue, unique)]
+
+    def acked(self, queue, unique):
+        self.ledger = getattr(self, "ledger", []) + [("acked", queue, unique)]
 
     def attach(self, function, consumer, shared=True):
         d = self.dispatchers.setdefault(function, FakeDispatcher(function))
@@ -158,14 +168,14 @@ class FakeBroker:
     def drop_queue(self, function):
         self.topics.append(("drop", function))
 
-    def count_messages(self, function):
-        return 7
+    def answer(self, dest):
+        if dest.control == "count-msgs":
+            return {"num-messages": "7"}
+        return {"num-subscribers": "2" if dest.target == "queue" else "3"}
 
-    def count_queue_subscribers(self, function):
-        return 2
-
-    def count_topic_subscribers(self, topic):
-        return 3
+    def backend(self) -> Backend:
+        """This fake in every part a session's backend has."""
+        return Backend(**{part.name: self for part in dataclasses.fields(Backend)})
 
 
 def chunkings(wire: bytes, seed: int | None = None, splits: int = 40, most_cuts: int = 8):

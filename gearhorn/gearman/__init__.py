@@ -16,7 +16,14 @@ per-job state kept after the call. Every socket has TCP_NODELAY.
 =================  =====================================================
 """
 
-from gearhorn.gearman.admin import FunctionStatus, admin, drop_function, status, status_rows
+from gearhorn.gearman.admin import (
+    FunctionStatus,
+    admin,
+    drop_function,
+    status,
+    status_rows,
+    totals,
+)
 from gearhorn.gearman.client import Client, Placed, _outcome, wait_for_results
 from gearhorn.gearman.connection import (
     Connection,
@@ -47,5 +54,5 @@ __all__ = [
     "PartialSubmit",
     "Placed", "PacketError", "TlsFiles", "Unavailable", "WorkerConnection", "_outcome",
     "add_server", "admin", "connect", "drop_function", "encode", "status", "status_rows",
-    "wait_for_results",
+    "totals", "wait_for_results",
 ]

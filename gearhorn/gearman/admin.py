@@ -58,6 +58,21 @@ def status(host: str, port: int, timeout: float = 5.0,
     return [FunctionStatus(*row) for row in status_rows(host, port, timeout, tls)]
 
 
+def totals(servers: Sequence[tuple[str, int]],
+           tls: TlsFiles | None = None) -> dict[str, FunctionStatus]:
+    """``status`` of each function summed over every server (with several
+    gearmand, a queue's jobs are spread over all of them); raises when one
+    does not answer."""
+    found: dict[str, FunctionStatus] = {}
+    for host, port in servers:
+        for f in status(host, port, tls=tls):
+            seen = found.get(f.name)
+            found[f.name] = f if seen is None else FunctionStatus(
+                f.name, seen.queued + f.queued, seen.running + f.running,
+                seen.workers + f.workers)
+    return found
+
+
 def status_rows(host: str, port: int, timeout: float = 5.0,
                 tls: TlsFiles | None = None) -> list[tuple[str, int, int, int]]:
     """``status`` as plain tuples: with 100,000 functions, objects cost half

@@ -1,4 +1,5 @@
-"""Running the bridge: wire the broker, the server and the signals together."""
+"""Running the bridge: the composition root that builds its parts and wires
+them to the server and the signals."""
 
 from __future__ import annotations
 
@@ -15,15 +16,33 @@ import gevent.event
 from gearhorn.background import Backoff
 from gearhorn.config import Config, to_env
 from gearhorn.naming import process_id
+from gearhorn.observers import LedgerObserver
 from gearhorn.servers import die_with_parent
 from gearhorn.stomp import auth
-from gearhorn.stomp.broker import Broker
+from gearhorn.stomp.attachments import Attachments
+from gearhorn.stomp.backend import Backend
+from gearhorn.stomp.bounds import QueueBounds
+from gearhorn.stomp.counts import QueueCounts
+from gearhorn.stomp.deadletter import DeadLetterer
+from gearhorn.stomp.flusher import LedgerFlusher
 from gearhorn.stomp.frames import Limits
+from gearhorn.stomp.giveback import GiveBack
+from gearhorn.stomp.logins import Logins
+from gearhorn.stomp.publisher import Publisher
+from gearhorn.stomp.registrations import Registrations
+from gearhorn.stomp.replies import Requester
 from gearhorn.stomp.rules import SessionSettings
 from gearhorn.stomp.server import BridgeServer
 from gearhorn.store import redisconn
+from gearhorn.store.deadletters import DeadLetterIndex
+from gearhorn.store.handouts import Handouts
+from gearhorn.store.headers import HeaderStore
 from gearhorn.store.keys import Keys
+from gearhorn.store.ledger import Ledger
 from gearhorn.store.registry import Registry
+from gearhorn.store.stats import Stats
+from gearhorn.worker.delayed import Scheduler
+from gearhorn.worker.replay import DashedFunctions
 
 log = logging.getLogger(__name__)
 
@@ -39,17 +58,79 @@ def _credentials(config: Config) -> auth.Credentials:
     return credentials
 
 
-def build_server(config: Config) -> BridgeServer:
-    credentials = _credentials(config)  # a bad file stops us before anything connects
+class Bridge:
+    """One bridge process: its server and the background work of its parts."""
+
+    def __init__(self, server: BridgeServer, registrations: Registrations,
+                 flusher: LedgerFlusher, attachments: Attachments) -> None:
+        self.server = server
+        self.registrations = registrations
+        self.flusher = flusher
+        self.attachments = attachments
+
+    def start(self) -> None:
+        """Heartbeats and the ledger's flusher, then the connections."""
+        self.registrations.start()
+        self.flusher.start()
+        self.server.start()
+
+    def stop(self) -> None:
+        """Close every connection (unacked messages go back to gearmand), let
+        the queues give back what they held, write the last ledger events,
+        then remove what this bridge held in Redis."""
+        self.server.stop(timeout=5)
+        self.registrations.stop_heartbeats()
+        self.attachments.wait_released(timeout=10)
+        self.flusher.stop()
+        self.registrations.retire()
+
+
+def build_bridge(config: Config) -> Bridge:
+    """The composition root: each part gets only the settings it uses."""
+    logins = Logins(_credentials(config))  # a bad file stops us before anything connects
     # Thousands of greenlets may need Redis at once (a burst of SUBSCRIBEs):
     # they wait for one of 64 connections instead of failing (redis-py's
     # plain pool raises "Too many connections" beyond 100).
     client = redisconn.for_config(config, max_connections=64, socket_timeout=10,
                                   socket_connect_timeout=5)
-    registry = Registry(client, Keys.for_config(config))
+    keys = Keys.for_config(config)
+    registry = Registry(client, keys)
     # Unique across hosts and restarts: the janitor cleans up by this id.
     bridge_id = process_id()
-    broker = Broker(config, registry, bridge_id=bridge_id, credentials=credentials)
+    servers, tls = config.gearman_servers, config.gearman_tls
+    headers = HeaderStore(client, keys, config.headers_ttl)
+    bounds = QueueBounds(registry)
+    ledger = Ledger(client, keys, config.ledger_maxlen, config.ledger_enabled,
+                    source=f"bridge-{bridge_id}", shards=config.ledger_shards)
+    dashed = DashedFunctions(client, keys)
+    publisher = Publisher(servers, tls, headers,
+                          Scheduler(client, keys, config.delay_shard_seconds,
+                                    config.delay_lease, config.delay_lanes),
+                          bounds, config.fanout_timeout, before_background=dashed.record)
+    # Five times a worker's: the janitor removes a bridge's subscriptions
+    # only when it is surely dead, not merely busy for a few seconds.
+    registrations = Registrations(registry, bridge_id, 5 * config.worker_ttl,
+                                  config.heartbeat_interval)
+    handouts = Handouts(client, keys, config.headers_ttl)
+    flusher = LedgerFlusher(ledger, bounds)
+    observer = LedgerObserver(ledger, recorded=flusher.recorded)
+    dead_letterer = DeadLetterer(publisher, DeadLetterIndex(
+        client, keys, Stats(client, keys, config.metrics_enabled)), observer)
+    attachments = Attachments(servers, tls, bridge_id, headers_of=headers.for_uniques,
+                              dead_letter=dead_letterer,
+                              max_deliveries=config.max_deliveries, handouts=handouts,
+                              give_back=GiveBack(handouts, tls, dashed.record), bounds=bounds)
+    backend = Backend(logins=logins, publisher=publisher,
+                      requests=Requester(publisher, headers, registrations,
+                                         config.request_timeout),
+                      queues=attachments, registrations=registrations,
+                      counts=QueueCounts(attachments, registry), observer=observer)
+    server = _server(config, backend)
+    registrations.describe = lambda: {"connections": len(server.connections)}
+    return Bridge(server, registrations, flusher, attachments)
+
+
+def _server(config: Config, backend: Backend) -> BridgeServer:
     limits = Limits(config.stomp_max_frame_bytes, config.stomp_max_headers,
                     config.stomp_max_header_length)
     settings = SessionSettings(heartbeat_send_ms=config.stomp_heartbeat_ms,
@@ -57,7 +138,7 @@ def build_server(config: Config) -> BridgeServer:
                                max_subscriptions=config.stomp_max_subscriptions,
                                max_backlog=config.stomp_max_backlog_bytes,
                                max_payload_bytes=config.max_payload_bytes)
-    server = BridgeServer(broker, config.bridge_host, config.bridge_port, limits=limits,
+    return BridgeServer(backend, config.bridge_host, config.bridge_port, limits=limits,
                         settings=settings, max_connections=config.stomp_max_connections,
                         connect_timeout=config.stomp_connect_timeout,
                         frame_timeout=config.stomp_frame_timeout,
@@ -65,9 +146,6 @@ def build_server(config: Config) -> BridgeServer:
                         keyfile=config.stomp_tls_key or None,
                         ws_port=config.bridge_ws_port or None,
                         reuse_port=config.bridge_reuse_port or config.bridge_processes > 1)
-    broker.describe = lambda: {"connections": len(server.connections)}
-    broker.start()  # after the ports are bound: a taken port stops us unregistered
-    return server
 
 
 def run_bridge(config: Config) -> int:
@@ -76,18 +154,17 @@ def run_bridge(config: Config) -> int:
     this process is one of N bridges on the same ports (each a bridge of
     its own in the registry: topic subscriptions stay right whichever one
     a client reaches); it starts the others and stops them with itself."""
-    server = build_server(config)
+    bridge = build_bridge(config)
     stop = gevent.event.Event()
     gevent.signal_handler(signal.SIGTERM, stop.set)
     gevent.signal_handler(signal.SIGINT, stop.set)
-    server.start()
+    bridge.start()
     siblings = [gevent.spawn(_sibling, config, n, stop)
                 for n in range(1, config.bridge_processes)]
     stop.wait()
     log.info("bridge stopping")
     gevent.joinall(siblings, timeout=30)
-    server.stop(timeout=5)
-    server.broker.retire()
+    bridge.stop()
     return 0
 
 

@@ -17,7 +17,8 @@ allows. Passcodes are stored only as salted PBKDF2-SHA256 hashes; a file
 with a plain passcode is refused. Without a credentials file the bridge is
 open: anyone connects and may do anything (``gearhorn up``'s default).
 
-Pure apart from :func:`load` reading the file: unit tested without sockets.
+Pure apart from :func:`load` and :func:`save_passcode`, which read and write
+the file: unit tested without sockets.
 """
 
 from __future__ import annotations
@@ -197,3 +198,17 @@ def set_passcode(text: str, user: str, passcode: str) -> str:
     out = StringIO()
     parser.write(out)
     return out.getvalue()
+
+
+def save_passcode(path: str, user: str, passcode: str) -> None:
+    """Set ``user``'s passcode (hashed) in the credentials file at ``path``,
+    made if absent, readable by its owner only."""
+    try:
+        with open(path, encoding="utf-8") as fp:
+            text = fp.read()
+    except FileNotFoundError:
+        text = ""
+    updated = set_passcode(text, user, passcode)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as fp:
+        fp.write(updated)

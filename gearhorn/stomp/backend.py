@@ -1,20 +1,31 @@
-"""What a STOMP session needs from the bridge it runs in.
+"""What a STOMP session needs from the bridge it runs in: one small
+collaborator per concern, each declared here as a protocol so that the
+session depends on none of their internals.
 
-:class:`gearhorn.stomp.broker.Broker` is the real one; the session's unit
-tests use a fake with the same methods. Declared here so that neither
-depends on the other's internals.
+The real ones are built by the composition root, :mod:`gearhorn.stomp.app`
+(coilmq's ``StompEngine(connection, authenticator, queue_manager,
+topic_manager)`` is the model); the session's unit tests use one fake that
+plays every part (tests/fakes.py).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 from gearhorn import gearman
+from gearhorn.errors import GearhornError
 from gearhorn.limits import Limits
 from gearhorn.stomp.auth import Principal
 from gearhorn.stomp.queues import QueueConsumer, QueueDispatcher
+from gearhorn.stomp.rules import Destination
 from gearhorn.stomp.sending import SendOptions
+
+
+class FanoutFailed(GearhornError):
+    """A fanout job the bridge submitted failed or timed out (not the
+    client's fault: its request was valid); the message says why."""
 
 
 class Transport(Protocol):
@@ -28,15 +39,16 @@ class Transport(Protocol):
     def close(self) -> None: ...
 
 
-class Backend(Protocol):
-    """Gearman and Redis as one session sees them."""
-
-    def new_client(self) -> gearman.Client: ...
+class Authenticates(Protocol):
+    """CONNECT's login and passcode -> who connected (None: refused)."""
 
     def authenticate(self, login: str | None, passcode: str | None) -> Principal | None: ...
 
-    def record(self, event: str, subscriber: str, unique: str = "",
-               redelivered: bool = False) -> None: ...
+
+class Publishes(Protocol):
+    """SEND: background jobs on a queue, fanouts on a topic."""
+
+    def new_client(self) -> gearman.Client: ...
 
     def send_to_queue(self, client: gearman.Client, function: str,
                       bodies: Sequence[bytes], options: SendOptions = ...) -> None: ...
@@ -44,13 +56,27 @@ class Backend(Protocol):
     def publish(self, client: gearman.Client, topic: str, bodies: Sequence[bytes],
                 options: SendOptions = ...) -> dict: ...
 
+
+class Requests(Protocol):
+    """A SEND with ``reply-to: /temp-queue/...``: a job whose answer comes back."""
+
     def request(self, function: str, body: bytes, options: SendOptions,
                 reply_queue: str, done: Callable[[], None] | None = None) -> None: ...
+
+
+class AttachesQueues(Protocol):
+    """The bridge's dispatchers: a subscription reads a Gearman queue through one."""
 
     def attach(self, function: str, consumer: QueueConsumer,
                shared: bool = True) -> QueueDispatcher: ...
 
     def bound_queue(self, function: str, limits: Limits) -> None: ...
+
+    def drop_queue(self, function: str) -> None: ...
+
+
+class Registers(Protocol):
+    """What the bridge holds in Redis: topic subscriptions and temp queues."""
 
     def subscribe_topic(self, pattern: str, client_id: str, durable: bool = False,
                         limits: Limits | None = None) -> None: ...
@@ -63,10 +89,31 @@ class Backend(Protocol):
 
     def temp_queue_exists(self, function: str) -> bool: ...
 
-    def drop_queue(self, function: str) -> None: ...
 
-    def count_messages(self, function: str) -> int: ...
+class Counts(Protocol):
+    """``/control/`` destinations: how many messages and subscribers."""
 
-    def count_queue_subscribers(self, function: str) -> int: ...
+    def answer(self, dest: Destination) -> dict[str, str]: ...
 
-    def count_topic_subscribers(self, topic: str) -> int: ...
+
+class Observes(Protocol):
+    """What a session tells the ledger (gearhorn/observers.py)."""
+
+    def attached(self, queue: str) -> None: ...
+
+    def delivered(self, queue: str, unique: str, redelivered: bool) -> None: ...
+
+    def acked(self, queue: str, unique: str) -> None: ...
+
+
+@dataclass(frozen=True)
+class Backend:
+    """The collaborators of every session of one bridge."""
+
+    logins: Authenticates
+    publisher: Publishes
+    requests: Requests
+    queues: AttachesQueues
+    registrations: Registers
+    counts: Counts
+    observer: Observes

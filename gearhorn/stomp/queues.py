@@ -27,10 +27,10 @@ import gevent.event
 import gevent.queue
 
 from gearhorn import gearman
-from gearhorn.background import Backoff, Outage
-from gearhorn.naming import returned_token
+from gearhorn.background import Backoff
 from gearhorn.stomp import dispatch
-from gearhorn.store.handouts import Handouts, Returned
+from gearhorn.stomp.recall import Recall
+from gearhorn.store.handouts import Handouts
 from gearhorn.store.redisconn import REDIS_ERRORS
 
 log = logging.getLogger(__name__)
@@ -97,14 +97,11 @@ class QueueDispatcher:
                  after: gevent.Greenlet | None = None) -> None:
         self.function = function
         self._tls = tls
-        self._lookup = lookup  # unique keys -> headers of those that have some
         self._dead_letter = dead_letter
-        self._handouts = handouts  # a shared queue's: count hand-outs across bridges
+        self._recall = Recall(function, lookup, handouts)
         self._give_back = give_back
         self._after = after  # the give-back of this queue's previous dispatcher here
         self.released: gevent.Greenlet | None = None  # our own give-back, once closed
-        self._settled: list[str] = []  # acknowledged, to forget in Redis
-        self._outage = Outage(log, f"redis (hand-outs of {function})")
         self._arrivals: gevent.queue.Queue = gevent.queue.Queue()
         self._looking_up = 0  # grabbed, waiting for what Redis knows of them
         self.state = dispatch.Dispatch(max_deliveries)
@@ -192,20 +189,8 @@ class QueueDispatcher:
         self.credit_changed()
 
     def _forget(self, delivery: Delivery) -> None:
-        """Gone for good: its hand-out count goes too, with the next grab's
-        call to Redis (or at the close): no round trip of its own."""
-        if delivery.tracked and self._handouts is not None:
-            self._settled.append(delivery.unique)
-
-    def _write_settled(self) -> None:
-        uniques, self._settled = self._settled, []
-        if not uniques or self._handouts is None:
-            return
-        try:
-            self._handouts.settled(self.function, uniques)
-        except REDIS_ERRORS as exc:  # a count left behind expires with the queue's hash
-            log.debug("%s: hand-outs of %d acked messages not forgotten: %s",
-                      self.function, len(uniques), exc)
+        if delivery.tracked:
+            self._recall.settled(delivery.unique)
 
     def give_back(self, deliveries: list[Delivery]) -> None:
         """NACK: the jobs go to another subscriber (or back in line), first
@@ -352,53 +337,10 @@ class QueueDispatcher:
 
     def _deliveries(self, worker: gearman.WorkerConnection,
                     jobs: list[gearman.GrabbedJob]) -> list[Delivery]:
-        """The grabbed jobs as deliveries, with what Redis knows of each:
-        a given-back job's original, the headers, whether it was handed out."""
-        returned = self._returned(jobs)
-        uniques = [r.unique if (r := returned.get(job.unique)) else job.unique for job in jobs]
-        headers = self._headers_of(uniques)
-        before = self._take(uniques)
-        return [Delivery(job, worker, self, headers.get(unique), unique=unique,
-                         redelivered=seen or (job.unique in returned
-                                              and returned[job.unique].delivered),
-                         tracked=self._handouts is not None and not self._outage.down)
-                for job, unique, seen in zip(jobs, uniques, before, strict=True)]
-
-    def _returned(self, jobs: list[gearman.GrabbedJob]) -> dict[str, Returned]:
-        tokens = {t: job.unique for job in jobs if (t := returned_token(job.unique))}
-        if not tokens or self._handouts is None:
-            return {}
-        try:
-            found = self._handouts.originals(list(tokens))
-        except REDIS_ERRORS as exc:
-            # As for headers: never deliver a message as someone it is not.
-            raise gearman.GearmanError(f"given-back messages unknown (redis: {exc})") from None
-        return {tokens[t]: r for t, r in found.items()}
-
-    def _take(self, uniques: list[str]) -> list[bool]:
-        """Count the hand-outs; True for a message some bridge handed out before.
-        Without Redis, every one may have been: say so (``redelivered``)."""
-        if self._handouts is None:
-            return [False] * len(uniques)
-        settled, self._settled = self._settled, []
-        try:
-            before = self._handouts.take(self.function, uniques, settled)
-            self._outage.succeeded()
-            return before
-        except REDIS_ERRORS as exc:
-            self._outage.failed(exc)
-            self._settled = settled + self._settled  # forgotten next time
-            return [True] * len(uniques)
-
-    def _headers_of(self, uniques: list[str]) -> dict[str, dict[str, str]]:
-        if self._lookup is None:
-            return {}
-        try:
-            return self._lookup(uniques)
-        except REDIS_ERRORS as exc:
-            # Never deliver without the headers (a reply-to would be lost):
-            # drop the connection, gearmand takes the jobs back, and we retry.
-            raise gearman.GearmanError(f"message headers unavailable (redis: {exc})") from None
+        """The grabbed jobs as deliveries, with what Redis knows of each."""
+        return [Delivery(job, worker, self, known.headers, unique=known.unique,
+                         redelivered=known.redelivered, tracked=known.tracked)
+                for job, known in zip(jobs, self._recall.known(jobs), strict=True)]
 
     @property
     def connected(self) -> int:
@@ -420,8 +362,8 @@ class QueueDispatcher:
         self._closed = True
         self._wake.set()
         gevent.killall(self._loops, block=False)
-        if self._settled:
-            gevent.spawn(self._write_settled)
+        if self._recall.unwritten:
+            gevent.spawn(self._recall.write_settled)
         held = [d for d in self.waiting if not d.done]
         self.waiting.clear()
         if give_back and held and self._give_back is not None:

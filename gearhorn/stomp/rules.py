@@ -9,9 +9,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from gearhorn.limits import Limits, limits_from_headers
 from gearhorn.messages import DEFAULT_MAX_PAYLOAD, BadRequest, validate_queue, validate_topic
+from gearhorn.naming import TEMP_FUNCTION_PREFIX
 from gearhorn.stomp.frames import Frame, encode
-from gearhorn.stomp.sending import send_options
+from gearhorn.stomp.sending import SendOptions, send_options
 
 SUPPORTED_VERSIONS = ("1.0", "1.1", "1.2")
 ACK_MODES = ("auto", "client", "client-individual")
@@ -89,6 +91,25 @@ def parse_destination(text: str) -> Destination:
         return Destination("control", inner.name, parts[2], parts[3])
     raise ProtocolError(f"unknown destination {text[:80]!r}: use /queue/NAME or /topic/NAME",
                         UNKNOWN_DESTINATION)
+
+
+def sendable(frame: Frame, max_payload_bytes: int) -> Destination:
+    """A SEND's destination, once its body fits and it names no wildcard topic."""
+    dest = parse_destination(frame.headers["destination"])
+    if len(frame.body) > max_payload_bytes:
+        raise ProtocolError(f"message body is {len(frame.body)} bytes, over the limit of "
+                            f"{max_payload_bytes} bytes")
+    if dest.kind == "topic" and dest.name.endswith("*"):
+        raise ProtocolError("cannot send to a wildcard topic", INVALID_DESTINATION)
+    return dest
+
+
+def options_of(frame: Frame) -> SendOptions:
+    """A SEND's priority, delay and headers (gearhorn/stomp/sending.py)."""
+    try:
+        return send_options(frame.headers)
+    except BadRequest as exc:
+        raise ProtocolError(str(exc), INVALID_HEADER) from None
 
 
 def plain(frame: Frame) -> bool:
@@ -176,6 +197,60 @@ def prefetch(frame: Frame, ack: str, settings: SessionSettings) -> int:
         raise ProtocolError(f"invalid prefetch {raw[:20]!r}: a whole number from 1 to "
                             f"{settings.max_prefetch}", INVALID_HEADER)
     return int(raw)
+
+
+def subscription_id(frame: Frame, version: str) -> str:
+    """A SUBSCRIBE's or UNSUBSCRIBE's id; STOMP 1.0 falls back on the destination."""
+    sub_id = frame.get("id") or (frame.get("destination") if version == "1.0" else None)
+    if sub_id is None:
+        raise ProtocolError(f"{frame.command} needs an id header", MISSING_HEADER)
+    return sub_id
+
+
+def subscribable(destination: str) -> Destination:
+    """A SUBSCRIBE's destination: a queue or topic, not a control or temp queue."""
+    dest = parse_destination(destination)
+    if dest.kind == "control":
+        raise ProtocolError("cannot subscribe to a control destination", INVALID_DESTINATION)
+    if dest.kind == "queue" and dest.name.startswith(TEMP_FUNCTION_PREFIX):
+        raise ProtocolError("a temporary queue belongs to the connection that made it: "
+                            "use reply-to:/temp-queue/NAME on SEND", INVALID_DESTINATION)
+    return dest
+
+
+def durable_name(frame: Frame, sub_id: str) -> str | None:
+    """The name of a durable topic subscription, None for a plain one:
+    ActiveMQ's ``activemq.subscriptionName``, or RabbitMQ's ``durable`` (or
+    ``persistent``) ``true``, which names it by its id."""
+    name = frame.get("activemq.subscriptionName")
+    if name is None and (boolean(frame, "durable", False) or boolean(frame, "persistent", False)):
+        return sub_id
+    return name
+
+
+def ack_mode(frame: Frame) -> str:
+    ack = frame.get("ack", "auto")
+    if ack not in ACK_MODES:
+        raise ProtocolError(f"unknown ack mode {ack!r}: use auto, client or client-individual",
+                            INVALID_HEADER)
+    return ack
+
+
+def heartbeats(client_header: str, send_ms: int, receive_ms: int) -> tuple[int, int]:
+    """(we send every ms, we expect every ms) from the client's ``heart-beat``
+    and what we offer; 0 is never."""
+    cx, cy = heartbeat_header(client_header)
+    return (max(send_ms, cy) if send_ms and cy else 0,
+            max(cx, receive_ms) if cx and receive_ms else 0)
+
+
+def queue_limits(frame: Frame) -> Limits | None:
+    """RabbitMQ's queue arguments on a SUBSCRIBE: x-max-length and the rest
+    (gearhorn/limits.py)."""
+    try:
+        return limits_from_headers(frame.headers)
+    except BadRequest as exc:
+        raise ProtocolError(str(exc), INVALID_HEADER) from None
 
 
 class Transactions:

@@ -23,7 +23,7 @@ from gevent.server import StreamServer
 
 from gearhorn.ports import BRIDGE_PORT, BRIDGE_WS_PORT, listen
 from gearhorn.stomp import websocket
-from gearhorn.stomp.broker import Broker
+from gearhorn.stomp.backend import Backend
 from gearhorn.stomp.frames import HEARTBEAT, FrameError, FrameParser, Limits, encode
 from gearhorn.stomp.rules import SessionSettings
 from gearhorn.stomp.session import Session
@@ -39,14 +39,14 @@ class ClientConnection:
     """One client socket: the session's transport."""
 
     def __init__(self, sock: socket.socket | websocket.WebSocketStream, address: tuple,
-                 broker: Broker, limits: Limits, settings: SessionSettings,
+                 backend: Backend, limits: Limits, settings: SessionSettings,
                  connect_timeout: float, frame_timeout: float = 30.0) -> None:
         self.sock = sock
         self.frame_timeout = frame_timeout
         self._partial_since: float | None = None  # when the unfinished frame began
         self.address = address
         self.parser = FrameParser(limits)
-        self.session = Session(broker, self, settings)
+        self.session = Session(backend, self, settings)
         self.connect_timeout = connect_timeout
         # An absolute deadline: EOLs ("heart-beats") before CONNECT do not extend it.
         self._connect_by = _now() + connect_timeout
@@ -212,12 +212,12 @@ class BridgeServer:
     """Accepts STOMP connections on ``host:port``, and STOMP over WebSocket
     on ``host:ws_port`` when given (TLS on both when a cert is given)."""
 
-    def __init__(self, broker: Broker, host: str, port: int, *, limits: Limits,
+    def __init__(self, backend: Backend, host: str, port: int, *, limits: Limits,
                  settings: SessionSettings, max_connections: int = 10_000,
                  connect_timeout: float = 10.0, frame_timeout: float = 30.0,
                  certfile: str | None = None, keyfile: str | None = None,
                  ws_port: int | None = None, reuse_port: bool = False) -> None:
-        self.broker = broker
+        self.backend = backend
         self.frame_timeout = frame_timeout
         self.limits = limits
         self.settings = settings
@@ -289,7 +289,7 @@ class BridgeServer:
         if len(self.connections) >= self.max_connections:
             _refuse(sock, f"too many connections (limit {self.max_connections})")
             return
-        conn = ClientConnection(sock, address, self.broker, self.limits, self.settings,
+        conn = ClientConnection(sock, address, self.backend, self.limits, self.settings,
                           self.connect_timeout, self.frame_timeout)
         self.connections.add(conn)
         try:

@@ -14,60 +14,59 @@ import uuid
 from collections.abc import Callable
 
 from gearhorn import gearman
-from gearhorn.events import Event
-from gearhorn.limits import Limits, limits_from_headers
-from gearhorn.messages import (
-    MAX_BATCH,
-    BadRequest,
-    queue_name,
-    validate_queue,
-)
+from gearhorn.messages import BadRequest, queue_name, validate_queue
 from gearhorn.naming import TEMP_FUNCTION_PREFIX, durable_client_id, temp_queue
 from gearhorn.stomp.auth import OPEN
-from gearhorn.stomp.backend import Backend, Transport
+from gearhorn.stomp.backend import Backend, FanoutFailed, Transport
+from gearhorn.stomp.batching import send_batches
 from gearhorn.stomp.bounds import QueueFull
-from gearhorn.stomp.broker import FanoutFailed
-from gearhorn.stomp.frames import Frame, encode, message_frame, message_prefix
+from gearhorn.stomp.frames import Frame, encode
 from gearhorn.stomp.queues import Delivery
 from gearhorn.stomp.rules import (
     ACCESS_REFUSED,
-    ACK_MODES,
     BAD_COMMAND,
     BAD_CONNECT,
     DUPLICATED_SUBSCRIPTION,
     ILLEGAL_COMMAND,
-    INVALID_DESTINATION,
-    INVALID_HEADER,
-    MISSING_HEADER,
     NO_SUBSCRIPTION,
     SERVER_NAME,
     Destination,
     ProtocolError,
     SessionSettings,
     Transactions,
+    ack_mode,
     ack_timeout,
     boolean,
-    heartbeat_header,
+    durable_name,
+    heartbeats,
     negotiate_version,
+    options_of,
     parse_destination,
-    plain,
     prefetch,
+    queue_limits,
     require,
+    sendable,
     settle_target,
+    subscribable,
+    subscription_id,
     version_error,
 )
-from gearhorn.stomp.sending import TEMP_QUEUE, SendOptions, send_options
+from gearhorn.stomp.sending import TEMP_QUEUE, SendOptions
 from gearhorn.stomp.subscription import StompSubscription
 from gearhorn.store.redisconn import REDIS_ERRORS
 
 log = logging.getLogger(__name__)
 
+# What a frame may fail with; each ends the connection with an ERROR (_refused).
+_REFUSALS = (ProtocolError, BadRequest, FanoutFailed, QueueFull, gearman.GearmanError,
+             *REDIS_ERRORS)
+
 class Session:
     """Protocol state of one STOMP connection."""
 
-    def __init__(self, broker: Backend, transport: Transport,
+    def __init__(self, backend: Backend, transport: Transport,
                  settings: SessionSettings | None = None) -> None:
-        self.broker = broker
+        self.backend = backend
         self.transport = transport
         self.settings = settings or SessionSettings()
         self.id = uuid.uuid4().hex[:16]
@@ -86,14 +85,15 @@ class Session:
         self._handlers = {
             "CONNECT": self.on_connect, "STOMP": self.on_connect, "SEND": self.on_send,
             "SUBSCRIBE": self.on_subscribe, "UNSUBSCRIBE": self.on_unsubscribe,
-            "ACK": self.on_ack, "NACK": self.on_nack, "BEGIN": self.on_begin,
+            # NACK is not in STOMP 1.0, but RabbitMQ and ActiveMQ take it there too.
+            "ACK": self._settle, "NACK": self._settle, "BEGIN": self.on_begin,
             "COMMIT": self.on_commit, "ABORT": self.on_abort, "DISCONNECT": self.on_disconnect,
         }
 
     @property
     def gearman(self) -> gearman.Client:
         if self._gearman is None:
-            self._gearman = self.broker.new_client()
+            self._gearman = self.backend.publisher.new_client()
         return self._gearman
 
     # -- entry points ------------------------------------------------------------
@@ -109,73 +109,45 @@ class Session:
             if not self.connected and handler != self.on_connect:
                 raise ProtocolError(f"{frame.command} before CONNECT", ILLEGAL_COMMAND)
             handler(frame)
-        except ProtocolError as exc:
+        except _REFUSALS as exc:
+            self._refused(frame, exc)
+
+    def _refused(self, frame: Frame, exc: Exception) -> None:
+        """The ERROR a failed frame ends the connection with."""
+        if isinstance(exc, ProtocolError):
             self.error(exc.title, frame, str(exc))
-        except BadRequest as exc:
+        elif isinstance(exc, BadRequest):
             self.error(str(exc), frame)
-        except (FanoutFailed, QueueFull) as exc:
+        elif isinstance(exc, (FanoutFailed, QueueFull)):
             log.warning("session %s: %s", self.id, exc)
             self.error(str(exc), frame)
-        except (gearman.GearmanError, *REDIS_ERRORS) as exc:
+        else:
             log.warning("session %s: %s failed: %s", self.id, frame.command, exc)
             self.error(f"service unavailable: {exc}", frame)
 
     def handle_frames(self, frames: list[Frame]) -> None:
         """Process frames read together; consecutive SENDs to one destination
-        go to Gearman as one batch (one round trip), in order, each still
-        answered with its own receipt."""
-        batch: list[Frame] = []
-        size = 0
-        for frame in frames:
+        go to Gearman as one batch (gearhorn/stomp/batching.py)."""
+        for group in send_batches(frames, self.settings.max_payload_bytes):
             if self.closed:
                 return
-            if self._joins(batch, size, frame):
-                batch.append(frame)
-                size += len(frame.body)
-                continue
-            self._flush(batch)
-            batch, size = [], 0
-            if self._joins(batch, size, frame):
-                batch, size = [frame], len(frame.body)
+            if len(group) > 1 and self.connected:
+                self._send_batch(group)
             else:
-                self.handle(frame)
-        self._flush(batch)
+                for frame in group:
+                    self.handle(frame)
 
-    def _joins(self, batch: list[Frame], size: int, frame: Frame) -> bool:
-        if (not self.connected or frame.command != "SEND" or "transaction" in frame.headers
-                or len(batch) >= MAX_BATCH):
-            return False
-        dest = frame.headers.get("destination", "")
-        if not plain(frame):
-            return False
-        if batch:
-            return dest == batch[0].headers["destination"] and \
-                size + len(frame.body) <= self.settings.max_payload_bytes
-        return dest.startswith(("/queue/", "/topic/")) and not dest.endswith("*")
-
-    def _flush(self, batch: list[Frame]) -> None:
-        if len(batch) <= 1:
-            for frame in batch:
-                self.handle(frame)
-            return
-        if self.closed:
-            return
+    def _send_batch(self, batch: list[Frame]) -> None:
         try:
             dest = parse_destination(batch[0].headers["destination"])
             self._check_send(dest)
             bodies = [f.body for f in batch]
             if dest.kind == "queue":
-                self.broker.send_to_queue(self.gearman, dest.name, bodies)
+                self.backend.publisher.send_to_queue(self.gearman, dest.name, bodies)
             else:
-                self.broker.publish(self.gearman, dest.name, bodies)
-        except ProtocolError as exc:
-            self.error(exc.title, batch[0], str(exc))
-            return
-        except (BadRequest, FanoutFailed, QueueFull) as exc:
-            self.error(str(exc), batch[0])
-            return
-        except (gearman.GearmanError, *REDIS_ERRORS) as exc:
-            self.error(f"service unavailable: {exc}", batch[0])
+                self.backend.publisher.publish(self.gearman, dest.name, bodies)
+        except _REFUSALS as exc:
+            self._refused(batch[0], exc)
             return
         for frame in batch:
             self._receipt(frame)
@@ -221,15 +193,14 @@ class Session:
             self.close()
             return
         self.version = version
-        principal = self.broker.authenticate(frame.get("login"), frame.get("passcode"))
+        principal = self.backend.logins.authenticate(frame.get("login"), frame.get("passcode"))
         if principal is None:
             # Never the passcode, in the ERROR or the log.
             raise ProtocolError("access refused: unknown login, wrong passcode, or no "
                                 "login where anonymous access is not allowed", BAD_CONNECT)
         self.principal = principal
-        cx, cy = heartbeat_header(frame.get("heart-beat", "0,0"))
         sx, sy = self.settings.heartbeat_send_ms, self.settings.heartbeat_receive_ms
-        self.heartbeat = (max(sx, cy) if sx and cy else 0, max(cx, sy) if cx and sy else 0)
+        self.heartbeat = heartbeats(frame.get("heart-beat", "0,0"), sx, sy)
         self.client_name = frame.get("client-id", "")
         headers = {"session": self.id, "server": SERVER_NAME}
         if self.version != "1.0":
@@ -241,42 +212,34 @@ class Session:
 
     def on_send(self, frame: Frame) -> None:
         require(frame, "destination")
-        if self._in_transaction(frame):
+        if self.transactions.hold(frame):
             return
         extra = self._send(frame)
         self._receipt(frame, extra)
 
     def _send(self, frame: Frame) -> dict[str, str]:
-        dest = parse_destination(frame.headers["destination"])
-        if len(frame.body) > self.settings.max_payload_bytes:
-            raise ProtocolError(f"message body is {len(frame.body)} bytes, over the limit of "
-                                f"{self.settings.max_payload_bytes} bytes")
+        dest = sendable(frame, self.settings.max_payload_bytes)
         if dest.kind == "control":
             self._check(self.principal.may_read, f"/{dest.target}/{dest.name}", "read")
-            return self._control(dest)
-        if dest.kind == "topic" and dest.name.endswith("*"):
-            raise ProtocolError("cannot send to a wildcard topic", INVALID_DESTINATION)
+            return self.backend.counts.answer(dest)
         self._check_send(dest)
-        try:
-            options = send_options(frame.headers)
-        except BadRequest as exc:
-            raise ProtocolError(str(exc), INVALID_HEADER) from None
+        options = options_of(frame)
         reply_queue = None
         if options.temp_reply is not None:
             reply_queue = self._temp_queue(options.temp_reply)
             options = SendOptions(options.priority, options.delay,
                                   {**options.headers, "reply-to": f"/queue/{reply_queue}"})
         if dest.kind == "topic":
-            self.broker.publish(self.gearman, dest.name, [frame.body], options)
+            self.backend.publisher.publish(self.gearman, dest.name, [frame.body], options)
         elif reply_queue is not None and options.delay is None:
             if self.pending_requests >= self.settings.max_pending_requests:
                 raise ProtocolError(f"more than {self.settings.max_pending_requests} requests "
                                     "waiting for their reply on one connection")
             self.pending_requests += 1
-            self.broker.request(dest.name, frame.body, options, reply_queue,
-                                self._request_done)
+            self.backend.requests.request(dest.name, frame.body, options, reply_queue,
+                                          self._request_done)
         else:
-            self.broker.send_to_queue(self.gearman, dest.name, [frame.body], options)
+            self.backend.publisher.send_to_queue(self.gearman, dest.name, [frame.body], options)
         return {}
 
     def _check_send(self, dest: Destination) -> None:
@@ -284,7 +247,7 @@ class Session:
         if dest.kind == "queue" and dest.name.startswith(TEMP_FUNCTION_PREFIX):
             # A reply needs no right (only its reply-to names the queue), but the
             # queue must be live: no one makes queues of their own this way.
-            if not self.broker.temp_queue_exists(dest.name):
+            if not self.backend.registrations.temp_queue_exists(dest.name):
                 raise ProtocolError(f"no temporary queue {dest.name[:80]!r} (its connection "
                                     "is gone, or it never existed)")
         else:
@@ -305,86 +268,59 @@ class Session:
         sub_id = TEMP_QUEUE + name
         sub = self.subscriptions.get(sub_id)
         if sub is None:
-            if len(self.subscriptions) >= self.settings.max_subscriptions:
-                raise ProtocolError(f"more than {self.settings.max_subscriptions} "
-                                    "subscriptions on one connection")
+            self._room_for_one_more()
             function = validate_queue(temp_queue(self.id, name))
             sub = StompSubscription(self, sub_id, f"/queue/{function}", "auto",
                                     self.settings.auto_ack_window, None)
             sub.function, sub.temporary = function, True
-            self.broker.temp_queue_opened(function)
+            self.backend.registrations.temp_queue_opened(function)
             self.subscriptions[sub_id] = sub
-            sub.dispatcher = self.broker.attach(function, sub, shared=False)
+            sub.dispatcher = self.backend.queues.attach(function, sub, shared=False)
         return sub.function
-
-    def _control(self, dest: Destination) -> dict[str, str]:
-        if dest.control == "count-msgs":
-            return {"num-messages": str(self.broker.count_messages(dest.name))}
-        if dest.target == "queue":
-            return {"num-subscribers": str(self.broker.count_queue_subscribers(dest.name))}
-        return {"num-subscribers": str(self.broker.count_topic_subscribers(dest.name))}
 
     # -- SUBSCRIBE / UNSUBSCRIBE -------------------------------------------------
 
     def on_subscribe(self, frame: Frame) -> None:
         destination = require(frame, "destination")
-        sub_id = frame.get("id") or (destination if self.version == "1.0" else None)
-        if sub_id is None:
-            raise ProtocolError("SUBSCRIBE needs an id header", MISSING_HEADER)
+        sub_id = subscription_id(frame, self.version)
         if sub_id in self.subscriptions:
             raise ProtocolError(f"subscription id {sub_id!r} is already in use",
                                 DUPLICATED_SUBSCRIPTION)
-        if len(self.subscriptions) >= self.settings.max_subscriptions:
-            raise ProtocolError(f"more than {self.settings.max_subscriptions} subscriptions "
-                                "on one connection")
-        dest = parse_destination(destination)
-        if dest.kind == "control":
-            raise ProtocolError("cannot subscribe to a control destination",
-                                INVALID_DESTINATION)
-        if dest.kind == "queue" and dest.name.startswith(TEMP_FUNCTION_PREFIX):
-            raise ProtocolError("a temporary queue belongs to the connection that made it: "
-                                "use reply-to:/temp-queue/NAME on SEND", INVALID_DESTINATION)
+        self._room_for_one_more()
+        dest = subscribable(destination)
         self._check(self.principal.may_read, f"/{dest.kind}/{dest.name}", "subscribe to")
-        ack = frame.get("ack", "auto")
-        if ack not in ACK_MODES:
-            raise ProtocolError(f"unknown ack mode {ack!r}: use auto, client or client-individual",
-                                INVALID_HEADER)
+        ack = ack_mode(frame)
         sub = StompSubscription(self, sub_id, destination, ack, prefetch(frame, ack, self.settings),
                                 ack_timeout(frame))
         if dest.kind == "topic":
             self._subscribe_topic(sub, dest.name, frame)
         else:
             sub.function = dest.name
-            limits = _limits(frame)
+            limits = queue_limits(frame)
             if limits is not None:
-                self.broker.bound_queue(sub.function, limits)
+                self.backend.queues.bound_queue(sub.function, limits)
         self.subscriptions[sub_id] = sub
-        sub.dispatcher = self.broker.attach(sub.function, sub, sub.shared)
-        self.broker.record(Event.ATTACHED, sub.function)
+        sub.dispatcher = self.backend.queues.attach(sub.function, sub, sub.shared)
+        self.backend.observer.attached(sub.function)
         self._receipt(frame)
 
+    def _room_for_one_more(self) -> None:
+        if len(self.subscriptions) >= self.settings.max_subscriptions:
+            raise ProtocolError(f"more than {self.settings.max_subscriptions} subscriptions "
+                                "on one connection")
+
     def _subscribe_topic(self, sub: StompSubscription, pattern: str, frame: Frame) -> None:
-        name = frame.get("activemq.subscriptionName")
-        if name is None and (boolean(frame, "durable", False)
-                             or boolean(frame, "persistent", False)):
-            name = sub.id  # RabbitMQ names a durable subscription by its id
-        if name is not None:
-            owner = self.client_name or ""
-            sub.client_id = durable_client_id(f"{owner}:{pattern}:{name}")
-            sub.durable = True
-        else:
-            sub.client_id = "s" + uuid.uuid4().hex[:20]
-        limits = _limits(frame)
+        name = durable_name(frame, sub.id)
+        sub.durable = name is not None
+        sub.client_id = (durable_client_id(f"{self.client_name}:{pattern}:{name}")
+                         if sub.durable else "s" + uuid.uuid4().hex[:20])
+        limits = queue_limits(frame)
         sub.pattern = pattern
         sub.function = queue_name(pattern, sub.client_id)
-        self.broker.subscribe_topic(pattern, sub.client_id, sub.durable, limits)
+        self.backend.registrations.subscribe_topic(pattern, sub.client_id, sub.durable, limits)
 
     def on_unsubscribe(self, frame: Frame) -> None:
-        sub_id = frame.get("id")
-        if sub_id is None and self.version == "1.0":
-            sub_id = frame.get("destination")
-        if sub_id is None:
-            raise ProtocolError("UNSUBSCRIBE needs an id header", MISSING_HEADER)
+        sub_id = subscription_id(frame, self.version)
         sub = self.subscriptions.pop(sub_id, None)
         if sub is None:
             raise ProtocolError(f"no subscription with id {sub_id!r}", NO_SUBSCRIPTION)
@@ -397,7 +333,7 @@ class Session:
         sub.closed = True
         if sub.pattern is not None and (remove or not sub.durable):
             # First stop new copies, then hand back what we hold.
-            self.broker.unsubscribe_topic(sub.pattern, sub.client_id)
+            self.backend.registrations.unsubscribe_topic(sub.pattern, sub.client_id)
         unacked = list(sub.unacked.values())
         for message_id in sub.unacked:
             self.acks.pop(message_id, None)
@@ -406,9 +342,9 @@ class Session:
             forgotten = not sub.shared or (sub.pattern is not None and remove)
             sub.dispatcher.remove(sub, unacked, give_back=not forgotten)
             if forgotten and not sub.dispatcher.consumers:
-                self.broker.drop_queue(sub.function)
+                self.backend.queues.drop_queue(sub.function)
         if sub.temporary:
-            self.broker.temp_queue_closed(sub.function)
+            self.backend.registrations.temp_queue_closed(sub.function)
 
     # -- delivery ----------------------------------------------------------------
 
@@ -421,15 +357,15 @@ class Session:
     def deliver(self, sub: StompSubscription, delivery: Delivery) -> None:
         message_id = f"{self.id}-{next(self._counter)}"
         delivery.message_id = message_id
-        data = self._message(sub, delivery, message_id)
-        self.broker.record(Event.DELIVERED, sub.function, delivery.unique, delivery.redelivered)
+        data = sub.message(delivery, message_id, self.version)
+        self.backend.observer.delivered(sub.function, delivery.unique, delivery.redelivered)
         if sub.ack == "auto":
             sub.in_flight += 1
 
             def sent() -> None:
                 sub.in_flight -= 1
                 delivery.ack()
-                self.broker.record(Event.ACKED, sub.function, delivery.unique)
+                self.backend.observer.acked(sub.function, delivery.unique)
 
             def dropped() -> None:
                 sub.in_flight -= 1
@@ -441,34 +377,12 @@ class Session:
             self.acks[message_id] = sub
             self.transport.send(data)
 
-    def _message(self, sub: StompSubscription, delivery: Delivery, message_id: str) -> bytes:
-        ack = sub.ack != "auto" and self.version == "1.2"
-        if not delivery.headers:
-            if sub.prefix is None:
-                sub.prefix = message_prefix(sub.id, sub.destination, self.version)
-            return message_frame(sub.prefix, message_id, delivery.deliveries,
-                                 delivery.redelivered, ack, delivery.body)
-        headers = {**delivery.headers, "subscription": sub.id, "message-id": message_id,
-                   "destination": delivery.headers.get("destination", sub.destination),
-                   "delivery-count": str(delivery.deliveries),
-                   "redelivered": "true" if delivery.redelivered else "false"}
-        if ack:
-            headers["ack"] = message_id
-        return encode("MESSAGE", headers, delivery.body, self.version)
-
     # -- ACK / NACK --------------------------------------------------------------
-
-    def on_ack(self, frame: Frame) -> None:
-        self._settle(frame)
-
-    def on_nack(self, frame: Frame) -> None:
-        # Not in STOMP 1.0, but RabbitMQ and ActiveMQ take it there too.
-        self._settle(frame)
 
     def _settle(self, frame: Frame) -> None:
         settle_target(frame, self.version)  # a missing id is an error now, not at COMMIT
         boolean(frame, "requeue", True)  # so is a requeue that is not true or false
-        if self._in_transaction(frame):
+        if self.transactions.hold(frame):
             return
         self._apply_settle(frame)
         self._receipt(frame)
@@ -486,17 +400,13 @@ class Session:
         if frame.command == "ACK":
             for delivery in settled:
                 delivery.ack()
-                self.broker.record(Event.ACKED, sub.function, delivery.unique)
+                self.backend.observer.acked(sub.function, delivery.unique)
         elif not boolean(frame, "requeue", True):
             sub.dispatcher.reject(settled)
         else:
             sub.dispatcher.give_back(settled)
 
     # -- transactions ------------------------------------------------------------
-
-    def _in_transaction(self, frame: Frame) -> bool:
-        """Held for COMMIT; its RECEIPT comes when COMMIT made it take effect."""
-        return self.transactions.hold(frame)
 
     def on_begin(self, frame: Frame) -> None:
         self.transactions.begin(require(frame, "transaction"))
@@ -531,11 +441,3 @@ class Session:
             headers = {"receipt-id": receipt, **(extra or {})}
             self.transport.send(encode("RECEIPT", headers, b"", self.version))
 
-
-def _limits(frame: Frame) -> Limits | None:
-    """RabbitMQ's queue arguments on a SUBSCRIBE: x-max-length and the rest
-    (gearhorn/limits.py)."""
-    try:
-        return limits_from_headers(frame.headers)
-    except BadRequest as exc:
-        raise ProtocolError(str(exc), INVALID_HEADER) from None

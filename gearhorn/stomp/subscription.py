@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Protocol
 
+from gearhorn.stomp.frames import encode, message_frame, message_prefix
 from gearhorn.stomp.queues import Delivery, QueueDispatcher
 
 
@@ -83,3 +84,20 @@ class StompSubscription:
     def forget(self, delivery: Delivery) -> None:
         self.unacked.pop(delivery.message_id, None)
         self.session.settled(delivery.message_id)
+
+    def message(self, delivery: Delivery, message_id: str, version: str) -> bytes:
+        """The MESSAGE frame of ``delivery``; without headers of its own, from
+        a prefix made once per subscription."""
+        ack = self.ack != "auto" and version == "1.2"
+        if not delivery.headers:
+            if self.prefix is None:
+                self.prefix = message_prefix(self.id, self.destination, version)
+            return message_frame(self.prefix, message_id, delivery.deliveries,
+                                 delivery.redelivered, ack, delivery.body)
+        headers = {**delivery.headers, "subscription": self.id, "message-id": message_id,
+                   "destination": delivery.headers.get("destination", self.destination),
+                   "delivery-count": str(delivery.deliveries),
+                   "redelivered": "true" if delivery.redelivered else "false"}
+        if ack:
+            headers["ack"] = message_id
+        return encode("MESSAGE", headers, delivery.body, version)

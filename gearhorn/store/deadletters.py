@@ -107,10 +107,8 @@ class DeadLetterIndex:
 def queued(servers: Sequence[tuple[str, int]], function: str,
            tls: gearman.TlsFiles | None = None) -> int:
     """Jobs of ``function`` waiting, summed over every gearmand."""
-    total = 0
-    for host, port in servers:
-        total += sum(f.queued for f in gearman.status(host, port, tls=tls) if f.name == function)
-    return total
+    found = gearman.totals(servers, tls).get(function)
+    return found.queued if found else 0
 
 
 class DeadLetterMover:

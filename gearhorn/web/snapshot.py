@@ -1,6 +1,6 @@
 """What Redis and every gearmand say now: one JSON-ready dict.
 
-The metrics, the console and readiness all read this. Its cost is bounded
+The metrics, the console, readiness and ``gearhorn status`` all read this. Its cost is bounded
 whatever the number of topics and queues: ``top`` topics (by copies, then
 any others up to ``top``), ``top`` queues by depth, ``top`` dead-letter
 queues; totals are exact (gearhorn/store/stats.py). An unreachable server is
@@ -133,14 +133,20 @@ class Collector:
                     depth[name] = [queued, running, workers]
                 else:
                     row[0], row[1], row[2] = row[0] + queued, row[1] + running, row[2] + workers
+            entry["functions"] = self._deepest((name, row) for name, *row in rows)
             servers.append(entry)
-        top = heapq.nsmallest(self.top, depth.items(), key=lambda kv: (-kv[1][0], kv[0]))
         return {"gearmand": servers,
-                "queues": [{"queue": name, "queued": q, "running": r, "workers": w}
-                           for name, (q, r, w) in top],
+                "queues": self._deepest(depth.items()),
                 "queue_count": len(depth), "queued_total": sum(q for q, _, _ in depth.values()),
                 "dlq_depths": {name[:-len(DLQ_SUFFIX)]: row[0] for name, row in depth.items()
                                if name.endswith(DLQ_SUFFIX)}}
+
+
+    def _deepest(self, depths) -> list[dict]:
+        """The ``top`` queues by jobs queued, from (name, [queued, running, workers])."""
+        top = heapq.nsmallest(self.top, depths, key=lambda kv: (-kv[1][0], kv[0]))
+        return [{"queue": name, "queued": q, "running": r, "workers": w}
+                for name, (q, r, w) in top]
 
 
 def _dead_letter_queues(snap: dict) -> list[dict]:

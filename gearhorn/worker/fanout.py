@@ -29,11 +29,10 @@ from gearhorn.messages import (
     parse_subscription,
 )
 from gearhorn.naming import delayed_unique
+from gearhorn.observers import FailedCopy, Observer
 from gearhorn.store.headers import HeaderStore
-from gearhorn.store.ledger import Ledger
 from gearhorn.store.redisconn import REDIS_ERRORS
 from gearhorn.store.registry import Recipient, Registry
-from gearhorn.store.stats import Stats
 from gearhorn.store.tally import TallyWriter
 from gearhorn.worker.cache import SubscriberCache
 from gearhorn.worker.delayed import DelayedItem, Scheduler
@@ -106,17 +105,16 @@ class FanoutService:
     """What the Gearman functions do, independent of how jobs arrive."""
 
     def __init__(self, config: Config, registry: Registry, cache: SubscriberCache,
-                 client: gearman.Client, ledger: Ledger | None = None,
-                 sleep=time.sleep, stats: Stats | None = None,
-                 tally: TallyWriter | None = None, pressure: Pressure | None = None) -> None:
+                 client: gearman.Client, observer: Observer | None = None,
+                 sleep=time.sleep, tally: TallyWriter | None = None,
+                 pressure: Pressure | None = None) -> None:
         self.config = config
         self.tally = tally  # when each queue's copies were queued (gearhorn/store/tally.py)
         self.pressure = pressure  # full queues, a full store (gearhorn/worker/pressure.py)
         self.registry = registry
         self.cache = cache
         self.client = client
-        self.ledger = ledger
-        self.stats = stats
+        self.observer = observer or Observer()  # the ledger and the metrics
         self.headers = HeaderStore(registry.redis, registry.keys, config.headers_ttl)
         self.scheduler = Scheduler(registry.redis, registry.keys, config.delay_shard_seconds,
                                    config.delay_lease, config.delay_lanes)
@@ -239,12 +237,12 @@ class FanoutService:
                  refused: tuple[Recipient, ...], header_ids: list[str] | None = None) -> None:
         """Ledger entries for the copies reject-publish did not make: each
         with the unique key it would have had and its message id."""
-        if not refused or self.ledger is None:
+        if not refused:
             return
         per = make_copies(request, message_ids, refused, header_ids)
-        for message_id, copies in zip(message_ids, per, strict=True):
-            for copy in copies:
-                self.ledger.dropped(FULL, request.topic, copy.function, copy.unique, message_id)
+        self.observer.not_made(FULL, request.topic, [
+            (message_id, copy.function, copy.unique)
+            for message_id, copies in zip(message_ids, per, strict=True) for copy in copies])
 
     def subscribe(self, data: bytes) -> bytes:
         sub = parse_subscription(data)
@@ -346,11 +344,12 @@ class FanoutService:
     def _delivered(self, made: _Made, failed: list[tuple[dict, str]],
                    received: float | None) -> None:
         """Ledger and metrics of a fanout, before its job is answered."""
-        request = made.request
-        self._record(request.topic, made.message_ids, made.per, failed, made.width)
-        if self.stats is not None:
-            elapsed = None if received is None else time.monotonic() - received
-            self.stats.fanout(request.topic, len(made.message_ids), len(made.copies), elapsed)
+        elapsed = None if received is None else time.monotonic() - received
+        per_message = [(message_id, [(c.function, c.unique) for c in mine])
+                       for message_id, mine in zip(made.message_ids, made.per, strict=True)]
+        self.observer.fanned_out(made.request.topic, per_message, made.width, [
+            FailedCopy(f["queue"], unique, f"{f['status']}: {f['reason']}")
+            for f, unique in failed], elapsed)
 
     def _run_copies(self, copies: list[gearman.Copy], priority: str,
                     placed: gearman.Placed) -> tuple[list[gearman.Outcome], list[int]]:
@@ -374,25 +373,8 @@ class FanoutService:
                 outcomes[i], attempts[i] = outcome, attempt
         return outcomes, attempts
 
-    def _record(self, topic: str, message_ids: list[str],
-                per_message: list[list[gearman.Copy]], failed: list[tuple[dict, str]],
-                width: int) -> None:
-        """Ledger entries for a fanout (buffered; the ledger's flusher writes
-        them): per message, the ``width`` subscribers resolved, apart from the
-        copies gearmand accepted, so a copy made for no one or never made
-        shows up in the reconciliation as a width mismatch."""
-        if self.ledger is None:
-            return
-        for message_id, mine in zip(message_ids, per_message, strict=True):
-            self.ledger.published(topic, message_id, [(c.function, c.unique) for c in mine],
-                                  width)
-        for failure, unique in failed:
-            self.ledger.failed(f"{failure['status']}: {failure['reason']}", topic,
-                               failure["queue"], unique)
-
     def record_rejection(self, function: str, reason: str) -> None:
-        if self.ledger is not None:
-            self.ledger.failed(f"{function}: {reason}")
+        self.observer.refused(function, reason)
 
 
 def _admit(recipients: tuple[Recipient, ...], full: frozenset[str]

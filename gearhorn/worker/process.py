@@ -19,6 +19,7 @@ from gearhorn import gearman
 from gearhorn.background import Backoff, Outage
 from gearhorn.config import Config
 from gearhorn.messages import BadRequest
+from gearhorn.observers import LedgerObserver, Observers, StatsObserver
 from gearhorn.store import redisconn
 from gearhorn.store.keys import Keys
 from gearhorn.store.ledger import Flusher, Ledger
@@ -89,11 +90,12 @@ class WorkerProcess:
         bounded = config.retention_interval > 0
         self.tally = TallyWriter(self.redis, keys) if bounded else None
         pressure = Pressure(self.redis, keys) if bounded else None
+        # The ledger and the metrics hear of every step through one observer.
+        observer = Observers(LedgerObserver(self.ledger), StatsObserver(self.stats))
         self.service = FanoutService(config, self.registry, self.cache, self.client,
-                                     self.ledger, stats=self.stats, tally=self.tally,
-                                     pressure=pressure)
+                                     observer, tally=self.tally, pressure=pressure)
         self.flusher = Flusher(*(b for b in (self.ledger, self.stats, self.tally) if b))
-        self.warden = Warden(config, self.redis, self.ledger, self.stats, self.worker_id,
+        self.warden = Warden(config, self.redis, observer, self.stats, self.worker_id,
                              queue_store=_queue_store(config))
         # Due delayed messages go out from a thread of their own, with their
         # own Gearman connection (a Client is not shared between threads).

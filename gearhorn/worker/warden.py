@@ -39,11 +39,11 @@ from gearhorn.config import Config
 from gearhorn.limits import EXPIRED, REMOVED, Limits
 from gearhorn.messages import Subscription
 from gearhorn.naming import FOREGROUND_MARK, dead_letter_queue, queue_copy_unique
+from gearhorn.observers import Observer
 from gearhorn.retention import Tallied, Verdict, judge
 from gearhorn.store.deadletters import DeadLetterIndex
 from gearhorn.store.headers import HeaderStore
 from gearhorn.store.keys import Keys
-from gearhorn.store.ledger import Ledger
 from gearhorn.store.redisconn import REDIS_ERRORS
 from gearhorn.store.redisutil import text
 from gearhorn.store.registry import Registry
@@ -196,7 +196,7 @@ class Backlog:
 class Warden:
     """One round at a time; the pool's processes take turns holding the lease."""
 
-    def __init__(self, config: Config, client: redis.Redis, ledger: Ledger | None = None,
+    def __init__(self, config: Config, client: redis.Redis, observer: Observer | None = None,
                  stats: Stats | None = None, owner: str = "",
                  queue_store: Callable[[], redis.Redis | None] | None = None) -> None:
         self.config = config
@@ -204,8 +204,7 @@ class Warden:
         self.keys = Keys.for_config(config)
         self.registry = Registry(client, self.keys)
         self.tally = TallyReader(client, self.keys)
-        self.ledger = ledger
-        self.stats = stats
+        self.observer = observer or Observer()  # the ledger and the metrics
         self.owner = owner or uuid.uuid4().hex
         self.defaults = default_limits(config)
         headers = HeaderStore(client, self.keys, config.headers_ttl)
@@ -266,12 +265,8 @@ class Warden:
     def _drop(self, queue: str, entry: dict, count: int, reason: str, load: Load,
               dead_letter: bool | None) -> int:
         uniques = self.reaper.take(queue, count, load.waiting, reason if dead_letter else None)
-        topic = entry.get("topic", "")
-        for unique in uniques:
-            if self.ledger is not None:
-                self.ledger.dropped(reason, topic, queue, unique)
-        if self.stats is not None and uniques:
-            self.stats.dropped(topic, reason, len(uniques))
+        if uniques:
+            self.observer.dropped(reason, entry.get("topic", ""), queue, uniques)
         for server in load.waiting:  # what the next judge of this round sees
             load.waiting[server] = max(0, load.waiting[server] - len(uniques))
         if uniques:
@@ -327,8 +322,7 @@ class Warden:
         if store["over"] != self._over:
             self._over = store["over"]
             self._announce()
-        if self.ledger is not None:
-            self.ledger.flush()
+        self.observer.flush()  # what this round dropped is in the ledger now
 
     def _store_state(self, backlogs: list[Backlog]) -> dict[str, object]:
         """The queue store's memory against the guard, and the one-line reason

@@ -40,10 +40,10 @@ def test_helper_commands_subscribe_publish_consume_status(gearmand, redis_url, s
 
     out = gearhorn("status", "--json", *common)
     report = json.loads(out.stdout)
-    assert report["topics"] == {topic: 1} and report["delayed"] == 1
-    assert len(report["workers"]) == 2
-    (server,) = report["gearman"]
-    queued = {f["name"]: f["queued"] for f in server["functions"]}
+    assert {t["topic"]: t["subscribers"] for t in report["topics"]} == {topic: 1}
+    assert report["delayed"] == 1 and len(report["workers"]) == 2
+    (server,) = report["gearmand"]
+    queued = {f["queue"]: f["queued"] for f in server["functions"]}
     assert queued[f"{topic}_alice"] == 2
     assert f"{topic}_alice" in gearhorn("status", *common).stdout.decode()
 

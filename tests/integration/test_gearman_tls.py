@@ -53,8 +53,8 @@ def test_workers_clients_and_commands_speak_tls(tls_files, tls_server, tls_env, 
         out = subprocess.run([sys.executable, "-m", "gearhorn", "status", "--json",
                               "--gearman", server.address, "--redis-url", redis_url],
                              capture_output=True, timeout=60, env=dict(os.environ))
-        (entry,) = json.loads(out.stdout)["gearman"]
-        assert {f["name"]: f["queued"] for f in entry["functions"]}[f"{topic}_alice"] == 1
+        (entry,) = json.loads(out.stdout)["gearmand"]
+        assert {f["queue"]: f["queued"] for f in entry["functions"]}[f"{topic}_alice"] == 1
         # Without TLS the server does not talk to us, while a TLS worker
         # connection in the same process does.
         with pytest.raises((gearman.GearmanError, OSError)):

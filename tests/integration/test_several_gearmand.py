@@ -70,11 +70,12 @@ def test_copies_spread_over_both_servers_and_every_subscriber_gets_all(two, redi
     producer.close()
 
     report = status(redis_url, *two)
-    per_server = [{f["name"]: f["queued"] for f in server["functions"]}
-                  for server in report["gearman"]]
+    per_server = [{f["queue"]: f["queued"] for f in server["functions"]}
+                  for server in report["gearmand"]]
+    assert len(per_server) == 2
     assert all(depths.get(f"{topic}_a", 0) > 0 for depths in per_server)  # spread
-    summed = {q["name"]: q for q in report["queues"]}
-    assert summed[f"{topic}_a"]["queued"] == 60 and summed[f"{topic}_a"]["servers"] == 2
+    summed = {q["queue"]: q for q in report["queues"]}
+    assert summed[f"{topic}_a"]["queued"] == 60 == sum(d[f"{topic}_a"] for d in per_server)
     for who in ("a", "b", "c"):
         got = consume_all(two, topic, who, 60)
         assert sorted(got) == sorted(f"m{i}".encode() for i in range(60))

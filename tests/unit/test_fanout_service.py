@@ -231,11 +231,12 @@ def test_prefix_subscribers_learn_the_topic_a_message_was_published_to(service):
 
 
 def test_fanouts_are_counted_with_their_copies_and_latency(registry):
+    from gearhorn.observers import StatsObserver
     from gearhorn.store.stats import Stats, read
 
     counts = Stats(registry.redis, registry.keys)  # write-through
     svc = FanoutService(Config(), registry, SubscriberCache(registry), RecordingClient(),
-                        stats=counts)
+                        observer=StatsObserver(counts))
     for who in ("a", "b", "c"):
         call(svc, "subscribe_fanout", topic="news", client_id=who)
     svc.handle("fanout", json.dumps({"topic": "news", "payloads": ["1", "2"],

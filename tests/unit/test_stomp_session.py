@@ -13,7 +13,7 @@ from tests.fakes import FakeBroker, FakeTransport
 @pytest.fixture
 def session():
     transport, broker = FakeTransport(), FakeBroker()
-    s = Session(broker, transport, SessionSettings(heartbeat_send_ms=500,
+    s = Session(broker.backend(), transport, SessionSettings(heartbeat_send_ms=500,
                                                    heartbeat_receive_ms=1000,
                                                    max_subscriptions=2, max_payload_bytes=100))
     return s, transport, broker
@@ -349,7 +349,8 @@ def test_allowed_frames_pass(session):
 
 def test_requests_waiting_for_replies_are_limited_per_connection():
     transport, broker = FakeTransport(), FakeBroker()
-    s = Session(broker, transport, SessionSettings(max_pending_requests=2, max_payload_bytes=100))
+    s = Session(broker.backend(), transport,
+                SessionSettings(max_pending_requests=2, max_payload_bytes=100))
     s.handle(Frame("CONNECT", {"accept-version": "1.2"}))
     send = Frame("SEND", {"destination": "/queue/svc", "reply-to": "/temp-queue/r"}, b"?")
     s.handle(send)

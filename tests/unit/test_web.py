@@ -17,7 +17,7 @@ from gearhorn.store.keys import Keys
 from gearhorn.web import access
 from gearhorn.web.history import RateHistory
 from gearhorn.web.metrics import SnapshotCollector
-from gearhorn.web.snapshot import Collector, retention
+from gearhorn.web.snapshot import Collector
 
 pytestmark = pytest.mark.timeout(30)
 KEYS = Keys("t:", "chan")
@@ -230,7 +230,26 @@ def test_readyz_and_status_say_when_the_queue_store_is_over_its_guard(fake_redis
     fake_redis.set(KEYS.backlogs, json.dumps({"at": 1.0, "queues": [
         {"queue": "news_a", "topic": "news", "client_id": "a", "depth": 3, "bytes": 30,
          "oldest_age": 61.0, "consumers": 0, "limits": "max_length=100 drop-head"}]}))
-    text = render({"redis": "r", "topics": {}, "workers": {}, "gearman": [],
-                   **retention(fake_redis, KEYS)})
+    text = render(collector.collect())
     assert f"REFUSING FANOUTS: {over}" in text
     assert "! news_a" in text and "61s" in text and "max_length=100 drop-head" in text
+
+
+def test_status_renders_the_consoles_snapshot(fake_redis):
+    from gearhorn.status import render
+
+    fake_redis.sadd(KEYS.topics, "news")
+    fake_redis.sadd(KEYS.topic("news"), "alice", "bob")
+    snap = Collector(fake_redis, KEYS, servers=(), top=10).collect()
+    snap["redis"]["url"] = "redis://here"
+    snap["gearmand"] = [
+        {"server": "a:1", "up": True, "functions": [
+            {"queue": "news_alice", "queued": 3, "running": 0, "workers": 1}]},
+        {"server": "b:2", "up": False, "error": "refused"}]
+    snap["queues"] = [{"queue": "news_alice", "queued": 3, "running": 0, "workers": 1}]
+    lines = render(snap).splitlines()
+    assert lines[0] == "redis redis://here"
+    assert any(line.split() == ["news", "2", "subscribers"] for line in lines)
+    assert "queues over all 2 gearmand:" in lines
+    assert lines[-2:] == ["gearmand b:2:", "  unreachable: refused"]
+    assert sum(line.split()[:2] == ["news_alice", "3"] for line in lines) == 2

@@ -1,0 +1,113 @@
+"""What STOMP clients SEND, onto Gearman (runs under gevent): background
+jobs on a ``/queue/``, ``fanout`` jobs for a ``/topic/``, and the bridge's
+own messages (replies, dead letters)."""
+
+from __future__ import annotations
+
+import base64
+import json
+import time
+import uuid
+from collections.abc import Callable, Iterable, Sequence
+
+import gevent.lock
+
+from gearhorn import gearman
+from gearhorn.naming import queue_copy_unique, stomp_unique
+from gearhorn.stomp.backend import FanoutFailed
+from gearhorn.stomp.bounds import QueueBounds
+from gearhorn.stomp.sending import PLAIN, SendOptions
+from gearhorn.store.headers import HeaderStore
+from gearhorn.worker.delayed import DelayedItem, Scheduler
+
+Servers = tuple[tuple[str, int], ...]
+
+
+class Publisher:
+    """Submits what sessions send; ``before_background`` hears of every
+    background job first (dashed function names, gearhorn/worker/replay.py)."""
+
+    def __init__(self, servers: Servers, tls: gearman.TlsFiles | None, headers: HeaderStore,
+                 scheduler: Scheduler, bounds: QueueBounds, fanout_timeout: float,
+                 before_background: Callable[[Iterable[str]], None] | None = None
+                 ) -> None:
+        self.servers, self.tls = servers, tls
+        self.headers = headers
+        self.scheduler = scheduler
+        self.bounds = bounds
+        self.fanout_timeout = fanout_timeout
+        self.before_background = before_background
+        # The bridge's own jobs share one client, one at a time.
+        self._own = self.new_client()
+        self._own_lock = gevent.lock.Semaphore()
+
+    def new_client(self) -> gearman.Client:
+        """A Gearman client for one connection's jobs."""
+        return gearman.Client(self.servers, before_background=self.before_background,
+                              tls=self.tls)
+
+    def send_to_queue(self, client: gearman.Client, function: str,
+                      bodies: Sequence[bytes], options: SendOptions = PLAIN) -> None:
+        """Background jobs on ``function``, in order, in one pipelined write;
+        returns once gearmand accepted them all (or, delayed, Redis kept them)."""
+        self.bounds.admit(function)
+        if options.plain:
+            copies = [gearman.Copy(function, stomp_unique(uuid.uuid4().hex), body)
+                      for body in bodies]
+            client.submit_background(copies)
+            self.bounds.sent(copies)
+            return
+        (body,) = bodies  # a SEND with options is never batched
+        message_id = uuid.uuid4().hex
+        unique = stomp_unique(message_id)
+        header_ids: tuple[str, ...] = ()
+        if options.headers:
+            self.headers.put(message_id, options.headers)
+            unique, header_ids = queue_copy_unique(message_id), (message_id,)
+        if options.delay is not None:
+            item = DelayedItem(time.time() + options.delay, (message_id,), (body,),
+                               queue=function, unique=unique, priority=options.priority,
+                               header_ids=header_ids)
+            if self.scheduler.schedule(item):
+                return
+        copies = [gearman.Copy(function, unique, body)]
+        client.submit_background(copies, options.priority)
+        self.bounds.sent(copies)
+
+    def publish(self, client: gearman.Client, topic: str, bodies: Sequence[bytes],
+                options: SendOptions = PLAIN) -> dict:
+        """One ``fanout`` job for ``bodies`` (in order); returns once the copies are queued."""
+        outcome = client.call("fanout", fanout_job(topic, bodies, options),
+                              self.fanout_timeout, options.priority)
+        if not outcome.ok:
+            raise FanoutFailed(f"fanout to {topic} failed: {outcome.reason}")
+        return json.loads(outcome.data)
+
+    def send_own(self, function: str, body: bytes, headers: dict[str, str]) -> str:
+        """A background job of the bridge's own, with headers; returns its header id."""
+        message_id = uuid.uuid4().hex
+        self.headers.put(message_id, headers)
+        with self._own_lock:
+            self._own.submit_background(
+                [gearman.Copy(function, queue_copy_unique(message_id), body)])
+        return message_id
+
+
+def fanout_job(topic: str, bodies: Sequence[bytes], options: SendOptions) -> bytes:
+    """The ``fanout`` job of a SEND to ``/topic/<topic>``: text bodies as
+    they are, others in base64."""
+    job: dict[str, object] = {"topic": topic, "background": True}
+    try:
+        texts = [body.decode("utf-8") for body in bodies]
+        job.update({"payload": texts[0]} if len(texts) == 1 else {"payloads": texts})
+    except UnicodeDecodeError:
+        encoded = [base64.b64encode(body).decode() for body in bodies]
+        job.update({"payload_base64": encoded[0]} if len(encoded) == 1
+                   else {"payloads_base64": encoded})
+    if options.priority != "normal":
+        job["priority"] = options.priority
+    if options.delay is not None:
+        job["delay"] = options.delay
+    if options.headers:
+        job["headers"] = options.headers
+    return json.dumps(job).encode()
