@@ -56,15 +56,18 @@ class Producer:
     def publish(self, topic: str, payload: object, *, background: bool = False,
                 unique: str | None = None, priority: str = "normal",
                 delay: float | None = None, deliver_at: float | str | None = None,
-                headers: dict[str, str] | None = None) -> dict:
+                headers: dict[str, str] | None = None, dedup_id: str | None = None) -> dict:
         """Broadcast ``payload`` (str travels as UTF-8, anything else as JSON).
 
         ``priority`` is high, normal or low; ``delay`` (seconds) or
         ``deliver_at`` (epoch seconds or RFC 3339) hold it back until then;
-        ``headers`` reach STOMP subscribers (Gearman ones get the payload)."""
+        ``headers`` reach STOMP subscribers (Gearman ones get the payload);
+        ``dedup_id``: the same again on the topic within ``dedup_window`` is
+        answered ``"duplicate": true`` with no copies (safe to retry)."""
         job: dict[str, object] = {"topic": topic, "payload": payload, "background": background}
         options = {"unique": unique, "delay": delay, "deliver_at": deliver_at,
-                   "headers": headers, "priority": None if priority == "normal" else priority}
+                   "headers": headers, "dedup_id": dedup_id,
+                   "priority": None if priority == "normal" else priority}
         job.update({k: v for k, v in options.items() if v is not None})
         return self._call("fanout", job)
 

@@ -122,6 +122,10 @@ class Config:
     delay_lanes: int = 8
     # Seconds the bridge waits for the answer to a request with reply-to.
     request_timeout: float = 60.0
+    # Seconds a fanout's dedup_id (STOMP: x-deduplication-header) is
+    # remembered: the same id on the same topic again is answered as a
+    # duplicate, with no copies (gearhorn/store/dedup.py). 0: off.
+    dedup_window: float = 120.0
     # Metrics (gearhorn/store/stats.py): counters in Redis, written with each fanout.
     metrics_enabled: bool = True
     # Workers sum their counts and write them every 0.1 s (one round trip).
@@ -233,7 +237,7 @@ def _convert(name: str, raw: str, source: str) -> object:
 # Settings where 0 turns something off.
 _ZERO_MEANS_OFF = frozenset({"bridge_ws_port", "web_port", "queue_max_length",
                              "queue_max_bytes", "queue_message_ttl", "queue_expires",
-                             "queue_maxmemory", "retention_interval"})
+                             "queue_maxmemory", "retention_interval", "dedup_window"})
 
 
 _TRUE = {"1", "true", "yes", "on"}

@@ -48,6 +48,11 @@ _RAW_SLACK = 4096
 _NAME = re.compile(rf"[!-~]{{1,{MAX_NAME_BYTES}}}")  # printable, no space
 _QUEUE = re.compile(rf"[!-~]{{1,{2 * MAX_NAME_BYTES + 1}}}")
 PREFIX_WILDCARD = "*"
+# A producer's message id: ``dedup_id`` in a fanout, this header on a STOMP
+# SEND (the name RabbitMQ's message-deduplication plugin reads). Long enough
+# for a SHA-256 in hex; it is a Redis key, never a Gearman unique key.
+DEDUP_HEADER = "x-deduplication-header"
+MAX_DEDUP_ID = 200
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +82,9 @@ class Fanout:
     priority: str = "normal"  # Gearman precedence of every copy
     deliver_at: float | None = None  # epoch seconds; None = now
     headers: dict[str, str] = field(default_factory=dict)  # for STOMP consumers
+    # The producer's id of this message: the same again within dedup_window
+    # is a duplicate (gearhorn/store/dedup.py).
+    dedup_id: str | None = None
 
     @property
     def data(self) -> bytes:
@@ -137,9 +145,10 @@ def parse_fanout(data: bytes, max_payload: int = DEFAULT_MAX_PAYLOAD,
     """Parse a ``{"topic": T, "payload": P, "unique"?: U, "background"?: B}`` payload.
 
     Optional too: ``priority`` (high, normal, low), ``deliver_at`` (epoch
-    seconds or RFC 3339) or ``delay`` (seconds), and ``headers`` (an object
+    seconds or RFC 3339) or ``delay`` (seconds), ``headers`` (an object
     of strings that STOMP consumers receive; Gearman consumers get the
-    payload alone).
+    payload alone), and ``dedup_id`` (the producer's id of the message;
+    the header ``x-deduplication-header`` stands for it).
 
     Instead of ``payload``: ``payload_base64`` (bytes that are not UTF-8
     text), or ``payloads`` / ``payloads_base64``, a list of up to
@@ -155,12 +164,16 @@ def parse_fanout(data: bytes, max_payload: int = DEFAULT_MAX_PAYLOAD,
         what = "payload is" if len(bodies) == 1 else f"{len(bodies)} payloads total"
         raise BadRequest(f"{what} {size} bytes, over the limit of {max_payload} bytes")
     unique = _parse_unique(obj.get("unique"))
-    if unique is not None and len(bodies) > 1:
-        raise BadRequest("unique applies to one message: not with payloads")
+    headers = parse_headers(obj.get("headers", {}))
+    dedup_id = _parse_unique(obj.get("dedup_id", headers.get(DEDUP_HEADER)), "dedup_id",
+                             MAX_DEDUP_ID)
+    for name, given in (("unique", unique), ("dedup_id", dedup_id)):
+        if given is not None and len(bodies) > 1:
+            raise BadRequest(f"{name} applies to one message: not with payloads")
     return Fanout(topic, bodies, unique, bool(obj.get("background")),
                   parse_priority(obj.get("priority", "normal")),
                   parse_schedule(obj.get("deliver_at"), obj.get("delay"), now),
-                  parse_headers(obj.get("headers", {})))
+                  headers, dedup_id)
 
 
 PRIORITIES = ("high", "normal", "low")
@@ -280,14 +293,15 @@ def encode_payload(payload: object) -> bytes:
     return json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode()
 
 
-def _parse_unique(unique: object) -> str | None:
+def _parse_unique(unique: object, name: str = "unique",
+                  most: int = MAX_UNIQUE_BYTES) -> str | None:
     if unique is None:
         return None
     if not isinstance(unique, str):
-        raise BadRequest(f"unique must be a string, not {_json_type(unique)}")
-    if not re.fullmatch(rf"[!-~]{{1,{MAX_UNIQUE_BYTES}}}", unique):
+        raise BadRequest(f"{name} must be a string, not {_json_type(unique)}")
+    if not re.fullmatch(rf"[!-~]{{1,{most}}}", unique):
         raise BadRequest(
-            f"invalid unique {shorten(unique)}: use 1 to {MAX_UNIQUE_BYTES} printable "
+            f"invalid {name} {shorten(unique)}: use 1 to {most} printable "
             "ASCII characters without whitespace"
         )
     return unique

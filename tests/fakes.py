@@ -142,6 +142,8 @@ class FakeBroker:
         self.published += [(topic, body) for body in bodies]
         self.options = getattr(self, "options", []) + [options]
         self.calls = getattr(self, "calls", 0) + 1
+        return {"topic": topic, "copies": len(bodies),
+                "duplicate": options.headers.get("x-deduplication-header") == "seen"}
 
     def request(self, function, body, options, reply_queue, done=None):
         self.requests = getattr(self, "requests", []) + [(function, body, options, reply_queue)]

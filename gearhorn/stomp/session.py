@@ -230,8 +230,10 @@ class Session:
             options = SendOptions(options.priority, options.delay,
                                   {**options.headers, "reply-to": f"/queue/{reply_queue}"})
         if dest.kind == "topic":
-            self.backend.publisher.publish(self.gearman, dest.name, [frame.body], options)
-        elif reply_queue is not None and options.delay is None:
+            result = self.backend.publisher.publish(self.gearman, dest.name, [frame.body],
+                                                    options)
+            return {"x-duplicate": "true"} if result.get("duplicate") else {}
+        if reply_queue is not None and options.delay is None:
             if self.pending_requests >= self.settings.max_pending_requests:
                 raise ProtocolError(f"more than {self.settings.max_pending_requests} requests "
                                     "waiting for their reply on one connection")

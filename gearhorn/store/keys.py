@@ -10,6 +10,8 @@ Redis the braces are just characters.
 ``<p>topics``                   set: topics with at least one direct subscriber
 ``<p>topic:{T}``                set: client ids subscribed to topic T
 ``<p>topic-version:{T}``        string: change counter of topic T's set
+``<p>dedup:{T}:<id>``           string: the message id of the first fanout to topic T
+                                with that dedup id, for ``dedup_window`` (store/dedup.py)
 ``{<p>prefixes}``               set: prefix subscriptions (``news.*``) with subscribers
 ``{<p>prefixes}:<P*>``          set: client ids subscribed to prefix P
 ``{<p>prefixes}:version``       string: change counter of every prefix subscription
@@ -107,6 +109,9 @@ class Keys:
 
     def topic_version(self, topic: str) -> str:
         return f"{self.prefix}topic-version:{{{topic}}}"
+
+    def dedup(self, topic: str, dedup_id: str) -> str:
+        return f"{self.prefix}dedup:{{{topic}}}:{dedup_id}"
 
     @property
     def prefixes(self) -> str:

@@ -30,6 +30,7 @@ from gearhorn.messages import (
 )
 from gearhorn.naming import delayed_unique
 from gearhorn.observers import FailedCopy, Observer
+from gearhorn.store.dedup import Deduplicator
 from gearhorn.store.headers import HeaderStore
 from gearhorn.store.redisconn import REDIS_ERRORS
 from gearhorn.store.registry import Recipient, Registry
@@ -116,6 +117,7 @@ class FanoutService:
         self.client = client
         self.observer = observer or Observer()  # the ledger and the metrics
         self.headers = HeaderStore(registry.redis, registry.keys, config.headers_ttl)
+        self.dedup = Deduplicator(registry.redis, registry.keys, config.dedup_window)
         self.scheduler = Scheduler(registry.redis, registry.keys, config.delay_shard_seconds,
                                    config.delay_lease, config.delay_lanes)
         self._sleep = sleep  # between retries of failed copies
@@ -260,6 +262,20 @@ class FanoutService:
 
     def _fanout(self, request: Fanout, job_unique: str, received: float | None) -> bytes:
         message_ids = message_ids_for(job_unique, len(request.bodies))
+        if request.dedup_id is None:
+            return self._accept(request, message_ids, received)
+        first = self.dedup.claim(request.topic, request.dedup_id, message_ids[0])
+        if first != message_ids[0]:
+            return _dumps({"topic": request.topic, "copies": 0, "duplicate": True,
+                           "background": request.background, **_ids([first])})
+        try:
+            return self._accept(request, message_ids, received)
+        except BadRequest:  # refused before any copy (a full store): a retry may go.
+            self.dedup.release(request.topic, request.dedup_id, message_ids[0])
+            raise  # An outage is not released: the worker runs this job again.
+
+    def _accept(self, request: Fanout, message_ids: list[str],
+                received: float | None) -> bytes:
         header_ids = self._keep_headers(request, message_ids)
         if request.deliver_at is not None and self._schedule(request, message_ids, header_ids):
             return _dumps({"topic": request.topic, "copies": 0, "background": True,
@@ -393,7 +409,8 @@ def _full(refused: tuple[Recipient, ...]) -> dict[str, object]:
 
 def _plain(request: Fanout) -> bool:
     """A fanout that needs nothing but its copies queued."""
-    return request.background and request.deliver_at is None and not request.headers
+    return (request.background and request.deliver_at is None and not request.headers
+            and request.dedup_id is None)
 
 
 def make_copies(request: Fanout, message_ids: list[str], recipients: tuple[Recipient, ...],
