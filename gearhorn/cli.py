@@ -14,6 +14,7 @@ from gearhorn.commands import (
     cmd_dlq,
     cmd_ledger,
     cmd_passwd,
+    cmd_presence,
     cmd_publish,
     cmd_replay,
     cmd_status,
@@ -55,7 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
     common = _common()
     for add in (_add_worker, _add_up, _add_replay, _add_bridge, _add_subscriptions,
                 _add_publish, _add_consume, _add_ledger, _add_report, _add_passwd, _add_dlq,
-                _add_web, _add_status):
+                _add_web, _add_status, _add_presence):
         add(sub, common)
     return parser
 
@@ -197,6 +198,16 @@ def _add_web(sub, common) -> None:
     web.add_argument("--host", dest="web_host", help="address (default 127.0.0.1)")
     web.add_argument("--port", type=int, dest="web_port", help="port (default 15672)")
     web.set_defaults(func=cmd_web)
+
+
+def _add_presence(sub, common) -> None:
+    presence = sub.add_parser("presence", parents=[common],
+                              help="who is subscribed to TOPIC, and where")
+    presence.add_argument("topic")
+    presence.add_argument("--limit", type=int, default=1000, metavar="N",
+                          help="list about N subscribers (default 1000)")
+    presence.add_argument("--json", action="store_true", help="machine-readable output")
+    presence.set_defaults(func=cmd_presence)
 
 
 def _add_status(sub, common) -> None:

@@ -71,6 +71,11 @@ class Producer:
         job.update({k: v for k, v in options.items() if v is not None})
         return self._call("fanout", job)
 
+    def presence(self, topic: str, limit: int = 1000, cursor: int = 0) -> dict:
+        """Who is subscribed to ``topic`` (``topic_presence``): the count, about
+        ``limit`` clients from ``cursor`` on, and the next page's ``cursor``."""
+        return self._call("topic_presence", {"topic": topic, "limit": limit, "cursor": cursor})
+
     def call(self, function: str, data: bytes | str, timeout: float | None = None) -> bytes:
         """Request/reply: run ``function`` as a foreground job and return its
         result; raises JobFailed if it fails, TimeoutError after ``timeout``."""

@@ -86,6 +86,23 @@ def cmd_unsubscribe(config: Config, args: argparse.Namespace) -> int:
     return _run_job(config, "unsubscribe", args.topic, args.client_id)
 
 
+def cmd_presence(config: Config, args: argparse.Namespace) -> int:
+    with _producer(config) as producer:
+        found = producer.presence(args.topic, args.limit)
+    if args.json:
+        print(json.dumps(found))
+        return 0
+    print(f"{found['topic']}: {found['subscribers']} subscribers")
+    for p in found["patterns"]:
+        print(f"  {p['pattern']:40} {p['subscribers']:>8} by prefix")
+    for c in found["clients"]:
+        where = f"stomp, bridge {c['bridge']}" if c["via"] == "stomp" else c["via"]
+        print(f"  {c['client_id']:40} {where}{', durable' if c['durable'] else ''}")
+    if found["cursor"]:
+        print(f"  ... {found['direct'] - len(found['clients'])} more")
+    return 0
+
+
 def cmd_publish(config: Config, args: argparse.Namespace) -> int:
     payload = args.payload
     if args.json:

@@ -64,10 +64,26 @@ class Subscription:
     # Limits given with the request (gearhorn/limits.py); None: keep the ones
     # it has, or the defaults. Not part of what makes two subscriptions equal.
     limits: Limits | None = field(default=None, compare=False)
+    # Where it was made, for presence: a STOMP bridge's id ("": by a
+    # subscribe_fanout job), and whether it outlives its connection.
+    bridge: str = field(default="", compare=False)
+    durable: bool = field(default=False, compare=False)
 
     @property
     def is_prefix(self) -> bool:
         return self.topic.endswith(PREFIX_WILDCARD)
+
+
+@dataclass(frozen=True, slots=True)
+class PresenceQuery:
+    """A ``topic_presence`` request: a page of a topic's subscribers."""
+
+    topic: str
+    limit: int = 1000
+    cursor: int = 0
+
+
+MAX_PRESENCE_PAGE = 10_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,6 +154,21 @@ def parse_subscription(data: bytes) -> Subscription:
     topic = validate_topic(_require(obj, "topic"), allow_prefix=True)
     client_id = validate_client_id(_require(obj, "client_id"))
     return Subscription(topic, client_id, limits_from_job(obj))
+
+
+def parse_presence(data: bytes) -> PresenceQuery:
+    """Parse ``{"topic": T, "limit"?: N, "cursor"?: C}``: up to about N client
+    ids from C on (0: the first page; the answer's ``cursor`` is the next)."""
+    obj = _load_object(data, limit=_RAW_SLACK)
+    topic = validate_topic(_require(obj, "topic"), allow_prefix=True)
+    limit, cursor = obj.get("limit", 1000), obj.get("cursor", 0)
+    if type(limit) is not int or not 1 <= limit <= MAX_PRESENCE_PAGE:
+        raise BadRequest(f"limit must be a whole number from 1 to {MAX_PRESENCE_PAGE}, "
+                         f"got {json.dumps(limit)[:40]}")
+    if type(cursor) is not int or cursor < 0:
+        raise BadRequest(f"cursor must be a whole number from 0, got "
+                         f"{json.dumps(cursor)[:40]}")
+    return PresenceQuery(topic, limit, cursor)
 
 
 def parse_fanout(data: bytes, max_payload: int = DEFAULT_MAX_PAYLOAD,

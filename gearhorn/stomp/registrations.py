@@ -39,7 +39,7 @@ class Registrations:
     def subscribe_topic(self, pattern: str, client_id: str, durable: bool = False,
                         limits: Limits | None = None) -> None:
         subscription = Subscription(validate_topic(pattern, allow_prefix=True), client_id,
-                                    limits)
+                                    limits, bridge=self.bridge_id, durable=durable)
         if not durable:  # listed first, so a crash right after leaves nothing unlisted
             self.liveness.holds(topic_entry(pattern, client_id))
         self.registry.subscribe(subscription)

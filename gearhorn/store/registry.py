@@ -97,7 +97,7 @@ class Registry:
         if limits is None:
             limits = self.subscription(queue)[1]
         entry = {"topic": sub.topic, "client_id": sub.client_id, "since": time.time(),
-                 "limits": limits.said()}
+                 "limits": limits.said(), "bridge": sub.bridge, "durable": sub.durable}
         self.redis.hset(self.keys.subscriptions, queue, json.dumps(entry))
 
     def bound_queue(self, queue: str, limits: Limits) -> None:

@@ -22,20 +22,22 @@ from gearhorn.limits import FULL
 from gearhorn.messages import (
     BadRequest,
     Fanout,
-    copy_unique,
     header_id_for,
     message_ids_for,
     parse_fanout,
+    parse_presence,
     parse_subscription,
 )
 from gearhorn.naming import delayed_unique
 from gearhorn.observers import FailedCopy, Observer
 from gearhorn.store.dedup import Deduplicator
 from gearhorn.store.headers import HeaderStore
+from gearhorn.store.presence import Presence
 from gearhorn.store.redisconn import REDIS_ERRORS
 from gearhorn.store.registry import Recipient, Registry
 from gearhorn.store.tally import TallyWriter
 from gearhorn.worker.cache import SubscriberCache
+from gearhorn.worker.copies import admit, flat, make_copies
 from gearhorn.worker.delayed import DelayedItem, Scheduler
 from gearhorn.worker.pressure import Pressure
 
@@ -45,7 +47,8 @@ SUBSCRIBE = "subscribe_fanout"
 SUBSCRIBE_ALIAS = "register_fanout_subscriber"
 UNSUBSCRIBE = "unsubscribe_fanout"
 FANOUT = "fanout"
-FUNCTIONS = (SUBSCRIBE, SUBSCRIBE_ALIAS, UNSUBSCRIBE, FANOUT)
+PRESENCE = "topic_presence"
+FUNCTIONS = (SUBSCRIBE, SUBSCRIBE_ALIAS, UNSUBSCRIBE, FANOUT, PRESENCE)
 
 
 class ServiceUnavailable(GearhornError):
@@ -84,7 +87,7 @@ class _Made:
 
     @property
     def copies(self) -> list[gearman.Copy]:
-        return _flat(self.per)
+        return flat(self.per)
 
     def result(self) -> dict[str, object]:
         return {"topic": self.request.topic, "copies": len(self.copies),
@@ -122,7 +125,8 @@ class FanoutService:
                                    config.delay_lease, config.delay_lanes)
         self._sleep = sleep  # between retries of failed copies
         self._handlers = {SUBSCRIBE: self.subscribe, SUBSCRIBE_ALIAS: self.subscribe,
-                          UNSUBSCRIBE: self.unsubscribe, FANOUT: self.fanout}
+                          UNSUBSCRIBE: self.unsubscribe, FANOUT: self.fanout,
+                          PRESENCE: self.presence}
 
     def handle(self, function: str, data: bytes, job_unique: str = "",
                received: float | None = None) -> bytes:
@@ -223,7 +227,7 @@ class FanoutService:
               header_ids: list[str] | None = None) -> _Made:
         """A fanout's copies for the subscribers the look-up ``resolved``,
         but the full reject-publish ones (recorded as not made)."""
-        kept, refused = _admit(resolved, full)
+        kept, refused = admit(resolved, full)
         per = self._copies(request, message_ids, kept, header_ids)
         self._refused(request, message_ids, refused, header_ids)
         return _Made(request, message_ids, per, kept, refused, len(resolved))
@@ -255,6 +259,9 @@ class FanoutService:
         sub = parse_subscription(data)
         count = self.registry.unsubscribe(sub)
         return _dumps({"topic": sub.topic, "client_id": sub.client_id, "subscribers": count})
+
+    def presence(self, data: bytes) -> bytes:
+        return _dumps(Presence(self.registry).of(parse_presence(data)))
 
     def fanout(self, data: bytes, job_unique: str = "", received: float | None = None) -> bytes:
         return self._fanout(parse_fanout(data, self.config.max_payload_bytes), job_unique,
@@ -393,15 +400,6 @@ class FanoutService:
         self.observer.refused(function, reason)
 
 
-def _admit(recipients: tuple[Recipient, ...], full: frozenset[str]
-           ) -> tuple[tuple[Recipient, ...], tuple[Recipient, ...]]:
-    """(recipients that get a copy, reject-publish ones whose queue is full)."""
-    if not full:
-        return recipients, ()
-    return (tuple(r for r in recipients if r.queue not in full),
-            tuple(r for r in recipients if r.queue in full))
-
-
 def _full(refused: tuple[Recipient, ...]) -> dict[str, object]:
     """The result's ``full``: subscribers whose queue took no copy."""
     return {"full": [r.client_id for r in refused]} if refused else {}
@@ -411,31 +409,6 @@ def _plain(request: Fanout) -> bool:
     """A fanout that needs nothing but its copies queued."""
     return (request.background and request.deliver_at is None and not request.headers
             and request.dedup_id is None)
-
-
-def make_copies(request: Fanout, message_ids: list[str], recipients: tuple[Recipient, ...],
-                header_ids: list[str] | None = None) -> list[list[gearman.Copy]]:
-    """One Gearman job per message and recipient, each with its own unique
-    key; a list per message (the ledger records each message's own copies).
-
-    Message by message, so every subscriber's queue receives them in order.
-    """
-    per_message = []
-    for i, (body, message_id) in enumerate(zip(request.bodies, message_ids, strict=True)):
-        base = request.unique or message_id
-        header_id = header_ids[i] if header_ids else None
-        copies = []
-        for r in recipients:
-            who = r.client_id if r.pattern is None else f"{r.pattern}:{r.client_id}"
-            copies.append(gearman.Copy(r.queue, copy_unique(base, who, header_id,
-                                                            not request.background), body))
-        per_message.append(copies)
-    return per_message
-
-
-def _flat(per_message: list[list[gearman.Copy]]) -> list[gearman.Copy]:
-    """Every message's copies in one list, in order: one write to gearmand."""
-    return [copy for copies in per_message for copy in copies]
 
 
 def _ids(message_ids: list[str]) -> dict[str, object]:

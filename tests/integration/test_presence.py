@@ -1,0 +1,62 @@
+"""topic_presence on real servers: Gearman and STOMP subscribers with where
+each is, from the worker and the command line, after unsubscribes and after
+a bridge killed without a word (the janitor)."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from gearhorn.client import Producer
+
+from .helpers import unique_topic, wait_for
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
+
+
+def clients(found):
+    return {c["client_id"]: c for c in found["clients"]}
+
+
+@pytest.mark.cluster_too
+def test_presence_follows_subscribes_unsubscribes_and_a_dead_bridge(
+        gearmand, start_pool, start_bridge, stomp_clients, redis_url):
+    start_pool([gearmand])
+    # The bridge's heart-beats expire after 5 x worker_ttl: 20 s here.
+    bridge = start_bridge([gearmand], env={"GEARHORN_HEARTBEAT_INTERVAL": "1",
+                                           "GEARHORN_WORKER_TTL": "4"})
+    topic = unique_topic("news")
+    producer = Producer([(gearmand.host, gearmand.port)])
+    for who in ("alice", "bob"):
+        producer.subscribe(topic, who)
+    producer.subscribe(f"{topic[:6]}*", "carol")
+    stomp = stomp_clients(bridge.port, **{"client-id": "tab"})
+    stomp.subscribe(f"/topic/{topic}", "live")
+    stomp.subscribe(f"/topic/{topic}", "kept", durable="true")
+
+    found = producer.presence(topic)
+    assert (found["subscribers"], found["direct"]) == (5, 4)
+    assert found["patterns"] == [{"pattern": f"{topic[:6]}*", "subscribers": 1}]
+    by_id = clients(found)
+    assert {by_id["alice"]["via"], by_id["bob"]["via"]} == {"gearman"}
+    stomp_ones = [c for c in by_id.values() if c["via"] == "stomp"]
+    assert len(stomp_ones) == 2 and len({c["bridge"] for c in stomp_ones}) == 1
+    assert sorted(c["durable"] for c in stomp_ones) == [False, True]
+
+    out = subprocess.run([sys.executable, "-m", "gearhorn", "presence", topic, "--json",
+                          "--gearman", gearmand.address, "--redis-url", redis_url],
+                         capture_output=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert clients(json.loads(out.stdout)).keys() == by_id.keys()
+
+    producer.unsubscribe(topic, "bob")
+    assert "bob" not in clients(producer.presence(topic))
+    bridge.process.kill()
+    bridge.process.wait()
+    wait_for(lambda: producer.presence(topic)["direct"] == 2, 120, interval=0.5,
+             message="the janitor to remove the dead bridge's non-durable subscription")
+    left = clients(producer.presence(topic))
+    assert "alice" in left and [c["durable"] for c in left.values() if c["via"] == "stomp"] \
+        == [True]
+    producer.close()
