@@ -38,13 +38,15 @@ from prometheus_client import CollectorRegistry, make_wsgi_app
 
 from gearhorn import gearman
 from gearhorn.config import Config
-from gearhorn.messages import BadRequest, validate_queue
+from gearhorn.messages import BadRequest, PresenceQuery, validate_queue, validate_topic
 from gearhorn.naming import dead_letter_queue
 from gearhorn.ports import WEB_PORT, listen
 from gearhorn.stomp import auth
 from gearhorn.store import deadletters, redisconn
 from gearhorn.store.keys import Keys
+from gearhorn.store.presence import Presence
 from gearhorn.store.redisconn import REDIS_ERRORS
+from gearhorn.store.registry import Registry
 from gearhorn.web import access
 from gearhorn.web.history import RateHistory
 from gearhorn.web.metrics import SnapshotCollector
@@ -58,6 +60,7 @@ STATIC = {"console.html": "text/html; charset=utf-8",
           "console.css": "text/css; charset=utf-8",
           "favicon.svg": "image/svg+xml"}
 ACTION_HEADER = "HTTP_X_REQUESTED_WITH"
+PRESENCE_PAGE = 200  # subscribers a topic's presence lists in the console
 MAX_BODY = 64 * 1024
 
 Start = Callable[[str, list[tuple[str, str]]], object]
@@ -135,6 +138,7 @@ class WebApp:
                                    config.gearman_tls)
         self.console = Console(self.collector)
         self.index, self.mover = deadletters.for_config(config, client)
+        self.presence = Presence(Registry(client, Keys.for_config(config)))
         registry = CollectorRegistry(auto_describe=False)
         registry.register(SnapshotCollector(self.console.fresh))
         self.metrics = make_wsgi_app(registry)
@@ -171,9 +175,11 @@ class WebApp:
             start("200 OK", [("Content-Type", "text/event-stream"),
                              ("Cache-Control", "no-cache"), ("X-Accel-Buffering", "no")])
             return self.console.events()
+        query = parse_qs(environ.get("QUERY_STRING", ""))
         if path == "/api/dlq":
-            queue = _queue(parse_qs(environ.get("QUERY_STRING", "")).get("queue", [""])[0])
-            return _json(start, "200 OK", self._dead_letters(queue))
+            return _json(start, "200 OK", self._dead_letters(_queue(query.get("queue", [""])[0])))
+        if path == "/api/presence":
+            return _json(start, "200 OK", self._presence(query.get("topic", [""])[0]))
         raise HttpError("404 Not Found", f"nothing at {path}")
 
     def _principal(self, environ: dict) -> auth.Principal:
@@ -194,6 +200,16 @@ class WebApp:
         except (*REDIS_ERRORS, OSError) as exc:
             raise HttpError("503 Service Unavailable", f"{type(exc).__name__}: {exc}") from None
         return {"queue": queue, "queued": queued, "letters": letters}
+
+    def _presence(self, topic: str) -> dict:
+        """Who is subscribed to ``topic`` (the first PRESENCE_PAGE of them)."""
+        try:
+            return self.presence.of(PresenceQuery(validate_topic(topic, allow_prefix=True),
+                                                  PRESENCE_PAGE))
+        except BadRequest as exc:
+            raise HttpError("400 Bad Request", str(exc)) from None
+        except REDIS_ERRORS as exc:
+            raise HttpError("503 Service Unavailable", f"{type(exc).__name__}: {exc}") from None
 
     def _act(self, action: str, who: auth.Principal, environ: dict,
              start: Start) -> Iterator[bytes]:

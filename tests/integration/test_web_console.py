@@ -45,6 +45,13 @@ def test_the_console_follows_subscriptions_and_requeues_a_dead_letter(
         assert json.loads(out.stdout)["subscribers"] == 4
         subscribers.filter(has_text="4").wait_for(timeout=WAIT_MS)
 
+        # A topic's name shows who is subscribed, and where.
+        page.locator(f'tr[data-topic="{topic}"] button.link').click()
+        page.locator("#presence h3").filter(has_text=f"{topic}: 4 subscribers").wait_for(
+            timeout=WAIT_MS)
+        assert page.locator("#presence tr[data-client]").count() == 4
+        assert page.locator('#presence tr[data-client="d"] td.via').text_content() == "gearman"
+
         # Their backlogs, which nobody reads, are marked, with the oldest
         # copy's age and the limits.
         client.call("fanout", {"topic": topic, "payloads": ["1", "2", "3"], "background": True})

@@ -185,6 +185,9 @@ def test_bad_requests_get_clear_errors(gearmand, start_web):
     assert web.json("/nowhere")[0] == 404
     status, body = web.json("/api/dlq?queue=has%20space")
     assert status == 400 and "invalid queue name" in body["error"]
+    status, body = web.json("/api/presence?topic=has%20space")
+    assert status == 400 and "invalid topic" in body["error"]
+    assert web.json("/api/presence?topic=nobody")[1]["subscribers"] == 0
     status, body = web.json("/api/dlq/purge", body=b"{not json",
                             headers={"X-Requested-With": "gearhorn"})
     assert status == 400 and "not JSON" in body["error"]

@@ -88,7 +88,9 @@ function renderTopics(s) {
     const points = history[t.topic] || (history[t.topic] = []);
     points.push([s.at, (s.rates || {})[t.topic] || 0]);
     while (points.length && points[0][0] < s.at - WINDOW_SECONDS) points.shift();
-    return el("tr", { "data-topic": t.topic }, cell(t.topic),
+    const name = el("td", {}, el("button", { class: "link", onclick: () => showPresence(t.topic) },
+                                 t.topic));
+    return el("tr", { "data-topic": t.topic }, name,
               cell(num(t.subscribers), true, "subscribers"), cell(num(t.copies), true, "copies"),
               cell(num(t.fanouts), true), cell(((s.rates || {})[t.topic] || 0).toFixed(1), true),
               el("td", {}, sparkline(points)));
@@ -174,6 +176,27 @@ function render(s) {
   renderReport(s.report);
   document.getElementById("updated").textContent =
     `updated ${new Date(s.at * 1000).toLocaleTimeString()}`;
+}
+
+// Who is subscribed to a topic, and where (GET /api/presence, topic_presence's answer).
+async function showPresence(topic) {
+  const response = await fetch(`/api/presence?topic=${encodeURIComponent(topic)}`);
+  const data = await response.json();
+  const node = document.getElementById("presence");
+  if (!response.ok) {
+    node.replaceChildren(el("p", { class: "action-result" }, `presence: ${data.error}`));
+    return;
+  }
+  const rows = data.clients.map((c) => el("tr", { "data-client": c.client_id },
+    cell(c.client_id), cell(c.via === "stomp" ? `stomp, bridge ${c.bridge}` : c.via, false, "via"),
+    cell(c.durable ? "yes" : "no"), cell(c.since ? since(c.since) : "?")));
+  const patterns = data.patterns.map((p) => `${p.pattern}: ${num(p.subscribers)}`).join(", ");
+  const more = data.cursor ? ` (the first ${data.clients.length})` : "";
+  node.replaceChildren(
+    el("h3", {}, `${topic}: ${num(data.subscribers)} subscribers${more}` +
+       (patterns ? `; by prefix ${patterns}` : "")),
+    el("table", {}, el("thead", {}, el("tr", {}, el("th", {}, "client"), el("th", {}, "via"),
+      el("th", {}, "durable"), el("th", {}, "since"))), el("tbody", {}, ...rows)));
 }
 
 async function showDlq(queue) {
