@@ -12,6 +12,7 @@ import configparser
 import dataclasses
 import functools
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING
@@ -126,6 +127,10 @@ class Config:
     # remembered: the same id on the same topic again is answered as a
     # duplicate, with no copies (gearhorn/store/dedup.py). 0: off.
     dedup_window: float = 120.0
+    # Presence events (gearhorn/worker/announce.py): every subscription made or
+    # removed is broadcast as JSON on the topic <presence_topic_prefix><topic>.
+    presence_events: bool = False
+    presence_topic_prefix: str = "gearhorn.presence."
     # Metrics (gearhorn/store/stats.py): counters in Redis, written with each fanout.
     metrics_enabled: bool = True
     # Workers sum their counts and write them every 0.1 s (one round trip).
@@ -311,6 +316,9 @@ def load(
     if not 0 < config.queue_store_guard <= 1:
         raise ConfigError(f"queue_store_guard is a fraction of the queue Redis's maxmemory, "
                           f"above 0 and at most 1, got {config.queue_store_guard}")
+    if not re.fullmatch(r"[!-)+-~]{1,64}", config.presence_topic_prefix):
+        raise ConfigError(f"presence_topic_prefix must be 1 to 64 printable characters "
+                          f"without whitespace or '*', got {config.presence_topic_prefix!r}")
     if not 1 <= config.bridge_processes <= 256:
         raise ConfigError(f"bridge_processes must be 1 to 256, got {config.bridge_processes}")
     tls = [config.gearman_tls_ca, config.gearman_tls_cert, config.gearman_tls_key]

@@ -171,6 +171,21 @@ def parse_presence(data: bytes) -> PresenceQuery:
     return PresenceQuery(topic, limit, cursor)
 
 
+def presence_event(prefix: str, sub: Subscription, joined: bool, at: float) -> bytes | None:
+    """The background ``fanout`` job telling ``<prefix><topic>`` that ``sub``
+    joined or left; None when that topic would not be a valid name (a prefix
+    subscription's pattern, or a topic too long for the prefix)."""
+    try:
+        topic = validate_topic(prefix + sub.topic)
+    except BadRequest:
+        return None
+    event = {"event": "join" if joined else "leave", "topic": sub.topic,
+             "client_id": sub.client_id, "via": "stomp" if sub.bridge else "gearman",
+             "bridge": sub.bridge, "durable": sub.durable, "at": at}
+    return json.dumps({"topic": topic, "payload": json.dumps(event, separators=(",", ":")),
+                       "background": True}).encode()
+
+
 def parse_fanout(data: bytes, max_payload: int = DEFAULT_MAX_PAYLOAD,
                  now: float | None = None) -> Fanout:
     """Parse a ``{"topic": T, "payload": P, "unique"?: U, "background"?: B}`` payload.

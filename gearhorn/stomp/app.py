@@ -41,6 +41,7 @@ from gearhorn.store.keys import Keys
 from gearhorn.store.ledger import Ledger
 from gearhorn.store.registry import Registry
 from gearhorn.store.stats import Stats
+from gearhorn.worker.announce import announce_changes
 from gearhorn.worker.delayed import Scheduler
 from gearhorn.worker.replay import DashedFunctions
 
@@ -95,6 +96,7 @@ def build_bridge(config: Config) -> Bridge:
                                   socket_connect_timeout=5)
     keys = Keys.for_config(config)
     registry = Registry(client, keys)
+    announce_changes(config, registry)  # presence events, if asked for
     # Unique across hosts and restarts: the janitor cleans up by this id.
     bridge_id = process_id()
     servers, tls = config.gearman_servers, config.gearman_tls

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import redis
@@ -56,6 +57,9 @@ class Registry:
         self._topic_members = script(client, "topic_members.lua")
         self._prefix_members = script(client, "prefix_members.lua")
         self.workers = Liveness(client, self.keys.workers, self.keys.worker)
+        # Told of every subscription made or removed (presence events), with
+        # where it was made; a no-op subscribe or unsubscribe is not told.
+        self.changed: Callable[[Subscription, bool], None] | None = None
         # Every prefix pattern, as of the prefix version (lua/prefix_members.lua).
         self._patterns: tuple[str, ...] = ()
         self._patterns_version = ""
@@ -75,11 +79,13 @@ class Registry:
         # does not know the limits of (a removed one may linger: harmless).
         if subscribe:
             self._record(sub)
+        elif self.changed is not None:
+            sub = self._as_recorded(sub)
         args = ["1" if subscribe else "0", sub.topic, sub.client_id, self.keys.channel]
         if sub.is_prefix:
             keys = [self.keys.prefix_set(sub.topic), self.keys.prefix_version,
                     self.keys.prefixes]
-            count = int(self._subscribe(keys=keys, args=args)[0])
+            count, changed = (int(n) for n in self._subscribe(keys=keys, args=args))
         else:
             keys = [self.keys.topic(sub.topic), self.keys.topic_version(sub.topic)]
             count, changed = (int(n) for n in self._subscribe(keys=keys, args=args))
@@ -87,7 +93,15 @@ class Registry:
                 self._index_topic(sub.topic, count)
         if not subscribe:
             self._forget(queue_name(sub.topic, sub.client_id))
+        if changed and self.changed is not None:
+            self.changed(sub, subscribe)
         return count
+
+    def _as_recorded(self, sub: Subscription) -> Subscription:
+        """``sub`` with where its record says it was made (before it goes)."""
+        entry = self.subscription(queue_name(sub.topic, sub.client_id))[0]
+        return Subscription(sub.topic, sub.client_id, sub.limits,
+                            bridge=entry.get("bridge", ""), durable=bool(entry.get("durable")))
 
     def _record(self, sub: Subscription) -> None:
         """``<p>subscriptions``: the queue's topic, client, when, and limits

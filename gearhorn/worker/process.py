@@ -27,6 +27,7 @@ from gearhorn.store.redisconn import REDIS_ERRORS
 from gearhorn.store.registry import Registry, new_worker_id
 from gearhorn.store.stats import Stats
 from gearhorn.store.tally import TallyWriter
+from gearhorn.worker.announce import announce_changes
 from gearhorn.worker.cache import InvalidationListener, SubscriberCache
 from gearhorn.worker.delayed import Releaser
 from gearhorn.worker.fanout import (
@@ -108,6 +109,8 @@ class WorkerProcess:
                                              also=pressure.announced if pressure else None)
         self.janitor = Janitor(self.registry, lambda function: gearman.drop_function(
             config.gearman_servers, function, tls))
+        # Subscriptions change here through the service, the janitor and the warden.
+        self.presence_events = announce_changes(config, self.registry, self.warden.registry)
         self.jobs = gearman.JobSource(config.gearman_servers, FUNCTIONS, self.worker_id, tls,
                                       most=config.worker_batch)
         self.jobs_done = 0
@@ -272,6 +275,8 @@ class WorkerProcess:
         self.jobs.close()
         self.client.close()
         self.release_client.close()
+        if self.presence_events is not None:
+            self.presence_events.close()
         try:
             self.registry.retire(self.worker_id)
         except REDIS_ERRORS as exc:

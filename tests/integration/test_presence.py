@@ -60,3 +60,26 @@ def test_presence_follows_subscribes_unsubscribes_and_a_dead_bridge(
     assert "alice" in left and [c["durable"] for c in left.values() if c["via"] == "stomp"] \
         == [True]
     producer.close()
+
+
+def test_presence_events_tell_joins_and_leaves_on_their_own_topic(
+        gearmand, start_pool, start_bridge, stomp_clients):
+    on = {"GEARHORN_PRESENCE_EVENTS": "true"}
+    start_pool([gearmand], processes=1, env=on)
+    bridge = start_bridge([gearmand], env=on)
+    topic = unique_topic("room")
+    watcher = stomp_clients(bridge.port)
+    watcher.subscribe(f"/topic/gearhorn.presence.{topic}", "events")
+    producer = Producer([(gearmand.host, gearmand.port)])
+    producer.subscribe(topic, "alice")
+    tab = stomp_clients(bridge.port)
+    tab.subscribe(f"/topic/{topic}", "live")
+    producer.unsubscribe(topic, "alice")
+    tab.close()  # its non-durable subscription ends with the connection
+    events = [json.loads(m.body) for m in watcher.messages(4, timeout=60)]
+    assert [(e["event"], e["via"]) for e in events] == [
+        ("join", "gearman"), ("join", "stomp"), ("leave", "gearman"), ("leave", "stomp")]
+    assert events[0]["client_id"] == events[2]["client_id"] == "alice"
+    assert events[1]["client_id"] == events[3]["client_id"] and events[1]["bridge"]
+    assert all(e["topic"] == topic and not e["durable"] for e in events)
+    producer.close()

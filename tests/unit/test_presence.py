@@ -5,7 +5,13 @@ import json
 
 import pytest
 
-from gearhorn.messages import BadRequest, PresenceQuery, Subscription, parse_presence
+from gearhorn.messages import (
+    BadRequest,
+    PresenceQuery,
+    Subscription,
+    parse_presence,
+    presence_event,
+)
 from gearhorn.store.presence import Presence
 
 pytestmark = pytest.mark.timeout(10)
@@ -62,3 +68,28 @@ def test_after_an_unsubscribe_it_is_gone(registry):
 def test_a_bad_query_is_refused_in_one_line(job, reason):
     with pytest.raises(BadRequest, match=reason):
         parse_presence(json.dumps(job).encode())
+
+
+def test_the_registry_tells_real_changes_with_where_they_were_made(registry):
+    heard = []
+    registry.changed = lambda sub, joined: heard.append(
+        (sub.topic, sub.client_id, joined, sub.bridge, sub.durable))
+    registry.subscribe(Subscription("t", "s1", bridge="b7", durable=True))
+    registry.subscribe(Subscription("t", "s1", bridge="b7", durable=True))  # no change
+    registry.subscribe(Subscription("t.*", "p"))
+    registry.unsubscribe(Subscription("t", "s1"))  # the janitor knows no more than this
+    registry.unsubscribe(Subscription("t", "s1"))  # gone already
+    assert heard == [("t", "s1", True, "b7", True), ("t.*", "p", True, "", False),
+                     ("t", "s1", False, "b7", True)]
+
+
+def test_a_presence_event_is_a_background_fanout_on_its_own_topic():
+    job = json.loads(presence_event("gearhorn.presence.", Subscription(
+        "news", "s1", bridge="b7"), True, 1700000000.5))
+    assert (job["topic"], job["background"]) == ("gearhorn.presence.news", True)
+    assert json.loads(job["payload"]) == {
+        "event": "join", "topic": "news", "client_id": "s1", "via": "stomp", "bridge": "b7",
+        "durable": False, "at": 1700000000.5}
+    # A pattern's or an over-long name's event topic would be invalid: none.
+    assert presence_event("p.", Subscription("news.*", "a"), False, 0) is None
+    assert presence_event("p.", Subscription("n" * 127, "a"), False, 0) is None
