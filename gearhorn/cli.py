@@ -12,6 +12,7 @@ from gearhorn.commands import (
     cmd_bridge,
     cmd_consume,
     cmd_dlq,
+    cmd_history,
     cmd_ledger,
     cmd_passwd,
     cmd_presence,
@@ -56,7 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
     common = _common()
     for add in (_add_worker, _add_up, _add_replay, _add_bridge, _add_subscriptions,
                 _add_publish, _add_consume, _add_ledger, _add_report, _add_passwd, _add_dlq,
-                _add_web, _add_status, _add_presence):
+                _add_web, _add_status, _add_presence, _add_history):
         add(sub, common)
     return parser
 
@@ -208,6 +209,18 @@ def _add_presence(sub, common) -> None:
                           help="list about N subscribers (default 1000)")
     presence.add_argument("--json", action="store_true", help="machine-readable output")
     presence.set_defaults(func=cmd_presence)
+
+
+def _add_history(sub, common) -> None:
+    history = sub.add_parser("history", parents=[common],
+                             help="TOPIC's last messages, with their offsets")
+    history.add_argument("topic")
+    history.add_argument("--since", type=int, default=0, metavar="N",
+                         help="messages after offset N (default: from the oldest kept)")
+    history.add_argument("--limit", type=int, default=100, metavar="N",
+                         help="at most N messages (default 100)")
+    history.add_argument("--json", action="store_true", help="machine-readable output")
+    history.set_defaults(func=cmd_history)
 
 
 def _add_status(sub, common) -> None:

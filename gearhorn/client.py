@@ -76,6 +76,15 @@ class Producer:
         ``limit`` clients from ``cursor`` on, and the next page's ``cursor``."""
         return self._call("topic_presence", {"topic": topic, "limit": limit, "cursor": cursor})
 
+    def history(self, topic: str, since: int = 0, limit: int = 100,
+                epoch: str | None = None) -> dict:
+        """``topic``'s messages after offset ``since`` (``topic_history``), with
+        its epoch and whether nothing after ``since`` was lost (``recovered``)."""
+        job: dict[str, object] = {"topic": topic, "since": since, "limit": limit}
+        if epoch is not None:
+            job["epoch"] = epoch
+        return self._call("topic_history", job)
+
     def call(self, function: str, data: bytes | str, timeout: float | None = None) -> bytes:
         """Request/reply: run ``function`` as a foreground job and return its
         result; raises JobFailed if it fails, TimeoutError after ``timeout``."""

@@ -86,6 +86,21 @@ def cmd_unsubscribe(config: Config, args: argparse.Namespace) -> int:
     return _run_job(config, "unsubscribe", args.topic, args.client_id)
 
 
+def cmd_history(config: Config, args: argparse.Namespace) -> int:
+    with _producer(config) as producer:
+        found = producer.history(args.topic, args.since, args.limit)
+    if args.json:
+        print(json.dumps(found))
+        return 0
+    print(f"{found['topic']}: offsets {found['first']} to {found['last']}, epoch "
+          f"{found['epoch'] or '-'}" + ("" if found["recovered"] else
+                                         "; some after --since are gone"))
+    for m in found["messages"]:
+        body = m.get("payload", f"(base64) {m.get('payload_base64', '')}")
+        print(f"  {m['offset']:>8}  {body}")
+    return 0
+
+
 def cmd_presence(config: Config, args: argparse.Namespace) -> int:
     with _producer(config) as producer:
         found = producer.presence(args.topic, args.limit)

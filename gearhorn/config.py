@@ -127,6 +127,11 @@ class Config:
     # remembered: the same id on the same topic again is answered as a
     # duplicate, with no copies (gearhorn/store/dedup.py). 0: off.
     dedup_window: float = 120.0
+    # Topic history (gearhorn/store/history.py): each topic's last messages,
+    # about history_size of them (0: off), kept history_ttl seconds after the
+    # topic's last message; topic_history and gearhorn history read them.
+    history_size: int = 0
+    history_ttl: float = 3600.0
     # Presence events (gearhorn/worker/announce.py): every subscription made or
     # removed is broadcast as JSON on the topic <presence_topic_prefix><topic>.
     presence_events: bool = False
@@ -242,7 +247,8 @@ def _convert(name: str, raw: str, source: str) -> object:
 # Settings where 0 turns something off.
 _ZERO_MEANS_OFF = frozenset({"bridge_ws_port", "web_port", "queue_max_length",
                              "queue_max_bytes", "queue_message_ttl", "queue_expires",
-                             "queue_maxmemory", "retention_interval", "dedup_window"})
+                             "queue_maxmemory", "retention_interval", "dedup_window",
+                             "history_size"})
 
 
 _TRUE = {"1", "true", "yes", "on"}

@@ -87,6 +87,16 @@ MAX_PRESENCE_PAGE = 10_000
 
 
 @dataclass(frozen=True, slots=True)
+class HistoryQuery:
+    """A ``topic_history`` request: messages after offset ``since``."""
+
+    topic: str
+    since: int = 0
+    limit: int = 100
+    epoch: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class Fanout:
     """A ``fanout`` request; each of ``bodies`` is one message, copied to every
     subscriber in order."""
@@ -169,6 +179,21 @@ def parse_presence(data: bytes) -> PresenceQuery:
         raise BadRequest(f"cursor must be a whole number from 0, got "
                          f"{json.dumps(cursor)[:40]}")
     return PresenceQuery(topic, limit, cursor)
+
+
+def parse_history(data: bytes) -> HistoryQuery:
+    """Parse ``{"topic": T, "since"?: N, "limit"?: N, "epoch"?: E}``."""
+    obj = _load_object(data, limit=_RAW_SLACK)
+    topic = validate_topic(_require(obj, "topic"))
+    since, limit, epoch = obj.get("since", 0), obj.get("limit", 100), obj.get("epoch")
+    if type(since) is not int or since < 0:
+        raise BadRequest(f"since must be a whole number from 0, got {json.dumps(since)[:40]}")
+    if type(limit) is not int or not 1 <= limit <= MAX_PRESENCE_PAGE:
+        raise BadRequest(f"limit must be a whole number from 1 to {MAX_PRESENCE_PAGE}, "
+                         f"got {json.dumps(limit)[:40]}")
+    if epoch is not None and not isinstance(epoch, str):
+        raise BadRequest(f"epoch must be a string, not {_json_type(epoch)}")
+    return HistoryQuery(topic, since, limit, epoch)
 
 
 def presence_event(prefix: str, sub: Subscription, joined: bool, at: float) -> bytes | None:

@@ -10,6 +10,9 @@ Redis the braces are just characters.
 ``<p>topics``                   set: topics with at least one direct subscriber
 ``<p>topic:{T}``                set: client ids subscribed to topic T
 ``<p>topic-version:{T}``        string: change counter of topic T's set
+``<p>history:{T}``              stream: topic T's last messages, entry id = offset
+                                (store/history.py)
+``<p>history-meta:{T}``         hash: T's last offset and its history's epoch
 ``<p>dedup:{T}:<id>``           string: the message id of the first fanout to topic T
                                 with that dedup id, for ``dedup_window`` (store/dedup.py)
 ``{<p>prefixes}``               set: prefix subscriptions (``news.*``) with subscribers
@@ -109,6 +112,12 @@ class Keys:
 
     def topic_version(self, topic: str) -> str:
         return f"{self.prefix}topic-version:{{{topic}}}"
+
+    def history(self, topic: str) -> str:
+        return f"{self.prefix}history:{{{topic}}}"
+
+    def history_meta(self, topic: str) -> str:
+        return f"{self.prefix}history-meta:{{{topic}}}"
 
     def dedup(self, topic: str, dedup_id: str) -> str:
         return f"{self.prefix}dedup:{{{topic}}}:{dedup_id}"

@@ -25,6 +25,7 @@ from gearhorn.messages import (
     header_id_for,
     message_ids_for,
     parse_fanout,
+    parse_history,
     parse_presence,
     parse_subscription,
 )
@@ -32,6 +33,7 @@ from gearhorn.naming import delayed_unique
 from gearhorn.observers import FailedCopy, Observer
 from gearhorn.store.dedup import Deduplicator
 from gearhorn.store.headers import HeaderStore
+from gearhorn.store.history import History
 from gearhorn.store.presence import Presence
 from gearhorn.store.redisconn import REDIS_ERRORS
 from gearhorn.store.registry import Recipient, Registry
@@ -48,7 +50,8 @@ SUBSCRIBE_ALIAS = "register_fanout_subscriber"
 UNSUBSCRIBE = "unsubscribe_fanout"
 FANOUT = "fanout"
 PRESENCE = "topic_presence"
-FUNCTIONS = (SUBSCRIBE, SUBSCRIBE_ALIAS, UNSUBSCRIBE, FANOUT, PRESENCE)
+HISTORY = "topic_history"
+FUNCTIONS = (SUBSCRIBE, SUBSCRIBE_ALIAS, UNSUBSCRIBE, FANOUT, PRESENCE, HISTORY)
 
 
 class ServiceUnavailable(GearhornError):
@@ -121,12 +124,14 @@ class FanoutService:
         self.observer = observer or Observer()  # the ledger and the metrics
         self.headers = HeaderStore(registry.redis, registry.keys, config.headers_ttl)
         self.dedup = Deduplicator(registry.redis, registry.keys, config.dedup_window)
+        self.history = History(registry.redis, registry.keys, config.history_size,
+                               config.history_ttl)
         self.scheduler = Scheduler(registry.redis, registry.keys, config.delay_shard_seconds,
                                    config.delay_lease, config.delay_lanes)
         self._sleep = sleep  # between retries of failed copies
         self._handlers = {SUBSCRIBE: self.subscribe, SUBSCRIBE_ALIAS: self.subscribe,
                           UNSUBSCRIBE: self.unsubscribe, FANOUT: self.fanout,
-                          PRESENCE: self.presence}
+                          PRESENCE: self.presence, HISTORY: self.history_of}
 
     def handle(self, function: str, data: bytes, job_unique: str = "",
                received: float | None = None) -> bytes:
@@ -215,7 +220,7 @@ class FanoutService:
                            recipients[request.topic], full) for job, request in run]
         copies = [c for m in made for c in m.copies]
         self.client.submit_background(copies, run[0][1].priority)
-        self._tallied(copies)
+        self._sent(made)
         outcomes: list[Answer] = []
         for (job, _), m in zip(run, made, strict=True):
             self._delivered(m, [], job.received)
@@ -235,9 +240,12 @@ class FanoutService:
     def _pressure(self) -> tuple[frozenset[str], str]:
         return self.pressure.current() if self.pressure else (frozenset(), "")
 
-    def _tallied(self, copies: list[gearman.Copy]) -> None:
+    def _sent(self, made: Sequence[_Made]) -> None:
+        """Gearmand has these fanouts' copies: their tally (bounded queues)
+        and their messages in the topics' history."""
         if self.tally is not None:
-            self.tally.add(copies)
+            self.tally.add([c for m in made for c in m.copies])
+        self._remember(made)
 
     def _refused(self, request: Fanout, message_ids: list[str],
                  refused: tuple[Recipient, ...], header_ids: list[str] | None = None) -> None:
@@ -262,6 +270,16 @@ class FanoutService:
 
     def presence(self, data: bytes) -> bytes:
         return _dumps(Presence(self.registry).of(parse_presence(data)))
+
+    def history_of(self, data: bytes) -> bytes:
+        query = parse_history(data)
+        return _dumps(self.history.read(query.topic, query.since, query.limit, query.epoch))
+
+    def _remember(self, made: Sequence[_Made]) -> None:
+        """The messages of these fanouts in their topics' history (if on)."""
+        if self.history.enabled:
+            self.history.append([(m.request.topic, list(zip(m.message_ids, m.request.bodies,
+                                                        strict=True))) for m in made])
 
     def fanout(self, data: bytes, job_unique: str = "", received: float | None = None) -> bytes:
         return self._fanout(parse_fanout(data, self.config.max_payload_bytes), job_unique,
@@ -340,11 +358,11 @@ class FanoutService:
         result = made.result()
         if request.background:
             client.submit_background(copies, request.priority)
-            self._tallied(copies)
+            self._sent([made])
             failed = []
         else:
             placed = client.start_foreground(copies, request.priority)
-            self._tallied(copies)
+            self._sent([made])
             outcomes, attempts = self._run_copies(copies, request.priority, placed)
             targets = made.recipients * len(request.bodies)
             failed = [({"client_id": r.client_id, "queue": r.queue, "status": o.status,

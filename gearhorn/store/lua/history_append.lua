@@ -1,0 +1,28 @@
+-- Append a fanout's messages to their topic's history.
+-- KEYS[1] the history stream (<p>history:{T})
+-- KEYS[2] its offset and epoch (<p>history-meta:{T}, a hash); same slot
+-- ARGV[1] history_size (MAXLEN ~), ARGV[2] history_ttl (seconds),
+-- ARGV[3] an epoch to take if the topic has none, ARGV[4] now (ms),
+-- then message id and payload, pairs, in order.
+-- An entry's stream id is "<offset>-1": offsets count per topic from 1, so
+-- the id is the offset and XRANGE reads from one. A topic whose offset was
+-- lost (expired, or Redis wiped) starts again at 1 with a new epoch, and
+-- what was left of its stream goes: its offsets belong to the old epoch.
+-- Returns {epoch, first offset appended, last offset appended}.
+local epoch = redis.call('HGET', KEYS[2], 'epoch')
+if not epoch then
+  epoch = ARGV[3]
+  redis.call('DEL', KEYS[1])
+  redis.call('HSET', KEYS[2], 'epoch', epoch)
+end
+local first = nil
+local offset = 0
+for i = 5, #ARGV, 2 do
+  offset = redis.call('HINCRBY', KEYS[2], 'offset', 1)
+  if not first then first = offset end
+  redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[1], offset .. '-1',
+             'm', ARGV[i], 'p', ARGV[i + 1], 't', ARGV[4])
+end
+redis.call('EXPIRE', KEYS[1], ARGV[2])
+redis.call('EXPIRE', KEYS[2], ARGV[2])
+return {epoch, first or 0, offset}

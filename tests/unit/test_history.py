@@ -1,0 +1,88 @@
+"""Topic history: offsets per topic, an epoch, trimming, and what a fanout
+writes to it."""
+
+import json
+
+import pytest
+
+from gearhorn.config import Config
+from gearhorn.messages import BadRequest, parse_history
+from gearhorn.store.history import History
+from gearhorn.worker.cache import SubscriberCache
+from gearhorn.worker.fanout import FanoutService
+from tests.fakes import RecordingClient
+
+pytestmark = pytest.mark.timeout(10)
+
+
+@pytest.fixture
+def history(registry):
+    return History(registry.redis, registry.keys, size=1000, ttl=3600)
+
+
+def test_offsets_count_per_topic_and_reads_start_after_since(history):
+    history.append([("news", [("m1", b"a"), ("m2", b"b")]), ("sports", [("m3", b"x")])])
+    history.append([("news", [("m4", "c\u00e9".encode())])])
+    found = history.read("news")
+    assert [(m["offset"], m["message_id"], m["payload"]) for m in found["messages"]] == [
+        (1, "m1", "a"), (2, "m2", "b"), (3, "m4", "c\u00e9")]
+    assert (found["first"], found["last"], found["recovered"]) == (1, 3, True)
+    assert [m["offset"] for m in history.read("news", since=2)["messages"]] == [3]
+    assert history.read("sports")["messages"][0]["offset"] == 1
+    assert history.read("news", since=1, limit=1)["messages"][0]["offset"] == 2
+    assert found["epoch"] and found["epoch"] == history.read("news")["epoch"]
+
+
+def test_bytes_that_are_not_text_come_back_in_base64(history):
+    history.append([("bin", [("m1", b"\xff\x00")])])
+    (message,) = history.read("bin")["messages"]
+    assert message["payload_base64"] == "/wA=" and "payload" not in message
+
+
+def test_trimmed_or_lost_history_is_not_recovered(registry):
+    small = History(registry.redis, registry.keys, size=1, ttl=3600)
+    for n in range(300):  # MAXLEN ~ trims whole nodes: far past the size
+        small.append([("t", [(f"m{n}", b"x")])])
+    found = small.read("t", since=1)
+    assert found["last"] == 300 and found["first"] > 2 and not found["recovered"]
+    assert small.read("t", since=299)["recovered"]
+    epoch = found["epoch"]
+    assert not small.read("t", since=299, epoch="another")["recovered"]
+    registry.redis.flushall()  # Redis wiped: a new epoch, offsets from 1 again
+    small.append([("t", [("m-new", b"y")])])
+    again = small.read("t", since=299, epoch=epoch)
+    assert again["epoch"] != epoch and not again["recovered"] and again["last"] == 1
+    nothing = small.read("never")
+    assert (nothing["epoch"], nothing["messages"], nothing["recovered"]) == (None, [], False)
+
+
+def test_every_fanout_path_writes_its_messages_in_order(registry):
+    client = RecordingClient()
+    svc = FanoutService(Config(history_size=100), registry, SubscriberCache(registry), client)
+    svc.handle("subscribe_fanout", b'{"topic": "news", "client_id": "a"}')
+    jobs = [json.dumps({"topic": "news", "payloads": ["1", "2"], "background": True}),
+            json.dumps({"topic": "news", "payload": "3"}),
+            json.dumps({"topic": "news", "payload": "4", "headers": {"x-k": "v"},
+                        "background": True})]
+    for job in jobs:
+        svc.handle("fanout", job.encode())
+    found = json.loads(svc.handle("topic_history", b'{"topic": "news", "since": 1}'))
+    assert [m["payload"] for m in found["messages"]] == ["2", "3", "4"]
+    assert found["recovered"] and found["last"] == 4
+
+
+def test_history_off_writes_nothing(registry):
+    svc = FanoutService(Config(), registry, SubscriberCache(registry), RecordingClient())
+    svc.handle("fanout", b'{"topic": "news", "payload": "1", "background": true}')
+    assert not registry.redis.exists(registry.keys.history("news"))
+
+
+@pytest.mark.parametrize("job, reason", [
+    ({"topic": "t", "since": -1}, "since must be a whole number from 0"),
+    ({"topic": "t", "limit": 0}, "limit must be a whole number from 1"),
+    ({"topic": "t", "epoch": 5}, "epoch must be a string"),
+    ({"topic": "t*"}, "invalid topic"),
+])
+def test_a_bad_history_query_is_refused_in_one_line(job, reason):
+    with pytest.raises(BadRequest, match=reason):
+        parse_history(json.dumps(job).encode())
