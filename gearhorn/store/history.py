@@ -37,18 +37,21 @@ class History:
         return self.size > 0
 
     def append(self, fanouts: Sequence[tuple[str, Sequence[tuple[str, bytes]]]]) -> None:
-        """Each (topic, [(message id, payload), ...]), in order, in one round trip."""
+        """Each (topic, [(message id, payload), ...]), in order, in one round
+        trip: one script call per topic (a group of fanouts to one topic is
+        one call), each topic's messages in the order given."""
         if not self.enabled or not fanouts:
             return
-        now = str(int(time.time() * 1000))
-        calls = []
+        by_topic: dict[str, list[object]] = {}
         for topic, messages in fanouts:
-            args: list[object] = [self.size, self.ttl, uuid.uuid4().hex[:12], now]
+            args = by_topic.setdefault(topic, [])
             for message_id, payload in messages:
                 args += [message_id, payload]
-            calls.append((self._append, [self.keys.history(topic),
-                                         self.keys.history_meta(topic)], args))
-        run_scripts(self.redis, calls)
+        now = str(int(time.time() * 1000))
+        run_scripts(self.redis, [
+            (self._append, [self.keys.history(topic), self.keys.history_meta(topic)],
+             [self.size, self.ttl, uuid.uuid4().hex[:12], now, *args])
+            for topic, args in by_topic.items()])
 
     def read(self, topic: str, since: int = 0, limit: int = 100,
              epoch: str | None = None) -> dict[str, object]:
