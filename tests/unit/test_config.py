@@ -44,6 +44,8 @@ def test_explicit_config_file_wins_over_env_path(tmp_path):
     ("[gearhorn]\nno_such_setting = 1\n", "unknown setting 'no_such_setting'"),
     ("[gearhorn]\ngearman_servers = host:notaport\n", "expected HOST:PORT"),
     ("not an ini file", "config file"),
+    ("[gearhorn]\npresence_topic_prefix = who*\n", "presence_topic_prefix must be 1 to 64"),
+    ("[gearhorn]\nhistory_size = -1\n", "must be positive"),
 ])
 def test_bad_file_values_name_the_setting(tmp_path, text, reason):
     with pytest.raises(c.ConfigError, match=reason):
