@@ -15,14 +15,14 @@ if not epoch then
   redis.call('DEL', KEYS[1])
   redis.call('HSET', KEYS[2], 'epoch', epoch)
 end
-local first = nil
-local offset = 0
-for i = 5, #ARGV, 2 do
-  offset = redis.call('HINCRBY', KEYS[2], 'offset', 1)
-  if not first then first = offset end
-  redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[1], offset .. '-1',
-             'm', ARGV[i], 'p', ARGV[i + 1], 't', ARGV[4])
+local n = (#ARGV - 4) / 2
+local last = redis.call('HINCRBY', KEYS[2], 'offset', n)
+local first = last - n + 1
+for i = 0, n - 1 do
+  redis.call('XADD', KEYS[1], (first + i) .. '-1',
+             'm', ARGV[5 + 2 * i], 'p', ARGV[6 + 2 * i], 't', ARGV[4])
 end
+redis.call('XTRIM', KEYS[1], 'MAXLEN', '~', ARGV[1])
 redis.call('EXPIRE', KEYS[1], ARGV[2])
 redis.call('EXPIRE', KEYS[2], ARGV[2])
-return {epoch, first or 0, offset}
+return {epoch, first, last}
