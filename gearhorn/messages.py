@@ -83,7 +83,8 @@ class PresenceQuery:
     cursor: int = 0
 
 
-MAX_PRESENCE_PAGE = 10_000
+# A topic_presence or topic_history page at most.
+MAX_PAGE = 10_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,29 +172,28 @@ def parse_presence(data: bytes) -> PresenceQuery:
     ids from C on (0: the first page; the answer's ``cursor`` is the next)."""
     obj = _load_object(data, limit=_RAW_SLACK)
     topic = validate_topic(_require(obj, "topic"), allow_prefix=True)
-    limit, cursor = obj.get("limit", 1000), obj.get("cursor", 0)
-    if type(limit) is not int or not 1 <= limit <= MAX_PRESENCE_PAGE:
-        raise BadRequest(f"limit must be a whole number from 1 to {MAX_PRESENCE_PAGE}, "
-                         f"got {json.dumps(limit)[:40]}")
-    if type(cursor) is not int or cursor < 0:
-        raise BadRequest(f"cursor must be a whole number from 0, got "
-                         f"{json.dumps(cursor)[:40]}")
-    return PresenceQuery(topic, limit, cursor)
+    return PresenceQuery(topic, _whole(obj, "limit", 1000, 1, MAX_PAGE),
+                         _whole(obj, "cursor", 0, 0))
 
 
 def parse_history(data: bytes) -> HistoryQuery:
     """Parse ``{"topic": T, "since"?: N, "limit"?: N, "epoch"?: E}``."""
     obj = _load_object(data, limit=_RAW_SLACK)
     topic = validate_topic(_require(obj, "topic"))
-    since, limit, epoch = obj.get("since", 0), obj.get("limit", 100), obj.get("epoch")
-    if type(since) is not int or since < 0:
-        raise BadRequest(f"since must be a whole number from 0, got {json.dumps(since)[:40]}")
-    if type(limit) is not int or not 1 <= limit <= MAX_PRESENCE_PAGE:
-        raise BadRequest(f"limit must be a whole number from 1 to {MAX_PRESENCE_PAGE}, "
-                         f"got {json.dumps(limit)[:40]}")
+    epoch = obj.get("epoch")
     if epoch is not None and not isinstance(epoch, str):
         raise BadRequest(f"epoch must be a string, not {_json_type(epoch)}")
-    return HistoryQuery(topic, since, limit, epoch)
+    return HistoryQuery(topic, _whole(obj, "since", 0, 0),
+                        _whole(obj, "limit", 100, 1, MAX_PAGE), epoch)
+
+
+def _whole(obj: dict, key: str, default: int, least: int, most: int | None = None) -> int:
+    """``obj[key]``, a whole number from ``least`` (to ``most``), else BadRequest."""
+    value = obj.get(key, default)
+    if type(value) is not int or value < least or (most is not None and value > most):
+        span = f"from {least}" if most is None else f"from {least} to {most}"
+        raise BadRequest(f"{key} must be a whole number {span}, got {json.dumps(value)[:40]}")
+    return value
 
 
 def presence_event(prefix: str, sub: Subscription, joined: bool, at: float) -> bytes | None:

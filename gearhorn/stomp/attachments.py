@@ -4,7 +4,7 @@ when its last subscription leaves."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import gevent
 
@@ -15,17 +15,16 @@ from gearhorn.stomp.giveback import GiveBack
 from gearhorn.stomp.queues import Delivery, QueueConsumer, QueueDispatcher
 from gearhorn.store.handouts import Handouts
 
-Servers = tuple[tuple[str, int], ...]
-
 
 class Attachments:
     """Which dispatcher reads which queue, and the queues' bounds."""
 
-    def __init__(self, servers: Servers, tls: gearman.TlsFiles | None, bridge_id: str, *,
+    def __init__(self, servers: Sequence[tuple[str, int]], tls: gearman.TlsFiles | None,
+                 bridge_id: str, *,
                  headers_of: Callable[[list[str]], dict[str, dict[str, str]]],
                  dead_letter: Callable[[Delivery, str], None], max_deliveries: int,
                  handouts: Handouts, give_back: GiveBack, bounds: QueueBounds) -> None:
-        self.servers, self.tls = servers, tls
+        self.servers, self.tls = tuple(servers), tls
         self.client_id = f"gearhorn-bridge-{bridge_id}"
         self.headers_of = headers_of
         self.dead_letter = dead_letter

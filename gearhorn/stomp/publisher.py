@@ -20,18 +20,17 @@ from gearhorn.stomp.sending import PLAIN, SendOptions
 from gearhorn.store.headers import HeaderStore
 from gearhorn.worker.delayed import DelayedItem, Scheduler
 
-Servers = tuple[tuple[str, int], ...]
-
 
 class Publisher:
     """Submits what sessions send; ``before_background`` hears of every
     background job first (dashed function names, gearhorn/worker/replay.py)."""
 
-    def __init__(self, servers: Servers, tls: gearman.TlsFiles | None, headers: HeaderStore,
-                 scheduler: Scheduler, bounds: QueueBounds, fanout_timeout: float,
+    def __init__(self, servers: Sequence[tuple[str, int]], tls: gearman.TlsFiles | None,
+                 headers: HeaderStore, scheduler: Scheduler, bounds: QueueBounds,
+                 fanout_timeout: float,
                  before_background: Callable[[Iterable[str]], None] | None = None
                  ) -> None:
-        self.servers, self.tls = servers, tls
+        self.servers, self.tls = tuple(servers), tls
         self.headers = headers
         self.scheduler = scheduler
         self.bounds = bounds

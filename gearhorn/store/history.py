@@ -21,8 +21,6 @@ import redis
 from gearhorn.store.keys import Keys
 from gearhorn.store.redisutil import run_scripts, script, text
 
-MAX_HISTORY_PAGE = 10_000
-
 
 class History:
     def __init__(self, client: redis.Redis, keys: Keys, size: int, ttl: float) -> None:
