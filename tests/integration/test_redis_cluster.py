@@ -115,16 +115,26 @@ def test_ledger_export_reads_every_stream_of_the_cluster(redis_url, gearmand, st
 
 
 def replicated(cluster):
-    """True when every replica has every write of its master."""
+    """A predicate: true once every master's replica has every write the
+    master had when this was called. The target is taken once: the pool
+    keeps writing (leases, heartbeats), so a master's current offset is
+    always a little ahead of what its replica last acknowledged."""
+    targets = []
     for node in cluster.nodes:
-        if node.process.poll() is not None:
-            continue
-        info = redis.Redis.from_url(node.details["url"]).info("replication")
-        if info["role"] == "master" and any(
-                info[f"slave{n}"]["offset"] < info["master_repl_offset"]
-                for n in range(info["connected_slaves"])):
-            return False
-    return True
+        if node.process.poll() is None:
+            client = redis.Redis.from_url(node.details["url"])
+            info = client.info("replication")
+            if info["role"] == "master":
+                targets.append((client, info["master_repl_offset"]))
+
+    def caught_up():
+        for client, target in targets:
+            info = client.info("replication")
+            replicas = [info[f"slave{n}"] for n in range(info["connected_slaves"])]
+            if not replicas or any(r["offset"] < target for r in replicas):
+                return False
+        return True
+    return caught_up
 
 
 def taken_over(cluster, key, victim):
@@ -174,7 +184,7 @@ def test_a_master_killed_mid_broadcast_fails_over_and_nothing_acknowledged_is_lo
             for who in subscribers:
                 admin.subscribe(topic, who)
         with stomp_subscriber(stack, tmp_path, topic) as (bridge, live):
-            wait_for(lambda: replicated(cluster), 30, message="the subscriptions on the replicas")
+            wait_for(replicated(cluster), 60, message="the subscriptions on the replicas")
             producer = SteadyProducer([(gearmand.host, gearmand.port)], topic, MESSAGES)
             producer.start()
             wait_for(lambda: depth(gearmand, f"{topic}_s0") >= 3_000, 120,
