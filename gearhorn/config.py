@@ -18,6 +18,7 @@ from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING
 
 from gearhorn.errors import GearhornError
+from gearhorn.historypolicy import HistoryPolicy, HistoryPolicyError
 from gearhorn.limits import OVERFLOWS
 from gearhorn.messages import DEFAULT_MAX_PAYLOAD
 
@@ -132,6 +133,10 @@ class Config:
     # topic's last message; topic_history and gearhorn history read them.
     history_size: int = 0
     history_ttl: float = 3600.0
+    # Per topic or prefix: "chat.*=1000/600,news=50" (PATTERN=SIZE[/TTL];
+    # the longest pattern that matches wins; gearhorn/historypolicy.py).
+    # A STOMP subscription resumes (x-stream-offset) only on such a topic.
+    history_topics: str = ""
     # Presence events (gearhorn/worker/announce.py): every subscription made or
     # removed is broadcast as JSON on the topic <presence_topic_prefix><topic>.
     presence_events: bool = False
@@ -177,10 +182,19 @@ class Config:
         return dataclasses.replace(self, **changes)
 
     @property
+    def history_policy(self) -> HistoryPolicy:
+        return _history_policy(self.history_topics, self.history_size, self.history_ttl)
+
+    @property
     def gearman_tls(self) -> TlsFiles | None:
         """The files for TLS to the Gearman servers; None for plain TCP.
         Passed to every Gearman connection gearhorn opens."""
         return _tls_files(self.gearman_tls_ca, self.gearman_tls_cert, self.gearman_tls_key)
+
+
+@functools.cache
+def _history_policy(topics: str, size: int, ttl: float) -> HistoryPolicy:
+    return HistoryPolicy.parse(topics, size, ttl)
 
 
 @functools.cache
@@ -325,6 +339,10 @@ def load(
     if not re.fullmatch(r"[!-)+-~]{1,64}", config.presence_topic_prefix):
         raise ConfigError(f"presence_topic_prefix must be 1 to 64 printable characters "
                           f"without whitespace or '*', got {config.presence_topic_prefix!r}")
+    try:
+        config.history_policy  # noqa: B018 (parsed here so a bad item stops the start)
+    except HistoryPolicyError as exc:
+        raise ConfigError(f"history_topics: {exc}") from None
     if not 1 <= config.bridge_processes <= 256:
         raise ConfigError(f"bridge_processes must be 1 to 256, got {config.bridge_processes}")
     tls = [config.gearman_tls_ca, config.gearman_tls_cert, config.gearman_tls_key]

@@ -24,6 +24,7 @@ from gearhorn.limits import Limits, limits_from_job
 from gearhorn.naming import (  # noqa: F401 - the naming rules, re-exported
     HEADER_MARK,
     MAX_UNIQUE_BYTES,
+    STREAM_CLIENT_MARK,
     copy_unique,
     header_id_for,
     header_id_of,
@@ -137,6 +138,9 @@ def validate_client_id(client_id: object) -> str:
             f"invalid client_id {name!r}: '_' is not allowed "
             "(copies go to <topic>_<client_id>, split at the last '_')"
         )
+    if name.startswith(STREAM_CLIENT_MARK):
+        raise BadRequest(f"invalid client_id {name!r}: a leading {STREAM_CLIENT_MARK!r} is "
+                         "kept for the bridge's stream subscriptions")
     return name
 
 

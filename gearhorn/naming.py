@@ -16,6 +16,9 @@ makes, and the ids of its processes, in one place.
 ``gearhorn.tmp.<s>.<name>``    a STOMP ``/temp-queue/`` (:func:`temp_queue`)
 ``d-<name>``                   a durable STOMP subscription's client id
                                (:func:`durable_client_id`)
+``+<random>``                  a STOMP stream subscription's client id: no
+                               queue, no copies; it reads the topic's history
+                               (:func:`stream_client_id`)
 ``<host>:<pid>:<random>``      a worker's or a bridge's id (:func:`process_id`)
 =============================  ==============================================
 """
@@ -198,6 +201,20 @@ def durable_client_id(name: str) -> str:
     if re.fullmatch(r"[!-~]{1,100}", name) and "_" not in name and "*" not in name:
         return "d-" + name
     return "d-" + hashlib.sha256(name.encode()).hexdigest()[:32]
+
+
+STREAM_CLIENT_MARK = "+"
+
+
+def stream_client_id() -> str:
+    """A client id for a STOMP subscription served from the topic's history
+    (gearhorn/stomp/streams.py): listed, so presence and the janitor see
+    it, but no worker makes copies for it."""
+    return STREAM_CLIENT_MARK + uuid.uuid4().hex[:20]
+
+
+def is_stream_client(client_id: str) -> bool:
+    return client_id.startswith(STREAM_CLIENT_MARK)
 
 
 def process_id() -> str:

@@ -2,53 +2,58 @@
 an epoch that changes when its history is lost (Centrifugo's model).
 
 Kept ``history_size`` messages (about: the stream is trimmed with ``~``) and
-``history_ttl`` seconds after the topic's last message, in the topic's
+``history_ttl`` seconds after the topic's last message (per topic or
+prefix: ``history_topics``, gearhorn/historypolicy.py), in the topic's
 hash slot: ``<p>history:{T}`` (a stream whose entry ids are the offsets)
 and ``<p>history-meta:{T}`` (the last offset and the epoch). Written by the
 workers, one script call per topic and group of fanouts
-(``lua/history_append.lua``); read by ``topic_history``.
+(``lua/history_append.lua``); read by ``topic_history`` and by the bridge's
+stream subscriptions (gearhorn/stomp/streams.py).
 """
 
 from __future__ import annotations
 
 import base64
+import json
 import time
 import uuid
 from collections.abc import Sequence
 
 import redis
 
+from gearhorn.historypolicy import HistoryPolicy
 from gearhorn.store.keys import Keys
 from gearhorn.store.redisutil import run_scripts, script, text
 
 
 class History:
-    def __init__(self, client: redis.Redis, keys: Keys, size: int, ttl: float) -> None:
+    def __init__(self, client: redis.Redis, keys: Keys, policy: HistoryPolicy) -> None:
         self.redis = client
         self.keys = keys
-        self.size = size
-        self.ttl = max(1, int(ttl))
+        self.policy = policy
         self._append = script(client, "history_append.lua")
 
     @property
     def enabled(self) -> bool:
-        return self.size > 0
+        return self.policy.enabled
 
-    def append(self, fanouts: Sequence[tuple[str, Sequence[tuple[str, bytes]]]]) -> None:
-        """Each (topic, [(message id, payload), ...]), in order, in one round
-        trip: one script call per topic (a group of fanouts to one topic is
-        one call), each topic's messages in the order given."""
-        if not self.enabled or not fanouts:
-            return
+    def append(self, fanouts: Sequence[tuple[str, Sequence[Entry]]]) -> None:
+        """Each (topic, [(message id, payload, headers), ...]), in order, in
+        one round trip: one script call per topic that keeps a history (a
+        group of fanouts to one topic is one call), in the order given."""
         by_topic: dict[str, list[object]] = {}
         for topic, messages in fanouts:
+            if not self.policy.keeps(topic):
+                continue
             args = by_topic.setdefault(topic, [])
-            for message_id, payload in messages:
-                args += [message_id, payload]
+            for message_id, payload, headers in messages:
+                args += [message_id, payload, json.dumps(headers) if headers else ""]
+        if not by_topic:
+            return
         now = str(int(time.time() * 1000))
         run_scripts(self.redis, [
             (self._append, [self.keys.history(topic), self.keys.history_meta(topic)],
-             [self.size, self.ttl, uuid.uuid4().hex[:12], now, *args])
+             [*self.policy.of(topic), uuid.uuid4().hex[:12], now, *args])
             for topic, args in by_topic.items()])
 
     def read(self, topic: str, since: int = 0, limit: int = 100,
@@ -70,16 +75,49 @@ class History:
                 "recovered": bool(meta) and since + 1 >= first
                 and epoch in (None, meta.get("epoch")), "messages": messages}
 
+    def offset_at(self, topic: str, at: float, page: int = 1000) -> int:
+        """The offset of the first kept message published at or after ``at``
+        (epoch seconds); one past the last if none was. Reads the stream a
+        page at a time from the oldest: a history is bounded."""
+        since_ms, start = at * 1000, "-"
+        while entries := self.redis.xrange(self.keys.history(topic), min=start, max="+",
+                                           count=page):
+            for entry_id, fields in entries:
+                if int(text(_text_keys(fields)["t"])) >= since_ms:
+                    return _offset(entry_id)
+            start = f"({text(entries[-1][0])}"
+        return self.position(topic)[1] + 1
+
+    def position(self, topic: str) -> tuple[str | None, int, int]:
+        """(epoch, first kept offset, last offset) now; (None, 1, 0) for a
+        topic with no history yet."""
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.hmget(self.keys.history_meta(topic), ["epoch", "offset"])
+        pipe.xrange(self.keys.history(topic), min="-", max="+", count=1)
+        (epoch, offset), oldest = pipe.execute()
+        last = int(offset or 0)
+        return (text(epoch) if epoch else None,
+                _offset(oldest[0][0]) if oldest else last + 1, last)
+
+
+Entry = tuple[str, bytes, dict[str, str] | None]  # message id, payload, headers
+
 
 def _offset(entry_id: bytes | str) -> int:
     return int(text(entry_id).split("-", 1)[0])
 
 
+def _text_keys(fields: dict) -> dict[str, object]:
+    return {text(k): v for k, v in fields.items()}
+
+
 def _message(entry_id: bytes | str, fields: dict) -> dict[str, object]:
-    fields = {text(k): v for k, v in fields.items()}
+    fields = _text_keys(fields)
     payload = fields.get("p", b"")
     message: dict[str, object] = {"offset": _offset(entry_id), "message_id": text(fields["m"]),
                                   "at": int(text(fields["t"])) / 1000}
+    if "h" in fields:
+        message["headers"] = json.loads(fields["h"])
     try:
         message["payload"] = payload.decode("utf-8") if isinstance(payload, bytes) else payload
     except UnicodeDecodeError:

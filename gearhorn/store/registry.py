@@ -16,7 +16,7 @@ import redis
 
 from gearhorn.limits import Limits, limits_from_json
 from gearhorn.messages import PREFIX_WILDCARD, Subscription, queue_name
-from gearhorn.naming import process_id
+from gearhorn.naming import is_stream_client, process_id
 from gearhorn.store.keys import Keys
 from gearhorn.store.liveness import Liveness
 from gearhorn.store.redisutil import run_scripts, script, text
@@ -252,7 +252,8 @@ def _fresh(topic: str, cached: Members | None, direct: list, by_prefix: list) ->
     topic_version, prefix_version = _versions(cached)
     old = cached.recipients if cached else ()
     recipients = (
-        [Recipient(queue_name(topic, m), m) for m in map(text, direct[1:])]
+        [Recipient(queue_name(topic, m), m) for m in map(text, direct[1:])
+         if not is_stream_client(m)]  # they read the topic's history: no copies
         if len(direct) > 1 or text(direct[0]) != topic_version
         else [r for r in old if r.pattern is None])
     recipients += (

@@ -124,8 +124,7 @@ class FanoutService:
         self.observer = observer or Observer()  # the ledger and the metrics
         self.headers = HeaderStore(registry.redis, registry.keys, config.headers_ttl)
         self.dedup = Deduplicator(registry.redis, registry.keys, config.dedup_window)
-        self.history = History(registry.redis, registry.keys, config.history_size,
-                               config.history_ttl)
+        self.history = History(registry.redis, registry.keys, config.history_policy)
         self.scheduler = Scheduler(registry.redis, registry.keys, config.delay_shard_seconds,
                                    config.delay_lease, config.delay_lanes)
         self._sleep = sleep  # between retries of failed copies
@@ -278,8 +277,10 @@ class FanoutService:
     def _remember(self, made: Sequence[_Made]) -> None:
         """The messages of these fanouts in their topics' history (if on)."""
         if self.history.enabled:
-            self.history.append([(m.request.topic, list(zip(m.message_ids, m.request.bodies,
-                                                        strict=True))) for m in made])
+            self.history.append([(m.request.topic, [
+                (message_id, body, m.request.headers)
+                for message_id, body in zip(m.message_ids, m.request.bodies, strict=True)])
+                for m in made])
 
     def fanout(self, data: bytes, job_unique: str = "", received: float | None = None) -> bytes:
         return self._fanout(parse_fanout(data, self.config.max_payload_bytes), job_unique,

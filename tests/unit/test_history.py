@@ -6,6 +6,7 @@ import json
 import pytest
 
 from gearhorn.config import Config
+from gearhorn.historypolicy import HistoryPolicy
 from gearhorn.messages import BadRequest, parse_history
 from gearhorn.store.history import History
 from gearhorn.worker.cache import SubscriberCache
@@ -17,12 +18,13 @@ pytestmark = pytest.mark.timeout(10)
 
 @pytest.fixture
 def history(registry):
-    return History(registry.redis, registry.keys, size=1000, ttl=3600)
+    return History(registry.redis, registry.keys, HistoryPolicy(1000, 3600))
 
 
 def test_offsets_count_per_topic_and_reads_start_after_since(history):
-    history.append([("news", [("m1", b"a"), ("m2", b"b")]), ("sports", [("m3", b"x")])])
-    history.append([("news", [("m4", "c\u00e9".encode())])])
+    history.append([("news", [("m1", b"a", None), ("m2", b"b", None)]),
+                    ("sports", [("m3", b"x", None)])])
+    history.append([("news", [("m4", "c\u00e9".encode(), None)])])
     found = history.read("news")
     assert [(m["offset"], m["message_id"], m["payload"]) for m in found["messages"]] == [
         (1, "m1", "a"), (2, "m2", "b"), (3, "m4", "c\u00e9")]
@@ -34,22 +36,22 @@ def test_offsets_count_per_topic_and_reads_start_after_since(history):
 
 
 def test_bytes_that_are_not_text_come_back_in_base64(history):
-    history.append([("bin", [("m1", b"\xff\x00")])])
+    history.append([("bin", [("m1", b"\xff\x00", None)])])
     (message,) = history.read("bin")["messages"]
     assert message["payload_base64"] == "/wA=" and "payload" not in message
 
 
 def test_trimmed_or_lost_history_is_not_recovered(registry):
-    small = History(registry.redis, registry.keys, size=1, ttl=3600)
+    small = History(registry.redis, registry.keys, HistoryPolicy(1, 3600))
     for n in range(300):  # MAXLEN ~ trims whole nodes: far past the size
-        small.append([("t", [(f"m{n}", b"x")])])
+        small.append([("t", [(f"m{n}", b"x", None)])])
     found = small.read("t", since=1)
     assert found["last"] == 300 and found["first"] > 2 and not found["recovered"]
     assert small.read("t", since=299)["recovered"]
     epoch = found["epoch"]
     assert not small.read("t", since=299, epoch="another")["recovered"]
     registry.redis.flushall()  # Redis wiped: a new epoch, offsets from 1 again
-    small.append([("t", [("m-new", b"y")])])
+    small.append([("t", [("m-new", b"y", None)])])
     again = small.read("t", since=299, epoch=epoch)
     assert again["epoch"] != epoch and not again["recovered"] and again["last"] == 1
     nothing = small.read("never")

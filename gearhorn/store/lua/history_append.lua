@@ -3,7 +3,8 @@
 -- KEYS[2] its offset and epoch (<p>history-meta:{T}, a hash); same slot
 -- ARGV[1] history_size (MAXLEN ~), ARGV[2] history_ttl (seconds),
 -- ARGV[3] an epoch to take if the topic has none, ARGV[4] now (ms),
--- then message id and payload, pairs, in order.
+-- then message id, payload and headers (JSON, or "" for none), triples,
+-- in order.
 -- An entry's stream id is "<offset>-1": offsets count per topic from 1, so
 -- the id is the offset and XRANGE reads from one. A topic whose offset was
 -- lost (expired, or Redis wiped) starts again at 1 with a new epoch, and
@@ -15,12 +16,18 @@ if not epoch then
   redis.call('DEL', KEYS[1])
   redis.call('HSET', KEYS[2], 'epoch', epoch)
 end
-local n = (#ARGV - 4) / 2
+local n = (#ARGV - 4) / 3
 local last = redis.call('HINCRBY', KEYS[2], 'offset', n)
 local first = last - n + 1
 for i = 0, n - 1 do
-  redis.call('XADD', KEYS[1], (first + i) .. '-1',
-             'm', ARGV[5 + 2 * i], 'p', ARGV[6 + 2 * i], 't', ARGV[4])
+  local at = 5 + 3 * i
+  if ARGV[at + 2] == '' then
+    redis.call('XADD', KEYS[1], (first + i) .. '-1', 'm', ARGV[at], 'p', ARGV[at + 1],
+               't', ARGV[4])
+  else
+    redis.call('XADD', KEYS[1], (first + i) .. '-1', 'm', ARGV[at], 'p', ARGV[at + 1],
+               't', ARGV[4], 'h', ARGV[at + 2])
+  end
 end
 redis.call('XTRIM', KEYS[1], 'MAXLEN', '~', ARGV[1])
 redis.call('EXPIRE', KEYS[1], ARGV[2])
