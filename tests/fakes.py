@@ -15,6 +15,7 @@ from gearhorn.config import Config
 from gearhorn.stomp.auth import OPEN
 from gearhorn.stomp.backend import Backend
 from gearhorn.stomp.frames import FrameParser
+from gearhorn.stomp.offsets import Kept
 from gearhorn.stomp.queues import Delivery
 from gearhorn.stomp.sending import PLAIN
 
@@ -102,6 +103,16 @@ class FakeDispatcher:
         return delivery
 
 
+class FakeReader:
+    """What a session holds of a stream subscription's reader."""
+
+    def __init__(self, consumer):
+        self.consumers = [consumer]
+
+    def remove(self, consumer, unacked, give_back=True):
+        self.consumers.remove(consumer)
+
+
 class FakeBroker:
     """Every collaborator of a session's Backend at once, recording what it is asked."""
 
@@ -169,6 +180,22 @@ class FakeBroker:
 
     def drop_queue(self, function):
         self.topics.append(("drop", function))
+
+    # A history per topic: "news" keeps offsets 3 to 9 of epoch e1.
+    histories = {"news": Kept("e1", 3, 9)}
+
+    def keeps_history(self, topic):
+        return topic in self.histories
+
+    def kept(self, topic):
+        return self.histories[topic]
+
+    def offset_at(self, topic, at):
+        return 5
+
+    def read_stream(self, topic, consumer, after, epoch, recovered):
+        self.streams = getattr(self, "streams", []) + [(topic, after, epoch, recovered)]
+        return FakeReader(consumer)
 
     def answer(self, dest):
         if dest.control == "count-msgs":

@@ -33,10 +33,12 @@ from gearhorn.stomp.registrations import Registrations
 from gearhorn.stomp.replies import Requester
 from gearhorn.stomp.rules import SessionSettings
 from gearhorn.stomp.server import BridgeServer
+from gearhorn.stomp.streams import TopicStreams
 from gearhorn.store import redisconn
 from gearhorn.store.deadletters import DeadLetterIndex
 from gearhorn.store.handouts import Handouts
 from gearhorn.store.headers import HeaderStore
+from gearhorn.store.history import History
 from gearhorn.store.keys import Keys
 from gearhorn.store.ledger import Ledger
 from gearhorn.store.registry import Registry
@@ -126,7 +128,8 @@ def build_bridge(config: Config) -> Bridge:
                       requests=Requester(publisher, headers, registrations,
                                          config.request_timeout),
                       queues=attachments, registrations=registrations,
-                      counts=QueueCounts(attachments, registry), observer=observer)
+                      counts=QueueCounts(attachments, registry), observer=observer,
+                      streams=TopicStreams(History(client, keys, config.history_policy)))
     server = _server(config, backend)
     registrations.describe = lambda: {"connections": len(server.connections)}
     return Bridge(server, registrations, flusher, attachments)

@@ -18,9 +18,11 @@ from gearhorn import gearman
 from gearhorn.errors import GearhornError
 from gearhorn.limits import Limits
 from gearhorn.stomp.auth import Principal
+from gearhorn.stomp.offsets import Kept
 from gearhorn.stomp.queues import QueueConsumer, QueueDispatcher
 from gearhorn.stomp.rules import Destination
 from gearhorn.stomp.sending import SendOptions
+from gearhorn.stomp.streams import StreamConsumer, StreamReader
 
 
 class FanoutFailed(GearhornError):
@@ -90,6 +92,20 @@ class Registers(Protocol):
     def temp_queue_exists(self, function: str) -> bool: ...
 
 
+class ServesStreams(Protocol):
+    """Stream subscriptions: a topic's history, then its live messages
+    (gearhorn/stomp/streams.py)."""
+
+    def keeps_history(self, topic: str) -> bool: ...
+
+    def kept(self, topic: str) -> Kept: ...
+
+    def offset_at(self, topic: str, at: float) -> int: ...
+
+    def read_stream(self, topic: str, consumer: StreamConsumer, after: int,
+                    epoch: str | None, recovered: bool) -> StreamReader: ...
+
+
 class Counts(Protocol):
     """``/control/`` destinations: how many messages and subscribers."""
 
@@ -117,3 +133,4 @@ class Backend:
     registrations: Registers
     counts: Counts
     observer: Observes
+    streams: ServesStreams

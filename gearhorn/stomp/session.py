@@ -14,8 +14,9 @@ import uuid
 from collections.abc import Callable
 
 from gearhorn import gearman
-from gearhorn.messages import BadRequest, queue_name, validate_queue
-from gearhorn.naming import TEMP_FUNCTION_PREFIX, durable_client_id, temp_queue
+from gearhorn.messages import BadRequest, validate_queue
+from gearhorn.naming import TEMP_FUNCTION_PREFIX, temp_queue
+from gearhorn.observers import Observer
 from gearhorn.stomp.auth import OPEN
 from gearhorn.stomp.backend import Backend, FanoutFailed, Transport
 from gearhorn.stomp.batching import send_batches
@@ -37,7 +38,6 @@ from gearhorn.stomp.rules import (
     ack_mode,
     ack_timeout,
     boolean,
-    durable_name,
     heartbeats,
     negotiate_version,
     options_of,
@@ -53,9 +53,13 @@ from gearhorn.stomp.rules import (
 )
 from gearhorn.stomp.sending import TEMP_QUEUE, SendOptions
 from gearhorn.stomp.subscription import StompSubscription
+from gearhorn.stomp.topics import subscribe_queue, subscribe_stream
 from gearhorn.store.redisconn import REDIS_ERRORS
 
 log = logging.getLogger(__name__)
+
+# Stream subscriptions' deliveries are not in the ledger yet (docs/stomp.rst).
+QUIET = Observer()
 
 # What a frame may fail with; each ends the connection with an ERROR (_refused).
 _REFUSALS = (ProtocolError, BadRequest, FanoutFailed, QueueFull, gearman.GearmanError,
@@ -294,8 +298,12 @@ class Session:
         ack = ack_mode(frame)
         sub = StompSubscription(self, sub_id, destination, ack, prefetch(frame, ack, self.settings),
                                 ack_timeout(frame))
+        if dest.kind == "topic" and "x-stream-offset" in frame.headers:
+            self.subscriptions[sub_id] = sub  # before its first message
+            self._receipt(frame, subscribe_stream(self.backend, sub, dest.name, frame))
+            return
         if dest.kind == "topic":
-            self._subscribe_topic(sub, dest.name, frame)
+            subscribe_queue(self.backend, sub, dest.name, frame, self.client_name)
         else:
             sub.function = dest.name
             limits = queue_limits(frame)
@@ -310,16 +318,6 @@ class Session:
         if len(self.subscriptions) >= self.settings.max_subscriptions:
             raise ProtocolError(f"more than {self.settings.max_subscriptions} subscriptions "
                                 "on one connection")
-
-    def _subscribe_topic(self, sub: StompSubscription, pattern: str, frame: Frame) -> None:
-        name = durable_name(frame, sub.id)
-        sub.durable = name is not None
-        sub.client_id = (durable_client_id(f"{self.client_name}:{pattern}:{name}")
-                         if sub.durable else "s" + uuid.uuid4().hex[:20])
-        limits = queue_limits(frame)
-        sub.pattern = pattern
-        sub.function = queue_name(pattern, sub.client_id)
-        self.backend.registrations.subscribe_topic(pattern, sub.client_id, sub.durable, limits)
 
     def on_unsubscribe(self, frame: Frame) -> None:
         sub_id = subscription_id(frame, self.version)
@@ -343,7 +341,7 @@ class Session:
         if sub.dispatcher is not None:
             forgotten = not sub.shared or (sub.pattern is not None and remove)
             sub.dispatcher.remove(sub, unacked, give_back=not forgotten)
-            if forgotten and not sub.dispatcher.consumers:
+            if forgotten and not sub.dispatcher.consumers and not sub.stream:
                 self.backend.queues.drop_queue(sub.function)
         if sub.temporary:
             self.backend.registrations.temp_queue_closed(sub.function)
@@ -360,14 +358,15 @@ class Session:
         message_id = f"{self.id}-{next(self._counter)}"
         delivery.message_id = message_id
         data = sub.message(delivery, message_id, self.version)
-        self.backend.observer.delivered(sub.function, delivery.unique, delivery.redelivered)
+        observer = self.backend.observer if not sub.stream else QUIET
+        observer.delivered(sub.function, delivery.unique, delivery.redelivered)
         if sub.ack == "auto":
             sub.in_flight += 1
 
             def sent() -> None:
                 sub.in_flight -= 1
                 delivery.ack()
-                self.backend.observer.acked(sub.function, delivery.unique)
+                observer.acked(sub.function, delivery.unique)
 
             def dropped() -> None:
                 sub.in_flight -= 1
@@ -400,9 +399,10 @@ class Session:
         for delivery in settled:
             self.acks.pop(delivery.message_id, None)
         if frame.command == "ACK":
+            observer = self.backend.observer if not sub.stream else QUIET
             for delivery in settled:
                 delivery.ack()
-                self.backend.observer.acked(sub.function, delivery.unique)
+                observer.acked(sub.function, delivery.unique)
         elif not boolean(frame, "requeue", True):
             sub.dispatcher.reject(settled)
         else:

@@ -44,6 +44,7 @@ class StompSubscription:
         self.pattern: str | None = None
         self.client_id: str | None = None
         self.durable = False
+        self.stream = False  # read from the topic's history (gearhorn/stomp/streams.py)
         self.temporary = False  # a /temp-queue/ reply queue
         self.closed = False
         self.prefix: bytes | None = None  # the start of its MESSAGE frames, made once

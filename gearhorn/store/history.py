@@ -86,7 +86,7 @@ class History:
                 if int(text(_text_keys(fields)["t"])) >= since_ms:
                     return _offset(entry_id)
             start = f"({text(entries[-1][0])}"
-        return self.position(topic)[1] + 1
+        return self.position(topic)[2] + 1
 
     def position(self, topic: str) -> tuple[str | None, int, int]:
         """(epoch, first kept offset, last offset) now; (None, 1, 0) for a
@@ -99,8 +99,31 @@ class History:
         return (text(epoch) if epoch else None,
                 _offset(oldest[0][0]) if oldest else last + 1, last)
 
+    def entries(self, topic: str, after: int, count: int) -> list[Stored]:
+        """Up to ``count`` messages after offset ``after``, as stored."""
+        found = self.redis.xrange(self.keys.history(topic), min=f"{after + 1}-0", max="+",
+                                  count=count)
+        return [_stored(entry_id, fields) for entry_id, fields in found]
+
+    def wait(self, topic: str, after: int, block_ms: int, count: int) -> list[Stored]:
+        """Messages after offset ``after``, waiting up to ``block_ms`` for one."""
+        found = self.redis.xread({self.keys.history(topic): f"{after}-1"}, count=count,
+                                 block=block_ms)
+        return [_stored(entry_id, fields) for _, entries in found or ()
+                for entry_id, fields in entries]
+
 
 Entry = tuple[str, bytes, dict[str, str] | None]  # message id, payload, headers
+# A message as kept: offset, message id, payload, headers.
+Stored = tuple[int, str, bytes, dict[str, str]]
+
+
+def _stored(entry_id: bytes | str, fields: dict) -> Stored:
+    fields = _text_keys(fields)
+    headers = json.loads(fields["h"]) if "h" in fields else {}
+    payload = fields.get("p", b"")
+    return (_offset(entry_id), text(fields["m"]),
+            payload if isinstance(payload, bytes) else payload.encode(), headers)
 
 
 def _offset(entry_id: bytes | str) -> int:

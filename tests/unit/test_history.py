@@ -6,8 +6,9 @@ import json
 import pytest
 
 from gearhorn.config import Config
-from gearhorn.historypolicy import HistoryPolicy
-from gearhorn.messages import BadRequest, parse_history
+from gearhorn.historypolicy import HistoryPolicy, HistoryPolicyError
+from gearhorn.messages import BadRequest, Subscription, parse_history
+from gearhorn.naming import stream_client_id
 from gearhorn.store.history import History
 from gearhorn.worker.cache import SubscriberCache
 from gearhorn.worker.fanout import FanoutService
@@ -88,3 +89,47 @@ def test_history_off_writes_nothing(registry):
 def test_a_bad_history_query_is_refused_in_one_line(job, reason):
     with pytest.raises(BadRequest, match=reason):
         parse_history(json.dumps(job).encode())
+
+
+def test_history_per_topic_or_prefix(registry):
+    policy = HistoryPolicy.parse("chat.*=50/60, chat.quiet=0, news=5", 0, 3600)
+    history = History(registry.redis, registry.keys, policy)
+    history.append([("chat.room", [("m1", b"a", None)]), ("chat.quiet", [("m2", b"b", None)]),
+                    ("sports", [("m3", b"c", None)]), ("news", [("m4", b"d", None)])])
+    kept = {t: history.read(t)["last"] for t in ("chat.room", "chat.quiet", "sports", "news")}
+    assert kept == {"chat.room": 1, "chat.quiet": 0, "sports": 0, "news": 1}
+    assert 0 < registry.redis.ttl(registry.keys.history("chat.room")) <= 60
+
+
+@pytest.mark.parametrize("text", ["news", "news=x", "new*s=1", "news=-1", "news=1/0"])
+def test_bad_history_topics_are_refused(text):
+    with pytest.raises(HistoryPolicyError):
+        HistoryPolicy.parse(text, 0, 3600)
+
+
+def test_headers_position_and_offset_at_a_time(history, monkeypatch):
+    import gearhorn.store.history as module
+
+    for n, at in enumerate([100.0, 200.0, 300.0], 1):
+        monkeypatch.setattr(module.time, "time", lambda at=at: at)
+        history.append([("news", [(f"m{n}", b"x", {"content-type": "text/plain"} if n == 2
+                                   else None)])])
+    (second,) = history.read("news", since=1, limit=1)["messages"]
+    assert second["headers"] == {"content-type": "text/plain"}
+    assert history.entries("news", 1, 10)[0][1:] == ("m2", b"x", {"content-type": "text/plain"})
+    epoch, first, last = history.position("news")
+    assert epoch and (first, last) == (1, 3)
+    assert [history.offset_at("news", t, page=2) for t in (0, 150, 300, 301)] == [1, 2, 3, 4]
+    assert history.position("never") == (None, 1, 0)
+
+
+def test_stream_subscribers_are_listed_but_get_no_copies(registry):
+    client = RecordingClient()
+    svc = FanoutService(Config(history_size=10), registry, SubscriberCache(registry), client)
+    svc.handle("subscribe_fanout", b'{"topic": "news", "client_id": "a"}')
+    registry.subscribe(Subscription("news", stream_client_id(), bridge="b1"))
+    found = json.loads(svc.handle("fanout", b'{"topic": "news", "payload": "1"}'))
+    assert found["copies"] == 1 and [c.function for c in client.foreground] == ["news_a"]
+    assert json.loads(svc.handle("topic_presence", b'{"topic": "news"}'))["subscribers"] == 2
+    with pytest.raises(BadRequest, match="kept for the bridge"):
+        svc.handle("subscribe_fanout", b'{"topic": "news", "client_id": "+me"}')

@@ -209,6 +209,48 @@ def test_topic_subscriptions_register_and_clean_up(session):
     assert broker.topics[2:] == [("-", "news", temp), ("drop", f"news_{temp}")]
 
 
+@pytest.mark.parametrize("offset, epoch, start", [
+    ("first", None, (2, "true")), ("next", None, (9, "true")), ("last", None, (8, "true")),
+    ("5", "e1", (4, "true")), ("offset=10", None, (9, "true")),
+    ("timestamp=1700000000", None, (4, "true")),
+    ("2", None, (2, "false")),  # trimmed: from the oldest kept, and said so
+    ("11", None, (2, "false")),  # ahead of the last offset given
+    ("5", "e0", (2, "false")),  # another epoch
+])
+def test_a_stream_subscription_starts_where_x_stream_offset_says(session, offset, epoch,
+                                                                 start):
+    s, transport, broker = session
+    connect(session)
+    headers = {"destination": "/topic/news", "id": "n", "receipt": "r",
+               "x-stream-offset": offset, **({"x-stream-epoch": epoch} if epoch else {})}
+    s.handle(Frame("SUBSCRIBE", headers))
+    receipt = last(transport)
+    assert receipt.command == "RECEIPT"
+    assert (receipt.headers["x-stream-offset"], receipt.headers["x-recovered"]) == (
+        str(start[0] + 1), start[1])
+    assert broker.streams == [("news", start[0], "e1", start[1] == "true")]
+    ((_, topic, client_id),) = broker.topics
+    assert topic == "news" and client_id.startswith("+")
+    s.connection_lost()  # listed for presence, and no queue to drop
+    assert broker.topics[1:] == [("-", "news", client_id)]
+
+
+@pytest.mark.parametrize("destination, offset, reason", [
+    ("/topic/news", "soon", "invalid x-stream-offset"),
+    ("/topic/news", "0", "invalid x-stream-offset"),
+    ("/topic/news", "timestamp=-1", "invalid x-stream-offset"),
+    ("/topic/news*", "first", "needs one topic"),
+    ("/topic/sports", "first", "keeps no history"),
+])
+def test_bad_stream_subscriptions_are_refused(session, destination, offset, reason):
+    s, transport, broker = session
+    connect(session)
+    s.handle(Frame("SUBSCRIBE", {"destination": destination, "id": "n",
+                                 "x-stream-offset": offset}))
+    assert last(transport).command == "ERROR" and reason in detail(last(transport))
+    assert broker.topics == [] and not hasattr(broker, "streams")
+
+
 def test_consecutive_sends_to_one_destination_are_one_batch(session):
     s, transport, broker = session
     connect(session)

@@ -1,0 +1,286 @@
+"""Stream subscriptions (runs under gevent): a ``/topic/`` SUBSCRIBE with
+``x-stream-offset`` reads the topic's history (gearhorn/store/history.py)
+instead of a gearmand queue of its own.
+
+Each subscription has a :class:`StreamReader`, its position in the
+topic's history. It starts by reading history from its start a page at a
+time (catching up), then joins the topic's :class:`TopicFeed`, the one
+blocking XREAD per topic and bridge that hands each new message to every
+reader live on it. The seam is exact: a reader joins only once its
+position has reached the feed's, and takes no offset at or below its own,
+so it gets every message once, in order. A reader whose client cannot
+take more (no credit) leaves the feed and catches up again later from
+history: a slow client never holds the others back, and what it missed
+while history still had it, it gets; what history trimmed first, it is
+told of (``x-recovered:false``).
+
+At most once across a disconnect, as RabbitMQ's non-durable topic
+subscriptions; resuming from the last offset seen covers the gap.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Protocol
+
+import gevent
+import gevent.event
+
+from gearhorn.background import Backoff, Outage
+from gearhorn.stomp.offsets import Kept
+from gearhorn.store.history import History, Stored
+from gearhorn.store.redisconn import REDIS_ERRORS
+
+log = logging.getLogger(__name__)
+
+PAGE = 500  # messages read from history at a time
+BLOCK_MS = 1000  # a feed's XREAD waits this long, then checks the topic's epoch
+
+
+class StreamConsumer(Protocol):
+    """What a reader needs from its STOMP subscription."""
+
+    def credit(self) -> int: ...
+
+    def deliver(self, delivery: StreamDelivery) -> None: ...
+
+
+class StreamDelivery:
+    """One message of a topic's history on its way to a subscriber; plays
+    the part of a queue's Delivery for the session (acks free credit only:
+    nothing is given back, the history keeps it)."""
+
+    __slots__ = ("reader", "body", "headers", "unique", "message_id", "redelivered",
+                 "deliveries", "timer", "done")
+
+    def __init__(self, reader: StreamReader, body: bytes, headers: dict[str, str],
+                 unique: str) -> None:
+        self.reader = reader
+        self.body = body
+        self.headers = headers
+        self.unique = unique  # the message's id, as the ledger knows it
+        self.message_id = ""  # set by the session at each delivery
+        self.redelivered = False
+        self.deliveries = 1
+        self.timer = None
+        self.done = False
+
+    def ack(self) -> None:
+        self.reader.settled()
+
+    def nack(self) -> None:
+        self.reader.settled()
+
+
+class StreamReader:
+    """One subscription's position in its topic's history."""
+
+    def __init__(self, feed: TopicFeed, consumer: StreamConsumer, after: int,
+                 epoch: str | None, recovered: bool) -> None:
+        self.feed = feed
+        self.consumer = consumer
+        self.position = after  # the last offset it was given
+        self.epoch = epoch
+        self.unrecovered = not recovered  # said on the next MESSAGE
+        self.closed = False
+        self._wake = gevent.event.Event()
+        self._catching_up: gevent.Greenlet | None = None
+
+    @property
+    def consumers(self) -> list[StreamConsumer]:
+        return [] if self.closed else [self.consumer]
+
+    def start(self) -> None:
+        self._catch_up_later()
+
+    # -- what the session calls, as on a queue's dispatcher ------------------------
+
+    def remove(self, consumer: object, unacked: list, give_back: bool = True) -> None:
+        self.close()
+
+    def give_back(self, deliveries: list) -> None:
+        self.settled()  # a NACK: history keeps the message; no redelivery
+
+    def reject(self, deliveries: list) -> None:
+        self.settled()
+
+    def settled(self) -> None:
+        self._wake.set()
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self.feed.leave(self)
+            self._wake.set()
+
+    # -- reading ---------------------------------------------------------------
+
+    def offer(self, stored: Stored) -> None:
+        """A new message from the feed, to a reader live on it."""
+        if stored[0] <= self.position:
+            return
+        if self.consumer.credit() <= 0:
+            self.feed.leave(self)  # it catches up from history when it can take more
+            self._catch_up_later()
+            return
+        self._deliver(stored)
+
+    def epoch_changed(self, epoch: str) -> None:
+        """The topic's history was lost (Redis wiped, or expired): offsets
+        start again from 1 in a new epoch, and the client is told."""
+        if self.epoch is not None:
+            self.unrecovered = True
+        self.epoch, self.position = epoch, 0
+
+    def _catch_up_later(self) -> None:
+        if self._catching_up is None and not self.closed:
+            self._catching_up = gevent.spawn(self._catch_up)
+
+    def _catch_up(self) -> None:
+        outage = Outage(log, f"redis (history of {self.feed.topic})")
+        backoff = Backoff()
+        try:
+            while not self.closed:
+                credit = self.consumer.credit()
+                if credit <= 0:
+                    self._wake.clear()
+                    self._wake.wait(5)
+                    continue
+                try:
+                    found = self.feed.history.entries(self.feed.topic, self.position,
+                                                      min(credit, PAGE))
+                    outage.succeeded()
+                    backoff.succeeded()
+                except REDIS_ERRORS as exc:
+                    outage.failed(exc)
+                    gevent.sleep(backoff.failed())
+                    continue
+                if found and self.epoch is None:  # the topic's first messages
+                    self.epoch = self.feed.history.position(self.feed.topic)[0]
+                for stored in found:
+                    if not self.closed:
+                        self._deliver(stored)
+                if not found:
+                    if self.feed.join(self):
+                        return
+                    gevent.sleep(0.05)  # the feed is not there yet
+        finally:
+            self._catching_up = None
+
+    def _deliver(self, stored: Stored) -> None:
+        offset, message_id, body, headers = stored
+        if offset > self.position + 1:
+            self.unrecovered = True  # trimmed before it could read them
+        self.position = offset
+        headers = {**headers, "x-stream-offset": str(offset),
+                   "x-stream-epoch": self.epoch or ""}
+        if self.unrecovered:
+            headers["x-recovered"] = "false"
+            self.unrecovered = False
+        self.consumer.deliver(StreamDelivery(self, body, headers, message_id))
+
+
+class TopicFeed:
+    """One blocking read of a topic's history per bridge, handing each new
+    message to the readers live on it."""
+
+    def __init__(self, history: History, topic: str, on_idle: Callable[[TopicFeed], None]
+                 ) -> None:
+        self.history = history
+        self.topic = topic
+        self.live: list[StreamReader] = []
+        self.readers = 0  # live or catching up
+        self.last: int | None = None  # the last offset read; None until known
+        self.epoch: str | None = None
+        self._on_idle = on_idle
+        self.stopped = False
+        gevent.spawn(self._run)
+
+    def added(self) -> None:
+        self.readers += 1
+
+    def join(self, reader: StreamReader) -> bool:
+        """Make ``reader`` live if it has caught up with the feed."""
+        if reader.closed or self.last is None or reader.position < self.last:
+            return False
+        if reader.epoch != self.epoch:
+            if self.epoch is None:
+                return False
+            reader.epoch_changed(self.epoch)
+            return False
+        if reader not in self.live:
+            self.live.append(reader)
+        return True
+
+    def leave(self, reader: StreamReader) -> None:
+        if reader in self.live:
+            self.live.remove(reader)
+        if reader.closed:
+            self.readers -= 1
+            if self.readers <= 0:
+                # Not killed: a greenlet killed inside a Redis call would
+                # hand its connection back with the reply still unread.
+                self.stopped = True
+                self._on_idle(self)
+
+    def _run(self) -> None:
+        outage = Outage(log, f"redis (feed of {self.topic})")
+        backoff = Backoff()
+        while not self.stopped:
+            try:
+                if self.last is None:
+                    self.epoch, _, self.last = self.history.position(self.topic)
+                found = self.history.wait(self.topic, self.last, BLOCK_MS, PAGE)
+                if not found or self.epoch is None:
+                    self._check_epoch()
+                outage.succeeded()
+                backoff.succeeded()
+            except REDIS_ERRORS as exc:
+                outage.failed(exc)
+                gevent.sleep(backoff.failed())
+                continue
+            for stored in found:
+                self.last = stored[0]
+                for reader in list(self.live):
+                    reader.offer(stored)
+
+    def _check_epoch(self) -> None:
+        epoch, _, last = self.history.position(self.topic)
+        if epoch is not None and epoch != self.epoch:
+            lost = self.epoch is not None
+            self.epoch, self.last = epoch, 0 if lost else self.last
+            for reader in list(self.live):
+                reader.epoch_changed(epoch)
+            log.info("topic %s: history epoch %s", self.topic, epoch)
+
+
+class TopicStreams:
+    """The bridge's feeds, one per topic read here."""
+
+    def __init__(self, history: History) -> None:
+        self.history = history
+        self.feeds: dict[str, TopicFeed] = {}
+
+    def keeps_history(self, topic: str) -> bool:
+        return self.history.policy.keeps(topic)
+
+    def kept(self, topic: str) -> Kept:
+        return Kept(*self.history.position(topic))
+
+    def offset_at(self, topic: str, at: float) -> int:
+        return self.history.offset_at(topic, at)
+
+    def read_stream(self, topic: str, consumer: StreamConsumer, after: int,
+                    epoch: str | None, recovered: bool) -> StreamReader:
+        feed = self.feeds.get(topic)
+        if feed is None:
+            feed = self.feeds[topic] = TopicFeed(self.history, topic, self._idle)
+        feed.added()
+        reader = StreamReader(feed, consumer, after, epoch, recovered)
+        reader.start()
+        return reader
+
+    def _idle(self, feed: TopicFeed) -> None:
+        if self.feeds.get(feed.topic) is feed:
+            del self.feeds[feed.topic]

@@ -1,0 +1,174 @@
+"""Stream subscriptions on real servers: a STOMP client resumes a topic
+from its last offset after a disconnect and gets exactly what it missed,
+in order, then the live messages with nothing twice at the seam; from
+``first`` and from a timestamp; and it is told (``x-recovered:false``)
+when history cannot cover the gap: trimmed, or a wiped Redis."""
+
+import time
+
+import pytest
+import redis
+
+from gearhorn.client import Producer
+from gearhorn.store.keys import Keys
+
+from .helpers import unique_topic, wait_for
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
+
+HISTORY = {"GEARHORN_HISTORY_TOPICS": "resume.*=1000,small.*=5"}
+
+
+@pytest.fixture
+def stack(gearmand, start_pool, start_bridge):
+    start_pool([gearmand], processes=2, env=HISTORY)
+    bridge = start_bridge([gearmand], env=HISTORY)
+    return gearmand, bridge
+
+
+def offsets(messages):
+    return [int(m.headers["x-stream-offset"]) for m in messages]
+
+
+def bodies(messages):
+    return [m.body.decode() for m in messages]
+
+
+def publish(gearmand, topic, names):
+    with Producer([(gearmand.host, gearmand.port)]) as producer:
+        for name in names:
+            producer.publish(topic, name, background=False)
+
+
+@pytest.mark.cluster_too
+def test_a_client_resumes_from_its_last_offset_without_gap_or_duplicate(stack, stomp_clients):
+    gearmand, bridge = stack
+    topic = unique_topic("resume.")
+    first = stomp_clients(bridge.port)
+    receipt = first.subscribe(f"/topic/{topic}", "s1", **{"x-stream-offset": "next"})
+    assert receipt.headers["x-recovered"] == "true"
+    publish(gearmand, topic, [f"a{i}" for i in range(20)])
+    got = first.messages(20, timeout=30)
+    assert bodies(got) == [f"a{i}" for i in range(20)]
+    assert offsets(got) == list(range(1, 21))
+    epoch = got[0].headers["x-stream-epoch"]
+    assert epoch and {m.headers["x-stream-epoch"] for m in got} == {epoch}
+    assert all("x-recovered" not in m.headers for m in got)
+    first.close()
+
+    publish(gearmand, topic, [f"b{i}" for i in range(100)])  # while it is away
+    again = stomp_clients(bridge.port)
+    again.subscribe(f"/topic/{topic}", "s1", ack="client-individual", **{
+        "x-stream-offset": str(offsets(got)[-1] + 1), "x-stream-epoch": epoch,
+        "prefetch-count": "7"})  # a small window: it crosses the seam many times
+    live = [f"c{i}" for i in range(50)]
+    acked = set()
+    with Producer([(gearmand.host, gearmand.port)]) as producer:
+        for i, name in enumerate(live):
+            producer.publish(topic, name, background=False)
+            if i % 5 == 0:  # ack as it goes, so it catches up while live ones come
+                ack_all(again, acked)
+    publish(gearmand, topic, ["end"])
+    deadline = time.monotonic() + 60
+    while not any(m.body == b"end" for m in again.listener.messages):
+        assert time.monotonic() < deadline, "the marker did not come"
+        seen = ack_all(again, acked)
+        again.wait(lambda seen=seen: len(again.listener.messages) > seen, 30, "more messages")
+    resumed = again.until(b"end")
+    assert bodies(resumed) == [f"b{i}" for i in range(100)] + live
+    assert offsets(resumed) == list(range(21, 171))
+    assert all("x-recovered" not in m.headers for m in resumed)
+
+
+def ack_all(client, acked):
+    """ACK every message not acked yet; how many have come."""
+    messages = list(client.listener.messages)
+    for m in messages:
+        if m.headers["message-id"] not in acked:
+            client.conn.ack(m.headers["message-id"])
+            acked.add(m.headers["message-id"])
+    return len(messages)
+
+
+def test_from_first_and_from_a_timestamp(stack, stomp_clients):
+    gearmand, bridge = stack
+    topic = unique_topic("resume.")
+    publish(gearmand, topic, ["old1", "old2"])
+    cut = time.time() + 0.01
+    wait_for(lambda: time.time() > cut + 0.01, 5, interval=0.005, message="the clock to pass")
+    publish(gearmand, topic, ["new1", "new2"])
+    client = stomp_clients(bridge.port)
+    client.subscribe(f"/topic/{topic}", "all", **{"x-stream-offset": "first"})
+    client.subscribe(f"/topic/{topic}", "since", **{"x-stream-offset": f"timestamp={cut}"})
+    client.subscribe(f"/topic/{topic}", "last", **{"x-stream-offset": "last"})
+    publish(gearmand, topic, ["live"])
+    client.wait(lambda: sum(m.body == b"live" for m in client.listener.messages) == 3, 30,
+                "the live message on all three")
+    by_sub = {}
+    for m in client.listener.messages:
+        by_sub.setdefault(m.headers["subscription"], []).append(m.body.decode())
+    assert by_sub == {"all": ["old1", "old2", "new1", "new2", "live"],
+                      "since": ["new1", "new2", "live"], "last": ["new2", "live"]}
+
+
+def test_trimmed_history_and_a_wiped_redis_are_not_recovered(stack, stomp_clients, redis_url):
+    gearmand, bridge = stack
+    topic = unique_topic("small.")  # history_topics keeps about 5 of it
+    publish(gearmand, topic, [f"m{i}" for i in range(300)])
+    client = stomp_clients(bridge.port)
+    receipt = client.subscribe(f"/topic/{topic}", "s", **{"x-stream-offset": "2"})
+    assert receipt.headers["x-recovered"] == "false"
+    first = client.messages(1, timeout=30)[0]
+    assert first.headers["x-recovered"] == "false" and int(first.headers["x-stream-offset"]) > 2
+    epoch = first.headers["x-stream-epoch"]
+    client.close()
+
+    keys = Keys()
+    redis.Redis.from_url(redis_url).delete(keys.history(topic), keys.history_meta(topic))
+    publish(gearmand, topic, ["after"])
+    client = stomp_clients(bridge.port)
+    receipt = client.subscribe(f"/topic/{topic}", "s", **{"x-stream-offset": "301",
+                                                          "x-stream-epoch": epoch})
+    assert receipt.headers["x-recovered"] == "false"
+    (after,) = client.messages(1, timeout=30)
+    assert after.body == b"after" and after.headers["x-recovered"] == "false"
+    assert after.headers["x-stream-epoch"] not in ("", epoch)
+    assert after.headers["x-stream-offset"] == "1"
+
+
+def test_a_live_stream_subscriber_is_told_when_the_history_is_lost(stack, stomp_clients,
+                                                                   redis_url):
+    gearmand, bridge = stack
+    topic = unique_topic("resume.")
+    client = stomp_clients(bridge.port)
+    client.subscribe(f"/topic/{topic}", "s", **{"x-stream-offset": "next"})
+    publish(gearmand, topic, ["one", "two"])
+    got = client.messages(2, timeout=30)
+    keys = Keys()
+    redis.Redis.from_url(redis_url).delete(keys.history(topic), keys.history_meta(topic))
+    publish(gearmand, topic, ["three"])
+    (_, _, three) = client.messages(3, timeout=30)
+    assert three.body == b"three" and three.headers["x-recovered"] == "false"
+    assert three.headers["x-stream-offset"] == "1"
+    assert three.headers["x-stream-epoch"] != got[0].headers["x-stream-epoch"]
+
+
+def test_bad_resume_requests_get_a_clear_error(stack, stomp_clients):
+    gearmand, bridge = stack
+    for headers, says in [({"x-stream-offset": "soon"}, "invalid x-stream-offset"),
+                          ({"x-stream-offset": "0"}, "invalid x-stream-offset"),
+                          ({"x-stream-offset": "timestamp=x"}, "invalid x-stream-offset")]:
+        client = stomp_clients(bridge.port)
+        client.conn.subscribe(destination=f"/topic/{unique_topic('resume.')}", id="s",
+                              headers=headers)
+        client.wait(lambda c=client: c.listener.errors, 20, "an ERROR")
+        assert says in error_text(client.listener.errors[0])
+    client = stomp_clients(bridge.port)
+    client.conn.subscribe(destination=f"/topic/{unique_topic('nohistory.')}", id="s",
+                          headers={"x-stream-offset": "first"})
+    client.wait(lambda: client.listener.errors, 20, "an ERROR")
+    assert "keeps no history" in error_text(client.listener.errors[0])
+
+
+def error_text(frame):
+    return f"{frame.headers['message']} {frame.body.decode()}"
