@@ -32,3 +32,31 @@ def browser():
             yield launched
         finally:
             launched.close()
+
+
+@contextlib.contextmanager
+def static_site(folder, files):
+    """Serve ``files`` ({name: text, or a path to copy}) from ``folder`` on a
+    loopback port; yields the site's base URL."""
+    import http.server
+    import pathlib
+    import threading
+
+    folder = pathlib.Path(folder)
+    folder.mkdir(exist_ok=True)
+    for name, content in files.items():
+        if isinstance(content, pathlib.Path):
+            shutil.copy(content, folder / name)
+        else:
+            (folder / name).write_text(content)
+
+    def handler(*args):
+        return http.server.SimpleHTTPRequestHandler(*args, directory=str(folder))
+
+    web = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=web.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{web.server_address[1]}"
+    finally:
+        web.shutdown()
+        web.server_close()

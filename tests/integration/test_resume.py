@@ -172,3 +172,70 @@ def test_bad_resume_requests_get_a_clear_error(stack, stomp_clients):
 
 def error_text(frame):
     return f"{frame.headers['message']} {frame.body.decode()}"
+
+
+# -- a browser: the resume of docs/stomp.rst's example --------------------------------------
+
+RESUMING_PAGE = """<!doctype html>
+<html><head><meta charset="utf-8"><title>gearhorn resume</title>
+<script src="stomp.umd.min.js"></script></head>
+<body><ul id="log"></ul>
+<script>
+const params = new URLSearchParams(location.search);
+const log = (text) => {
+  const li = document.createElement("li"); li.textContent = text;
+  document.getElementById("log").appendChild(li);
+};
+// The position to resume from: the last offset seen, and its epoch.
+let last = null, epoch = null, connects = 0;
+const client = new StompJs.Client({brokerURL: params.get("url"), reconnectDelay: 0});
+client.onConnect = () => {
+  const receipt = "sub" + (++connects);
+  const headers = {receipt, "x-stream-offset": last === null ? "next" : String(last + 1)};
+  if (epoch) headers["x-stream-epoch"] = epoch;
+  client.watchForReceipt(receipt, () => log("ready" + connects));
+  client.subscribe("/topic/" + params.get("topic"), (m) => {
+    if (m.headers["x-recovered"] === "false") log("not-recovered");
+    last = Number(m.headers["x-stream-offset"]);
+    epoch = m.headers["x-stream-epoch"];
+    log("got:" + m.body);
+  }, headers);
+};
+client.onStompError = (f) => log("error:" + f.headers.message);
+// The test's hands: cut the WebSocket (no DISCONNECT), and connect again.
+window.cut = () => client.deactivate({force: true}).then(() => log("cut"));
+window.resume = () => client.activate();
+client.activate();
+</script></body></html>
+"""
+
+
+def test_a_browser_resumes_after_its_websocket_is_cut(gearmand, start_pool, start_bridge,
+                                                      tmp_path):
+    from .browser import browser, static_site
+    from .test_websocket import stompjs_bundle
+
+    start_pool([gearmand], processes=2, env=HISTORY)
+    bridge = start_bridge([gearmand], env=HISTORY, websocket=True)
+    topic = unique_topic("resume.")
+    before, during, after = ([f"{kind}{i}" for i in range(n)]
+                             for kind, n in (("before", 10), ("during", 100), ("after", 10)))
+    with static_site(tmp_path / "site", {"index.html": RESUMING_PAGE,
+                                         "stomp.umd.min.js": stompjs_bundle()}) as site, \
+            browser() as chromium:
+        page = chromium.new_page()
+        page.goto(f"{site}/index.html?url=ws://127.0.0.1:{bridge.ws_port}/ws&topic={topic}")
+        page.wait_for_selector("#log li:text('ready1')", timeout=60_000)
+        publish(gearmand, topic, before)
+        page.wait_for_selector("#log li:text('got:before9')", timeout=60_000)
+        page.evaluate("cut()")
+        page.wait_for_selector("#log li:text('cut')", timeout=60_000)
+        publish(gearmand, topic, during)  # while its WebSocket is down
+        page.evaluate("resume()")
+        page.wait_for_selector("#log li:text('ready2')", timeout=60_000)
+        publish(gearmand, topic, after)
+        page.wait_for_selector("#log li:text('got:after9')", timeout=60_000)
+        lines = page.locator("#log li").all_text_contents()
+    got = [line[4:] for line in lines if line.startswith("got:")]
+    assert got == before + during + after, lines
+    assert not [line for line in lines if line.startswith(("error", "not-recovered"))]

@@ -6,14 +6,14 @@ in headless Chromium."""
 import contextlib
 import json
 import os
-import shutil
+import pathlib
 import subprocess
 
 import pytest
 
 from tests.conftest import missing, require_binary
 
-from .browser import browser
+from .browser import browser, static_site
 from .helpers import gearman_cli, self_signed_certificate, unique_topic, wait_for
 from .stomp_helpers import WsClient, error_detail
 
@@ -211,21 +211,11 @@ client.activate();
 
 def test_a_browser_page_gets_a_fanout_and_publishes_to_a_queue(gearmand, stack, tmp_path,
                                                                gearman_cli_tool):
-    import http.server
-    import threading
-
-    bundle = os.path.join(node_modules(), "@stomp", "stompjs", "bundles", "stomp.umd.min.js")
-    site = tmp_path / "site"
-    site.mkdir()
-    (site / "index.html").write_text(PAGE)
-    shutil.copy(bundle, site / "stomp.umd.min.js")
-    handler = lambda *a: http.server.SimpleHTTPRequestHandler(*a, directory=str(site))  # noqa: E731
-    web = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=web.serve_forever, daemon=True).start()
     topic, queue = unique_topic(), unique_topic("q")
-    url = (f"http://127.0.0.1:{web.server_address[1]}/index.html?"
-           f"url=ws://127.0.0.1:{stack.ws_port}/ws&topic={topic}&queue={queue}")
-    try:
+    with static_site(tmp_path / "site", {"index.html": PAGE,
+                                         "stomp.umd.min.js": stompjs_bundle()}) as site:
+        url = (f"{site}/index.html?"
+               f"url=ws://127.0.0.1:{stack.ws_port}/ws&topic={topic}&queue={queue}")
         with browser() as chromium:
             page = chromium.new_page()
             page.goto(url)
@@ -239,5 +229,7 @@ def test_a_browser_page_gets_a_fanout_and_publishes_to_a_queue(gearmand, stack, 
             out = gearman_cli(gearmand, "-w", "-c", "1", "-f", queue)
             assert out.stdout == b"from-the-browser"
             assert not page.locator("#log li:text-matches('^error')").count()
-    finally:
-        web.shutdown()
+
+
+def stompjs_bundle():
+    return pathlib.Path(node_modules(), "@stomp", "stompjs", "bundles", "stomp.umd.min.js")
