@@ -23,7 +23,7 @@ import redis
 
 from gearhorn.historypolicy import HistoryPolicy
 from gearhorn.store.keys import Keys
-from gearhorn.store.redisutil import run_scripts, script, text
+from gearhorn.store.redisutil import ScriptCall, run_scripts, script, text
 
 
 class History:
@@ -41,6 +41,14 @@ class History:
         """Each (topic, [(message id, payload, headers), ...]), in order, in
         one round trip: one script call per topic that keeps a history (a
         group of fanouts to one topic is one call), in the order given."""
+        calls = self.calls(fanouts)
+        if calls:
+            run_scripts(self.redis, calls)
+
+    def calls(self, fanouts: Sequence[tuple[str, Sequence[Entry]]]) -> list[ScriptCall]:
+        """What :meth:`append` runs, for a caller that runs it with other
+        scripts in one round trip (the workers' look-up: gearhorn/worker/fanout.py).
+        Made again with the same messages, they append nothing."""
         by_topic: dict[str, list[object]] = {}
         for topic, messages in fanouts:
             if not self.policy.keeps(topic):
@@ -48,13 +56,10 @@ class History:
             args = by_topic.setdefault(topic, [])
             for message_id, payload, headers in messages:
                 args += [message_id, payload, json.dumps(headers) if headers else ""]
-        if not by_topic:
-            return
         now = str(int(time.time() * 1000))
-        run_scripts(self.redis, [
-            (self._append, [self.keys.history(topic), self.keys.history_meta(topic)],
-             [*self.policy.of(topic), uuid.uuid4().hex[:12], now, *args])
-            for topic, args in by_topic.items()])
+        return [(self._append, [self.keys.history(topic), self.keys.history_meta(topic)],
+                 [*self.policy.of(topic), uuid.uuid4().hex[:12], now, *args])
+                for topic, args in by_topic.items()]
 
     def read(self, topic: str, since: int = 0, limit: int = 100,
              epoch: str | None = None) -> dict[str, object]:

@@ -22,8 +22,10 @@ def script(client: redis.Redis, name: str) -> Script:
     return client.register_script(lua.read_text())
 
 
-def run_scripts(client: redis.Redis, calls: list[tuple[Script, list[str], list[object]]]
-                ) -> list[object]:
+ScriptCall = tuple[Script, list[str], list[object]]  # a script, its keys, its arguments
+
+
+def run_scripts(client: redis.Redis, calls: list[ScriptCall]) -> list[object]:
     """Run several scripts (script, keys, args) in one round trip; each may
     touch another hash slot (on a cluster, the nodes are asked in parallel).
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import redis
@@ -19,7 +19,7 @@ from gearhorn.messages import PREFIX_WILDCARD, Subscription, queue_name
 from gearhorn.naming import is_stream_client, process_id
 from gearhorn.store.keys import Keys
 from gearhorn.store.liveness import Liveness
-from gearhorn.store.redisutil import run_scripts, script, text
+from gearhorn.store.redisutil import ScriptCall, run_scripts, script, text
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,11 +164,13 @@ class Registry:
         """
         return self.members_of({topic: cached})[topic]
 
-    def members_of(self, cached: dict[str, Members | None]) -> dict[str, Members | None]:
+    def members_of(self, cached: dict[str, Members | None], also: Sequence[ScriptCall] = ()
+                   ) -> dict[str, Members | None]:
         """:meth:`members` of several topics (each with what is cached of
-        it, or None) in one round trip."""
+        it, or None) in one round trip; ``also``: other script calls made in
+        the same round trip (once, even when the look-up is made again)."""
         while True:
-            calls = []
+            calls: list[ScriptCall] = list(also)
             for topic, members in cached.items():
                 topic_version, prefix_version = _versions(members)
                 patterns = [p for p in self._patterns if topic.startswith(p[:-1])]
@@ -178,7 +180,8 @@ class Registry:
                     (self._prefix_members,
                      [self.keys.prefix_version, *map(self.keys.prefix_set, patterns)],
                      [self._patterns_version, prefix_version, *patterns])]
-            replies = run_scripts(self.redis, calls)
+            replies = run_scripts(self.redis, calls)[len(also):]
+            also = ()
             if all(text(by_prefix[0]) != _STALE_PATTERNS for by_prefix in replies[1::2]):
                 break
             self._read_patterns()

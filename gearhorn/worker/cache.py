@@ -15,13 +15,14 @@ import json
 import logging
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 
 import redis
 
 from gearhorn.background import Backoff, StoppableThread
 from gearhorn.messages import PREFIX_WILDCARD
 from gearhorn.store.redisconn import REDIS_ERRORS
+from gearhorn.store.redisutil import ScriptCall
 from gearhorn.store.registry import Members, Recipient, Registry
 
 log = logging.getLogger(__name__)
@@ -42,11 +43,13 @@ class SubscriberCache:
         """The current recipients of ``topic``."""
         return self.recipients_of([topic])[topic]
 
-    def recipients_of(self, topics: Iterable[str]) -> dict[str, tuple[Recipient, ...]]:
-        """The current recipients of each of ``topics``, checked in one round trip."""
+    def recipients_of(self, topics: Iterable[str], also: Sequence[ScriptCall] = ()
+                      ) -> dict[str, tuple[Recipient, ...]]:
+        """The current recipients of each of ``topics``, checked in one round
+        trip (with the script calls ``also``, made once)."""
         with self._lock:
             cached = {topic: self._entries.get(topic) for topic in topics}
-        fresh = self.registry.members_of(cached)
+        fresh = self.registry.members_of(cached, also)
         current = {}
         with self._lock:
             for topic, members in fresh.items():

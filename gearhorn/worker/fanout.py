@@ -33,7 +33,7 @@ from gearhorn.naming import delayed_unique
 from gearhorn.observers import FailedCopy, Observer
 from gearhorn.store.dedup import Deduplicator
 from gearhorn.store.headers import HeaderStore
-from gearhorn.store.history import History
+from gearhorn.store.history import Entry, History
 from gearhorn.store.presence import Presence
 from gearhorn.store.redisconn import REDIS_ERRORS
 from gearhorn.store.registry import Recipient, Registry
@@ -96,6 +96,12 @@ class _Made:
         return {"topic": self.request.topic, "copies": len(self.copies),
                 "background": self.request.background, **_ids(self.message_ids),
                 **_full(self.refused)}
+
+
+def _entries(request: Fanout, message_ids: list[str]) -> tuple[str, list[Entry]]:
+    """A fanout's messages as its topic's history keeps them."""
+    return request.topic, [(message_id, body, request.headers)
+                           for message_id, body in zip(message_ids, request.bodies, strict=True)]
 
 
 @contextlib.contextmanager
@@ -212,14 +218,20 @@ class FanoutService:
     def _plain_fanouts(self, run: list[tuple[Job, Fanout]]) -> list[Answer]:
         full, over = self._pressure()
         if over:
-            return [BadRequest(over) for _ in run]
-        # One round trip for every topic, after every job of the run was taken.
-        recipients = self.cache.recipients_of({request.topic: None for _, request in run})
-        made = [self._make(request, message_ids_for(job.unique, len(request.bodies)),
-                           recipients[request.topic], full) for job, request in run]
+            return [BadRequest(over) for _, _ in run]
+        ids = [message_ids_for(job.unique, len(request.bodies)) for job, request in run]
+        # One round trip for every topic, after every job of the run was
+        # taken, with the messages' history appends riding along (made
+        # again with the group, they append nothing: lua/history_append.lua).
+        recipients = self.cache.recipients_of(
+            {request.topic: None for _, request in run},
+            also=self.history.calls([_entries(request, message_ids)
+                                     for (_, request), message_ids in zip(run, ids, strict=True)]))
+        made = [self._make(request, message_ids, recipients[request.topic], full)
+                for (_, request), message_ids in zip(run, ids, strict=True)]
         copies = [c for m in made for c in m.copies]
         self.client.submit_background(copies, run[0][1].priority)
-        self._sent(made)
+        self._sent(made, remember=False)
         outcomes: list[Answer] = []
         for (job, _), m in zip(run, made, strict=True):
             self._delivered(m, [], job.received)
@@ -239,12 +251,13 @@ class FanoutService:
     def _pressure(self) -> tuple[frozenset[str], str]:
         return self.pressure.current() if self.pressure else (frozenset(), "")
 
-    def _sent(self, made: Sequence[_Made]) -> None:
+    def _sent(self, made: Sequence[_Made], remember: bool = True) -> None:
         """Gearmand has these fanouts' copies: their tally (bounded queues)
-        and their messages in the topics' history."""
+        and (unless written already) their messages in the topics' history."""
         if self.tally is not None:
             self.tally.add([c for m in made for c in m.copies])
-        self._remember(made)
+        if remember:
+            self._remember(made)
 
     def _refused(self, request: Fanout, message_ids: list[str],
                  refused: tuple[Recipient, ...], header_ids: list[str] | None = None) -> None:
@@ -277,10 +290,7 @@ class FanoutService:
     def _remember(self, made: Sequence[_Made]) -> None:
         """The messages of these fanouts in their topics' history (if on)."""
         if self.history.enabled:
-            self.history.append([(m.request.topic, [
-                (message_id, body, m.request.headers)
-                for message_id, body in zip(m.message_ids, m.request.bodies, strict=True)])
-                for m in made])
+            self.history.append([_entries(m.request, m.message_ids) for m in made])
 
     def fanout(self, data: bytes, job_unique: str = "", received: float | None = None) -> bytes:
         return self._fanout(parse_fanout(data, self.config.max_payload_bytes), job_unique,

@@ -133,3 +133,29 @@ def test_stream_subscribers_are_listed_but_get_no_copies(registry):
     assert json.loads(svc.handle("topic_presence", b'{"topic": "news"}'))["subscribers"] == 2
     with pytest.raises(BadRequest, match="kept for the bridge"):
         svc.handle("subscribe_fanout", b'{"topic": "news", "client_id": "+me"}')
+
+
+def test_a_group_run_again_after_gearmand_failed_is_in_history_once(registry):
+    from gearhorn import gearman
+    from gearhorn.worker.fanout import Job, ServiceUnavailable
+
+    class FailsOnce(RecordingClient):
+        failed = False
+
+        def submit_background(self, copies, precedence="normal"):
+            if not self.failed:
+                self.failed = True
+                raise gearman.GearmanError("connection reset")
+            return super().submit_background(copies, precedence)
+
+    svc = FanoutService(Config(history_size=100), registry, SubscriberCache(registry),
+                        FailsOnce())
+    svc.handle("subscribe_fanout", b'{"topic": "news", "client_id": "a"}')
+    jobs = [Job("fanout", json.dumps({"topic": "news", "payload": str(n),
+                                      "background": True}).encode(), f"u{n}")
+            for n in range(3)]
+    with pytest.raises(ServiceUnavailable):
+        list(svc.run(jobs))
+    assert [len(group) for group in svc.run(jobs)] == [3]
+    found = json.loads(svc.handle("topic_history", b'{"topic": "news"}'))
+    assert [m["payload"] for m in found["messages"]] == ["0", "1", "2"]

@@ -9,14 +9,21 @@
 -- the id is the offset and XRANGE reads from one. A topic whose offset was
 -- lost (expired, or Redis wiped) starts again at 1 with a new epoch, and
 -- what was left of its stream goes: its offsets belong to the old epoch.
--- Returns {epoch, first offset appended, last offset appended}.
+-- The same call again (a group of fanouts run again after gearmand failed
+-- them, or after the look-up it rode with failed) appends nothing: the
+-- hash keeps the first message id of the last call, 'mid'.
+-- Returns {epoch, first offset appended, last offset appended} ({epoch, 0,
+-- 0} for a call made again).
 local epoch = redis.call('HGET', KEYS[2], 'epoch')
 if not epoch then
   epoch = ARGV[3]
   redis.call('DEL', KEYS[1])
   redis.call('HSET', KEYS[2], 'epoch', epoch)
+elseif redis.call('HGET', KEYS[2], 'mid') == ARGV[5] then
+  return {epoch, 0, 0}
 end
 local n = (#ARGV - 4) / 3
+redis.call('HSET', KEYS[2], 'mid', ARGV[5])
 local last = redis.call('HINCRBY', KEYS[2], 'offset', n)
 local first = last - n + 1
 for i = 0, n - 1 do
