@@ -25,7 +25,8 @@ def test_presence_follows_subscribes_unsubscribes_and_a_dead_bridge(
     start_pool([gearmand])
     # The bridge's heart-beats expire after 5 x worker_ttl: 20 s here.
     bridge = start_bridge([gearmand], env={"GEARHORN_HEARTBEAT_INTERVAL": "1",
-                                           "GEARHORN_WORKER_TTL": "4"})
+                                           "GEARHORN_WORKER_TTL": "4",
+                                           "GEARHORN_HISTORY_SIZE": "10"})
     topic = unique_topic("news")
     producer = Producer([(gearmand.host, gearmand.port)])
     for who in ("alice", "bob"):
@@ -34,15 +35,17 @@ def test_presence_follows_subscribes_unsubscribes_and_a_dead_bridge(
     stomp = stomp_clients(bridge.port, **{"client-id": "tab"})
     stomp.subscribe(f"/topic/{topic}", "live")
     stomp.subscribe(f"/topic/{topic}", "kept", durable="true")
+    # A stream subscription (docs/stomp.rst) has no queue, but is present.
+    stomp.subscribe(f"/topic/{topic}", "resumable", **{"x-stream-offset": "next"})
 
     found = producer.presence(topic)
-    assert (found["subscribers"], found["direct"]) == (5, 4)
+    assert (found["subscribers"], found["direct"]) == (6, 5)
     assert found["patterns"] == [{"pattern": f"{topic[:6]}*", "subscribers": 1}]
     by_id = clients(found)
     assert {by_id["alice"]["via"], by_id["bob"]["via"]} == {"gearman"}
     stomp_ones = [c for c in by_id.values() if c["via"] == "stomp"]
-    assert len(stomp_ones) == 2 and len({c["bridge"] for c in stomp_ones}) == 1
-    assert sorted(c["durable"] for c in stomp_ones) == [False, True]
+    assert len(stomp_ones) == 3 and len({c["bridge"] for c in stomp_ones}) == 1
+    assert sorted(c["durable"] for c in stomp_ones) == [False, False, True]
 
     out = subprocess.run([sys.executable, "-m", "gearhorn", "presence", topic, "--json",
                           "--gearman", gearmand.address, "--redis-url", redis_url],
