@@ -82,14 +82,17 @@ def with_receipt(sock: socket.socket, command: str, headers: dict) -> None:
 # -- processes -------------------------------------------------------------------------
 
 
-def subscriber(port, login, destination, connections, expected, timed, ready, results):
-    """``connections`` subscriptions; counts MESSAGE frames until each has
-    ``expected``; with ``timed``, the latency of every one."""
+def subscriber(port, login, destination, connections, expected, timed, ready, results,
+               extra=None):
+    """``connections`` subscriptions (with the SUBSCRIBE headers ``extra``);
+    counts MESSAGE frames until each has ``expected``; with ``timed``, the
+    latency of every one."""
     socks = []
     for i in range(connections):
         sock = connect(port, login)
         with_receipt(sock, "SUBSCRIBE", {"destination": destination, "id": str(i),
-                                         "ack": "auto", "prefetch-count": "1000"})
+                                         "ack": "auto", "prefetch-count": "1000",
+                                         **(extra or {})})
         socks.append(sock)
     ready.put(1)
     import selectors
@@ -193,8 +196,9 @@ def topic_run(broker, subscribers: int, messages: int, rate: float = 0.0,
     destination = f"/topic/load{os.getpid()}x{subscribers}x{int(rate)}"
     nproc = processes_for(subscribers)
     per = [subscribers // nproc + (i < subscribers % nproc) for i in range(nproc)]
+    extra = getattr(broker, "subscribe_headers", None)
     subs = [ctx.Process(target=subscriber, args=(broker.port, broker.login, destination, n,
-                                                  messages, bool(rate), ready, results))
+                                                  messages, bool(rate), ready, results, extra))
             for n in per]
     for p in subs:
         p.start()
@@ -256,9 +260,19 @@ def queue_run(broker, messages: int, pairs: int = 2) -> dict:
     return {"messages": total, "rate": total / elapsed, "broker_cpu": cpu / elapsed}
 
 
+def gearhorn_options(broker_cls, args) -> dict:
+    return {"bridge_processes": args.bridge_processes} if broker_cls is Gearhorn else {}
+
+
+def stream_subscriptions() -> None:
+    """Subscribers read the topics' history (x-stream-offset: next, docs/stomp.rst)
+    instead of a queue each: history is kept for the load topics."""
+    os.environ["GEARHORN_HISTORY_TOPICS"] = "load*=10000"
+    Gearhorn.subscribe_headers = {"x-stream-offset": "next"}
+
+
 def measure(broker_cls, args) -> dict:
-    with broker_cls(**({"bridge_processes": args.bridge_processes}
-                       if broker_cls is Gearhorn else {})) as broker:
+    with broker_cls(**gearhorn_options(broker_cls, args)) as broker:
         topic_run(broker, 10, args.messages // 10)  # warm up
         results = {}
         for subscribers in (10, 100):
@@ -276,8 +290,7 @@ def latency_at(broker_cls, args) -> dict[int, dict]:
     the same absolute load for both brokers (half of each one's own peak
     is a different rate for each)."""
     results = {}
-    with broker_cls(**({"bridge_processes": args.bridge_processes}
-                       if broker_cls is Gearhorn else {})) as broker:
+    with broker_cls(**gearhorn_options(broker_cls, args)) as broker:
         topic_run(broker, 10, args.messages // 10)  # warm up
         for rate in args.latency_at:
             results[rate] = r = topic_run(broker, 10, int(rate * args.latency_seconds),
@@ -328,6 +341,8 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--bridge-processes", type=int, default=1)
     parser.add_argument("--no-rabbitmq", action="store_true")
+    parser.add_argument("--stream", action="store_true",
+                        help="gearhorn's subscribers are stream subscriptions")
     parser.add_argument("--latency-at", type=int, nargs="+", metavar="MSG_PER_S",
                         help="only the latency of topic x10 at these rates, both brokers")
     parser.add_argument("--profile", metavar="FILE",
@@ -335,6 +350,8 @@ def main() -> None:
     args = parser.parse_args()
     args.messages = 20_000 if args.quick else 100_000
     args.latency_seconds = 5 if args.quick else 15
+    if args.stream:
+        stream_subscriptions()
     if args.profile:
         profile(args)
         return

@@ -113,6 +113,9 @@ class Fanout:
     # The producer's id of this message: the same again within dedup_window
     # is a duplicate (gearhorn/store/dedup.py).
     dedup_id: str | None = None
+    # Already in the topic's history: the bridge appended it itself, so its
+    # stream subscribers need not wait for a worker (gearhorn/stomp/publisher.py).
+    in_history: bool = False
 
     @property
     def data(self) -> bytes:
@@ -248,7 +251,7 @@ def parse_fanout(data: bytes, max_payload: int = DEFAULT_MAX_PAYLOAD,
     return Fanout(topic, bodies, unique, bool(obj.get("background")),
                   parse_priority(obj.get("priority", "normal")),
                   parse_schedule(obj.get("deliver_at"), obj.get("delay"), now),
-                  headers, dedup_id)
+                  headers, dedup_id, obj.get("in_history") is True)
 
 
 PRIORITIES = ("high", "normal", "low")

@@ -107,10 +107,13 @@ def build_bridge(config: Config) -> Bridge:
     ledger = Ledger(client, keys, config.ledger_maxlen, config.ledger_enabled,
                     source=f"bridge-{bridge_id}", shards=config.ledger_shards)
     dashed = DashedFunctions(client, keys)
+    history = History(client, keys, config.history_policy)
+    streams = TopicStreams(history)
     publisher = Publisher(servers, tls, headers,
                           Scheduler(client, keys, config.delay_shard_seconds,
                                     config.delay_lease, config.delay_lanes),
-                          bounds, config.fanout_timeout, before_background=dashed.record)
+                          bounds, config.fanout_timeout, before_background=dashed.record,
+                          history=history, appended=streams.appended)
     # Five times a worker's: the janitor removes a bridge's subscriptions
     # only when it is surely dead, not merely busy for a few seconds.
     registrations = Registrations(registry, bridge_id, 5 * config.worker_ttl,
@@ -129,7 +132,7 @@ def build_bridge(config: Config) -> Bridge:
                                          config.request_timeout),
                       queues=attachments, registrations=registrations,
                       counts=QueueCounts(attachments, registry), observer=observer,
-                      streams=TopicStreams(History(client, keys, config.history_policy)))
+                      streams=streams)
     server = _server(config, backend)
     registrations.describe = lambda: {"connections": len(server.connections)}
     return Bridge(server, registrations, flusher, attachments)

@@ -13,12 +13,17 @@ from collections.abc import Callable, Iterable, Sequence
 import gevent.lock
 
 from gearhorn import gearman
-from gearhorn.naming import queue_copy_unique, stomp_unique
+from gearhorn.messages import DEDUP_HEADER
+from gearhorn.naming import call_unique, message_ids_for, queue_copy_unique, stomp_unique
 from gearhorn.stomp.backend import FanoutFailed
 from gearhorn.stomp.bounds import QueueBounds
 from gearhorn.stomp.sending import PLAIN, SendOptions
 from gearhorn.store.headers import HeaderStore
+from gearhorn.store.history import Entry, History
 from gearhorn.worker.delayed import DelayedItem, Scheduler
+
+# (topic, (epoch, first offset, last offset), messages): what a SEND appended.
+Appended = Callable[[str, tuple[str, int, int], list[Entry]], None]
 
 
 class Publisher:
@@ -28,14 +33,17 @@ class Publisher:
     def __init__(self, servers: Sequence[tuple[str, int]], tls: gearman.TlsFiles | None,
                  headers: HeaderStore, scheduler: Scheduler, bounds: QueueBounds,
                  fanout_timeout: float,
-                 before_background: Callable[[Iterable[str]], None] | None = None
-                 ) -> None:
+                 before_background: Callable[[Iterable[str]], None] | None = None,
+                 history: History | None = None,
+                 appended: Appended | None = None) -> None:
         self.servers, self.tls = tuple(servers), tls
         self.headers = headers
         self.scheduler = scheduler
         self.bounds = bounds
         self.fanout_timeout = fanout_timeout
         self.before_background = before_background
+        self.history = history  # topics' histories, appended to first (publish)
+        self.appended = appended  # told what was appended (this bridge's stream readers)
         # The bridge's own jobs share one client, one at a time.
         self._own = self.new_client()
         self._own_lock = gevent.lock.Semaphore()
@@ -75,12 +83,35 @@ class Publisher:
 
     def publish(self, client: gearman.Client, topic: str, bodies: Sequence[bytes],
                 options: SendOptions = PLAIN) -> dict:
-        """One ``fanout`` job for ``bodies`` (in order); returns once the copies are queued."""
-        outcome = client.call("fanout", fanout_job(topic, bodies, options),
-                              self.fanout_timeout, options.priority)
+        """One ``fanout`` job for ``bodies`` (in order); returns once the copies are queued.
+
+        On a topic that keeps a history, the bridge appends the messages
+        itself first, under the message ids the job's worker will give
+        them: the topic's stream subscribers have them one Redis round
+        trip after the SEND, not after gearmand and a worker
+        (docs/design.rst). Not for a delayed or deduplicated SEND: those
+        are the worker's to decide on."""
+        unique = call_unique()
+        in_history = self._append_first(topic, bodies, options, unique)
+        outcome = client.submit_foreground(
+            [gearman.Copy("fanout", unique, fanout_job(topic, bodies, options, in_history))],
+            self.fanout_timeout, options.priority)[0]
         if not outcome.ok:
             raise FanoutFailed(f"fanout to {topic} failed: {outcome.reason}")
         return json.loads(outcome.data)
+
+    def _append_first(self, topic: str, bodies: Sequence[bytes], options: SendOptions,
+                      unique: str) -> bool:
+        if (self.history is None or not self.history.policy.keeps(topic)
+                or options.delay is not None or DEDUP_HEADER in options.headers):
+            return False
+        messages = [(message_id, body, options.headers or None)
+                    for message_id, body in zip(message_ids_for(unique, len(bodies)), bodies,
+                                                strict=True)]
+        (where,) = self.history.append([(topic, messages)])
+        if self.appended is not None:
+            self.appended(topic, where, messages)
+        return True
 
     def send_own(self, function: str, body: bytes, headers: dict[str, str]) -> str:
         """A background job of the bridge's own, with headers; returns its header id."""
@@ -92,10 +123,13 @@ class Publisher:
         return message_id
 
 
-def fanout_job(topic: str, bodies: Sequence[bytes], options: SendOptions) -> bytes:
+def fanout_job(topic: str, bodies: Sequence[bytes], options: SendOptions,
+               in_history: bool = False) -> bytes:
     """The ``fanout`` job of a SEND to ``/topic/<topic>``: text bodies as
     they are, others in base64."""
     job: dict[str, object] = {"topic": topic, "background": True}
+    if in_history:
+        job["in_history"] = True
     try:
         texts = [body.decode("utf-8") for body in bodies]
         job.update({"payload": texts[0]} if len(texts) == 1 else {"payloads": texts})

@@ -29,7 +29,7 @@ import gevent.event
 
 from gearhorn.background import Backoff, Outage
 from gearhorn.stomp.offsets import Kept
-from gearhorn.store.history import History, Stored
+from gearhorn.store.history import Entry, History, Stored
 from gearhorn.store.redisconn import REDIS_ERRORS
 
 log = logging.getLogger(__name__)
@@ -241,9 +241,13 @@ class TopicFeed:
                 gevent.sleep(backoff.failed())
                 continue
             for stored in found:
-                self.last = stored[0]
-                for reader in list(self.live):
-                    reader.offer(stored)
+                if stored[0] > self.last:  # not handed over already (appended)
+                    self.hand_over(stored)
+
+    def hand_over(self, stored: Stored) -> None:
+        self.last = stored[0]
+        for reader in list(self.live):
+            reader.offer(stored)
 
     def _check_epoch(self) -> None:
         epoch, _, last = self.history.position(self.topic)
@@ -280,6 +284,18 @@ class TopicStreams:
         reader = StreamReader(feed, consumer, after, epoch, recovered)
         reader.start()
         return reader
+
+    def appended(self, topic: str, where: tuple[str, int, int], messages: list[Entry]) -> None:
+        """A SEND on this bridge appended ``messages`` to ``topic``'s history
+        at ``where`` (epoch, first offset, last): its live readers here get
+        them now, not after the feed's XREAD wakes, when they come right
+        after what the feed has (else the feed reads them in order)."""
+        feed = self.feeds.get(topic)
+        epoch, first, last = where
+        if feed is None or last == 0 or feed.epoch != epoch or feed.last != first - 1:
+            return
+        for offset, (message_id, body, headers) in enumerate(messages, first):
+            feed.hand_over((offset, message_id, body, headers or {}))
 
     def _idle(self, feed: TopicFeed) -> None:
         if self.feeds.get(feed.topic) is feed:

@@ -37,13 +37,15 @@ class History:
     def enabled(self) -> bool:
         return self.policy.enabled
 
-    def append(self, fanouts: Sequence[tuple[str, Sequence[Entry]]]) -> None:
+    def append(self, fanouts: Sequence[tuple[str, Sequence[Entry]]]
+               ) -> list[tuple[str, int, int]]:
         """Each (topic, [(message id, payload, headers), ...]), in order, in
         one round trip: one script call per topic that keeps a history (a
-        group of fanouts to one topic is one call), in the order given."""
+        group of fanouts to one topic is one call), in the order given.
+        Returns (epoch, first offset, last offset) of each call."""
         calls = self.calls(fanouts)
-        if calls:
-            run_scripts(self.redis, calls)
+        replies = run_scripts(self.redis, calls) if calls else []
+        return [(text(epoch), int(first), int(last)) for epoch, first, last in replies]
 
     def calls(self, fanouts: Sequence[tuple[str, Sequence[Entry]]]) -> list[ScriptCall]:
         """What :meth:`append` runs, for a caller that runs it with other

@@ -226,7 +226,8 @@ class FanoutService:
         recipients = self.cache.recipients_of(
             {request.topic: None for _, request in run},
             also=self.history.calls([_entries(request, message_ids)
-                                     for (_, request), message_ids in zip(run, ids, strict=True)]))
+                                     for (_, request), message_ids in zip(run, ids, strict=True)
+                                     if not request.in_history]))
         made = [self._make(request, message_ids, recipients[request.topic], full)
                 for (_, request), message_ids in zip(run, ids, strict=True)]
         copies = [c for m in made for c in m.copies]
@@ -290,7 +291,8 @@ class FanoutService:
     def _remember(self, made: Sequence[_Made]) -> None:
         """The messages of these fanouts in their topics' history (if on)."""
         if self.history.enabled:
-            self.history.append([_entries(m.request, m.message_ids) for m in made])
+            self.history.append([_entries(m.request, m.message_ids) for m in made
+                                 if not m.request.in_history])
 
     def fanout(self, data: bytes, job_unique: str = "", received: float | None = None) -> bytes:
         return self._fanout(parse_fanout(data, self.config.max_payload_bytes), job_unique,

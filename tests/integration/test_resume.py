@@ -9,7 +9,7 @@ import time
 import pytest
 import redis
 
-from gearhorn.client import Producer
+from gearhorn.client import Consumer, Producer
 from gearhorn.store.keys import Keys
 
 from .helpers import unique_topic, wait_for
@@ -239,3 +239,38 @@ def test_a_browser_resumes_after_its_websocket_is_cut(gearmand, start_pool, star
     got = [line[4:] for line in lines if line.startswith("got:")]
     assert got == before + during + after, lines
     assert not [line for line in lines if line.startswith(("error", "not-recovered"))]
+
+
+def test_stomp_sends_reach_stream_readers_on_every_bridge_once_and_in_order(
+        gearmand, start_pool, start_bridge, stomp_clients):
+    """A SEND to a topic with history is appended by the bridge itself (its
+    readers there get it at once), and still fanned out to queue subscribers;
+    history holds each message once."""
+    start_pool([gearmand], processes=2, env=HISTORY)
+    here, there = (start_bridge([gearmand], env=HISTORY) for _ in range(2))
+    topic = unique_topic("resume.")
+    with Producer([(gearmand.host, gearmand.port)]) as admin:
+        admin.subscribe(topic, "gearman")
+    readers = [stomp_clients(bridge.port) for bridge in (here, there)]
+    for reader in readers:
+        reader.subscribe(f"/topic/{topic}", "s", **{"x-stream-offset": "next"})
+    queued = stomp_clients(there.port)
+    queued.subscribe(f"/topic/{topic}", "q")  # a plain one: a queue of its own
+    producer = stomp_clients(here.port)
+    sent = [f"m{i}" for i in range(300)]
+    for i, body in enumerate(sent):
+        if i % 50 == 49:
+            producer.send(f"/topic/{topic}", body)  # with a receipt, now and then
+        else:
+            producer.conn.send(destination=f"/topic/{topic}", body=body)
+    producer.send(f"/topic/{topic}", "end")
+    for reader in readers:
+        got = reader.until(b"end")
+        assert bodies(got) == sent and offsets(got) == list(range(1, 301))
+    assert bodies(queued.until(b"end")) == sent
+    with Producer([(gearmand.host, gearmand.port)]) as admin:
+        with Consumer([(gearmand.host, gearmand.port)], topic, "gearman") as inbox:
+            assert [inbox.get(timeout=30).decode() for _ in range(301)] == sent + ["end"]
+        kept = admin.history(topic, limit=1000)
+    assert [m["payload"] for m in kept["messages"]] == sent + ["end"]
+    assert [m["offset"] for m in kept["messages"]] == list(range(1, 302))
