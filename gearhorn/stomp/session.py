@@ -53,7 +53,7 @@ from gearhorn.stomp.rules import (
 )
 from gearhorn.stomp.sending import TEMP_QUEUE, SendOptions
 from gearhorn.stomp.subscription import StompSubscription
-from gearhorn.stomp.topics import subscribe_queue, subscribe_stream
+from gearhorn.stomp.topics import reads_history, subscribe_queue, subscribe_stream
 from gearhorn.store.redisconn import REDIS_ERRORS
 
 log = logging.getLogger(__name__)
@@ -298,7 +298,7 @@ class Session:
         ack = ack_mode(frame)
         sub = StompSubscription(self, sub_id, destination, ack, prefetch(frame, ack, self.settings),
                                 ack_timeout(frame))
-        if dest.kind == "topic" and "x-stream-offset" in frame.headers:
+        if dest.kind == "topic" and reads_history(self.backend, dest.name, frame):
             self.subscriptions[sub_id] = sub  # before its first message
             self._receipt(frame, subscribe_stream(self.backend, sub, dest.name, frame))
             return

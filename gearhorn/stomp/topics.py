@@ -14,6 +14,17 @@ from gearhorn.stomp.rules import durable_name, queue_limits
 from gearhorn.stomp.subscription import StompSubscription
 
 
+def reads_history(backend: Backend, pattern: str, frame: Frame) -> bool:
+    """Whether a SUBSCRIBE to ``pattern`` reads the topic's history: when it
+    asks to (``x-stream-offset``), or when it is a plain, non-durable one to a
+    topic that keeps a history (then from ``next``), so that every message
+    it gets carries the offset to resume from."""
+    if "x-stream-offset" in frame.headers:
+        return True
+    return (not pattern.endswith("*") and durable_name(frame, "") is None
+            and backend.streams.keeps_history(pattern))
+
+
 def subscribe_queue(backend: Backend, sub: StompSubscription, pattern: str, frame: Frame,
                     client_name: str) -> None:
     """Copies of ``pattern``'s messages go to a queue of ``sub``'s own,
@@ -33,7 +44,7 @@ def subscribe_stream(backend: Backend, sub: StompSubscription, topic: str,
     """``sub`` reads ``topic``'s history from x-stream-offset on, then live
     (gearhorn/stomp/streams.py); listed for presence, with no queue. The
     RECEIPT's headers say where it starts."""
-    start = resume_point(backend.streams, topic, frame.headers)
+    start = resume_point(backend.streams, topic, {"x-stream-offset": "next", **frame.headers})
     sub.stream, sub.pattern, sub.client_id = True, topic, stream_client_id()
     sub.function = queue_name(topic, sub.client_id)
     backend.registrations.subscribe_topic(topic, sub.client_id)

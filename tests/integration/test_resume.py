@@ -251,11 +251,13 @@ def test_stomp_sends_reach_stream_readers_on_every_bridge_once_and_in_order(
     topic = unique_topic("resume.")
     with Producer([(gearmand.host, gearmand.port)]) as admin:
         admin.subscribe(topic, "gearman")
-    readers = [stomp_clients(bridge.port) for bridge in (here, there)]
-    for reader in readers:
+    readers = [stomp_clients(bridge.port) for bridge in (here, there, there)]
+    for reader in readers[:2]:
         reader.subscribe(f"/topic/{topic}", "s", **{"x-stream-offset": "next"})
+    # A plain subscription on a topic with history reads it too, from next.
+    assert readers[2].subscribe(f"/topic/{topic}", "s").headers["x-stream-offset"] == "1"
     queued = stomp_clients(there.port)
-    queued.subscribe(f"/topic/{topic}", "q")  # a plain one: a queue of its own
+    queued.subscribe(f"/topic/{topic}", "q", durable="true")  # a queue of its own
     producer = stomp_clients(here.port)
     sent = [f"m{i}" for i in range(300)]
     for i, body in enumerate(sent):

@@ -200,13 +200,24 @@ def test_transactions_buffer_until_commit(session):
 def test_topic_subscriptions_register_and_clean_up(session):
     s, transport, broker = session
     connect(session, **{"client-id": "app"})
-    s.handle(Frame("SUBSCRIBE", {"destination": "/topic/news", "id": "n"}))
-    s.handle(Frame("SUBSCRIBE", {"destination": "/topic/news", "id": "d", "durable": "true"}))
+    s.handle(Frame("SUBSCRIBE", {"destination": "/topic/sports", "id": "n"}))
+    s.handle(Frame("SUBSCRIBE", {"destination": "/topic/sports", "id": "d", "durable": "true"}))
     (_, _, temp), (_, _, durable) = broker.topics
     assert temp.startswith("s") and durable.startswith("d-")
     s.connection_lost()
     # The non-durable one is unsubscribed and its queue dropped; the durable one stays.
-    assert broker.topics[2:] == [("-", "news", temp), ("drop", f"news_{temp}")]
+    assert broker.topics[2:] == [("-", "sports", temp), ("drop", f"sports_{temp}")]
+
+
+def test_on_a_topic_with_history_a_plain_subscription_reads_it_from_next(session):
+    s, transport, broker = session
+    connect(session)
+    s.handle(Frame("SUBSCRIBE", {"destination": "/topic/news", "id": "plain"}))
+    s.handle(Frame("SUBSCRIBE", {"destination": "/topic/news*", "id": "p"}))  # a pattern
+    s.handle(Frame("UNSUBSCRIBE", {"id": "p"}))
+    s.handle(Frame("SUBSCRIBE", {"destination": "/topic/news", "id": "d", "durable": "true"}))
+    assert broker.streams == [("news", 9, "e1", True)]  # past the last: only new ones
+    assert [entry[2][0] for entry in broker.topics if entry[0] == "+"] == ["+", "s", "d"]
 
 
 @pytest.mark.parametrize("offset, epoch, start", [
