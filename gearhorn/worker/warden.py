@@ -38,7 +38,12 @@ from gearhorn import gearman
 from gearhorn.config import Config
 from gearhorn.limits import EXPIRED, REMOVED, Limits
 from gearhorn.messages import Subscription
-from gearhorn.naming import FOREGROUND_MARK, dead_letter_queue, queue_copy_unique
+from gearhorn.naming import (
+    FOREGROUND_MARK,
+    dead_letter_queue,
+    is_stream_client,
+    queue_copy_unique,
+)
 from gearhorn.observers import Observer
 from gearhorn.retention import Tallied, Verdict, judge
 from gearhorn.store.deadletters import DeadLetterIndex
@@ -228,7 +233,9 @@ class Warden:
     def round(self, now: float | None = None) -> dict[str, Verdict]:
         """One pass over every subscriber queue; the verdicts, for tests."""
         now = time.time() if now is None else now
-        subscriptions = self.registry.subscriptions()
+        # A stream subscription has no queue to bound (gearhorn/stomp/streams.py).
+        subscriptions = {queue: sub for queue, sub in self.registry.subscriptions().items()
+                         if not is_stream_client(sub[0].get("client_id", ""))}
         sums = self.tally.sums(list(subscriptions))
         loads = gearmand_loads(self.config.gearman_servers, self.config.gearman_tls)
         active = {q: s for q, s in sums.items() if s[0] or q in loads}

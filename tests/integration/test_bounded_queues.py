@@ -14,6 +14,9 @@ import pytest
 import redis
 
 from gearhorn import servers
+from gearhorn.limits import Limits
+from gearhorn.messages import Subscription
+from gearhorn.naming import stream_client_id
 from gearhorn.store import redisconn
 from gearhorn.store.keys import Keys
 from gearhorn.store.ledger import entries, rows_from_entries
@@ -185,8 +188,12 @@ def test_expires_removes_an_unused_subscription_and_keeps_a_consumed_one(
                              for f in _status(gearmand)), message="the consumer registered")
         subscribe(gc, topic, "gone", expires=1)
         subscribe(gc, topic, "kept", expires=1)
+        # A STOMP stream subscription has no queue, so never a consumer there:
+        # it is not the warden's to expire (docs/stomp.rst).
+        streamed = stream_client_id()
+        pool.registry.subscribe(Subscription(topic, streamed, Limits(expires=1), bridge="b"))
         publish(gc, topic, ["one", "two"])
-        wait_for(lambda: pool.registry.subscribers(topic) == {"kept"}
+        wait_for(lambda: pool.registry.subscribers(topic) == {"kept", streamed}
                  and len(dropped(redis_url, f"{topic}_gone")) == 2, timeout=30,
                  message="the unused subscription removed with its copies")
         removed_at = time.time()
@@ -197,7 +204,7 @@ def test_expires_removes_an_unused_subscription_and_keeps_a_consumed_one(
         registry_redis = redisconn.connect(redis_url)
         wait_for(lambda: json.loads(registry_redis.get(backlogs))["at"] > removed_at + 2,
                  timeout=30, message="the warden's rounds 2 s on")
-        assert pool.registry.subscribers(topic) == {"kept"}
+        assert pool.registry.subscribers(topic) == {"kept", streamed}
     finally:
         consumer.kill()
         consumer.wait(timeout=10)
