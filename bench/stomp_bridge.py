@@ -241,8 +241,10 @@ class RabbitMQ:
             self.proc.wait(60)
         except (ProcessLookupError, subprocess.TimeoutExpired):
             os.killpg(self.proc.pid, signal.SIGKILL)
-        subprocess.run(["pkill", "-f", f"ERL_EPMD_PORT={self.epmd_port}"], check=False)
-        subprocess.run(["pkill", "-f", f"epmd.*-port {self.epmd_port}"], check=False)
+        # epmd runs as "epmd -daemon", detached and without its port in its
+        # command line: ask it to stop on its port (pkill -f never matched it).
+        subprocess.run(["epmd", "-kill"], env={**os.environ, "ERL_EPMD_PORT": str(self.epmd_port)},
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
         self.log.close()
         shutil.rmtree(self.tmp, ignore_errors=True)
 

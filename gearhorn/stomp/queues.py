@@ -52,6 +52,7 @@ class Delivery:
 
     __slots__ = ("job", "worker", "dispatcher", "consumer", "redelivered", "deliveries",
                  "timer", "done", "message_id", "headers", "unique", "tracked")
+    extra = b""  # no header lines of the bridge's own (a stream delivery has some)
 
     def __init__(self, job: gearman.GrabbedJob, worker: gearman.WorkerConnection,
                  dispatcher: QueueDispatcher, headers: dict[str, str] | None = None, *,

@@ -51,14 +51,15 @@ class StreamDelivery:
     the part of a queue's Delivery for the session (acks free credit only:
     nothing is given back, the history keeps it)."""
 
-    __slots__ = ("reader", "body", "headers", "unique", "message_id", "redelivered",
+    __slots__ = ("reader", "body", "headers", "extra", "unique", "message_id", "redelivered",
                  "deliveries", "timer", "done")
 
     def __init__(self, reader: StreamReader, body: bytes, headers: dict[str, str],
-                 unique: str) -> None:
+                 unique: str, extra: bytes) -> None:
         self.reader = reader
         self.body = body
-        self.headers = headers
+        self.headers = headers  # the sender's, with ``extra`` in them when there are any
+        self.extra = extra  # x-stream-offset and the rest, as header lines
         self.unique = unique  # the message's id, as the ledger knows it
         self.message_id = ""  # set by the session at each delivery
         self.redelivered = False
@@ -173,12 +174,14 @@ class StreamReader:
         if offset > self.position + 1:
             self.unrecovered = True  # trimmed before it could read them
         self.position = offset
-        headers = {**headers, "x-stream-offset": str(offset),
-                   "x-stream-epoch": self.epoch or ""}
+        extra = b"x-stream-offset:%d\nx-stream-epoch:%s\n" % (offset, (self.epoch or "").encode())
         if self.unrecovered:
-            headers["x-recovered"] = "false"
+            extra += b"x-recovered:false\n"
             self.unrecovered = False
-        self.consumer.deliver(StreamDelivery(self, body, headers, message_id))
+        if headers:  # the sender's: the MESSAGE is encoded header by header
+            headers = {**headers, **dict(line.decode().split(":", 1)
+                                         for line in extra.splitlines())}
+        self.consumer.deliver(StreamDelivery(self, body, headers, message_id, extra))
 
 
 class TopicFeed:

@@ -94,7 +94,7 @@ class StompSubscription:
             if self.prefix is None:
                 self.prefix = message_prefix(self.id, self.destination, version)
             return message_frame(self.prefix, message_id, delivery.deliveries,
-                                 delivery.redelivered, ack, delivery.body)
+                                 delivery.redelivered, ack, delivery.body, delivery.extra)
         headers = {**delivery.headers, "subscription": self.id, "message-id": message_id,
                    "destination": delivery.headers.get("destination", self.destination),
                    "delivery-count": str(delivery.deliveries),

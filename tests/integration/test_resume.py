@@ -261,14 +261,16 @@ def test_stomp_sends_reach_stream_readers_on_every_bridge_once_and_in_order(
     producer = stomp_clients(here.port)
     sent = [f"m{i}" for i in range(300)]
     for i, body in enumerate(sent):
-        if i % 50 == 49:
-            producer.send(f"/topic/{topic}", body)  # with a receipt, now and then
+        if i % 50 == 49:  # now and then with a receipt and a header of the sender's
+            producer.send(f"/topic/{topic}", body, **{"x-n": str(i)})
         else:
             producer.conn.send(destination=f"/topic/{topic}", body=body)
     producer.send(f"/topic/{topic}", "end")
     for reader in readers:
         got = reader.until(b"end")
         assert bodies(got) == sent and offsets(got) == list(range(1, 301))
+        assert [m.headers["x-n"] for m in got if "x-n" in m.headers] == [
+            str(i) for i in range(49, 300, 50)]
     assert bodies(queued.until(b"end")) == sent
     with Producer([(gearmand.host, gearmand.port)]) as admin:
         with Consumer([(gearmand.host, gearmand.port)], topic, "gearman") as inbox:
