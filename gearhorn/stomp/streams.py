@@ -149,16 +149,19 @@ class StreamReader:
                     self._wake.wait(5)
                     continue
                 try:
-                    found = self.feed.history.entries(self.feed.topic, self.position,
-                                                      min(credit, PAGE))
+                    epoch, found = self.feed.history.entries(self.feed.topic, self.position,
+                                                             min(credit, PAGE))
                     outage.succeeded()
                     backoff.succeeded()
                 except REDIS_ERRORS as exc:
                     outage.failed(exc)
                     gevent.sleep(backoff.failed())
                     continue
-                if found and self.epoch is None:  # the topic's first messages
-                    self.epoch = self.feed.history.position(self.feed.topic)[0]
+                if epoch is not None and epoch != self.epoch:
+                    lost = self.epoch is not None  # else: the topic's first messages
+                    self.epoch_changed(epoch)
+                    if lost:
+                        continue  # read again, from the new epoch's start
                 for stored in found:
                     if not self.closed:
                         self._deliver(stored)

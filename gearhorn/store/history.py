@@ -106,11 +106,15 @@ class History:
         return (text(epoch) if epoch else None,
                 _offset(oldest[0][0]) if oldest else last + 1, last)
 
-    def entries(self, topic: str, after: int, count: int) -> list[Stored]:
-        """Up to ``count`` messages after offset ``after``, as stored."""
-        found = self.redis.xrange(self.keys.history(topic), min=f"{after + 1}-0", max="+",
-                                  count=count)
-        return [_stored(entry_id, fields) for entry_id, fields in found]
+    def entries(self, topic: str, after: int, count: int) -> tuple[str | None, list[Stored]]:
+        """The topic's epoch, and up to ``count`` messages after offset
+        ``after`` as stored (read together: offsets mean nothing without it)."""
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.hget(self.keys.history_meta(topic), "epoch")
+        pipe.xrange(self.keys.history(topic), min=f"{after + 1}-0", max="+", count=count)
+        epoch, found = pipe.execute()
+        return (text(epoch) if epoch else None,
+                [_stored(entry_id, fields) for entry_id, fields in found])
 
     def wait(self, topic: str, after: int, block_ms: int, count: int) -> list[Stored]:
         """Messages after offset ``after``, waiting up to ``block_ms`` for one."""

@@ -116,7 +116,8 @@ def test_headers_position_and_offset_at_a_time(history, monkeypatch):
                                    else None)])])
     (second,) = history.read("news", since=1, limit=1)["messages"]
     assert second["headers"] == {"content-type": "text/plain"}
-    assert history.entries("news", 1, 10)[0][1:] == ("m2", b"x", {"content-type": "text/plain"})
+    epoch, (stored, *_) = history.entries("news", 1, 10)
+    assert epoch and stored[1:] == ("m2", b"x", {"content-type": "text/plain"})
     epoch, first, last = history.position("news")
     assert epoch and (first, last) == (1, 3)
     assert [history.offset_at("news", t, page=2) for t in (0, 150, 300, 301)] == [1, 2, 3, 4]
