@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Protocol
+from functools import partial
+from typing import Protocol, TypeVar
 
 import gevent
 import gevent.event
@@ -35,7 +36,29 @@ from gearhorn.store.redisconn import REDIS_ERRORS
 log = logging.getLogger(__name__)
 
 PAGE = 500  # messages read from history at a time
-BLOCK_MS = 1000  # a feed's XREAD waits this long, then checks the topic's epoch
+BLOCK_MS = 1000
+T = TypeVar("T")  # a feed's XREAD waits this long, then checks the topic's epoch
+
+
+class RedisCalls:
+    """A loop's Redis calls: an outage logged once, and a growing pause
+    between failed attempts."""
+
+    def __init__(self, what: str) -> None:
+        self.outage = Outage(log, f"redis ({what})")
+        self.backoff = Backoff()
+
+    def attempt(self, call: Callable[[], T]) -> T | None:
+        """``call()``'s result; None (after the pause) if Redis failed it."""
+        try:
+            result = call()
+        except REDIS_ERRORS as exc:
+            self.outage.failed(exc)
+            gevent.sleep(self.backoff.failed())
+            return None
+        self.outage.succeeded()
+        self.backoff.succeeded()
+        return result
 
 
 class StreamConsumer(Protocol):
@@ -139,8 +162,7 @@ class StreamReader:
             self._catching_up = gevent.spawn(self._catch_up)
 
     def _catch_up(self) -> None:
-        outage = Outage(log, f"redis (history of {self.feed.topic})")
-        backoff = Backoff()
+        redis_calls = RedisCalls(f"history of {self.feed.topic}")
         try:
             while not self.closed:
                 credit = self.consumer.credit()
@@ -148,15 +170,11 @@ class StreamReader:
                     self._wake.clear()
                     self._wake.wait(5)
                     continue
-                try:
-                    epoch, found = self.feed.history.entries(self.feed.topic, self.position,
-                                                             min(credit, PAGE))
-                    outage.succeeded()
-                    backoff.succeeded()
-                except REDIS_ERRORS as exc:
-                    outage.failed(exc)
-                    gevent.sleep(backoff.failed())
+                page = redis_calls.attempt(partial(self.feed.history.entries, self.feed.topic,
+                                                   self.position, min(credit, PAGE)))
+                if page is None:
                     continue
+                epoch, found = page
                 if epoch is not None and epoch != self.epoch:
                     lost = self.epoch is not None  # else: the topic's first messages
                     self.epoch_changed(epoch)
@@ -231,24 +249,21 @@ class TopicFeed:
                 self._on_idle(self)
 
     def _run(self) -> None:
-        outage = Outage(log, f"redis (feed of {self.topic})")
-        backoff = Backoff()
+        redis_calls = RedisCalls(f"feed of {self.topic}")
         while not self.stopped:
-            try:
-                if self.last is None:
-                    self.epoch, _, self.last = self.history.position(self.topic)
-                found = self.history.wait(self.topic, self.last, BLOCK_MS, PAGE)
-                if not found or self.epoch is None:
-                    self._check_epoch()
-                outage.succeeded()
-                backoff.succeeded()
-            except REDIS_ERRORS as exc:
-                outage.failed(exc)
-                gevent.sleep(backoff.failed())
-                continue
-            for stored in found:
+            found = redis_calls.attempt(self._read)
+            for stored in found or ():
                 if stored[0] > self.last:  # not handed over already (appended)
                     self.hand_over(stored)
+
+    def _read(self) -> list[Stored]:
+        """What follows the feed's last offset (waiting up to BLOCK_MS)."""
+        if self.last is None:
+            self.epoch, _, self.last = self.history.position(self.topic)
+        found = self.history.wait(self.topic, self.last, BLOCK_MS, PAGE)
+        if not found or self.epoch is None:
+            self._check_epoch()
+        return found
 
     def hand_over(self, stored: Stored) -> None:
         self.last = stored[0]

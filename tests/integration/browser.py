@@ -21,6 +21,23 @@ def chromium():
     return path
 
 
+def stomp_page(title, script):
+    """A page with stompjs's bundle, a ``log(text)`` that adds a line to
+    ``#log`` and the URL's query in ``params``, then ``script``."""
+    return f"""<!doctype html>
+<html><head><meta charset="utf-8"><title>{title}</title>
+<script src="stomp.umd.min.js"></script></head>
+<body><ul id="log"></ul>
+<script>
+const params = new URLSearchParams(location.search);
+const log = (text) => {{
+  const li = document.createElement("li"); li.textContent = text;
+  document.getElementById("log").appendChild(li);
+}};
+{script}</script></body></html>
+"""
+
+
 @contextlib.contextmanager
 def browser():
     from playwright.sync_api import sync_playwright

@@ -12,6 +12,7 @@ import redis
 from gearhorn.client import Consumer, Producer
 from gearhorn.store.keys import Keys
 
+from .browser import browser, static_site, stomp_page
 from .helpers import unique_topic, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
@@ -176,16 +177,7 @@ def error_text(frame):
 
 # -- a browser: the resume of docs/stomp.rst's example --------------------------------------
 
-RESUMING_PAGE = """<!doctype html>
-<html><head><meta charset="utf-8"><title>gearhorn resume</title>
-<script src="stomp.umd.min.js"></script></head>
-<body><ul id="log"></ul>
-<script>
-const params = new URLSearchParams(location.search);
-const log = (text) => {
-  const li = document.createElement("li"); li.textContent = text;
-  document.getElementById("log").appendChild(li);
-};
+RESUMING_PAGE = stomp_page("gearhorn resume", """\
 // The position to resume from: the last offset seen, and its epoch.
 let last = null, epoch = null, connects = 0;
 const client = new StompJs.Client({brokerURL: params.get("url"), reconnectDelay: 0});
@@ -206,13 +198,11 @@ client.onStompError = (f) => log("error:" + f.headers.message);
 window.cut = () => client.deactivate({force: true}).then(() => log("cut"));
 window.resume = () => client.activate();
 client.activate();
-</script></body></html>
-"""
+""")
 
 
 def test_a_browser_resumes_after_its_websocket_is_cut(gearmand, start_pool, start_bridge,
                                                       tmp_path):
-    from .browser import browser, static_site
     from .test_websocket import stompjs_bundle
 
     start_pool([gearmand], processes=2, env=HISTORY)

@@ -13,7 +13,7 @@ import pytest
 
 from tests.conftest import missing, require_binary
 
-from .browser import browser, static_site
+from .browser import browser, static_site, stomp_page
 from .helpers import gearman_cli, self_signed_certificate, unique_topic, wait_for
 from .stomp_helpers import WsClient, error_detail
 
@@ -184,16 +184,7 @@ def test_stompjs_under_node_subscribes_and_publishes(gearmand, stack, gearman_cl
 # -- a real browser -----------------------------------------------------------------------
 
 
-PAGE = """<!doctype html>
-<html><head><meta charset="utf-8"><title>gearhorn</title>
-<script src="stomp.umd.min.js"></script></head>
-<body><ul id="log"></ul>
-<script>
-const params = new URLSearchParams(location.search);
-const log = (text) => {
-  const li = document.createElement("li"); li.textContent = text;
-  document.getElementById("log").appendChild(li);
-};
+PAGE = stomp_page("gearhorn", """\
 const client = new StompJs.Client({brokerURL: params.get("url"), reconnectDelay: 0});
 client.onConnect = () => {
   client.subscribe("/topic/" + params.get("topic"), (m) => log("got:" + m.body),
@@ -205,8 +196,7 @@ client.onConnect = () => {
 };
 client.onStompError = (f) => log("error:" + f.headers.message);
 client.activate();
-</script></body></html>
-"""
+""")
 
 
 def test_a_browser_page_gets_a_fanout_and_publishes_to_a_queue(gearmand, stack, tmp_path,

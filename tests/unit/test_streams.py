@@ -1,0 +1,76 @@
+"""A stream reader catching up from history (gearhorn/stomp/streams.py),
+on fakeredis: offsets in order, each once, and a history lost meanwhile
+seen on the next page."""
+
+import pytest
+
+from gearhorn.historypolicy import HistoryPolicy
+from gearhorn.stomp.streams import StreamReader
+from gearhorn.store.history import History
+
+pytestmark = pytest.mark.timeout(10)
+
+
+class Feed:
+    """The reader's feed: caught up as soon as history has nothing more."""
+
+    topic = "news"
+
+    def __init__(self, history):
+        self.history = history
+        self.joined = 0
+
+    def join(self, reader):
+        self.joined += 1
+        return True
+
+    def leave(self, reader):
+        pass
+
+
+class Consumer:
+    def __init__(self):
+        self.got = []
+
+    def credit(self):
+        return 2  # pages of two: the reader reads again and again
+
+    def deliver(self, delivery):
+        self.got.append((delivery.body, delivery.extra))
+
+
+def append(history, *bodies):
+    history.append([("news", [(f"id-{body}", body, None) for body in bodies])])
+
+
+@pytest.fixture
+def history(registry):
+    return History(registry.redis, registry.keys, HistoryPolicy(100, 3600))
+
+
+def test_it_reads_every_page_after_its_position_then_joins(history):
+    append(history, b"1", b"2", b"3", b"4", b"5")
+    epoch = history.position("news")[0]
+    consumer, feed = Consumer(), Feed(history)
+    reader = StreamReader(feed, consumer, 2, epoch, True)
+    reader._catch_up()
+    assert [body for body, _ in consumer.got] == [b"3", b"4", b"5"]
+    assert consumer.got[0][1] == b"x-stream-offset:3\nx-stream-epoch:%s\n" % epoch.encode()
+    assert feed.joined == 1 and reader.position == 5
+
+
+def test_a_history_lost_while_it_catches_up_starts_it_over_in_the_new_epoch(history, registry):
+    append(history, b"1", b"2", b"3")
+    old = history.position("news")[0]
+    registry.redis.delete(registry.keys.history("news"), registry.keys.history_meta("news"))
+    append(history, b"a", b"b", b"c", b"d")  # a new epoch, offsets from 1 again
+    new = history.position("news")[0]
+    consumer = Consumer()
+    reader = StreamReader(Feed(history), consumer, 2, old, True)
+    reader._catch_up()
+    # Not offsets 3 and 4 of the new epoch taken for the old one's: all of
+    # the new epoch, and the client told on the first.
+    assert [body for body, _ in consumer.got] == [b"a", b"b", b"c", b"d"]
+    first = consumer.got[0][1]
+    assert b"x-recovered:false" in first and new.encode() in first
+    assert all(b"x-recovered" not in extra for _, extra in consumer.got[1:])
