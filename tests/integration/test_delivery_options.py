@@ -335,9 +335,12 @@ def test_a_reply_to_a_requester_who_left_is_not_queued(gearmand, stack, stomp_cl
     other = stomp_clients(stack.port)
     answered_by_a_gearman_worker(gearmand, other, b"marker")
     assert other.messages(1)[0].body == b"marker"
-    # The answer went nowhere: no temp queue holds a job nobody will take.
+    # The answer went nowhere: no temp queue of the requester who left holds
+    # a job nobody will take. (Not any temp queue: the marker's own one
+    # counts its reply in gearmand until the bridge's WORK_COMPLETE, which
+    # follows the MESSAGE: it was seen there once, a run in a few.)
     assert not {f for f in functions_with_jobs(gearmand) - before
-                if f.startswith("gearhorn.tmp.")}
+                if f.startswith("gearhorn.tmp.") and f.endswith(".gone")}
 
 
 def functions_with_jobs(server):
