@@ -73,7 +73,9 @@ class DeadLetterIndex:
         info = {"at": at, "reason": reason, "deliveries": deliveries, "size": len(body),
                 "preview": preview_of(body)}
         pipe = self.redis.pipeline(transaction=False)
-        pipe.zadd(self.keys.dead(queue), {header_id: int(at * 1000)})
+        # Microseconds: two letters in one millisecond (two NACKs read
+        # together) tied, and Redis then ordered them by their random ids.
+        pipe.zadd(self.keys.dead(queue), {header_id: int(at * 1_000_000)})
         pipe.hset(self.keys.dead_info(queue), header_id, json.dumps(info))
         if self.stats is not None:
             self.stats.dead_letter(queue, pipe)
