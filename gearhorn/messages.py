@@ -116,11 +116,19 @@ class Fanout:
     # Already in the topic's history: the bridge appended it itself, so its
     # stream subscribers need not wait for a worker (gearhorn/stomp/publisher.py).
     in_history: bool = False
+    # The messages' ids, when the sender named them (the bridge, for what it
+    # appended); else they derive from the job's unique key (naming.py).
+    message_ids: tuple[str, ...] = ()
 
     @property
     def data(self) -> bytes:
         """The body of a single-message fanout."""
         return self.bodies[0]
+
+    def ids(self, job_unique: str) -> list[str]:
+        """The ids the sender gave the messages, else ids derived from the
+        job's unique key: either way the same when the job runs again."""
+        return list(self.message_ids) or message_ids_for(job_unique, len(self.bodies))
 
 
 def validate_topic(topic: object, *, allow_prefix: bool = False) -> str:
@@ -251,7 +259,17 @@ def parse_fanout(data: bytes, max_payload: int = DEFAULT_MAX_PAYLOAD,
     return Fanout(topic, bodies, unique, bool(obj.get("background")),
                   parse_priority(obj.get("priority", "normal")),
                   parse_schedule(obj.get("deliver_at"), obj.get("delay"), now),
-                  headers, dedup_id, obj.get("in_history") is True)
+                  headers, dedup_id, obj.get("in_history") is True,
+                  _message_ids(obj.get("message_ids"), len(bodies)))
+
+
+def _message_ids(value: object, count: int) -> tuple[str, ...]:
+    """``message_ids``: absent, or one id (a unique key's characters) per message."""
+    if value is None:
+        return ()
+    if not isinstance(value, list) or len(value) != count:
+        raise BadRequest(f"message_ids must be a list of {count} ids, one per message")
+    return tuple(_parse_unique(v, "message id") for v in value)
 
 
 PRIORITIES = ("high", "normal", "low")

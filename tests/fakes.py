@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
+import types
 
 from gearhorn import gearman
 from gearhorn.config import Config
@@ -17,7 +18,8 @@ from gearhorn.stomp.backend import Backend
 from gearhorn.stomp.frames import FrameParser
 from gearhorn.stomp.offsets import Kept
 from gearhorn.stomp.queues import Delivery
-from gearhorn.stomp.sending import PLAIN
+from gearhorn.stomp.sending import PLAIN, TopicSend
+from gearhorn.stomp.session import Session
 
 
 class RecordingClient:
@@ -58,6 +60,17 @@ class Answered:
 
     def wait(self, timeout):
         return self.outcomes
+
+
+def run_now(run):
+    """An Outbox's spawn in tests without gevent: its jobs run inline."""
+    run()
+
+
+def session_without_sockets(backend, transport, settings=None):
+    session = Session(backend, transport, settings)
+    session.outbox.spawn = run_now
+    return session
 
 
 class FakeTransport:
@@ -148,6 +161,13 @@ class FakeBroker:
         self.sent += [(function, body) for body in bodies]
         self.options = getattr(self, "options", []) + [options]
         self.calls = getattr(self, "calls", 0) + 1
+
+    def prepare(self, topic, bodies, options=PLAIN):
+        return TopicSend(topic, list(bodies), options)
+
+    def start(self, client, send):
+        result = self.publish(client, send.topic, send.bodies, send.options)
+        return types.SimpleNamespace(wait=lambda: result)
 
     def publish(self, client, topic, bodies, options=PLAIN):
         self.published += [(topic, body) for body in bodies]

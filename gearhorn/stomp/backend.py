@@ -21,7 +21,7 @@ from gearhorn.stomp.auth import Principal
 from gearhorn.stomp.offsets import Kept
 from gearhorn.stomp.queues import QueueConsumer, QueueDispatcher
 from gearhorn.stomp.rules import Destination
-from gearhorn.stomp.sending import SendOptions
+from gearhorn.stomp.sending import SendOptions, TopicSend
 from gearhorn.stomp.streams import StreamConsumer, StreamReader
 
 
@@ -57,6 +57,21 @@ class Publishes(Protocol):
 
     def publish(self, client: gearman.Client, topic: str, bodies: Sequence[bytes],
                 options: SendOptions = ...) -> dict: ...
+
+    def prepare(self, topic: str, bodies: Sequence[bytes],
+                options: SendOptions = ...) -> TopicSend:
+        """``publish`` in two steps: appended to the history (if kept) now, ..."""
+        ...
+
+    def start(self, client: gearman.Client, send: TopicSend) -> Answered:
+        """... the fanout job submitted now, its answer read later."""
+        ...
+
+
+class Answered(Protocol):
+    def wait(self) -> dict:
+        """The fanout job's result; raises FanoutFailed."""
+        ...
 
 
 class Requests(Protocol):

@@ -14,10 +14,10 @@ import gevent.lock
 
 from gearhorn import gearman
 from gearhorn.messages import DEDUP_HEADER
-from gearhorn.naming import call_unique, message_ids_for, queue_copy_unique, stomp_unique
+from gearhorn.naming import call_unique, new_message_id, queue_copy_unique, stomp_unique
 from gearhorn.stomp.backend import FanoutFailed
 from gearhorn.stomp.bounds import QueueBounds
-from gearhorn.stomp.sending import PLAIN, SendOptions
+from gearhorn.stomp.sending import PLAIN, SendOptions, TopicSend
 from gearhorn.store.headers import HeaderStore
 from gearhorn.store.history import Entry, History
 from gearhorn.worker.delayed import DelayedItem, Scheduler
@@ -83,35 +83,35 @@ class Publisher:
 
     def publish(self, client: gearman.Client, topic: str, bodies: Sequence[bytes],
                 options: SendOptions = PLAIN) -> dict:
-        """One ``fanout`` job for ``bodies`` (in order); returns once the copies are queued.
+        """One ``fanout`` job for ``bodies`` (in order); returns once the copies are queued."""
+        return self.start(client, self.prepare(topic, bodies, options)).wait()
+
+    def prepare(self, topic: str, bodies: Sequence[bytes],
+                options: SendOptions = PLAIN) -> TopicSend:
+        """A SEND to ``topic``, ready for its fanout job.
 
         On a topic that keeps a history, the bridge appends the messages
-        itself first, under the message ids the job's worker will give
-        them: the topic's stream subscribers have them one Redis round
-        trip after the SEND, not after gearmand and a worker
-        (docs/design.rst). Not for a delayed or deduplicated SEND: those
-        are the worker's to decide on."""
-        unique = call_unique()
-        in_history = self._append_first(topic, bodies, options, unique)
-        outcome = client.submit_foreground(
-            [gearman.Copy("fanout", unique, fanout_job(topic, bodies, options, in_history))],
-            self.fanout_timeout, options.priority)[0]
-        if not outcome.ok:
-            raise FanoutFailed(f"fanout to {topic} failed: {outcome.reason}")
-        return json.loads(outcome.data)
-
-    def _append_first(self, topic: str, bodies: Sequence[bytes], options: SendOptions,
-                      unique: str) -> bool:
+        itself first, under ids the job then names: the topic's stream
+        subscribers have them one Redis round trip after the SEND, not
+        after gearmand and a worker (docs/design.rst). Not for a delayed
+        or deduplicated SEND: those are the worker's to decide on."""
         if (self.history is None or not self.history.policy.keeps(topic)
                 or options.delay is not None or DEDUP_HEADER in options.headers):
-            return False
+            return TopicSend(topic, list(bodies), options)
+        ids = [new_message_id() for _ in bodies]
         messages = [(message_id, body, options.headers or None)
-                    for message_id, body in zip(message_ids_for(unique, len(bodies)), bodies,
-                                                strict=True)]
+                    for message_id, body in zip(ids, bodies, strict=True)]
         (where,) = self.history.append([(topic, messages)])
         if self.appended is not None:
             self.appended(topic, where, messages)
-        return True
+        return TopicSend(topic, list(bodies), options, ids)
+
+    def start(self, client: gearman.Client, send: TopicSend) -> Pending:
+        """Submit ``send``'s fanout job; :meth:`Pending.wait` has its answer.
+        Until then ``client`` is for nothing else (the answer comes on it)."""
+        copy = gearman.Copy("fanout", call_unique(), fanout_job(send))
+        return Pending(send.topic, client.start_foreground([copy], send.options.priority),
+                       self.fanout_timeout)
 
     def send_own(self, function: str, body: bytes, headers: dict[str, str]) -> str:
         """A background job of the bridge's own, with headers; returns its header id."""
@@ -123,13 +123,27 @@ class Publisher:
         return message_id
 
 
-def fanout_job(topic: str, bodies: Sequence[bytes], options: SendOptions,
-               in_history: bool = False) -> bytes:
-    """The ``fanout`` job of a SEND to ``/topic/<topic>``: text bodies as
+class Pending:
+    """A fanout job gearmand accepted, its answer still to come."""
+
+    def __init__(self, topic: str, placed: gearman.Placed, timeout: float) -> None:
+        self.topic, self.placed, self.timeout = topic, placed, timeout
+
+    def wait(self) -> dict:
+        """The job's result; raises FanoutFailed."""
+        outcome = self.placed.wait(self.timeout)[0]
+        if not outcome.ok:
+            raise FanoutFailed(f"fanout to {self.topic} failed: {outcome.reason}")
+        return json.loads(outcome.data)
+
+
+def fanout_job(send: TopicSend) -> bytes:
+    """The ``fanout`` job of SENDs to ``/topic/<topic>``: text bodies as
     they are, others in base64."""
+    topic, bodies, options = send.topic, send.bodies, send.options
     job: dict[str, object] = {"topic": topic, "background": True}
-    if in_history:
-        job["in_history"] = True
+    if send.message_ids is not None:  # the bridge appended them to the history
+        job.update(in_history=True, message_ids=send.message_ids)
     try:
         texts = [body.decode("utf-8") for body in bodies]
         job.update({"payload": texts[0]} if len(texts) == 1 else {"payloads": texts})

@@ -22,6 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from gearhorn.messages import (
+    MAX_BATCH,
     MAX_DELAY_SECONDS,
     BadRequest,
     parse_headers,
@@ -51,6 +52,33 @@ class SendOptions:
 
 
 PLAIN = SendOptions()
+
+
+@dataclass
+class TopicSend:
+    """SENDs to a topic, ready for one fanout job; ``message_ids`` when the
+    bridge appended them to the topic's history already."""
+
+    topic: str
+    bodies: list[bytes]
+    options: SendOptions = PLAIN
+    message_ids: list[str] | None = None
+
+    def __post_init__(self) -> None:
+        self.size = sum(map(len, self.bodies))
+
+    def take(self, other: TopicSend, max_bytes: int) -> bool:
+        """Add ``other``'s messages, if one job may carry both; says whether it did."""
+        if (other.topic != self.topic or other.options != self.options
+                or (other.message_ids is None) != (self.message_ids is None)
+                or len(self.bodies) + len(other.bodies) > MAX_BATCH
+                or self.size + other.size > max_bytes):
+            return False
+        self.bodies += other.bodies
+        self.size += other.size
+        if self.message_ids is not None and other.message_ids is not None:
+            self.message_ids += other.message_ids
+        return True
 
 
 def send_options(headers: Mapping[str, str]) -> SendOptions:

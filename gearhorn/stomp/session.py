@@ -14,14 +14,15 @@ import uuid
 from collections.abc import Callable
 
 from gearhorn import gearman
-from gearhorn.messages import BadRequest, validate_queue
+from gearhorn.messages import DEDUP_HEADER, BadRequest, validate_queue
 from gearhorn.naming import TEMP_FUNCTION_PREFIX, temp_queue
-from gearhorn.observers import Observer
+from gearhorn.stomp.acks import observer_for, settle
 from gearhorn.stomp.auth import OPEN
 from gearhorn.stomp.backend import Backend, FanoutFailed, Transport
 from gearhorn.stomp.batching import send_batches
 from gearhorn.stomp.bounds import QueueFull
 from gearhorn.stomp.frames import Frame, encode
+from gearhorn.stomp.outbox import Outbox
 from gearhorn.stomp.queues import Delivery
 from gearhorn.stomp.rules import (
     ACCESS_REFUSED,
@@ -53,17 +54,21 @@ from gearhorn.stomp.rules import (
 )
 from gearhorn.stomp.sending import TEMP_QUEUE, SendOptions
 from gearhorn.stomp.subscription import StompSubscription
-from gearhorn.stomp.topics import reads_history, subscribe_queue, subscribe_stream
+from gearhorn.stomp.topics import (
+    end_subscription,
+    reads_history,
+    subscribe_queue,
+    subscribe_stream,
+)
 from gearhorn.store.redisconn import REDIS_ERRORS
 
 log = logging.getLogger(__name__)
 
-# Stream subscriptions' deliveries are not in the ledger yet (docs/stomp.rst).
-QUIET = Observer()
-
 # What a frame may fail with; each ends the connection with an ERROR (_refused).
 _REFUSALS = (ProtocolError, BadRequest, FanoutFailed, QueueFull, gearman.GearmanError,
              *REDIS_ERRORS)
+# Frames that need not wait for the topic SENDs in flight (gearhorn/stomp/outbox.py).
+_BESIDE_SENDS = frozenset({"SEND", "ACK", "NACK"})
 
 class Session:
     """Protocol state of one STOMP connection."""
@@ -86,6 +91,8 @@ class Session:
         self.transactions = Transactions(self.settings.max_transaction_frames)
         self._counter = itertools.count(1)
         self._gearman: gearman.Client | None = None
+        self.outbox = Outbox(backend.publisher, lambda: self.gearman, self._answered,
+                             self._refused, self.settings.max_payload_bytes)
         self._handlers = {
             "CONNECT": self.on_connect, "STOMP": self.on_connect, "SEND": self.on_send,
             "SUBSCRIBE": self.on_subscribe, "UNSUBSCRIBE": self.on_unsubscribe,
@@ -112,6 +119,8 @@ class Session:
                 raise ProtocolError(f"unknown command {frame.command}", BAD_COMMAND)
             if not self.connected and handler != self.on_connect:
                 raise ProtocolError(f"{frame.command} before CONNECT", ILLEGAL_COMMAND)
+            if frame.command not in _BESIDE_SENDS and not self._flushed():
+                return
             handler(frame)
         except _REFUSALS as exc:
             self._refused(frame, exc)
@@ -146,10 +155,12 @@ class Session:
             dest = parse_destination(batch[0].headers["destination"])
             self._check_send(dest)
             bodies = [f.body for f in batch]
-            if dest.kind == "queue":
-                self.backend.publisher.send_to_queue(self.gearman, dest.name, bodies)
-            else:
-                self.backend.publisher.publish(self.gearman, dest.name, bodies)
+            if dest.kind == "topic":
+                self.outbox.put(self.backend.publisher.prepare(dest.name, bodies), batch)
+                return
+            if not self._flushed():
+                return
+            self.backend.publisher.send_to_queue(self.gearman, dest.name, bodies)
         except _REFUSALS as exc:
             self._refused(batch[0], exc)
             return
@@ -179,10 +190,11 @@ class Session:
         self.closed = True
         for sub in list(self.subscriptions.values()):
             try:
-                self._end(sub, remove=False)
+                end_subscription(self.backend, sub, self.acks, remove=False)
             except (*REDIS_ERRORS, gearman.GearmanError) as exc:
                 log.warning("session %s: cleanup of %s failed: %s", self.id, sub.id, exc)
         self.subscriptions.clear()
+        self.outbox.flush()  # what was read before the socket went still goes out
         if self._gearman is not None:
             self._gearman.close()
 
@@ -218,24 +230,29 @@ class Session:
         require(frame, "destination")
         if self.transactions.hold(frame):
             return
-        extra = self._send(frame)
-        self._receipt(frame, extra)
+        extra = self._send(frame, in_outbox=True)
+        if extra is not None:
+            self._receipt(frame, extra)
 
-    def _send(self, frame: Frame) -> dict[str, str]:
+    def _send(self, frame: Frame, in_outbox: bool = False) -> dict[str, str] | None:
+        """Send ``frame``; None when the outbox answers it later (a topic
+        SEND but a deduplicated one, whose RECEIPT says if it was a duplicate)."""
         dest = sendable(frame, self.settings.max_payload_bytes)
         if dest.kind == "control":
+            if not self._flushed():
+                return {}
             self._check(self.principal.may_read, f"/{dest.target}/{dest.name}", "read")
             return self.backend.counts.answer(dest)
         self._check_send(dest)
-        options = options_of(frame)
-        reply_queue = None
-        if options.temp_reply is not None:
-            reply_queue = self._temp_queue(options.temp_reply)
-            options = SendOptions(options.priority, options.delay,
-                                  {**options.headers, "reply-to": f"/queue/{reply_queue}"})
+        options, reply_queue = self._replied_to(options_of(frame))
+        publisher = self.backend.publisher
+        if in_outbox and dest.kind == "topic" and DEDUP_HEADER not in options.headers:
+            self.outbox.put(publisher.prepare(dest.name, [frame.body], options), [frame])
+            return None
+        if not self._flushed():
+            return {}
         if dest.kind == "topic":
-            result = self.backend.publisher.publish(self.gearman, dest.name, [frame.body],
-                                                    options)
+            result = publisher.publish(self.gearman, dest.name, [frame.body], options)
             return {"x-duplicate": "true"} if result.get("duplicate") else {}
         if reply_queue is not None and options.delay is None:
             if self.pending_requests >= self.settings.max_pending_requests:
@@ -245,8 +262,27 @@ class Session:
             self.backend.requests.request(dest.name, frame.body, options, reply_queue,
                                           self._request_done)
         else:
-            self.backend.publisher.send_to_queue(self.gearman, dest.name, [frame.body], options)
+            publisher.send_to_queue(self.gearman, dest.name, [frame.body], options)
         return {}
+
+    def _replied_to(self, options: SendOptions) -> tuple[SendOptions, str | None]:
+        """``options`` with a ``reply-to: /temp-queue/NAME`` made this
+        connection's queue, and that queue's function."""
+        if options.temp_reply is None:
+            return options, None
+        function = self._temp_queue(options.temp_reply)
+        return SendOptions(options.priority, options.delay,
+                           {**options.headers, "reply-to": f"/queue/{function}"}), function
+
+    def _flushed(self) -> bool:
+        """Wait for the topic SENDs in flight; False if one failed (the
+        connection is ending)."""
+        self.outbox.flush()
+        return not self.closed
+
+    def _answered(self, frames: list[Frame], result: dict) -> None:
+        for frame in frames:
+            self._receipt(frame)
 
     def _check_send(self, dest: Destination) -> None:
         """May this connection SEND to ``dest`` (a queue or topic)?"""
@@ -325,26 +361,8 @@ class Session:
         if sub is None:
             raise ProtocolError(f"no subscription with id {sub_id!r}", NO_SUBSCRIPTION)
         remove = boolean(frame, "durable", False) or "activemq.subscriptionName" in frame.headers
-        self._end(sub, remove=remove or not sub.durable)
+        end_subscription(self.backend, sub, self.acks, remove=remove or not sub.durable)
         self._receipt(frame)
-
-    def _end(self, sub: StompSubscription, remove: bool) -> None:
-        """Stop a subscription; ``remove`` also deletes its topic registration."""
-        sub.closed = True
-        if sub.pattern is not None and (remove or not sub.durable):
-            # First stop new copies, then hand back what we hold.
-            self.backend.registrations.unsubscribe_topic(sub.pattern, sub.client_id)
-        unacked = list(sub.unacked.values())
-        for message_id in sub.unacked:
-            self.acks.pop(message_id, None)
-        sub.unacked.clear()
-        if sub.dispatcher is not None:
-            forgotten = not sub.shared or (sub.pattern is not None and remove)
-            sub.dispatcher.remove(sub, unacked, give_back=not forgotten)
-            if forgotten and not sub.dispatcher.consumers and not sub.stream:
-                self.backend.queues.drop_queue(sub.function)
-        if sub.temporary:
-            self.backend.registrations.temp_queue_closed(sub.function)
 
     # -- delivery ----------------------------------------------------------------
 
@@ -358,7 +376,7 @@ class Session:
         message_id = f"{self.id}-{next(self._counter)}"
         delivery.message_id = message_id
         data = sub.message(delivery, message_id, self.version)
-        observer = self.backend.observer if not sub.stream else QUIET
+        observer = observer_for(sub, self.backend.observer)
         observer.delivered(sub.function, delivery.unique, delivery.redelivered)
         if sub.ack == "auto":
             sub.in_flight += 1
@@ -385,28 +403,8 @@ class Session:
         boolean(frame, "requeue", True)  # so is a requeue that is not true or false
         if self.transactions.hold(frame):
             return
-        self._apply_settle(frame)
+        settle(frame, self.version, self.acks, self.backend.observer)
         self._receipt(frame)
-
-    def _apply_settle(self, frame: Frame) -> None:
-        message_id = settle_target(frame, self.version)
-        sub = self.acks.get(message_id)
-        if sub is None:
-            # Already settled, or taken back after its ack-timeout: nothing to do.
-            log.debug("session %s: ack for unknown message %s", self.id, message_id)
-            return
-        settled = sub.take(message_id)
-        for delivery in settled:
-            self.acks.pop(delivery.message_id, None)
-        if frame.command == "ACK":
-            observer = self.backend.observer if not sub.stream else QUIET
-            for delivery in settled:
-                delivery.ack()
-                observer.acked(sub.function, delivery.unique)
-        elif not boolean(frame, "requeue", True):
-            sub.dispatcher.reject(settled)
-        else:
-            sub.dispatcher.give_back(settled)
 
     # -- transactions ------------------------------------------------------------
 
@@ -421,7 +419,7 @@ class Session:
             if queued.command == "SEND":
                 extra = self._send(queued)
             else:
-                self._apply_settle(queued)
+                settle(queued, self.version, self.acks, self.backend.observer)
             self._receipt(queued, extra)
         self._receipt(frame)
 

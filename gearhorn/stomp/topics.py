@@ -1,5 +1,6 @@
 """What a SUBSCRIBE to ``/topic/`` registers: a queue of its own (plain or
-durable), or a reader of the topic's history (``x-stream-offset``)."""
+durable), or a reader of the topic's history (``x-stream-offset``); and
+how any subscription ends."""
 
 from __future__ import annotations
 
@@ -51,3 +52,24 @@ def subscribe_stream(backend: Backend, sub: StompSubscription, topic: str,
     sub.dispatcher = backend.streams.read_stream(topic, sub, start.after, start.epoch,
                                                  start.recovered)
     return start.receipt_headers()
+
+
+def end_subscription(backend: Backend, sub: StompSubscription, acks: dict[str, object],
+                     remove: bool) -> None:
+    """Stop ``sub`` (its session's ``acks`` forget its messages); ``remove``
+    also deletes its topic registration."""
+    sub.closed = True
+    if sub.pattern is not None and (remove or not sub.durable):
+        # First stop new copies, then hand back what we hold.
+        backend.registrations.unsubscribe_topic(sub.pattern, sub.client_id)
+    unacked = list(sub.unacked.values())
+    for message_id in sub.unacked:
+        acks.pop(message_id, None)
+    sub.unacked.clear()
+    if sub.dispatcher is not None:
+        forgotten = not sub.shared or (sub.pattern is not None and remove)
+        sub.dispatcher.remove(sub, unacked, give_back=not forgotten)
+        if forgotten and not sub.dispatcher.consumers and not sub.stream:
+            backend.queues.drop_queue(sub.function)
+    if sub.temporary:
+        backend.registrations.temp_queue_closed(sub.function)

@@ -23,7 +23,6 @@ from gearhorn.messages import (
     BadRequest,
     Fanout,
     header_id_for,
-    message_ids_for,
     parse_fanout,
     parse_history,
     parse_presence,
@@ -219,7 +218,7 @@ class FanoutService:
         full, over = self._pressure()
         if over:
             return [BadRequest(over) for _, _ in run]
-        ids = [message_ids_for(job.unique, len(request.bodies)) for job, request in run]
+        ids = [request.ids(job.unique) for job, request in run]
         # One round trip for every topic, after every job of the run was
         # taken, with the messages' history appends riding along (made
         # again with the group, they append nothing: lua/history_append.lua).
@@ -299,7 +298,7 @@ class FanoutService:
                             received)
 
     def _fanout(self, request: Fanout, job_unique: str, received: float | None) -> bytes:
-        message_ids = message_ids_for(job_unique, len(request.bodies))
+        message_ids = request.ids(job_unique)
         if request.dedup_id is None:
             return self._accept(request, message_ids, received)
         first = self.dedup.claim(request.topic, request.dedup_id, message_ids[0])

@@ -8,10 +8,9 @@ import pytest
 from gearhorn.config import Config
 from gearhorn.messages import DEDUP_HEADER, BadRequest, parse_fanout
 from gearhorn.stomp.frames import Frame
-from gearhorn.stomp.session import Session
 from gearhorn.worker.cache import SubscriberCache
 from gearhorn.worker.fanout import FanoutService
-from tests.fakes import FakeBroker, FakeTransport, RecordingClient
+from tests.fakes import FakeBroker, FakeTransport, RecordingClient, session_without_sockets
 
 pytestmark = pytest.mark.timeout(10)
 
@@ -106,7 +105,7 @@ def test_a_window_of_zero_turns_deduplication_off(registry):
 
 def test_a_stomp_send_told_duplicate_says_so_in_its_receipt():
     transport, broker = FakeTransport(), FakeBroker()
-    s = Session(broker.backend(), transport)
+    s = session_without_sockets(broker.backend(), transport)
     s.handle(Frame("CONNECT", {"accept-version": "1.2"}))
     for value, rid in (("new", "r1"), ("seen", "r2")):
         s.handle(Frame("SEND", {"destination": "/topic/t", DEDUP_HEADER: value,

@@ -93,6 +93,13 @@ def test_parse_fanout_options():
     assert (req.unique, req.background) == (None, False)
 
 
+def test_message_ids_named_by_the_sender_are_kept_else_derived_from_the_job():
+    named = m.parse_fanout(b'{"topic": "t", "payloads": ["x", "y"], "message_ids": ["a", "b"]}')
+    assert named.ids("call:1") == ["a", "b"]
+    derived = m.parse_fanout(b'{"topic": "t", "payloads": ["x", "y"]}')
+    assert derived.ids("call:1") == m.message_ids_for("call:1", 2)
+
+
 @pytest.mark.parametrize("data, reason", [
     (b'{"topic": "t"}', "missing key 'payload'"),
     (b'{"payload": "x"}', "missing key 'topic'"),
@@ -102,6 +109,11 @@ def test_parse_fanout_options():
     (b'{"topic": "t", "payload": "x", "unique": "a b"}', "invalid unique"),
     (b'{"topic": "t", "payload": ' + b"[" * 50000 + b"]" * 50000 + b"}", "nested too deeply"),
     (b'{"topic": "t", "payload": "\xc3\x28"}', "job is not UTF-8"),
+    (b'{"topic": "t", "payloads": ["x", "y"], "message_ids": ["a"]}',
+     "message_ids must be a list of 2 ids"),
+    (b'{"topic": "t", "payload": "x", "message_ids": "a"}', "message_ids must be a list"),
+    (b'{"topic": "t", "payload": "x", "message_ids": [7]}', "message id must be a string"),
+    (b'{"topic": "t", "payload": "x", "message_ids": ["a b"]}', "invalid message id"),
 ])
 def test_parse_fanout_rejects(data, reason):
     with pytest.raises(m.BadRequest, match=reason):

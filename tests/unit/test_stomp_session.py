@@ -6,14 +6,13 @@ from gearhorn.stomp.auth import Principal
 from gearhorn.stomp.frames import Frame
 from gearhorn.stomp.rules import SessionSettings, parse_destination
 from gearhorn.stomp.sending import PLAIN
-from gearhorn.stomp.session import Session
-from tests.fakes import FakeBroker, FakeTransport
+from tests.fakes import FakeBroker, FakeTransport, session_without_sockets
 
 
 @pytest.fixture
 def session():
     transport, broker = FakeTransport(), FakeBroker()
-    s = Session(broker.backend(), transport, SessionSettings(heartbeat_send_ms=500,
+    s = session_without_sockets(broker.backend(), transport, SessionSettings(heartbeat_send_ms=500,
                                                    heartbeat_receive_ms=1000,
                                                    max_subscriptions=2, max_payload_bytes=100))
     return s, transport, broker
@@ -402,7 +401,7 @@ def test_allowed_frames_pass(session):
 
 def test_requests_waiting_for_replies_are_limited_per_connection():
     transport, broker = FakeTransport(), FakeBroker()
-    s = Session(broker.backend(), transport,
+    s = session_without_sockets(broker.backend(), transport,
                 SessionSettings(max_pending_requests=2, max_payload_bytes=100))
     s.handle(Frame("CONNECT", {"accept-version": "1.2"}))
     send = Frame("SEND", {"destination": "/queue/svc", "reply-to": "/temp-queue/r"}, b"?")
