@@ -23,6 +23,10 @@ class Event(enum.StrEnum):
     # expired, removed; full: never made, with its message id): "not
     # delivered by policy", apart from lost (gearhorn/limits.py).
     DROPPED = "dropped"
+    # A run of a topic's history offsets given to a stream subscription
+    # (gearhorn/stomp/spans.py): subscriber is ``<topic>_<client_id>`` and
+    # unique is the run, ``stream_span``'s text.
+    STREAMED = "streamed"
 
 
 # (name, type) of every row field, in order; types are "string", "int64", "bool".
@@ -33,6 +37,15 @@ FIELDS: tuple[tuple[str, str], ...] = (
     ("stream_id", "string"), ("copy_key", "int64"), ("message_key", "int64"),
 )
 ROW_FIELDS = tuple(name for name, _ in FIELDS)
+
+# A streamed row's run: ``EPOCH:FIRST-LAST``, and ``:unrecovered`` after it
+# when the client was told that offsets before FIRST are lost (x-recovered).
+STREAM_SPAN = r"^(.+):([0-9]+)-([0-9]+)(:unrecovered)?$"
+
+
+def stream_span(epoch: str, first: int, last: int, told_gap: bool = False) -> str:
+    """The text of a run of offsets (``STREAM_SPAN``)."""
+    return f"{epoch}:{first}-{last}{':unrecovered' if told_gap else ''}"
 
 _SPARK_HASH_SEED = 42  # the seed of Spark's xxhash64()
 

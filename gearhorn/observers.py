@@ -58,6 +58,10 @@ class Observer:
     def acked(self, queue: str, unique: str) -> None:
         """Its STOMP client acknowledged it (or it was sent, in auto mode)."""
 
+    def streamed(self, queue: str, span: str) -> None:
+        """A stream subscription (``queue``: ``<topic>_<client_id>``) was
+        given a run of its topic's offsets (``span``: events.stream_span)."""
+
     def flush(self) -> None:
         """Write what is buffered now (the flushers also do, every 0.1-0.2 s)."""
 
@@ -95,6 +99,10 @@ class Observers(Observer):
     def delivered(self, queue, unique, redelivered) -> None:
         for o in self.observers:
             o.delivered(queue, unique, redelivered)
+
+    def streamed(self, queue, span) -> None:
+        for o in self.observers:
+            o.streamed(queue, span)
 
     def acked(self, queue, unique) -> None:
         for o in self.observers:
@@ -145,6 +153,9 @@ class LedgerObserver(Observer):
 
     def acked(self, queue, unique) -> None:
         self._record(Event.ACKED, queue, unique)
+
+    def streamed(self, queue, span) -> None:
+        self._record(Event.STREAMED, queue, span)
 
     def flush(self) -> None:
         self.ledger.flush()

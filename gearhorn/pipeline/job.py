@@ -178,7 +178,9 @@ def reconcile(events):
     delivery; ``duplicate``: a copy delivered more than once without the
     ``redelivered`` flag (the client may have processed it twice);
     ``width_mismatch``: a message whose published subscriber count differs
-    from the distinct copies enqueued for it.
+    from the distinct copies enqueued for it; ``stream_gap`` and
+    ``stream_duplicate``: offsets a stream subscription skipped or was given
+    twice (``T.stream_problems``).
 
     Keyed events (``T.with_keys``) in; the table comes back computed and
     cached (it is small; ``unpersist`` it when done): the problem keys first
@@ -196,7 +198,8 @@ def reconcile(events):
             widths_wrong = T.width_problems(events, suspects,
                                             broadcast=suspected <= BROADCAST_PROBLEMS).cache()
         few = copies_wrong.count() + widths_wrong.count() <= BROADCAST_PROBLEMS
-        table = T.name_problems(events, copies_wrong, widths_wrong, broadcast=few).cache()
+        table = (T.name_problems(events, copies_wrong, widths_wrong, broadcast=few)
+                 .unionByName(T.stream_problems(events)).cache())
         table.count()
     finally:
         for frame in {id(f): f for f in (copies_wrong, suspects, widths_wrong)}.values():

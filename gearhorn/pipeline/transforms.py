@@ -13,7 +13,7 @@ that are reported.
 
 from __future__ import annotations
 
-from pyspark.sql import Column, DataFrame
+from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 from pyspark.sql.types import (
     BooleanType,
@@ -23,7 +23,7 @@ from pyspark.sql.types import (
     StructType,
 )
 
-from gearhorn.events import FIELDS
+from gearhorn.events import FIELDS, STREAM_SPAN
 from gearhorn.events import Event as E
 
 EVENT_TYPES = tuple(e.value for e in E)
@@ -303,6 +303,37 @@ def name_problems(events: DataFrame, copies_wrong: DataFrame, widths_wrong: Data
             .filter(F.col("kind").isNotNull())
             .dropDuplicates(["kind", "message_id", "subscriber", "unique"])
             .select(*RECONCILIATION_COLUMNS))
+
+
+def stream_problems(events: DataFrame) -> DataFrame:
+    """The reconciliation rows (``RECONCILIATION_COLUMNS``) of stream
+    subscriptions: ``stream_gap``, offsets a subscription skipped between
+    two it was given (unless its client was told, ``x-recovered:false``);
+    ``stream_duplicate``, offsets it was given twice. Per subscriber and
+    epoch, each run of ``streamed`` rows is compared with the furthest
+    offset given before it."""
+    unique = F.col("unique")
+    runs = (_of(events, E.STREAMED).filter(unique.rlike(STREAM_SPAN))
+            .select("subscriber", "unique",
+                    F.regexp_extract(unique, STREAM_SPAN, 1).alias("epoch"),
+                    F.regexp_extract(unique, STREAM_SPAN, 2).cast("long").alias("first"),
+                    F.regexp_extract(unique, STREAM_SPAN, 3).cast("long").alias("last"),
+                    (F.regexp_extract(unique, STREAM_SPAN, 4) != "").alias("told")))
+    before = (Window.partitionBy("subscriber", "epoch").orderBy("first", "last")
+              .rowsBetween(Window.unboundedPreceding, -1))
+    first, furthest = F.col("first"), F.col("furthest")
+    compared = runs.withColumn("furthest", F.max("last").over(before))
+    gap = (first > furthest + 1) & ~F.col("told")
+    kind = F.when(gap, F.lit("stream_gap")).when(first <= furthest, F.lit("stream_duplicate"))
+    detail = (F.when(gap, F.format_string("offsets %d-%d never given", furthest + 1, first - 1))
+              .otherwise(F.format_string("offsets %d-%d given again", first,
+                                         F.least(furthest, F.col("last")))))
+    subscriber = F.col("subscriber")
+    topic = F.regexp_extract(subscriber, r"^(.*)_[^_]*$", 1)
+    return (compared.filter(furthest.isNotNull())
+            .select(kind.alias("kind"), F.lit(None).cast("string").alias("message_id"),
+                    topic.alias("topic"), "subscriber", "unique", detail.alias("detail"))
+            .filter(F.col("kind").isNotNull()))
 
 
 def failures(events: DataFrame) -> DataFrame:

@@ -12,7 +12,8 @@ from gearhorn.stomp.subscription import StompSubscription
 
 log = logging.getLogger(__name__)
 
-# Stream subscriptions' deliveries are not in the ledger yet (docs/stomp.rst).
+# A stream subscription's messages are no copies: the ledger has them as
+# runs of offsets (gearhorn/stomp/spans.py), not delivery by delivery.
 QUIET = Observer()
 
 

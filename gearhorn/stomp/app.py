@@ -107,8 +107,10 @@ def build_bridge(config: Config) -> Bridge:
     ledger = Ledger(client, keys, config.ledger_maxlen, config.ledger_enabled,
                     source=f"bridge-{bridge_id}", shards=config.ledger_shards)
     dashed = DashedFunctions(client, keys)
+    flusher = LedgerFlusher(ledger, bounds)
+    observer = LedgerObserver(ledger, recorded=flusher.recorded)
     history = History(client, keys, config.history_policy)
-    streams = TopicStreams(history)
+    streams = TopicStreams(history, observer)
     publisher = Publisher(servers, tls, headers,
                           Scheduler(client, keys, config.delay_shard_seconds,
                                     config.delay_lease, config.delay_lanes),
@@ -119,8 +121,6 @@ def build_bridge(config: Config) -> Bridge:
     registrations = Registrations(registry, bridge_id, 5 * config.worker_ttl,
                                   config.heartbeat_interval)
     handouts = Handouts(client, keys, config.headers_ttl)
-    flusher = LedgerFlusher(ledger, bounds)
-    observer = LedgerObserver(ledger, recorded=flusher.recorded)
     dead_letterer = DeadLetterer(publisher, DeadLetterIndex(
         client, keys, Stats(client, keys, config.metrics_enabled)), observer)
     attachments = Attachments(servers, tls, bridge_id, headers_of=headers.for_uniques,

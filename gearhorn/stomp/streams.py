@@ -29,7 +29,9 @@ import gevent
 import gevent.event
 
 from gearhorn.background import Backoff, Outage
+from gearhorn.observers import Observer
 from gearhorn.stomp.offsets import Kept
+from gearhorn.stomp.spans import Spans
 from gearhorn.store.history import Entry, History, Stored
 from gearhorn.store.redisconn import REDIS_ERRORS
 
@@ -63,6 +65,8 @@ class RedisCalls:
 
 class StreamConsumer(Protocol):
     """What a reader needs from its STOMP subscription."""
+
+    function: str  # <topic>_<client_id>, as the ledger names it
 
     def credit(self) -> int: ...
 
@@ -101,9 +105,10 @@ class StreamReader:
     """One subscription's position in its topic's history."""
 
     def __init__(self, feed: TopicFeed, consumer: StreamConsumer, after: int,
-                 epoch: str | None, recovered: bool) -> None:
+                 epoch: str | None, recovered: bool, spans: Spans | None = None) -> None:
         self.feed = feed
         self.consumer = consumer
+        self.spans = spans  # what it was given, for the ledger
         self.position = after  # the last offset it was given
         self.epoch = epoch
         self.unrecovered = not recovered  # said on the next MESSAGE
@@ -137,6 +142,8 @@ class StreamReader:
             self.closed = True
             self.feed.leave(self)
             self._wake.set()
+            if self.spans is not None:
+                self.spans.end()
 
     # -- reading ---------------------------------------------------------------
 
@@ -196,6 +203,8 @@ class StreamReader:
             self.unrecovered = True  # trimmed before it could read them
         self.position = offset
         extra = b"x-stream-offset:%d\nx-stream-epoch:%s\n" % (offset, (self.epoch or "").encode())
+        if self.spans is not None:
+            self.spans.given(self.epoch or "", offset, self.unrecovered)
         if self.unrecovered:
             extra += b"x-recovered:false\n"
             self.unrecovered = False
@@ -283,8 +292,9 @@ class TopicFeed:
 class TopicStreams:
     """The bridge's feeds, one per topic read here."""
 
-    def __init__(self, history: History) -> None:
+    def __init__(self, history: History, observer: Observer | None = None) -> None:
         self.history = history
+        self.observer = observer  # told the runs of offsets each reader gave
         self.feeds: dict[str, TopicFeed] = {}
 
     def keeps_history(self, topic: str) -> bool:
@@ -302,7 +312,11 @@ class TopicStreams:
         if feed is None:
             feed = self.feeds[topic] = TopicFeed(self.history, topic, self._idle)
         feed.added()
-        reader = StreamReader(feed, consumer, after, epoch, recovered)
+        spans = None
+        if self.observer is not None:
+            observer, queue = self.observer, consumer.function
+            spans = Spans(lambda span: observer.streamed(queue, span))
+        reader = StreamReader(feed, consumer, after, epoch, recovered, spans)
         reader.start()
         return reader
 

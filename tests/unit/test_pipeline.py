@@ -343,3 +343,26 @@ def test_policy_drops_of_an_untracked_subscriber_are_accounted(spark):
     # the dropped copy would be unaccounted.
     assert untracked_rows(spark, rows, {"jobs_w": 1}) == [("jobs_w", 2, 1, 1, 0)]
     assert untracked_rows(spark, rows[:-1], {"jobs_w": 1}) == [("jobs_w", 2, 0, 1, 1)]
+
+
+def streamed(subscriber, *spans):
+    return [ev("streamed", 5000 + i, subscriber=subscriber, unique=span)
+            for i, span in enumerate(spans)]
+
+
+def test_stream_subscriptions_reconcile_by_their_runs_of_offsets(spark):
+    """Runs in any order and across a declared gap are clean; a skipped
+    offset and one given twice are found, with the subscriber's topic."""
+    from gearhorn.pipeline.job import reconcile
+
+    rows = good_ledger()
+    rows += streamed("news_+a", "e1:5-9", "e1:1-4", "e1:10-10", "e1:20-30:unrecovered",
+                     "e2:1-3")  # a new epoch starts again from 1
+    rows += streamed("news_+b", "e1:1-4", "e1:6-9", "e1:8-12")  # 5 skipped, 8-9 twice
+    rows += streamed("chat.x_+c", "e1:1-1", "bogus")  # a bad run is not read
+    problems = reconcile(T.with_keys(frame(spark, rows))).collect()
+    found = sorted((r.kind, r.topic, r.subscriber, r.unique, r.detail) for r in problems)
+    assert found == [
+        ("stream_duplicate", "news", "news_+b", "e1:8-12", "offsets 8-9 given again"),
+        ("stream_gap", "news", "news_+b", "e1:6-9", "offsets 5-5 never given"),
+    ]

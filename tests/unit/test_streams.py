@@ -74,3 +74,23 @@ def test_a_history_lost_while_it_catches_up_starts_it_over_in_the_new_epoch(hist
     first = consumer.got[0][1]
     assert b"x-recovered:false" in first and new.encode() in first
     assert all(b"x-recovered" not in extra for _, extra in consumer.got[1:])
+
+
+def test_what_a_subscription_was_given_is_kept_as_runs_of_offsets(monkeypatch):
+    from gearhorn.stomp import spans as spans_module
+
+    runs = []
+    spans = spans_module.Spans(runs.append)
+    for offset in (1, 2, 3, 5, 6):
+        spans.given("e1", offset)
+    spans.given("e1", 9, told_gap=True)  # the client was told 7-8 are lost
+    assert runs == ["e1:1-3", "e1:5-6"]
+    spans.given("e2", 1)  # history wiped: a new epoch
+    spans.end()
+    spans.end()  # nothing more
+    assert runs == ["e1:1-3", "e1:5-6", "e1:9-9:unrecovered", "e2:1-1"]
+    monkeypatch.setattr(spans_module, "MOST_PER_RUN", 3)
+    for offset in range(2, 9):
+        spans.given("e2", offset)
+    spans.end()
+    assert runs[4:] == ["e2:2-4", "e2:5-7", "e2:8-8"]  # long runs are cut
