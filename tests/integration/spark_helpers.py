@@ -6,12 +6,43 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 import urllib.request
 
 from gearhorn import servers
 from tests.conftest import require_module
 
 from .helpers import wait_for
+
+
+def gearhorn_command(*args, timeout=240):
+    done = subprocess.run([sys.executable, "-m", "gearhorn", *args], capture_output=True,
+                          timeout=timeout)
+    assert done.returncode == 0, done.stderr.decode()[-3000:]
+
+
+def export_ledger(redis_url, out, gearmand):
+    """``gearhorn ledger export`` into ``out``: its rows."""
+    import pyarrow.parquet as pq
+
+    gearhorn_command("ledger", "export", "--out", str(out), "--redis-url", redis_url,
+                     "--gearman", gearmand.address)
+    return pq.read_table(str(out)).to_pylist()
+
+
+def reconcile(redis_url, folder, gearmand):
+    """``gearhorn ledger export`` and ``gearhorn report``: (kind, subscriber)
+    of every problem in the reconciliation, and the copies of each untracked
+    (plain Gearman) subscriber that gearmand no longer held at the export."""
+    import pyarrow.parquet as pq
+
+    ledger, out = folder / "ledger", folder / "report"
+    export_ledger(redis_url, ledger, gearmand)
+    gearhorn_command("report", "--ledger", str(ledger), "--out", str(out))
+    table = pq.read_table(f"{out}/tables/reconciliation").to_pylist()
+    untracked = pq.read_table(f"{out}/tables/untracked").to_pylist()
+    return (sorted((row["kind"], row["subscriber"]) for row in table),
+            {row["subscriber"]: row["unaccounted"] for row in untracked})
 
 
 def spark_class():

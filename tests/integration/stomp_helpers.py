@@ -120,11 +120,13 @@ class StompClient:
                 "1.2": stomp.Connection12}
 
     def __init__(self, port, version="1.2", heartbeats=(0, 0), connect=True, tls_ca=None,
-                 **headers):
+                 ws_path=None, **headers):
         cls = self.VERSIONS[version]
         kwargs = {"auto_decode": False}
         if version != "1.0":
             kwargs["heartbeats"] = heartbeats
+        if ws_path is not None:  # stomp.py's own WebSocket transport (STOMP 1.2)
+            cls, kwargs["ws_path"] = stomp.WSStompConnection, ws_path
         self.conn = cls([("127.0.0.1", port)], **kwargs)
         if tls_ca is not None:
             self.conn.set_ssl(for_hosts=[("127.0.0.1", port)], ca_certs=tls_ca)

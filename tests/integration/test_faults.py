@@ -16,13 +16,10 @@ import json
 import os
 import re
 import signal
-import subprocess
-import sys
 import threading
 import time
 from collections import Counter
 
-import pyarrow.parquet as pq
 import pytest
 
 from gearhorn import gearman
@@ -30,6 +27,7 @@ from gearhorn.client import Producer
 from tests.conftest import require_binary
 
 from .helpers import PoolProcess, drain_jobs, queue_depth, unique_topic, wait_for
+from .spark_helpers import reconcile
 from .stomp_helpers import BridgeProcess, StompClient
 
 pytestmark = [pytest.mark.integration, pytest.mark.faults, pytest.mark.timeout(420)]
@@ -63,23 +61,6 @@ def stomp_subscriber(servers, log_dir, topic):
     finally:
         client.close()
         bridge.stop()
-
-
-def reconcile(redis_url, folder, gearmand):
-    """``gearhorn ledger export`` and ``gearhorn report``: (kind, subscriber)
-    of every problem in the reconciliation, and the copies of each untracked
-    (plain Gearman) subscriber that gearmand no longer held at the export."""
-    ledger, out = folder / "ledger", folder / "report"
-    for args in (["ledger", "export", "--out", str(ledger), "--redis-url", redis_url,
-                  "--gearman", gearmand.address],
-                 ["report", "--ledger", str(ledger), "--out", str(out)]):
-        done = subprocess.run([sys.executable, "-m", "gearhorn", *args], capture_output=True,
-                              timeout=240)
-        assert done.returncode == 0, done.stderr.decode()[-3000:]
-    table = pq.read_table(f"{out}/tables/reconciliation").to_pylist()
-    untracked = pq.read_table(f"{out}/tables/untracked").to_pylist()
-    return (sorted((row["kind"], row["subscriber"]) for row in table),
-            {row["subscriber"]: row["unaccounted"] for row in untracked})
 
 
 def publish_marker(gearmand, topic, marker="end"):

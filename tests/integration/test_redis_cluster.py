@@ -30,6 +30,7 @@ from .helpers import GearClient, PoolProcess, unique_topic, wait_for
 
 # Tests of other modules marked cluster_too run on the cluster too, through
 # the redis_url fixture (tests/integration/conftest.py); these are helpers.
+from .spark_helpers import reconcile
 from .test_faults import (
     MESSAGES,
     SUBSCRIBERS,
@@ -38,7 +39,6 @@ from .test_faults import (
     depth,
     drain,
     publish_marker,
-    reconcile,
     stomp_subscriber,
 )
 
