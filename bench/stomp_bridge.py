@@ -166,16 +166,16 @@ class Gearhorn:
         self.pool = subprocess.Popen([sys.executable, "-m", "gearhorn", "worker",
                                       "--processes", "2", *common], env=env,
                                      preexec_fn=servers.die_with_parent)
-        self.port = servers.free_port()
+        self.port, self.ws_port = servers.free_port(), servers.free_port()
         self.bridge = subprocess.Popen([sys.executable, "-m", "gearhorn", "bridge",
-                                        "--port", str(self.port), "--ws-port", "0",
+                                        "--port", str(self.port), "--ws-port", str(self.ws_port),
                                         "--processes", str(self.bridge_processes), *common],
                                        env=env,
                                        preexec_fn=servers.die_with_parent)
         registry = Registry(redis.Redis.from_url(self.redis.details["url"]), Keys())
         deadline = time.monotonic() + 60
-        while len(registry.live_workers()) < 2 or not servers.is_listening("127.0.0.1",
-                                                                           self.port):
+        while len(registry.live_workers()) < 2 or not all(
+                servers.is_listening("127.0.0.1", port) for port in (self.port, self.ws_port)):
             if time.monotonic() > deadline:
                 raise SystemExit("gearhorn did not start")
             time.sleep(0.1)
@@ -205,14 +205,16 @@ class RabbitMQ:
 
     def __enter__(self):
         self.tmp = tempfile.mkdtemp()
-        self.port = servers.free_port()
+        self.port, self.ws_port = servers.free_port(), servers.free_port()
         amqp, dist, epmd = servers.free_port(), servers.free_port(), servers.free_port()
         with open(os.path.join(self.tmp, "rabbitmq.conf"), "w") as fp:
             fp.write(f"listeners.tcp.1 = 127.0.0.1:{amqp}\n"
                      f"stomp.listeners.tcp.1 = 127.0.0.1:{self.port}\n"
+                     # STOMP over WebSocket at ws://127.0.0.1:ws_port/ws
+                     f"web_stomp.tcp.ip = 127.0.0.1\nweb_stomp.tcp.port = {self.ws_port}\n"
                      "loopback_users.guest = true\n")
         with open(os.path.join(self.tmp, "enabled_plugins"), "w") as fp:
-            fp.write("[rabbitmq_stomp].\n")
+            fp.write("[rabbitmq_stomp,rabbitmq_web_stomp].\n")
         env = {**os.environ, "HOME": self.tmp, "RABBITMQ_BASE": self.tmp,
                "RABBITMQ_CONFIG_FILE": os.path.join(self.tmp, "rabbitmq"),
                "RABBITMQ_ENABLED_PLUGINS_FILE": os.path.join(self.tmp, "enabled_plugins"),
@@ -228,7 +230,7 @@ class RabbitMQ:
                                      preexec_fn=servers.die_with_parent)
         self.epmd_port = epmd
         deadline = time.monotonic() + 120
-        while not servers.is_listening("127.0.0.1", self.port):
+        while not all(servers.is_listening("127.0.0.1", p) for p in (self.port, self.ws_port)):
             if time.monotonic() > deadline or self.proc.poll() is not None:
                 raise SystemExit(f"RabbitMQ did not start; see {self.tmp}")
             time.sleep(0.5)

@@ -5,6 +5,7 @@ that is not the bottleneck.
     python bench/stomp_load.py --quick         # smaller
     python bench/stomp_load.py --bridge-processes 2
     python bench/stomp_load.py --latency-at 100 500 1000   # same rates for both
+    python bench/stomp_load.py --latency-at 100 1000 --turns 5 --stream --websocket
 
 bench/stomp_bridge.py drives both brokers with stomp.py, which parses every
 frame in Python: there the client is the limit. Here the generator speaks
@@ -32,6 +33,7 @@ import argparse
 import multiprocessing
 import os
 import socket
+import statistics
 import sys
 import time
 
@@ -45,9 +47,21 @@ BATCH = 200  # SEND frames per write
 # -- raw STOMP ------------------------------------------------------------------------
 
 
-def connect(port: int, login: dict) -> socket.socket:
+def websocket() -> bool:
+    """STOMP over WebSocket (``--websocket``; an environment variable, so
+    that the spawned processes know too)."""
+    return os.environ.get("STOMP_LOAD_WEBSOCKET") == "1"
+
+
+def port_of(broker) -> int:
+    return broker.ws_port if websocket() else broker.port
+
+
+def connect(port: int, login: dict):
     sock = socket.create_connection(("127.0.0.1", port), timeout=120)
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    if websocket():
+        sock = WsSocket(sock)
     headers = {"accept-version": "1.2", "host": login.get("vhost", "/"),
                "heart-beat": "0,0"}
     if "username" in login:
@@ -57,6 +71,74 @@ def connect(port: int, login: dict) -> socket.socket:
     if not reply.startswith(b"CONNECTED"):
         raise SystemExit(f"CONNECT refused: {reply[:200]!r}")
     return sock
+
+
+class WsSocket:
+    """A WebSocket with the calls these processes make of a socket. Each
+    STOMP frame sent is a text message of its own (masked with the key 0:
+    the XOR costs nothing); ``recv`` returns the payloads of the messages read."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        sock.sendall(b"GET /ws HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\n"
+                     b"Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+                     b"Sec-WebSocket-Version: 13\r\nSec-WebSocket-Protocol: v12.stomp\r\n\r\n")
+        reply = b""
+        while b"\r\n\r\n" not in reply:
+            chunk = sock.recv(4096)
+            if not chunk:
+                raise SystemExit("WebSocket upgrade refused: connection closed")
+            reply += chunk
+        head, _, self.buf = reply.partition(b"\r\n\r\n")
+        self.closing = False  # a close frame came: after what came before it, EOF
+        if not head.startswith(b"HTTP/1.1 101"):
+            raise SystemExit(f"WebSocket upgrade refused: {head[:200]!r}")
+
+    def fileno(self) -> int:
+        return self.sock.fileno()
+
+    def settimeout(self, seconds: float) -> None:
+        self.sock.settimeout(seconds)
+
+    def sendall(self, data: bytes) -> None:
+        out = []
+        for frame_bytes in data.split(b"\0")[:-1]:
+            payload = frame_bytes + b"\0"
+            n = len(payload)
+            size = (bytes([0x80 | n]) if n < 126 else
+                    bytes([0x80 | 126]) + n.to_bytes(2, "big") if n < 65536 else
+                    bytes([0x80 | 127]) + n.to_bytes(8, "big"))
+            out += [b"\x81", size, b"\0\0\0\0", payload]
+        self.sock.sendall(b"".join(out))
+
+    def recv(self, size: int) -> bytes:
+        while True:
+            payloads = self._messages()
+            if payloads or self.closing:
+                return payloads
+            chunk = self.sock.recv(size)
+            if not chunk:
+                return b""
+            self.buf += chunk
+
+    def _messages(self) -> bytes:
+        """The payloads of the whole messages buffered (the server's are unmasked)."""
+        buf, at, out = self.buf, 0, []
+        while len(buf) - at >= 2 and not self.closing:
+            opcode, n, head = buf[at] & 0x0F, buf[at + 1] & 0x7F, 2
+            if n >= 126:
+                head += 2 if n == 126 else 8
+                if len(buf) - at < head:
+                    break
+                n = int.from_bytes(buf[at + 2:at + head], "big")
+            if len(buf) - at < head + n:
+                break
+            self.closing = opcode == 0x8
+            if opcode in (0x0, 0x1, 0x2):
+                out.append(buf[at + head:at + head + n])
+            at += head + n
+        self.buf = buf[at:]
+        return b"".join(out)
 
 
 def frame(command: str, headers: dict, body: bytes = b"") -> bytes:
@@ -146,7 +228,10 @@ def producer(port, login, destination, messages, rate, start, results):
         else:
             sock.sendall(static if n == BATCH else static[:len(static) // BATCH * n])
         sent += n
-    with_receipt(sock, "DISCONNECT", {})
+    # A receipt says every frame before it was taken (RabbitMQ's web-stomp
+    # closes on DISCONNECT without its RECEIPT, so a BEGIN's).
+    with_receipt(sock, "BEGIN", {"transaction": "done"})
+    sock.sendall(frame("DISCONNECT", {}))
     results.put(began)
 
 
@@ -197,14 +282,14 @@ def topic_run(broker, subscribers: int, messages: int, rate: float = 0.0,
     nproc = processes_for(subscribers)
     per = [subscribers // nproc + (i < subscribers % nproc) for i in range(nproc)]
     extra = getattr(broker, "subscribe_headers", None)
-    subs = [ctx.Process(target=subscriber, args=(broker.port, broker.login, destination, n,
+    subs = [ctx.Process(target=subscriber, args=(port_of(broker), broker.login, destination, n,
                                                   messages, bool(rate), ready, results, extra))
             for n in per]
     for p in subs:
         p.start()
     for _ in subs:
         ready.get(timeout=120)
-    prods = [ctx.Process(target=producer, args=(broker.port, broker.login, destination,
+    prods = [ctx.Process(target=producer, args=(port_of(broker), broker.login, destination,
                                                  messages // producers,
                                                  rate / producers, start, sent))
              for _ in range(producers)]
@@ -235,14 +320,14 @@ def queue_run(broker, messages: int, pairs: int = 2) -> dict:
     queue = f"load{os.getpid()}q"
     per = messages // pairs
     total = ctx.Value("q", 0)
-    consumers = [ctx.Process(target=queue_consumer, args=(broker.port, broker.login, queue,
+    consumers = [ctx.Process(target=queue_consumer, args=(port_of(broker), broker.login, queue,
                                                            per * pairs, total, ready, results))
                  for _ in range(pairs)]
     for p in consumers:
         p.start()
     for _ in consumers:
         ready.get(timeout=120)
-    prods = [ctx.Process(target=producer, args=(broker.port, broker.login, f"/queue/{queue}",
+    prods = [ctx.Process(target=producer, args=(port_of(broker), broker.login, f"/queue/{queue}",
                                                  per, 0.0, start, sent))
              for _ in range(pairs)]
     for p in prods:
@@ -286,17 +371,30 @@ def measure(broker_cls, args) -> dict:
 
 
 def latency_at(broker_cls, args) -> dict[int, dict]:
-    """p50/p99 of topic x10 deliveries at each of ``args.latency_at`` msg/s:
-    the same absolute load for both brokers (half of each one's own peak
-    is a different rate for each)."""
-    results = {}
+    """p50/p99 of topic deliveries (``args.subscribers`` subscribers) at each
+    of ``args.latency_at`` msg/s: the same absolute load for both brokers
+    (half of each one's own peak is a different rate for each).
+    ``args.turns`` turns of every rate, and their medians: single turns on
+    a loaded 2-core box swing by 2-5x."""
+    turns: dict[int, list[dict]] = {rate: [] for rate in args.latency_at}
     with broker_cls(**gearhorn_options(broker_cls, args)) as broker:
         topic_run(broker, 10, args.messages // 10)  # warm up
-        for rate in args.latency_at:
-            results[rate] = r = topic_run(broker, 10, int(rate * args.latency_seconds),
-                                          rate=rate)
-            print(f"  {broker_cls.name:9} topic x10 at {rate:>6,} msg/s: p50 {r['p50_ms']:6.1f} "
-                  f"ms  p99 {r['p99_ms']:6.1f} ms  (cpu {r['broker_cpu']:.2f})", flush=True)
+        for turn in range(args.turns):
+            for rate in args.latency_at:
+                turns[rate].append(r := topic_run(broker, args.subscribers,
+                                                  int(rate * args.latency_seconds), rate=rate))
+                print(f"  {broker_cls.name:9} turn {turn + 1} topic x{args.subscribers} at "
+                      f"{rate:>6,} msg/s: "
+                      f"p50 {r['p50_ms']:6.1f} ms  p99 {r['p99_ms']:6.1f} ms  "
+                      f"(cpu {r['broker_cpu']:.2f})", flush=True)
+    results = {}
+    for rate, runs in turns.items():
+        results[rate] = {key: statistics.median(r[key] for r in runs)
+                         for key in ("p50_ms", "p99_ms", "broker_cpu")}
+        print(f"  {broker_cls.name:9} median of {len(runs)}, topic x{args.subscribers} at "
+              f"{rate:>6,} msg/s: "
+              f"p50 {results[rate]['p50_ms']:6.1f} ms  p99 {results[rate]['p99_ms']:6.1f} ms",
+              flush=True)
     return results
 
 
@@ -345,6 +443,12 @@ def main() -> None:
                         help="gearhorn's subscribers are stream subscriptions")
     parser.add_argument("--latency-at", type=int, nargs="+", metavar="MSG_PER_S",
                         help="only the latency of topic x10 at these rates, both brokers")
+    parser.add_argument("--subscribers", type=int, default=10,
+                        help="with --latency-at: topic subscribers (10)")
+    parser.add_argument("--turns", type=int, default=1,
+                        help="with --latency-at: turns of each rate (medians are shown)")
+    parser.add_argument("--websocket", action="store_true",
+                        help="every client speaks STOMP over WebSocket (ws://.../ws)")
     parser.add_argument("--profile", metavar="FILE",
                         help="only profile the bridge (py-spy) during topic x10")
     args = parser.parse_args()
@@ -352,6 +456,8 @@ def main() -> None:
     args.latency_seconds = 5 if args.quick else 15
     if args.stream:
         stream_subscriptions()
+    if args.websocket:
+        os.environ["STOMP_LOAD_WEBSOCKET"] = "1"
     if args.profile:
         profile(args)
         return
