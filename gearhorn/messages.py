@@ -269,7 +269,13 @@ def _message_ids(value: object, count: int) -> tuple[str, ...]:
         return ()
     if not isinstance(value, list) or len(value) != count:
         raise BadRequest(f"message_ids must be a list of {count} ids, one per message")
-    return tuple(_parse_unique(v, "message id") for v in value)
+    for given in value:
+        # Letters, digits, '-' and '_' only: a copy's unique key is built from
+        # its message id, and ':' or '@' there have meanings (naming.py).
+        if not isinstance(given, str) or not _MESSAGE_ID.fullmatch(given):
+            raise BadRequest(f"invalid message id {shorten(str(given))}: use 1 to "
+                             f"{MAX_UNIQUE_BYTES} letters, digits, '-' or '_'")
+    return tuple(value)
 
 
 PRIORITIES = ("high", "normal", "low")
@@ -352,6 +358,7 @@ def parse_headers(value: object) -> dict[str, str]:
 
 
 MAX_BATCH = 1000
+_MESSAGE_ID = re.compile(rf"[0-9A-Za-z_-]{{1,{MAX_UNIQUE_BYTES}}}")
 _PAYLOAD_KEYS = ("payload", "payload_base64", "payloads", "payloads_base64")
 
 

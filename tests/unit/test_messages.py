@@ -112,8 +112,9 @@ def test_message_ids_named_by_the_sender_are_kept_else_derived_from_the_job():
     (b'{"topic": "t", "payloads": ["x", "y"], "message_ids": ["a"]}',
      "message_ids must be a list of 2 ids"),
     (b'{"topic": "t", "payload": "x", "message_ids": "a"}', "message_ids must be a list"),
-    (b'{"topic": "t", "payload": "x", "message_ids": [7]}', "message id must be a string"),
+    (b'{"topic": "t", "payload": "x", "message_ids": [7]}', "invalid message id '7'"),
     (b'{"topic": "t", "payload": "x", "message_ids": ["a b"]}', "invalid message id"),
+    (b'{"topic": "t", "payload": "x", "message_ids": ["@h:c"]}', "invalid message id"),
 ])
 def test_parse_fanout_rejects(data, reason):
     with pytest.raises(m.BadRequest, match=reason):
