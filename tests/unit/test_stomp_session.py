@@ -1,5 +1,7 @@
 """The STOMP session without sockets: a fake transport and a fake broker."""
 
+import types
+
 import pytest
 
 from gearhorn.stomp.auth import Principal
@@ -463,3 +465,40 @@ def test_durable_is_read_in_any_case(session, durable):
     s.handle(Frame("SUBSCRIBE", {"destination": "/topic/news", "id": "n",
                                  "durable": durable}))
     assert s.subscriptions["n"].durable and not transport.closed
+
+
+def test_topic_sends_go_on_while_a_fanout_runs_and_other_frames_wait_for_it():
+    """Under gevent, with fanout jobs that answer when the test says: the
+    session reads SENDs on while the first job runs (they leave as the next
+    job), and a SUBSCRIBE waits until both are answered, so its RECEIPT
+    comes after theirs."""
+    import gevent
+    import gevent.event
+
+    from gearhorn.stomp.session import Session
+
+    transport, broker = FakeTransport(), FakeBroker()
+    answers = []
+
+    def start(client, send):
+        broker.published += [(send.topic, body) for body in send.bodies]
+        answers.append(gevent.event.AsyncResult())
+        return types.SimpleNamespace(wait=answers[-1].get)
+
+    broker.start = start
+    s = Session(broker.backend(), transport, SessionSettings())
+    s.handle(Frame("CONNECT", {"accept-version": "1.2"}))
+    for body in (b"1", b"2", b"3"):
+        s.handle(Frame("SEND", {"destination": "/topic/news", "receipt": body.decode()}, body))
+        gevent.sleep(0)
+    subscribing = gevent.spawn(s.handle, Frame("SUBSCRIBE", {
+        "destination": "/queue/jobs", "id": "q", "receipt": "sub"}))
+    gevent.sleep(0.01)
+    assert broker.published == [("news", b"1")] and not subscribing.ready()
+    answers[0].set({})
+    gevent.sleep(0.01)
+    assert broker.published[1:] == [("news", b"2"), ("news", b"3")]  # one job for both
+    assert len(answers) == 2 and not subscribing.ready()
+    answers[1].set({})
+    subscribing.join(5)
+    assert [f.headers.get("receipt-id") for f in transport.frames[1:]] == ["1", "2", "3", "sub"]
