@@ -26,6 +26,7 @@ from gearhorn.naming import (  # noqa: F401 - the naming rules, re-exported
     MAX_UNIQUE_BYTES,
     STREAM_CLIENT_MARK,
     copy_unique,
+    given_message_ids,
     header_id_for,
     header_id_of,
     message_ids_for,
@@ -260,22 +261,8 @@ def parse_fanout(data: bytes, max_payload: int = DEFAULT_MAX_PAYLOAD,
                   parse_priority(obj.get("priority", "normal")),
                   parse_schedule(obj.get("deliver_at"), obj.get("delay"), now),
                   headers, dedup_id, obj.get("in_history") is True,
-                  _message_ids(obj.get("message_ids"), len(bodies)))
+                  given_message_ids(obj.get("message_ids"), len(bodies)))
 
-
-def _message_ids(value: object, count: int) -> tuple[str, ...]:
-    """``message_ids``: absent, or one id (a unique key's characters) per message."""
-    if value is None:
-        return ()
-    if not isinstance(value, list) or len(value) != count:
-        raise BadRequest(f"message_ids must be a list of {count} ids, one per message")
-    for given in value:
-        # Letters, digits, '-' and '_' only: a copy's unique key is built from
-        # its message id, and ':' or '@' there have meanings (naming.py).
-        if not isinstance(given, str) or not _MESSAGE_ID.fullmatch(given):
-            raise BadRequest(f"invalid message id {shorten(str(given))}: use 1 to "
-                             f"{MAX_UNIQUE_BYTES} letters, digits, '-' or '_'")
-    return tuple(value)
 
 
 PRIORITIES = ("high", "normal", "low")
@@ -358,7 +345,6 @@ def parse_headers(value: object) -> dict[str, str]:
 
 
 MAX_BATCH = 1000
-_MESSAGE_ID = re.compile(rf"[0-9A-Za-z_-]{{1,{MAX_UNIQUE_BYTES}}}")
 _PAYLOAD_KEYS = ("payload", "payload_base64", "payloads", "payloads_base64")
 
 

@@ -164,6 +164,25 @@ def message_ids_for(job_unique: str, count: int) -> list[str]:
             for i in range(count)]
 
 
+def given_message_ids(value: object, count: int) -> tuple[str, ...]:
+    """A fanout's ``message_ids``: absent, or one id per message (the sender
+    named them; else they derive from the job: :func:`message_ids_for`)."""
+    if value is None:
+        return ()
+    if not isinstance(value, list) or len(value) != count:
+        raise BadRequest(f"message_ids must be a list of {count} ids, one per message")
+    for given in value:
+        # Letters, digits, '-' and '_' only: a copy's unique key is built from
+        # its message id, and ':' or '@' there have meanings (naming.py).
+        if not isinstance(given, str) or not _MESSAGE_ID.fullmatch(given):
+            raise BadRequest(f"invalid message id {shorten(str(given))}: use 1 to "
+                             f"{MAX_UNIQUE_BYTES} letters, digits, '-' or '_'")
+    return tuple(value)
+
+
+_MESSAGE_ID = re.compile(rf"[0-9A-Za-z_-]{{1,{MAX_UNIQUE_BYTES}}}")
+
+
 def queue_copy_unique(message_id: str) -> str:
     """A queue message with headers (the bridge's SENDs, replies, dead
     letters): a copy for no subscriber, marked as carrying headers."""

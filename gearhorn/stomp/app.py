@@ -16,9 +16,10 @@ import gevent.event
 from gearhorn.background import Backoff
 from gearhorn.config import Config, to_env
 from gearhorn.naming import process_id
-from gearhorn.observers import LedgerObserver
+from gearhorn.observers import LedgerObserver, Observers, StatsObserver
 from gearhorn.servers import die_with_parent
 from gearhorn.stomp import auth
+from gearhorn.stomp.appending import HistoryFirst
 from gearhorn.stomp.attachments import Attachments
 from gearhorn.stomp.backend import Backend
 from gearhorn.stomp.bounds import QueueBounds
@@ -44,6 +45,7 @@ from gearhorn.store.ledger import Ledger
 from gearhorn.store.registry import Registry
 from gearhorn.store.stats import Stats
 from gearhorn.worker.announce import announce_changes
+from gearhorn.worker.cache import SubscriberCache
 from gearhorn.worker.delayed import Scheduler
 from gearhorn.worker.replay import DashedFunctions
 
@@ -107,15 +109,19 @@ def build_bridge(config: Config) -> Bridge:
     ledger = Ledger(client, keys, config.ledger_maxlen, config.ledger_enabled,
                     source=f"bridge-{bridge_id}", shards=config.ledger_shards)
     dashed = DashedFunctions(client, keys)
-    flusher = LedgerFlusher(ledger, bounds)
+    # Counts of the SENDs no worker fans out (gearhorn/stomp/appending.py).
+    stats = Stats(client, keys, config.metrics_enabled, buffered=True)
+    flusher = LedgerFlusher(ledger, bounds, stats)
     observer = LedgerObserver(ledger, recorded=flusher.recorded)
     history = History(client, keys, config.history_policy)
     streams = TopicStreams(history, observer)
+    history_first = HistoryFirst(history, SubscriberCache(registry), streams.appended,
+                                 Observers(observer, StatsObserver(stats)))
     publisher = Publisher(servers, tls, headers,
                           Scheduler(client, keys, config.delay_shard_seconds,
                                     config.delay_lease, config.delay_lanes),
                           bounds, config.fanout_timeout, before_background=dashed.record,
-                          history=history, appended=streams.appended)
+                          history_first=history_first)
     # Five times a worker's: the janitor removes a bridge's subscriptions
     # only when it is surely dead, not merely busy for a few seconds.
     registrations = Registrations(registry, bridge_id, 5 * config.worker_ttl,

@@ -7,6 +7,7 @@ import gevent
 
 from gearhorn.stomp.bounds import QueueBounds
 from gearhorn.store.ledger import Ledger
+from gearhorn.store.stats import Stats
 
 # Written every this many seconds, or sooner at this many events.
 FLUSH_SECONDS = 0.2
@@ -18,9 +19,10 @@ class LedgerFlusher:
     destinations) every ``FLUSH_SECONDS``, and soon after ``FLUSH_EVENTS``
     are buffered (:meth:`recorded` hears of each)."""
 
-    def __init__(self, ledger: Ledger, bounds: QueueBounds) -> None:
+    def __init__(self, ledger: Ledger, bounds: QueueBounds, stats: Stats | None = None) -> None:
         self.ledger = ledger
         self.bounds = bounds
+        self.stats = stats  # the metrics the bridge counts itself, buffered
         self._flush_soon = False
         self._stopped = False
         self._flusher: gevent.Greenlet | None = None
@@ -37,6 +39,8 @@ class LedgerFlusher:
         self._flush_soon = False
         self.ledger.flush()
         self.bounds.flush()
+        if self.stats is not None:
+            self.stats.flush()
 
     def start(self) -> None:
         self._flusher = gevent.spawn(self._flush_forever)

@@ -85,7 +85,8 @@ class Outbox:
             while self._queue and not self._broken:
                 send, frames = self._queue.popleft()
                 try:
-                    result = self.publisher.start(self.client(), send).wait()
+                    result = (self.publisher.start(self.client(), send).wait()
+                              if send.needs_job else {})
                 except Exception as exc:  # noqa: BLE001 - told to the session, whatever it is
                     self._fail(frames[0], exc)
                     return

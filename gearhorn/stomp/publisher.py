@@ -13,17 +13,13 @@ from collections.abc import Callable, Iterable, Sequence
 import gevent.lock
 
 from gearhorn import gearman
-from gearhorn.messages import DEDUP_HEADER
-from gearhorn.naming import call_unique, new_message_id, queue_copy_unique, stomp_unique
+from gearhorn.naming import call_unique, queue_copy_unique, stomp_unique
+from gearhorn.stomp.appending import HistoryFirst
 from gearhorn.stomp.backend import FanoutFailed
 from gearhorn.stomp.bounds import QueueBounds
 from gearhorn.stomp.sending import PLAIN, SendOptions, TopicSend
 from gearhorn.store.headers import HeaderStore
-from gearhorn.store.history import Entry, History
 from gearhorn.worker.delayed import DelayedItem, Scheduler
-
-# (topic, (epoch, first offset, last offset), messages): what a SEND appended.
-Appended = Callable[[str, tuple[str, int, int], list[Entry]], None]
 
 
 class Publisher:
@@ -34,16 +30,14 @@ class Publisher:
                  headers: HeaderStore, scheduler: Scheduler, bounds: QueueBounds,
                  fanout_timeout: float,
                  before_background: Callable[[Iterable[str]], None] | None = None,
-                 history: History | None = None,
-                 appended: Appended | None = None) -> None:
+                 history_first: HistoryFirst | None = None) -> None:
         self.servers, self.tls = tuple(servers), tls
         self.headers = headers
         self.scheduler = scheduler
         self.bounds = bounds
         self.fanout_timeout = fanout_timeout
         self.before_background = before_background
-        self.history = history  # topics' histories, appended to first (publish)
-        self.appended = appended  # told what was appended (this bridge's stream readers)
+        self.history_first = history_first  # topics with history: appended first
         # The bridge's own jobs share one client, one at a time.
         self._own = self.new_client()
         self._own_lock = gevent.lock.Semaphore()
@@ -88,23 +82,11 @@ class Publisher:
 
     def prepare(self, topic: str, bodies: Sequence[bytes],
                 options: SendOptions = PLAIN) -> TopicSend:
-        """A SEND to ``topic``, ready for its fanout job.
-
-        On a topic that keeps a history, the bridge appends the messages
-        itself first, under ids the job then names: the topic's stream
-        subscribers have them one Redis round trip after the SEND, not
-        after gearmand and a worker (docs/design.rst). Not for a delayed
-        or deduplicated SEND: those are the worker's to decide on."""
-        if (self.history is None or not self.history.policy.keeps(topic)
-                or options.delay is not None or DEDUP_HEADER in options.headers):
+        """A SEND to ``topic``, ready for its fanout job: appended to the
+        topic's history first when it keeps one (gearhorn/stomp/appending.py)."""
+        if self.history_first is None or not self.history_first.takes(topic, options):
             return TopicSend(topic, list(bodies), options)
-        ids = [new_message_id() for _ in bodies]
-        messages = [(message_id, body, options.headers or None)
-                    for message_id, body in zip(ids, bodies, strict=True)]
-        (where,) = self.history.append([(topic, messages)])
-        if self.appended is not None:
-            self.appended(topic, where, messages)
-        return TopicSend(topic, list(bodies), options, ids)
+        return self.history_first.append(topic, bodies, options)
 
     def start(self, client: gearman.Client, send: TopicSend) -> Pending:
         """Submit ``send``'s fanout job; :meth:`Pending.wait` has its answer.

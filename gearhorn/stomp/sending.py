@@ -57,12 +57,14 @@ PLAIN = SendOptions()
 @dataclass
 class TopicSend:
     """SENDs to a topic, ready for one fanout job; ``message_ids`` when the
-    bridge appended them to the topic's history already."""
+    bridge appended them to the topic's history already, and ``needs_job``
+    False when no subscriber needs a copy (all read the history)."""
 
     topic: str
     bodies: list[bytes]
     options: SendOptions = PLAIN
     message_ids: list[str] | None = None
+    needs_job: bool = True
 
     def __post_init__(self) -> None:
         self.size = sum(map(len, self.bodies))
@@ -71,6 +73,7 @@ class TopicSend:
         """Add ``other``'s messages, if one job may carry both; says whether it did."""
         if (other.topic != self.topic or other.options != self.options
                 or (other.message_ids is None) != (self.message_ids is None)
+                or other.needs_job != self.needs_job
                 or len(self.bodies) + len(other.bodies) > MAX_BATCH
                 or self.size + other.size > max_bytes):
             return False

@@ -45,7 +45,7 @@ class History:
         Returns (epoch, first offset, last offset) of each call."""
         calls = self.calls(fanouts)
         replies = run_scripts(self.redis, calls) if calls else []
-        return [(text(epoch), int(first), int(last)) for epoch, first, last in replies]
+        return [appended_at(reply) for reply in replies]
 
     def calls(self, fanouts: Sequence[tuple[str, Sequence[Entry]]]) -> list[ScriptCall]:
         """What :meth:`append` runs, for a caller that runs it with other
@@ -157,3 +157,9 @@ def _message(entry_id: bytes | str, fields: dict) -> dict[str, object]:
     except UnicodeDecodeError:
         message["payload_base64"] = base64.b64encode(payload).decode()
     return message
+
+
+def appended_at(reply: list) -> tuple[str, int, int]:
+    """An append call's reply: (epoch, first offset, last offset)."""
+    epoch, first, last = reply
+    return text(epoch), int(first), int(last)

@@ -169,6 +169,12 @@ class Registry:
         """:meth:`members` of several topics (each with what is cached of
         it, or None) in one round trip; ``also``: other script calls made in
         the same round trip (once, even when the look-up is made again)."""
+        return self.members_with(cached, also)[0]
+
+    def members_with(self, cached: dict[str, Members | None], also: Sequence[ScriptCall] = ()
+                     ) -> tuple[dict[str, Members | None], list]:
+        """:meth:`members_of`, and the replies of the calls ``also``."""
+        also_replies: list = []
         while True:
             calls: list[ScriptCall] = list(also)
             for topic, members in cached.items():
@@ -180,14 +186,16 @@ class Registry:
                     (self._prefix_members,
                      [self.keys.prefix_version, *map(self.keys.prefix_set, patterns)],
                      [self._patterns_version, prefix_version, *patterns])]
-            replies = run_scripts(self.redis, calls)[len(also):]
+            replies = run_scripts(self.redis, calls)
+            also_replies += replies[:len(also)]
+            replies = replies[len(also):]
             also = ()
             if all(text(by_prefix[0]) != _STALE_PATTERNS for by_prefix in replies[1::2]):
                 break
             self._read_patterns()
         return {topic: _fresh(topic, members, direct, by_prefix)
                 for (topic, members), direct, by_prefix
-                in zip(cached.items(), replies[0::2], replies[1::2], strict=True)}
+                in zip(cached.items(), replies[0::2], replies[1::2], strict=True)}, also_replies
 
     def _read_patterns(self) -> None:
         """The prefix patterns with their version, read together (one slot)."""

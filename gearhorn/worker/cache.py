@@ -47,9 +47,14 @@ class SubscriberCache:
                       ) -> dict[str, tuple[Recipient, ...]]:
         """The current recipients of each of ``topics``, checked in one round
         trip (with the script calls ``also``, made once)."""
+        return self.recipients_with(topics, also)[0]
+
+    def recipients_with(self, topics: Iterable[str], also: Sequence[ScriptCall] = ()
+                        ) -> tuple[dict[str, tuple[Recipient, ...]], list]:
+        """:meth:`recipients_of`, and the replies of the calls ``also``."""
         with self._lock:
             cached = {topic: self._entries.get(topic) for topic in topics}
-        fresh = self.registry.members_of(cached, also)
+        fresh, replies = self.registry.members_with(cached, also)
         current = {}
         with self._lock:
             for topic, members in fresh.items():
@@ -63,7 +68,7 @@ class SubscriberCache:
                 current[topic] = members.recipients
             while len(self._entries) > self.max_entries:
                 self._entries.popitem(last=False)
-        return current
+        return current, replies
 
     def invalidate(self, topic: str | None = None) -> None:
         """Forget ``topic``, or everything when ``topic`` is None."""

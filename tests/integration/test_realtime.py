@@ -196,3 +196,40 @@ def test_a_killed_bridge_costs_stream_subscribers_what_resume_covers_and_durable
            f"resumed from offset {last + 1} on the other bridge with nothing missing or "
            f"twice; the durable one got all {count}, {len(twice)} of them again "
            "(held unacknowledged at the kill, each redelivered:true)")
+
+
+def test_a_topic_only_streams_read_needs_no_fanout_job_until_a_queue_subscriber_comes(
+        gearmand, bridges, stomp_clients, redis_url, tmp_path):
+    """Its SENDs are appended and answered by the bridge alone (their
+    ``published`` rows are the bridge's, for no copies); a Gearman
+    subscriber that joins gets the messages sent after, through the job."""
+    from gearhorn.client import Consumer, Producer
+
+    topic = unique_topic("live.")
+    reader = stomp_clients(bridges[1].port)
+    reader.subscribe(f"/topic/{topic}", "s")
+    producer = stomp_clients(bridges[0].port)
+    for i in range(50):
+        producer.send(f"/topic/{topic}", f"early:{i}")
+    with Producer([(gearmand.host, gearmand.port)]) as admin:
+        admin.subscribe(topic, "late")
+    for i in range(50):
+        producer.send(f"/topic/{topic}", f"late:{i}")
+    producer.send(f"/topic/{topic}", "end:0")
+    assert [m.body.decode() for m in reader.until(b"end:0")] == [
+        f"early:{i}" for i in range(50)] + [f"late:{i}" for i in range(50)]
+    with Consumer([(gearmand.host, gearmand.port)], topic, "late") as inbox:
+        assert [inbox.get(timeout=30).decode() for _ in range(51)] == [
+            f"late:{i}" for i in range(50)] + ["end:0"]
+        assert inbox.get(timeout=0.5) is None  # nothing of before it subscribed
+    published = {}
+
+    def all_published():
+        published.clear()
+        for row in export_ledger(redis_url, tmp_path / "ledger", gearmand):
+            if row["event"] == "published" and row["topic"] == topic:
+                by = "bridge" if row["source"].startswith("bridge-") else "worker"
+                published[row["message_id"]] = (by, row["count"])
+        return len(published) == 101
+    wait_for(all_published, timeout=60, interval=0.5, message="101 published rows")
+    assert collections.Counter(published.values()) == {("bridge", 0): 50, ("worker", 1): 51}

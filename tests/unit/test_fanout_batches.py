@@ -29,13 +29,13 @@ def service(registry, monkeypatch):
     svc = FanoutService(Config(max_payload_bytes=1000), registry, SubscriberCache(registry),
                         client)
     looked_up = []  # the topics of each round trip
-    members_of = registry.members_of
+    members_with = registry.members_with
 
     def counted(cached, also=()):
         looked_up.append(list(cached))
-        return members_of(cached, also)
+        return members_with(cached, also)
 
-    monkeypatch.setattr(registry, "members_of", counted)
+    monkeypatch.setattr(registry, "members_with", counted)
     for group in svc.run([subscribe("news", "alice"), subscribe("news", "bob"),
                           subscribe("sport", "carol")]):
         assert not isinstance(group[0], BadRequest)

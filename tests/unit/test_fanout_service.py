@@ -110,7 +110,7 @@ def test_redis_down_is_reported_as_unavailable(registry, monkeypatch):
     def down(*args, **kwargs):
         raise redis.ConnectionError("Connection refused")
 
-    monkeypatch.setattr(registry, "members_of", down)
+    monkeypatch.setattr(registry, "members_with", down)
     with pytest.raises(ServiceUnavailable, match="registry unavailable"):
         svc.handle("fanout", b'{"topic": "t", "payload": 1}')
 

@@ -160,3 +160,41 @@ def test_a_group_run_again_after_gearmand_failed_is_in_history_once(registry):
     assert [len(group) for group in svc.run(jobs)] == [3]
     found = json.loads(svc.handle("topic_history", b'{"topic": "news"}'))
     assert [m["payload"] for m in found["messages"]] == ["0", "1", "2"]
+
+
+class Heard:
+    """An observer that keeps what it is told of fanouts."""
+
+    def __init__(self):
+        self.fanouts = []
+
+    def fanned_out(self, topic, per_message, width, failed=(), seconds=None):
+        self.fanouts.append((topic, list(per_message), width))
+
+
+def test_a_send_whose_subscribers_all_read_the_history_needs_no_job(history, registry):
+    """The bridge appends a SEND and looks its subscribers up in the same
+    round trip: while every one is a stream subscription, no fanout job is
+    needed and the bridge records the message itself; a Gearman or prefix
+    subscriber brings the job back."""
+    from gearhorn.stomp.appending import HistoryFirst
+    from gearhorn.stomp.sending import PLAIN, SendOptions
+
+    heard, appended = Heard(), []
+    first = HistoryFirst(history, SubscriberCache(registry),
+                         lambda topic, where, messages: appended.append((topic, where)), heard)
+    registry.subscribe(Subscription("news", stream_client_id()))
+    send = first.append("news", [b"a", b"b"], PLAIN)
+    assert not send.needs_job and len(send.message_ids) == 2
+    assert [m["message_id"] for m in history.read("news")["messages"]] == send.message_ids
+    assert appended == [("news", (history.read("news")["epoch"], 1, 2))]
+    assert heard.fanouts == [("news", [(mid, ()) for mid in send.message_ids], 0)]
+    registry.subscribe(Subscription("news", "alice"))
+    assert first.append("news", [b"c"], PLAIN).needs_job
+    registry.unsubscribe(Subscription("news", "alice"))
+    assert not first.append("news", [b"d"], PLAIN).needs_job
+    registry.subscribe(Subscription("ne*", "bob"))
+    assert first.append("news", [b"e"], PLAIN).needs_job
+    assert len(heard.fanouts) == 2
+    assert not first.takes("news", SendOptions(delay=5.0))  # the worker's to schedule
+    assert not first.takes("news", SendOptions(headers={"x-deduplication-header": "o-1"}))
