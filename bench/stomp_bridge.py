@@ -161,7 +161,11 @@ class Gearhorn:
         self.tmp = tempfile.mkdtemp()
         self.redis = servers.start_redis()
         self.gearmand = servers.start_gearmand(data_dir=self.tmp)
-        env = {**os.environ, "GEARHORN_LOG_LEVEL": "WARNING"}
+        # Queues unbounded, as RabbitMQ's are by default: with its default
+        # bound (10,000, drop-head) a producer that outruns its subscribers
+        # loses the oldest copies, and a run would count them forever.
+        env = {"GEARHORN_QUEUE_MAX_LENGTH": "0", **os.environ,
+               "GEARHORN_LOG_LEVEL": os.environ.get("BENCH_LOG_LEVEL", "WARNING")}
         common = ["--gearman", self.gearmand.address, "--redis-url", self.redis.details["url"]]
         self.pool = subprocess.Popen([sys.executable, "-m", "gearhorn", "worker",
                                       "--processes", "2", *common], env=env,
