@@ -47,6 +47,7 @@ def stream_span(epoch: str, first: int, last: int, told_gap: bool = False) -> st
     """The text of a run of offsets (``STREAM_SPAN``)."""
     return f"{epoch}:{first}-{last}{':unrecovered' if told_gap else ''}"
 
+
 _SPARK_HASH_SEED = 42  # the seed of Spark's xxhash64()
 
 

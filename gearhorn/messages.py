@@ -264,7 +264,6 @@ def parse_fanout(data: bytes, max_payload: int = DEFAULT_MAX_PAYLOAD,
                   given_message_ids(obj.get("message_ids"), len(bodies)))
 
 
-
 PRIORITIES = ("high", "normal", "low")
 # How far ahead a message may be scheduled (a typo of a year is not a delay).
 MAX_DELAY_SECONDS = 366 * 86_400

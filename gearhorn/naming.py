@@ -164,6 +164,9 @@ def message_ids_for(job_unique: str, count: int) -> list[str]:
             for i in range(count)]
 
 
+_MESSAGE_ID = re.compile(rf"[0-9A-Za-z_-]{{1,{MAX_UNIQUE_BYTES}}}")
+
+
 def given_message_ids(value: object, count: int) -> tuple[str, ...]:
     """A fanout's ``message_ids``: absent, or one id per message (the sender
     named them; else they derive from the job: :func:`message_ids_for`)."""
@@ -178,9 +181,6 @@ def given_message_ids(value: object, count: int) -> tuple[str, ...]:
             raise BadRequest(f"invalid message id {shorten(str(given))}: use 1 to "
                              f"{MAX_UNIQUE_BYTES} letters, digits, '-' or '_'")
     return tuple(value)
-
-
-_MESSAGE_ID = re.compile(rf"[0-9A-Za-z_-]{{1,{MAX_UNIQUE_BYTES}}}")
 
 
 def queue_copy_unique(message_id: str) -> str:

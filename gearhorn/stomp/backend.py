@@ -60,11 +60,13 @@ class Publishes(Protocol):
 
     def prepare(self, topic: str, bodies: Sequence[bytes],
                 options: SendOptions = ...) -> TopicSend:
-        """``publish`` in two steps: appended to the history (if kept) now, ..."""
+        """``publish``'s first step: the SEND appended to its topic's history,
+        when the topic keeps one."""
         ...
 
     def start(self, client: gearman.Client, send: TopicSend) -> Answered:
-        """... the fanout job submitted now, its answer read later."""
+        """``publish``'s second step: the fanout job submitted; its answer
+        is read later (:meth:`Answered.wait`)."""
         ...
 
 

@@ -10,9 +10,11 @@ together as the next one (one job of up to ``MAX_BATCH`` messages). On a
 topic with a history the session has appended each SEND before it got
 here, so stream subscribers do not wait for any job (docs/design.rst).
 
-RECEIPTs of these SENDs follow their job's answer, as before. Any other
-frame waits for the outbox to empty first (:meth:`Outbox.flush`), so a
-connection's frames still take effect in the order sent.
+RECEIPTs of these SENDs follow their job's answer, as before. Every other
+frame but ACK and NACK waits for the outbox to empty first
+(:meth:`Outbox.flush`), so a connection's frames still take effect in the
+order sent. A SEND whose subscribers all read the history needs no job
+(``TopicSend.needs_job``): it is answered in its turn.
 """
 
 from __future__ import annotations

@@ -65,6 +65,7 @@ class TopicSend:
     options: SendOptions = PLAIN
     message_ids: list[str] | None = None
     needs_job: bool = True
+    size: int = field(init=False)  # bytes of all bodies
 
     def __post_init__(self) -> None:
         self.size = sum(map(len, self.bodies))
