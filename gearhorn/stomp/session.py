@@ -437,7 +437,7 @@ class Session:
 
     def _receipt(self, frame: Frame, extra: dict[str, str] | None = None) -> None:
         receipt = frame.get("receipt")
-        if receipt is not None:
+        if receipt is not None and not self.closed:  # never a RECEIPT after an ERROR
             headers = {"receipt-id": receipt, **(extra or {})}
             self.transport.send(encode("RECEIPT", headers, b"", self.version))
 

@@ -502,3 +502,35 @@ def test_topic_sends_go_on_while_a_fanout_runs_and_other_frames_wait_for_it():
     answers[1].set({})
     subscribing.join(5)
     assert [f.headers.get("receipt-id") for f in transport.frames[1:]] == ["1", "2", "3", "sub"]
+
+
+def test_no_receipt_follows_the_error_of_a_failed_fanout():
+    """A SEND read while a topic SEND's job runs waits for it; when that job
+    fails, the connection ends with the ERROR: the waiting SEND is not sent
+    and gets no RECEIPT (one after an ERROR would say it was taken)."""
+    import gevent
+    import gevent.event
+
+    from gearhorn.stomp.backend import FanoutFailed
+    from gearhorn.stomp.session import Session
+
+    transport, broker = FakeTransport(), FakeBroker()
+    answers = []
+
+    def start(client, send):
+        answers.append(gevent.event.AsyncResult())
+        return types.SimpleNamespace(wait=answers[-1].get)
+
+    broker.start = start
+    s = Session(broker.backend(), transport, SessionSettings())
+    s.handle(Frame("CONNECT", {"accept-version": "1.2"}))
+    s.handle(Frame("SEND", {"destination": "/topic/news", "receipt": "t"}, b"1"))
+    sending = gevent.spawn(s.handle, Frame("SEND", {"destination": "/queue/jobs",
+                                                    "receipt": "q"}, b"2"))
+    gevent.sleep(0.01)
+    assert len(answers) == 1 and not sending.ready()
+    answers[0].set_exception(FanoutFailed("fanout to news failed: timeout"))
+    sending.join(5)
+    assert [(f.command, f.headers.get("receipt-id")) for f in transport.frames[1:]] == [
+        ("ERROR", "t")]
+    assert broker.sent == [] and transport.closed
