@@ -37,6 +37,7 @@ from gearhorn.stomp.server import BridgeServer
 from gearhorn.stomp.streams import TopicStreams
 from gearhorn.store import redisconn
 from gearhorn.store.deadletters import DeadLetterIndex
+from gearhorn.store.directcalls import DirectCalls
 from gearhorn.store.handouts import Handouts
 from gearhorn.store.headers import HeaderStore
 from gearhorn.store.history import History
@@ -99,7 +100,9 @@ def build_bridge(config: Config) -> Bridge:
     client = redisconn.for_config(config, max_connections=64, socket_timeout=10,
                                   socket_connect_timeout=5)
     keys = Keys.for_config(config)
-    registry = Registry(client, keys)
+    # The per-message calls (append, look-up, stream reads) skip the pool.
+    direct = DirectCalls(client)
+    registry = Registry(client, keys, direct)
     announce_changes(config, registry)  # presence events, if asked for
     # Unique across hosts and restarts: the janitor cleans up by this id.
     bridge_id = process_id()
@@ -113,7 +116,7 @@ def build_bridge(config: Config) -> Bridge:
     stats = Stats(client, keys, config.metrics_enabled, buffered=True)
     flusher = LedgerFlusher(ledger, bounds, stats)
     observer = LedgerObserver(ledger, recorded=flusher.recorded)
-    history = History(client, keys, config.history_policy)
+    history = History(client, keys, config.history_policy, direct)
     streams = TopicStreams(history, observer)
     history_first = HistoryFirst(history, SubscriberCache(registry), streams.appended,
                                  Observers(observer, StatsObserver(stats)))

@@ -22,15 +22,20 @@ from collections.abc import Sequence
 import redis
 
 from gearhorn.historypolicy import HistoryPolicy
+from gearhorn.store.directcalls import DirectCalls
 from gearhorn.store.keys import Keys
-from gearhorn.store.redisutil import ScriptCall, run_scripts, script, text
+from gearhorn.store.redisutil import ScriptCall, script, text
 
 
 class History:
-    def __init__(self, client: redis.Redis, keys: Keys, policy: HistoryPolicy) -> None:
+    def __init__(self, client: redis.Redis, keys: Keys, policy: HistoryPolicy,
+                 direct: DirectCalls | None = None) -> None:
         self.redis = client
         self.keys = keys
         self.policy = policy
+        # The bridge's appends and feed reads go past the pool (directcalls.py);
+        # everyone else's through the client (most_open=0).
+        self.direct = direct or DirectCalls(client, most_open=0)
         self._append = script(client, "history_append.lua")
 
     @property
@@ -44,7 +49,7 @@ class History:
         group of fanouts to one topic is one call), in the order given.
         Returns (epoch, first offset, last offset) of each call."""
         calls = self.calls(fanouts)
-        replies = run_scripts(self.redis, calls) if calls else []
+        replies = self.direct.run_scripts(calls) if calls else []
         return [appended_at(reply) for reply in replies]
 
     def calls(self, fanouts: Sequence[tuple[str, Sequence[Entry]]]) -> list[ScriptCall]:
@@ -118,9 +123,8 @@ class History:
 
     def wait(self, topic: str, after: int, block_ms: int, count: int) -> list[Stored]:
         """Messages after offset ``after``, waiting up to ``block_ms`` for one."""
-        found = self.redis.xread({self.keys.history(topic): f"{after}-1"}, count=count,
-                                 block=block_ms)
-        return [_stored(entry_id, fields) for _, entries in found or ()
+        found = self.direct.xread({self.keys.history(topic): f"{after}-1"}, count, block_ms)
+        return [_stored(entry_id, fields) for _, entries in found
                 for entry_id, fields in entries]
 
 

@@ -11,12 +11,14 @@ import json
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 
 import redis
 
 from gearhorn.limits import Limits, limits_from_json
 from gearhorn.messages import PREFIX_WILDCARD, Subscription, queue_name
 from gearhorn.naming import is_stream_client, process_id
+from gearhorn.store.directcalls import DirectCalls
 from gearhorn.store.keys import Keys
 from gearhorn.store.liveness import Liveness
 from gearhorn.store.redisutil import ScriptCall, run_scripts, script, text
@@ -50,9 +52,12 @@ class Registry:
         reg.subscribe(Subscription("news", "alice"))       # 1: subscribers of news
     """
 
-    def __init__(self, client: redis.Redis, keys: Keys | None = None) -> None:
+    def __init__(self, client: redis.Redis, keys: Keys | None = None,
+                 direct: DirectCalls | None = None) -> None:
         self.redis = client
         self.keys = keys or Keys()
+        # Look-ups past the pool (the bridge's, once per SEND: directcalls.py).
+        self._run_scripts = direct.run_scripts if direct else partial(run_scripts, client)
         self._subscribe = script(client, "subscribe.lua")
         self._topic_members = script(client, "topic_members.lua")
         self._prefix_members = script(client, "prefix_members.lua")
@@ -186,7 +191,7 @@ class Registry:
                     (self._prefix_members,
                      [self.keys.prefix_version, *map(self.keys.prefix_set, patterns)],
                      [self._patterns_version, prefix_version, *patterns])]
-            replies = run_scripts(self.redis, calls)
+            replies = self._run_scripts(calls)
             also_replies += replies[:len(also)]
             replies = replies[len(also):]
             also = ()
