@@ -57,6 +57,11 @@ class ClientConnection:
         self._drained.set()
         self._closing = False
         self._wrote_at = 0.0
+        # A plain socket is written at once when nothing waits before it
+        # (:meth:`_write_now`); TLS and WebSocket streams go by the writer.
+        self._direct = type(sock) is gevent.socket.socket
+        self._writing = False  # the writer is in a sendall
+        self._written: deque[Callable[[], None]] = deque()  # on_sent of bytes written at once
         self._writer = gevent.spawn(self._write_loop)
         self._beater: gevent.Greenlet | None = None
 
@@ -68,11 +73,32 @@ class ClientConnection:
             if on_dropped is not None:
                 on_dropped()
             return
+        if self._direct and not self._queue and not self._writing:
+            data = self._write_now(data, on_sent)
+            if not data:
+                return
         self._queue.append((data, on_sent, on_dropped))
         self.backlog += len(data)
         if self.backlog >= self.session.settings.max_backlog:
             self._drained.clear()
         self._wakeup.set()
+
+    def _write_now(self, data: bytes, on_sent: Callable[[], None] | None) -> bytes:
+        """Write what the socket takes without waiting (a MESSAGE reaches its
+        subscriber without a switch to the writer: issue 27); the rest is
+        returned, for the writer. ``on_sent`` still runs in the writer, later:
+        an ack may call into the dispatcher that is delivering right now."""
+        try:
+            written = self.sock.send(data, 0, 0.0)
+        except OSError:  # full (EAGAIN), or broken: the writer finds out which
+            return data
+        self._wrote_at = _now()
+        if written < len(data):
+            return data[written:]
+        if on_sent is not None:
+            self._written.append(on_sent)
+            self._wakeup.set()
+        return b""
 
     def close(self) -> None:
         """Close once everything queued (an ERROR, a RECEIPT) has been written."""
@@ -168,6 +194,8 @@ class ClientConnection:
         while True:
             self._wakeup.wait()
             self._wakeup.clear()
+            while self._written:  # bytes written at once, before any queued now
+                self._written.popleft()()
             while self._queue:
                 batch, callbacks, size = [], [], 0
                 while self._queue and size < _READ_SIZE:
@@ -176,12 +204,15 @@ class ClientConnection:
                     size += len(data)
                     if on_sent is not None:
                         callbacks.append(on_sent)
+                self._writing = True
                 try:
                     self.sock.sendall(b"".join(batch))
                 except OSError:
                     self._closing = True
                     self._kick_reader()
                     return
+                finally:
+                    self._writing = False
                 self._wrote_at = gevent.get_hub().loop.now()
                 self.backlog -= size
                 if self.backlog < self.session.settings.max_backlog:
@@ -198,6 +229,8 @@ class ClientConnection:
             self.sock.shutdown(socket.SHUT_RDWR)
 
     def _drop_unsent(self) -> None:
+        while self._written:  # these were written: sent, as the writer would say
+            self._written.popleft()()
         while self._queue:
             _, _, on_dropped = self._queue.popleft()
             if on_dropped is not None:
