@@ -57,11 +57,12 @@ class ClientConnection:
         self._drained.set()
         self._closing = False
         self._wrote_at = 0.0
-        # A plain socket is written at once when nothing waits before it
-        # (:meth:`_write_now`); TLS and WebSocket streams go by the writer.
+        # A plain socket is written without the writer when it can take the
+        # bytes (:meth:`_write_now`); TLS and WebSocket streams go by the writer.
         self._direct = type(sock) is gevent.socket.socket
+        self._due = False  # written again once the sending greenlet gives way
         self._writing = False  # the writer is in a sendall
-        self._written: deque[Callable[[], None]] = deque()  # on_sent of bytes written at once
+        self._written: deque[Callable[[], None]] = deque()  # on_sent of bytes written so
         self._writer = gevent.spawn(self._write_loop)
         self._beater: gevent.Greenlet | None = None
 
@@ -73,32 +74,56 @@ class ClientConnection:
             if on_dropped is not None:
                 on_dropped()
             return
-        if self._direct and not self._queue and not self._writing:
-            data = self._write_now(data, on_sent)
-            if not data:
-                return
         self._queue.append((data, on_sent, on_dropped))
         self.backlog += len(data)
         if self.backlog >= self.session.settings.max_backlog:
             self._drained.clear()
-        self._wakeup.set()
-
-    def _write_now(self, data: bytes, on_sent: Callable[[], None] | None) -> bytes:
-        """Write what the socket takes without waiting (a MESSAGE reaches its
-        subscriber without a switch to the writer: issue 27); the rest is
-        returned, for the writer. ``on_sent`` still runs in the writer, later:
-        an ack may call into the dispatcher that is delivering right now."""
-        try:
-            written = self.sock.send(data, 0, 0.0)
-        except OSError:  # full (EAGAIN), or broken: the writer finds out which
-            return data
-        self._wrote_at = _now()
-        if written < len(data):
-            return data[written:]
-        if on_sent is not None:
-            self._written.append(on_sent)
+        if not self._direct or self._writing:
             self._wakeup.set()
-        return b""
+        elif not self._due:
+            # The first frame of a turn goes out now; those sent after it in
+            # the same turn, together once the sending greenlet gives way.
+            self._due = True
+            _WRITES.due(self)
+            self._write_now()
+
+    def _written_by_loop(self) -> None:
+        self._due = False
+        self._write_now()
+
+    def _write_now(self) -> None:
+        """Write what the socket takes without waiting, in one write. A
+        MESSAGE so reaches its subscriber without a switch to each
+        connection's writer (issue 27). The writer gets the rest, and runs
+        the ``on_sent`` of what went out (an ack may block: not here)."""
+        if self._writing or self._closing or not self._queue:
+            if self._closing or self._queue:
+                self._wakeup.set()
+            return
+        items, size = [], 0
+        while self._queue and size < _READ_SIZE:
+            items.append(self._queue.popleft())
+            size += len(items[-1][0])
+        data = b"".join(item[0] for item in items)
+        try:
+            left = self.sock.send(data, 0, 0.0)
+        except OSError:  # full (EAGAIN), or broken: the writer finds out which
+            left = 0
+        if left:
+            self._wrote_at = _now()
+        self.backlog -= left
+        for n, (chunk, on_sent, on_dropped) in enumerate(items):
+            if left < len(chunk):  # this one and those after it wait for the writer
+                self._queue.extendleft(reversed([(chunk[left:], on_sent, on_dropped),
+                                                 *items[n + 1:]]))
+                break
+            left -= len(chunk)
+            if on_sent is not None:
+                self._written.append(on_sent)
+        if self.backlog < self.session.settings.max_backlog:
+            self._drained.set()
+        if self._written or self._queue:
+            self._wakeup.set()
 
     def close(self) -> None:
         """Close once everything queued (an ERROR, a RECEIPT) has been written."""
@@ -194,7 +219,7 @@ class ClientConnection:
         while True:
             self._wakeup.wait()
             self._wakeup.clear()
-            while self._written:  # bytes written at once, before any queued now
+            while self._written:  # written from the event loop, before any queued now
                 self._written.popleft()()
             while self._queue:
                 batch, callbacks, size = [], [], 0
@@ -235,6 +260,32 @@ class ClientConnection:
             _, _, on_dropped = self._queue.popleft()
             if on_dropped is not None:
                 on_dropped()
+
+
+class _LoopWrites:
+    """The connections sent to since the running greenlet last gave way,
+    written by one callback of the event loop (:meth:`ClientConnection._write_now`)
+    with what was sent after a turn's first frame."""
+
+    def __init__(self) -> None:
+        self._due: list[ClientConnection] = []
+
+    def due(self, connection: ClientConnection) -> None:
+        if not self._due:
+            gevent.get_hub().loop.run_callback(self._write)
+        self._due.append(connection)
+
+    def _write(self) -> None:
+        due, self._due = self._due, []
+        for connection in due:
+            try:
+                connection._written_by_loop()
+            except Exception:  # noqa: BLE001 - never the others' writes
+                log.exception("%s: write", connection.address)
+                connection._wakeup.set()  # its writer has the queue
+
+
+_WRITES = _LoopWrites()
 
 
 def _now() -> float:

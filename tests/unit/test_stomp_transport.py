@@ -1,6 +1,8 @@
 """The bridge's socket transport (gearhorn/stomp/server.py ClientConnection)
-on a gevent socket pair: bytes written at once when nothing waits before
-them, the rest by the writer, in order; ``on_sent`` always from the writer."""
+on a gevent socket pair: a turn's first frame is written at once, those
+sent after it in the same turn together once the greenlet gives way; what
+the socket cannot take, by the connection's writer, in order; ``on_sent``
+always from the writer."""
 
 import gevent
 import gevent.socket
@@ -34,36 +36,54 @@ def read_exactly(sock, size: int) -> bytes:
     return data
 
 
-def test_bytes_go_out_at_once_and_on_sent_runs_in_the_writer(pair):
+def wait_for(condition, seconds: float = 10) -> None:
+    with gevent.Timeout(seconds):
+        while not condition():
+            gevent.sleep(0.001)
+
+
+def test_a_turns_first_frame_goes_out_at_once_and_the_rest_together_after_it(pair):
+    connection, theirs = pair
+    sent = []
+    connection._writer.kill()  # so that only the sending greenlet and the loop write
+    theirs.setblocking(False)
+    connection.send(b"MESSAGE 1|", lambda: sent.append(1))
+    assert theirs.recv(100) == b"MESSAGE 1|"  # before this greenlet gave way
+    connection.send(b"MESSAGE 2|", lambda: sent.append(2))
+    connection.send(b"MESSAGE 3|", lambda: sent.append(3))
+    assert connection.backlog == 20  # these wait for the end of the turn
+    gevent.sleep(0)
+    assert theirs.recv(100) == b"MESSAGE 2|MESSAGE 3|"  # in one write
+    assert connection.backlog == 0 and sent == []  # on_sent is the writer's
+    assert len(connection._written) == 3  # waiting for it
+
+
+def test_on_sent_runs_in_the_writer(pair):
     connection, theirs = pair
     sent = []
     connection.send(b"MESSAGE 1", lambda: sent.append(1))
-    # On the wire before this greenlet gave way once; the callback waits for the writer.
-    theirs.setblocking(False)
+    wait_for(lambda: sent == [1])
     assert theirs.recv(100) == b"MESSAGE 1"
-    assert sent == [] and connection.backlog == 0
-    gevent.sleep(0)
-    assert sent == [1]
 
 
 def test_what_the_socket_cannot_take_now_is_written_later_in_order(pair):
     connection, theirs = pair
     sent, big = [], b"x" * (8 << 20)  # more than any socket buffer holds
     connection.send(big, lambda: sent.append("big"))
-    assert connection.backlog > 0  # the rest is the writer's
+    gevent.sleep(0)
+    assert 0 < connection.backlog < len(big)  # the rest is the writer's
     connection.send(b"after", lambda: sent.append("after"))
     assert read_exactly(theirs, len(big) + 5) == big + b"after"
-    deadline = gevent.Timeout(10)
-    with deadline:
-        while sent != ["big", "after"]:
-            gevent.sleep(0.01)
+    wait_for(lambda: sent == ["big", "after"])
     assert connection.backlog == 0
 
 
 def test_bytes_written_at_once_count_as_sent_when_the_connection_ends(pair):
     connection, theirs = pair
     sent, dropped = [], []
-    connection.send(b"one", lambda: sent.append(1), lambda: dropped.append(1))
     connection._writer.kill()  # the connection ends before the writer ran
+    connection.send(b"one", lambda: sent.append(1), lambda: dropped.append(1))
+    gevent.sleep(0)
+    assert theirs.recv(100) == b"one"
     connection._drop_unsent()
     assert sent == [1] and dropped == []
