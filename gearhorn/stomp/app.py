@@ -129,7 +129,7 @@ def build_bridge(config: Config) -> Bridge:
     # only when it is surely dead, not merely busy for a few seconds.
     registrations = Registrations(registry, bridge_id, 5 * config.worker_ttl,
                                   config.heartbeat_interval)
-    handouts = Handouts(client, keys, config.headers_ttl)
+    handouts = Handouts(client, keys, config.headers_ttl, direct)
     dead_letterer = DeadLetterer(publisher, DeadLetterIndex(
         client, keys, Stats(client, keys, config.metrics_enabled)), observer)
     attachments = Attachments(servers, tls, bridge_id, headers_of=headers.for_uniques,

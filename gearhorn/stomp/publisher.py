@@ -7,13 +7,12 @@ from __future__ import annotations
 import base64
 import json
 import time
-import uuid
 from collections.abc import Callable, Iterable, Sequence
 
 import gevent.lock
 
 from gearhorn import gearman
-from gearhorn.naming import call_unique, queue_copy_unique, stomp_unique
+from gearhorn.naming import call_unique, new_message_id, queue_copy_unique, stomp_unique
 from gearhorn.stomp.appending import HistoryFirst
 from gearhorn.stomp.backend import FanoutFailed
 from gearhorn.stomp.bounds import QueueBounds
@@ -53,13 +52,13 @@ class Publisher:
         returns once gearmand accepted them all (or, delayed, Redis kept them)."""
         self.bounds.admit(function)
         if options.plain:
-            copies = [gearman.Copy(function, stomp_unique(uuid.uuid4().hex), body)
+            copies = [gearman.Copy(function, stomp_unique(new_message_id()), body)
                       for body in bodies]
             client.submit_background(copies)
             self.bounds.sent(copies)
             return
         (body,) = bodies  # a SEND with options is never batched
-        message_id = uuid.uuid4().hex
+        message_id = new_message_id()
         unique = stomp_unique(message_id)
         header_ids: tuple[str, ...] = ()
         if options.headers:
@@ -97,7 +96,7 @@ class Publisher:
 
     def send_own(self, function: str, body: bytes, headers: dict[str, str]) -> str:
         """A background job of the bridge's own, with headers; returns its header id."""
-        message_id = uuid.uuid4().hex
+        message_id = new_message_id()
         self.headers.put(message_id, headers)
         with self._own_lock:
             self._own.submit_background(

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 import redis
 
+from gearhorn.store.directcalls import DirectCalls
 from gearhorn.store.keys import Keys
 from gearhorn.store.redisutil import script
 
@@ -43,11 +44,14 @@ class Returned:
 
 
 class Handouts:
-    def __init__(self, client: redis.Redis, keys: Keys, ttl: float) -> None:
+    def __init__(self, client: redis.Redis, keys: Keys, ttl: float,
+                 direct: DirectCalls | None = None) -> None:
         self.redis = client
         self.keys = keys
         self.ttl_ms = max(1, int(ttl * 1000))
         self._take = script(client, "handouts.lua")
+        # One call per batch grabbed: past the pool (directcalls.py).
+        self.direct = direct or DirectCalls(client, most_open=0)
 
     def originals(self, tokens: Sequence[str]) -> dict[str, Returned]:
         """The given-back messages among ``tokens`` whose record still exists."""
@@ -68,8 +72,8 @@ class Handouts:
         """Count a hand-out of each message; True for those handed out before.
         ``settled``: messages acknowledged since, forgotten in the same call
         (one script call: gearhorn/store/lua/handouts.lua)."""
-        before = self._take(keys=[self.keys.handouts(function)],
-                            args=[self.ttl_ms, len(settled), *settled, *uniques])
+        (before,) = self.direct.run_scripts([(self._take, [self.keys.handouts(function)],
+                                              [self.ttl_ms, len(settled), *settled, *uniques])])
         return [bool(flag) for flag in before]
 
     def settled(self, function: str, uniques: Iterable[str]) -> None:
