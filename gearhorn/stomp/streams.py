@@ -72,6 +72,9 @@ class StreamConsumer(Protocol):
 
     def deliver(self, delivery: StreamDelivery) -> None: ...
 
+    def failed(self, reason: str) -> None:
+        """Its messages can no longer be delivered: end the subscription, and say so."""
+
 
 class StreamDelivery:
     """One message of a topic's history on its way to a subscriber; plays
@@ -137,6 +140,15 @@ class StreamReader:
     def settled(self) -> None:
         self._wake.set()
 
+    def failed(self) -> None:
+        """Delivering to it raised: it ends, and its client is told (rather
+        than the topic's feed dying and every reader on it going silent)."""
+        log.exception("topic %s: delivery to %s failed", self.feed.topic,
+                      self.consumer.function)
+        self.close()
+        self.consumer.failed("internal error while delivering this subscription's "
+                             "messages (logged by the bridge)")
+
     def close(self) -> None:
         if not self.closed:
             self.closed = True
@@ -187,9 +199,13 @@ class StreamReader:
                     self.epoch_changed(epoch)
                     if lost:
                         continue  # read again, from the new epoch's start
-                for stored in found:
-                    if not self.closed:
-                        self._deliver(stored)
+                try:
+                    for stored in found:
+                        if not self.closed:
+                            self._deliver(stored)
+                except Exception:  # noqa: BLE001 - this reader's fault, told to its client
+                    self.failed()
+                    return
                 if not found:
                     if self.feed.join(self):
                         return
@@ -260,7 +276,12 @@ class TopicFeed:
     def _run(self) -> None:
         redis_calls = RedisCalls(f"feed of {self.topic}")
         while not self.stopped:
-            found = redis_calls.attempt(self._read)
+            try:
+                found = redis_calls.attempt(self._read)
+            except Exception:  # noqa: BLE001 - not a Redis error: log it, go on
+                log.exception("feed of %s", self.topic)
+                gevent.sleep(redis_calls.backoff.failed())
+                continue
             for stored in found or ():
                 if stored[0] > self.last:  # not handed over already (appended)
                     self.hand_over(stored)
@@ -277,7 +298,10 @@ class TopicFeed:
     def hand_over(self, stored: Stored) -> None:
         self.last = stored[0]
         for reader in list(self.live):
-            reader.offer(stored)
+            try:
+                reader.offer(stored)
+            except Exception:  # noqa: BLE001 - one subscription's fault, not the topic's
+                reader.failed()
 
     def _check_epoch(self) -> None:
         epoch, _, last = self.history.position(self.topic)

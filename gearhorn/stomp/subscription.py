@@ -67,6 +67,11 @@ class StompSubscription:
     def deliver(self, delivery: Delivery) -> None:
         self.session.deliver(self, delivery)
 
+    def failed(self, reason: str) -> None:
+        """Its stream reader cannot go on: the connection ends with an ERROR
+        (the client resumes from the last offset it saw)."""
+        self.session.error(f"subscription {self.id}: {reason}")
+
     def take(self, message_id: str) -> list[Delivery]:
         """The deliveries an ACK or NACK of ``message_id`` settles, in the
         order they were delivered: in ``client`` mode that one and every

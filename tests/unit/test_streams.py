@@ -94,3 +94,47 @@ def test_what_a_subscription_was_given_is_kept_as_runs_of_offsets(monkeypatch):
         spans.given("e2", offset)
     spans.end()
     assert runs[4:] == ["e2:2-4", "e2:5-7", "e2:8-8"]  # long runs are cut
+
+
+class FailingConsumer(Consumer):
+    """A subscription whose delivery raises (a bug, say)."""
+
+    function = "news_bad"
+
+    def __init__(self):
+        super().__init__()
+        self.failures = []
+
+    def deliver(self, delivery):
+        raise RuntimeError("a bug in deliver")
+
+    def failed(self, reason):
+        self.failures.append(reason)
+
+
+def test_a_reader_whose_delivery_fails_ends_told_and_the_feed_goes_on(history, caplog):
+    from gearhorn.stomp.streams import TopicFeed
+
+    feed = TopicFeed(history, "news", on_idle=lambda feed: None)
+    feed.stopped = True  # its XREAD loop is not what this test drives
+    good, bad = Consumer(), FailingConsumer()
+    readers = [StreamReader(feed, consumer, 0, None, True) for consumer in (bad, good)]
+    for reader in readers:
+        feed.added()
+        feed.live.append(reader)
+    feed.hand_over((1, "id-1", b"1", {}))
+    feed.hand_over((2, "id-2", b"2", {}))
+    assert [body for body, _ in good.got] == [b"1", b"2"]
+    assert bad.failures == ["internal error while delivering this subscription's messages "
+                            "(logged by the bridge)"]
+    assert readers[0].closed and feed.live == [readers[1]]
+    assert "delivery to news_bad failed" in caplog.text and "a bug in deliver" in caplog.text
+
+
+def test_a_reader_whose_delivery_fails_while_catching_up_ends_told(history):
+    append(history, b"1", b"2")
+    bad = FailingConsumer()
+    feed = Feed(history)
+    reader = StreamReader(feed, bad, 0, history.position("news")[0], True)
+    reader._catch_up()
+    assert reader.closed and len(bad.failures) == 1 and feed.joined == 0
