@@ -17,7 +17,8 @@ open a connection each (``most_open=0``: every call goes through it).
 
 The calls made here are idempotent (scripts that append nothing twice for
 one message id, reads), so a call that loses its connection is made once
-more on a new one, as redis-py's retry would.
+more on a new one, as redis-py's retry would; the idle connections are
+closed with it, as whatever broke one (a restart) broke them too.
 """
 
 from __future__ import annotations
@@ -90,6 +91,7 @@ class DirectCalls:
                 replies = _pipelined(connection, commands)
             except _LOST:
                 self._drop(connection)
+                self.close()  # what lost one (a restart) lost the idle ones too
                 if attempt:
                     raise
                 continue

@@ -74,6 +74,18 @@ def test_a_lost_connection_is_made_again(client):
     assert direct._open == 1
 
 
+def test_after_a_restart_the_idle_connections_are_not_tried_one_by_one(client):
+    direct = DirectCalls(client)
+    counter = client.register_script(COUNTER)
+    idle = [direct._take() for _ in range(3)]
+    for connection in idle:
+        connection.connect()
+    direct._idle.extend(idle)
+    client.client_kill_filter(_type="normal", skipme=True)  # as a restart would
+    assert direct.run_scripts([(counter, ["r"], [1])]) == [1]
+    assert direct._open == 1
+
+
 def test_past_most_open_calls_go_through_the_client(client):
     direct = DirectCalls(client, most_open=0)
     counter = client.register_script(COUNTER)
