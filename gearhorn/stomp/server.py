@@ -62,7 +62,7 @@ class ClientConnection:
         self._direct = type(sock) is gevent.socket.socket
         self._due = False  # written again once the sending greenlet gives way
         self._writing = False  # the writer is in a sendall
-        self._written: deque[Callable[[], None]] = deque()  # on_sent of bytes written so
+        self._written: deque[Callable[[], None]] = deque()  # on_sent, for the writer
         self._writer = gevent.spawn(self._write_loop)
         self._beater: gevent.Greenlet | None = None
 

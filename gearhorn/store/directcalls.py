@@ -48,6 +48,11 @@ class DirectCalls:
         self._open = 0
         self.most_open = most_open
 
+    @classmethod
+    def pooled(cls, client: redis.Redis) -> DirectCalls:
+        """Every call through ``client`` and its pool: for everyone but the bridge."""
+        return cls(client, most_open=0)
+
     def run_scripts(self, calls: list[ScriptCall]) -> list[object]:
         """As :func:`gearhorn.store.redisutil.run_scripts`: every call in one
         round trip, the scripts loaded if the server lacks them."""

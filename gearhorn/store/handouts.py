@@ -51,7 +51,7 @@ class Handouts:
         self.ttl_ms = max(1, int(ttl * 1000))
         self._take = script(client, "handouts.lua")
         # One call per batch grabbed: past the pool (directcalls.py).
-        self.direct = direct or DirectCalls(client, most_open=0)
+        self.direct = direct or DirectCalls.pooled(client)
 
     def originals(self, tokens: Sequence[str]) -> dict[str, Returned]:
         """The given-back messages among ``tokens`` whose record still exists."""

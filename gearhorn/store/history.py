@@ -34,8 +34,8 @@ class History:
         self.keys = keys
         self.policy = policy
         # The bridge's appends and feed reads go past the pool (directcalls.py);
-        # everyone else's through the client (most_open=0).
-        self.direct = direct or DirectCalls(client, most_open=0)
+        # everyone else's through the client's pool.
+        self.direct = direct or DirectCalls.pooled(client)
         self._append = script(client, "history_append.lua")
 
     @property

@@ -11,7 +11,6 @@ import json
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from functools import partial
 
 import redis
 
@@ -21,7 +20,7 @@ from gearhorn.naming import is_stream_client, process_id
 from gearhorn.store.directcalls import DirectCalls
 from gearhorn.store.keys import Keys
 from gearhorn.store.liveness import Liveness
-from gearhorn.store.redisutil import ScriptCall, run_scripts, script, text
+from gearhorn.store.redisutil import ScriptCall, script, text
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,7 +56,7 @@ class Registry:
         self.redis = client
         self.keys = keys or Keys()
         # Look-ups past the pool (the bridge's, once per SEND: directcalls.py).
-        self._run_scripts = direct.run_scripts if direct else partial(run_scripts, client)
+        self.direct = direct or DirectCalls.pooled(client)
         self._subscribe = script(client, "subscribe.lua")
         self._topic_members = script(client, "topic_members.lua")
         self._prefix_members = script(client, "prefix_members.lua")
@@ -191,7 +190,7 @@ class Registry:
                     (self._prefix_members,
                      [self.keys.prefix_version, *map(self.keys.prefix_set, patterns)],
                      [self._patterns_version, prefix_version, *patterns])]
-            replies = self._run_scripts(calls)
+            replies = self.direct.run_scripts(calls)
             also_replies += replies[:len(also)]
             replies = replies[len(also):]
             also = ()

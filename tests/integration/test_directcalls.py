@@ -87,7 +87,7 @@ def test_after_a_restart_the_idle_connections_are_not_tried_one_by_one(client):
 
 
 def test_past_most_open_calls_go_through_the_client(client):
-    direct = DirectCalls(client, most_open=0)
+    direct = DirectCalls.pooled(client)
     counter = client.register_script(COUNTER)
     assert direct.run_scripts([(counter, ["c"], [3])]) == [3]
     assert direct.xread({"none": "0-0"}, 1, 10) == []
