@@ -29,7 +29,12 @@ ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 sys.path.insert(0, ROOT)
 
 from bench.stomp_bridge import Gearhorn  # noqa: E402
-from bench.stomp_load import queue_run, stream_subscriptions, topic_run  # noqa: E402
+from bench.stomp_load import (  # noqa: E402
+    live_subscriptions,
+    queue_run,
+    stream_subscriptions,
+    topic_run,
+)
 
 RUNS = {  # what --throughput names: a run of bench/stomp_load.py
     "x10": lambda broker: topic_run(broker, 10, 20_000),
@@ -88,11 +93,15 @@ def main() -> None:
     parser.add_argument("--throughput", nargs="*", default=[], choices=sorted(RUNS))
     parser.add_argument("--stream", action="store_true",
                         help="subscribers are stream subscriptions")
+    parser.add_argument("--live", action="store_true",
+                        help="topics keep a history: plain subscribers are live readers")
     args = parser.parse_args()
     if args.latency_at is None:
         args.latency_at = [] if args.throughput else [100, 1000]
     if args.stream:
         stream_subscriptions()
+    if args.live:
+        live_subscriptions()
     turns: dict[tuple[str, str], list[dict]] = {}
     with checkouts(args.revisions) as trees:
         for turn in range(1, args.turns + 1):

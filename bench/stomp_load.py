@@ -6,6 +6,7 @@ that is not the bottleneck.
     python bench/stomp_load.py --bridge-processes 2
     python bench/stomp_load.py --latency-at 100 500 1000   # same rates for both
     python bench/stomp_load.py --latency-at 100 1000 --turns 5 --stream --websocket
+    python bench/stomp_load.py --latency-at 100 1000 --turns 5 --live
 
 bench/stomp_bridge.py drives both brokers with stomp.py, which parses every
 frame in Python: there the client is the limit. Here the generator speaks
@@ -356,6 +357,13 @@ def stream_subscriptions() -> None:
     Gearhorn.subscribe_headers = {"x-stream-offset": "next"}
 
 
+def live_subscriptions() -> None:
+    """Plain subscriptions to topics with history (docs/stomp.rst): live
+    readers, given their bridge's SENDs before the append; the same
+    SUBSCRIBE as RabbitMQ's."""
+    os.environ["GEARHORN_HISTORY_TOPICS"] = "load*=10000"
+
+
 def measure(broker_cls, args) -> dict:
     with broker_cls(**gearhorn_options(broker_cls, args)) as broker:
         topic_run(broker, 10, args.messages // 10)  # warm up
@@ -441,6 +449,9 @@ def main() -> None:
     parser.add_argument("--no-rabbitmq", action="store_true")
     parser.add_argument("--stream", action="store_true",
                         help="gearhorn's subscribers are stream subscriptions")
+    parser.add_argument("--live", action="store_true",
+                        help="gearhorn's topics keep a history: plain subscribers are live "
+                             "readers")
     parser.add_argument("--latency-at", type=int, nargs="+", metavar="MSG_PER_S",
                         help="only the latency of topic x10 at these rates, both brokers")
     parser.add_argument("--subscribers", type=int, default=10,
@@ -456,6 +467,8 @@ def main() -> None:
     args.latency_seconds = 5 if args.quick else 15
     if args.stream:
         stream_subscriptions()
+    if args.live:
+        live_subscriptions()
     if args.websocket:
         os.environ["STOMP_LOAD_WEBSOCKET"] = "1"
     if args.profile:

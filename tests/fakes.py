@@ -213,8 +213,8 @@ class FakeBroker:
     def offset_at(self, topic, at):
         return 5
 
-    def read_stream(self, topic, consumer, after, epoch, recovered):
-        self.streams = getattr(self, "streams", []) + [(topic, after, epoch, recovered)]
+    def read_stream(self, topic, consumer, after, epoch, recovered, live=False):
+        self.streams = getattr(self, "streams", []) + [(topic, after, epoch, recovered, live)]
         return FakeReader(consumer)
 
     def answer(self, dest):

@@ -34,7 +34,7 @@ from gearhorn.stomp.registrations import Registrations
 from gearhorn.stomp.replies import Requester
 from gearhorn.stomp.rules import SessionSettings
 from gearhorn.stomp.server import BridgeServer
-from gearhorn.stomp.streams import TopicStreams
+from gearhorn.stomp.topicstreams import TopicStreams
 from gearhorn.store import redisconn
 from gearhorn.store.deadletters import DeadLetterIndex
 from gearhorn.store.directcalls import DirectCalls
@@ -118,7 +118,7 @@ def build_bridge(config: Config) -> Bridge:
     observer = LedgerObserver(ledger, recorded=flusher.recorded)
     history = History(client, keys, config.history_policy, direct)
     streams = TopicStreams(history, observer)
-    history_first = HistoryFirst(history, SubscriberCache(registry), streams.appended,
+    history_first = HistoryFirst(history, SubscriberCache(registry), streams,
                                  Observers(observer, StatsObserver(stats)))
     publisher = Publisher(servers, tls, headers,
                           Scheduler(client, keys, config.delay_shard_seconds,

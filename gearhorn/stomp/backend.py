@@ -120,7 +120,8 @@ class ServesStreams(Protocol):
     def offset_at(self, topic: str, at: float) -> int: ...
 
     def read_stream(self, topic: str, consumer: StreamConsumer, after: int,
-                    epoch: str | None, recovered: bool) -> StreamReader: ...
+                    epoch: str | None, recovered: bool, live: bool = False
+                    ) -> StreamReader: ...
 
 
 class Counts(Protocol):

@@ -77,7 +77,11 @@ class Publisher:
     def publish(self, client: gearman.Client, topic: str, bodies: Sequence[bytes],
                 options: SendOptions = PLAIN) -> dict:
         """One ``fanout`` job for ``bodies`` (in order); returns once the copies are queued."""
-        return self.start(client, self.prepare(topic, bodies, options)).wait()
+        send = self.prepare(topic, bodies, options)
+        result = self.start(client, send).wait()
+        if send.message_ids is None and self.history_first is not None:
+            self.history_first.appended_by_worker(topic)
+        return result
 
     def prepare(self, topic: str, bodies: Sequence[bytes],
                 options: SendOptions = PLAIN) -> TopicSend:

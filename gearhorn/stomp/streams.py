@@ -16,12 +16,22 @@ told of (``x-recovered:false``).
 
 At most once across a disconnect, as RabbitMQ's non-durable topic
 subscriptions; resuming from the last offset seen covers the gap.
+
+A plain SUBSCRIBE (no ``x-stream-offset``) is a *live* reader: the SENDs
+of this bridge's own producers reach it before they are appended
+(:meth:`TopicFeed.sending`), one Redis round trip sooner, so its MESSAGEs
+carry no offset. It still follows the feed, which gives it everything
+else in order and skips, by message id, what it got early. A producer's
+order holds because a live reader takes a SEND early only when it owes
+none of the earlier ones sent here (``owed``: they reach it through the
+feed first).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterable
 from functools import partial
 from typing import Protocol, TypeVar
 
@@ -29,8 +39,6 @@ import gevent
 import gevent.event
 
 from gearhorn.background import Backoff, Outage
-from gearhorn.observers import Observer
-from gearhorn.stomp.offsets import Kept
 from gearhorn.stomp.spans import Spans
 from gearhorn.store.history import Entry, History, Stored
 from gearhorn.store.redisconn import REDIS_ERRORS
@@ -38,8 +46,11 @@ from gearhorn.store.redisconn import REDIS_ERRORS
 log = logging.getLogger(__name__)
 
 PAGE = 500  # messages read from history at a time
-BLOCK_MS = 1000
-T = TypeVar("T")  # a feed's XREAD waits this long, then checks the topic's epoch
+BLOCK_MS = 1000  # a feed's XREAD waits this long, then checks the topic's epoch
+# A SEND taken early whose append the feed has not seen after this long
+# was lost with its history (Redis wiped): its readers stop waiting for it.
+IN_FLIGHT_SECONDS = 60.0
+T = TypeVar("T")
 
 
 class RedisCalls:
@@ -108,14 +119,19 @@ class StreamReader:
     """One subscription's position in its topic's history."""
 
     def __init__(self, feed: TopicFeed, consumer: StreamConsumer, after: int,
-                 epoch: str | None, recovered: bool, spans: Spans | None = None) -> None:
+                 epoch: str | None, recovered: bool, spans: Spans | None = None,
+                 live: bool = False) -> None:
         self.feed = feed
         self.consumer = consumer
         self.spans = spans  # what it was given, for the ledger
-        self.position = after  # the last offset it was given
+        self.position = after  # the last offset it was given (or passed, taken early)
         self.epoch = epoch
         self.unrecovered = not recovered  # said on the next MESSAGE
         self.closed = False
+        # A live reader's: the ids of SENDs it took early, not yet passed on
+        # the feed; and those sent here that it must get from the feed first.
+        self.early: set[str] | None = set() if live else None
+        self.owed: set[str] = set()
         self._wake = gevent.event.Event()
         self._catching_up: gevent.Greenlet | None = None
 
@@ -150,12 +166,47 @@ class StreamReader:
                              "messages (logged by the bridge)")
 
     def close(self) -> None:
-        if not self.closed:
-            self.closed = True
-            self.feed.leave(self)
-            self._wake.set()
-            if self.spans is not None:
-                self.spans.end()
+        if self.closed:
+            return
+        self.closed = True
+        self._wake.set()
+        if not (self.early and self in self.feed.live):
+            self._end()
+        # else it stays on the feed until what it took early is passed
+        # there, so the ledger has those offsets too (offer ends it).
+
+    def _end(self) -> None:
+        self.feed.leave(self)
+        if self.spans is not None:
+            self.spans.end()
+
+    # -- a live reader's early SENDs --------------------------------------------
+
+    def take_early(self, messages: list[Entry], hold: bool) -> None:
+        """SENDs of this bridge on their way to the history: delivered now
+        unless it owes earlier ones (or cannot take them, or ``hold``: the
+        feed has yet to pass a SEND appended by a worker)."""
+        assert self.early is not None
+        for message_id, body, headers in messages:
+            if hold or self.owed or self.closed or self.consumer.credit() <= 0:
+                self.owed.add(message_id)
+                continue
+            self.early.add(message_id)
+            self._send(message_id, body, headers or {}, b"")
+
+    def forget(self, message_ids: Iterable[str]) -> None:
+        """SENDs that will never be passed on the feed (their append failed)."""
+        if self.early is not None:
+            self.early.difference_update(message_ids)
+            self.owed.difference_update(message_ids)
+            if self.closed and not self.early:
+                self._end()
+
+    def joined(self, in_flight: Iterable[str]) -> None:
+        """On the feed again: owes what was sent here and not yet passed."""
+        if self.early is not None:
+            self.early.intersection_update(in_flight)
+            self.owed = set(in_flight) - self.early
 
     # -- reading ---------------------------------------------------------------
 
@@ -163,11 +214,18 @@ class StreamReader:
         """A new message from the feed, to a reader live on it."""
         if stored[0] <= self.position:
             return
+        if self.early and stored[1] in self.early:
+            self._take(stored)
+            if self.closed and not self.early:
+                self._end()
+            return
+        if self.closed:
+            return
         if self.consumer.credit() <= 0:
             self.feed.leave(self)  # it catches up from history when it can take more
             self._catch_up_later()
             return
-        self._deliver(stored)
+        self._take(stored)
 
     def epoch_changed(self, epoch: str) -> None:
         """The topic's history was lost (Redis wiped, or expired): offsets
@@ -202,7 +260,7 @@ class StreamReader:
                 try:
                     for stored in found:
                         if not self.closed:
-                            self._deliver(stored)
+                            self._take(stored)
                 except Exception:  # noqa: BLE001 - this reader's fault, told to its client
                     self.failed()
                     return
@@ -213,18 +271,32 @@ class StreamReader:
         finally:
             self._catching_up = None
 
-    def _deliver(self, stored: Stored) -> None:
-        offset, message_id, body, headers = stored
+    def _take(self, stored: Stored) -> None:
+        """``stored``, next in the history, to this reader: delivered, or
+        passed when it was taken early."""
+        offset, message_id = stored[0], stored[1]
         if offset > self.position + 1:
             self.unrecovered = True  # trimmed before it could read them
         self.position = offset
-        extra = b"x-stream-offset:%d\nx-stream-epoch:%s\n" % (offset, (self.epoch or "").encode())
         if self.spans is not None:
             self.spans.given(self.epoch or "", offset, self.unrecovered)
+        if self.early is not None:
+            self.owed.discard(message_id)
+            if message_id in self.early:
+                self.early.discard(message_id)
+                return
+            self._send(message_id, stored[2], stored[3], b"")
+            return
+        self._send(message_id, stored[2], stored[3],
+                   b"x-stream-offset:%d\nx-stream-epoch:%s\n" % (offset,
+                                                                (self.epoch or "").encode()))
+
+    def _send(self, message_id: str, body: bytes, headers: dict[str, str],
+              extra: bytes) -> None:
         if self.unrecovered:
             extra += b"x-recovered:false\n"
             self.unrecovered = False
-        if headers:  # the sender's: the MESSAGE is encoded header by header
+        if headers and extra:  # the sender's: the MESSAGE is encoded header by header
             headers = {**headers, **dict(line.decode().split(":", 1)
                                          for line in extra.splitlines())}
         self.consumer.deliver(StreamDelivery(self, body, headers, message_id, extra))
@@ -242,6 +314,10 @@ class TopicFeed:
         self.readers = 0  # live or catching up
         self.last: int | None = None  # the last offset read; None until known
         self.epoch: str | None = None
+        # SENDs of this bridge its live readers may have taken early, not
+        # yet passed here (message id -> when sent), in the order sent.
+        self.in_flight: dict[str, float] = {}
+        self.hold_until = 0  # no SEND is taken early before this offset is passed
         self._on_idle = on_idle
         self.stopped = False
         gevent.spawn(self._run)
@@ -259,8 +335,29 @@ class TopicFeed:
             reader.epoch_changed(self.epoch)
             return False
         if reader not in self.live:
+            reader.joined(self.in_flight)
             self.live.append(reader)
         return True
+
+    def sending(self, messages: list[Entry]) -> None:
+        """SENDs of this bridge about to be appended: to its live readers now."""
+        now = time.monotonic()
+        for message_id, _, _ in messages:
+            self.in_flight[message_id] = now
+        hold = self.last is None or self.last < self.hold_until
+        for reader in list(self.live):
+            if reader.early is not None:
+                try:
+                    reader.take_early(messages, hold)
+                except Exception:  # noqa: BLE001 - one subscription's fault, not the topic's
+                    reader.failed()
+
+    def forget(self, message_ids: list[str]) -> None:
+        """SENDs taken early that will not be passed here (never appended)."""
+        for message_id in message_ids:
+            self.in_flight.pop(message_id, None)
+        for reader in list(self.live):
+            reader.forget(message_ids)
 
     def leave(self, reader: StreamReader) -> None:
         if reader in self.live:
@@ -293,10 +390,23 @@ class TopicFeed:
         found = self.history.wait(self.topic, self.last, BLOCK_MS, PAGE)
         if not found or self.epoch is None:
             self._check_epoch()
+        self._forget_stale()
         return found
+
+    def _forget_stale(self) -> None:
+        stale = time.monotonic() - IN_FLIGHT_SECONDS
+        gone = []
+        for message_id, sent in self.in_flight.items():  # oldest first
+            if sent > stale:
+                break
+            gone.append(message_id)
+        if gone:
+            self.forget(gone)
 
     def hand_over(self, stored: Stored) -> None:
         self.last = stored[0]
+        if self.in_flight:
+            self.in_flight.pop(stored[1], None)
         for reader in list(self.live):
             try:
                 reader.offer(stored)
@@ -311,51 +421,3 @@ class TopicFeed:
             for reader in list(self.live):
                 reader.epoch_changed(epoch)
             log.info("topic %s: history epoch %s", self.topic, epoch)
-
-
-class TopicStreams:
-    """The bridge's feeds, one per topic read here."""
-
-    def __init__(self, history: History, observer: Observer | None = None) -> None:
-        self.history = history
-        self.observer = observer  # told the runs of offsets each reader gave
-        self.feeds: dict[str, TopicFeed] = {}
-
-    def keeps_history(self, topic: str) -> bool:
-        return self.history.policy.keeps(topic)
-
-    def kept(self, topic: str) -> Kept:
-        return Kept(*self.history.position(topic))
-
-    def offset_at(self, topic: str, at: float) -> int:
-        return self.history.offset_at(topic, at)
-
-    def read_stream(self, topic: str, consumer: StreamConsumer, after: int,
-                    epoch: str | None, recovered: bool) -> StreamReader:
-        feed = self.feeds.get(topic)
-        if feed is None:
-            feed = self.feeds[topic] = TopicFeed(self.history, topic, self._idle)
-        feed.added()
-        spans = None
-        if self.observer is not None:
-            observer, queue = self.observer, consumer.function
-            spans = Spans(lambda span: observer.streamed(queue, span))
-        reader = StreamReader(feed, consumer, after, epoch, recovered, spans)
-        reader.start()
-        return reader
-
-    def appended(self, topic: str, where: tuple[str, int, int], messages: list[Entry]) -> None:
-        """A SEND on this bridge appended ``messages`` to ``topic``'s history
-        at ``where`` (epoch, first offset, last): its live readers here get
-        them now, not after the feed's XREAD wakes, when they come right
-        after what the feed has (else the feed reads them in order)."""
-        feed = self.feeds.get(topic)
-        epoch, first, last = where
-        if feed is None or last == 0 or feed.epoch != epoch or feed.last != first - 1:
-            return
-        for offset, (message_id, body, headers) in enumerate(messages, first):
-            feed.hand_over((offset, message_id, body, headers or {}))
-
-    def _idle(self, feed: TopicFeed) -> None:
-        if self.feeds.get(feed.topic) is feed:
-            del self.feeds[feed.topic]

@@ -18,8 +18,8 @@ from gearhorn.stomp.subscription import StompSubscription
 def reads_history(backend: Backend, pattern: str, frame: Frame) -> bool:
     """Whether a SUBSCRIBE to ``pattern`` reads the topic's history: when it
     asks to (``x-stream-offset``), or when it is a plain, non-durable one to a
-    topic that keeps a history (then from ``next``), so that every message
-    it gets carries the offset to resume from."""
+    topic that keeps a history (a live reader, from the next message: no
+    queue of its own to fill)."""
     if "x-stream-offset" in frame.headers:
         return True
     return (not pattern.endswith("*") and durable_name(frame, "") is None
@@ -44,14 +44,18 @@ def subscribe_stream(backend: Backend, sub: StompSubscription, topic: str,
                      frame: Frame) -> dict[str, str]:
     """``sub`` reads ``topic``'s history from x-stream-offset on, then live
     (gearhorn/stomp/streams.py); listed for presence, with no queue. The
-    RECEIPT's headers say where it starts."""
+    RECEIPT's headers say where it starts. Without x-stream-offset (a plain
+    SUBSCRIBE) it is a live reader from the next message: this bridge's
+    SENDs reach it before they are appended, and no MESSAGE (or RECEIPT)
+    carries an offset."""
+    live = "x-stream-offset" not in frame.headers
     start = resume_point(backend.streams, topic, {"x-stream-offset": "next", **frame.headers})
     sub.stream, sub.pattern, sub.client_id = True, topic, stream_client_id()
     sub.function = queue_name(topic, sub.client_id)
     backend.registrations.subscribe_topic(topic, sub.client_id)
     sub.dispatcher = backend.streams.read_stream(topic, sub, start.after, start.epoch,
-                                                 start.recovered)
-    return start.receipt_headers()
+                                                 start.recovered, live)
+    return {} if live else start.receipt_headers()
 
 
 def end_subscription(backend: Backend, sub: StompSubscription, acks: dict[str, object],

@@ -1,7 +1,9 @@
 """Real-time topics on real servers (issue 27): several producers on two
 bridges, over TCP and WebSocket (stomp.py both ways), each sending 10,000
 messages without waiting for receipts; 20 subscribers, half on each
-bridge, get every message of every producer in the order it was sent, and
+bridge, half live (plain SUBSCRIBEs, given their bridge's SENDs before the
+append) and half stream (x-stream-offset), get every message of every
+producer in the order it was sent, and
 the ledger of the run reconciles clean, stream subscribers included. A
 killed bridge loses its stream subscribers only the gap their resume
 covers, and a durable subscription on the same topic nothing."""
@@ -78,10 +80,15 @@ def test_each_producers_order_holds_for_twenty_subscribers_on_two_bridges(
         gearmand, bridges, stomp_clients, redis_url, tmp_path, report):
     topic = unique_topic("live.")
     subscribers = []
-    for i in range(20):  # half on each bridge; over TCP and WebSocket on each
+    streams = []  # subscribed with x-stream-offset; the others are plain (live)
+    for i in range(20):  # half on each bridge; TCP and WebSocket, live and stream on each
         client = connect(stomp_clients, bridges[i % 2], websocket=i % 4 >= 2)
-        receipt = client.subscribe(f"/topic/{topic}", "s")
-        assert receipt.headers["x-stream-offset"] == "1"  # a stream, from the next message
+        if (i // 4) % 2:
+            receipt = client.subscribe(f"/topic/{topic}", "s", **{"x-stream-offset": "next"})
+            assert receipt.headers["x-stream-offset"] == "1"  # from the next message
+            streams.append(client)
+        else:  # a live reader: its bridge's SENDs reach it before they are appended
+            assert "x-stream-offset" not in client.subscribe(f"/topic/{topic}", "s").headers
         subscribers.append(client)
     durable = connect(stomp_clients, bridges[1], websocket=False, **{"client-id": "rt"})
     # Room for all: by default a queue keeps 10,000 (drop-head), and this one
@@ -105,7 +112,11 @@ def test_each_producers_order_holds_for_twenty_subscribers_on_two_bridges(
         assert len(got) == total, f"subscriber {n}: {len(got)} of {total}"
         assert {name: numbers == list(range(MESSAGES))
                 for name, numbers in per_producer(got).items()} == dict.fromkeys(producers, True)
-        assert [int(m.headers["x-stream-offset"]) for m in got] == list(range(1, total + 1))
+        if client in streams:
+            assert [int(m.headers["x-stream-offset"]) for m in got] == list(
+                range(1, total + 1))
+        else:
+            assert not [m for m in got if "x-stream-offset" in m.headers]
     queued = durable.until(b"end:0", timeout=240)
     assert {name: numbers == list(range(MESSAGES))
             for name, numbers in per_producer(queued).items()} == dict.fromkeys(
@@ -125,9 +136,9 @@ def test_each_producers_order_holds_for_twenty_subscribers_on_two_bridges(
     problems, _ = reconcile(redis_url, tmp_path, gearmand)
     assert problems == []
     report(f"{len(producers)} producers x {MESSAGES:,} messages (TCP and WebSocket, two "
-           f"bridges) to 20 stream subscribers and a durable one: each producer's order "
-           f"held for all; the ledger has {sum(given.values()):,} stream offsets given, and "
-           "the reconciliation is clean")
+           f"bridges) to 20 subscribers (10 live, 10 stream) and a durable one: each "
+           f"producer's order held for all; the ledger has {sum(given.values()):,} "
+           "stream offsets given, and the reconciliation is clean")
 
 
 class Acker(threading.Thread):
@@ -159,7 +170,9 @@ def test_a_killed_bridge_costs_stream_subscribers_what_resume_covers_and_durable
     doomed, survivor = bridges
     topic, count = unique_topic("live."), 2000
     streamer = stomp_clients(doomed.port)
-    streamer.subscribe(f"/topic/{topic}", "s")
+    streamer.subscribe(f"/topic/{topic}", "s", **{"x-stream-offset": "next"})
+    live = stomp_clients(doomed.port)  # plain: at most once, and nothing to resume from
+    live.subscribe(f"/topic/{topic}", "l")
     keeper = stomp_clients(doomed.port, **{"client-id": "rt-kill"})
     keeper.subscribe(f"/topic/{topic}", "d", ack="client-individual", durable="true",
                      **{"prefetch-count": "50"})
@@ -175,6 +188,7 @@ def test_a_killed_bridge_costs_stream_subscribers_what_resume_covers_and_durable
     doomed.process.kill()
     doomed.process.wait(30)
     before = list(streamer.listener.messages)
+    live_got = numbers(live.listener.messages)
     held = list(keeper.listener.messages)
     sending.join(300)
     assert not sending.is_alive()
@@ -190,6 +204,7 @@ def test_a_killed_bridge_costs_stream_subscribers_what_resume_covers_and_durable
     assert [int(m.headers["x-stream-offset"]) for m in before + after] == list(
         range(1, count + 1))
     assert "x-recovered" not in after[0].headers
+    assert live_got == list(range(len(live_got))), "the live one: in order, none twice"
     redelivered = again.until(b"end:0", timeout=120)
     assert sorted(set(numbers(held + redelivered))) == list(range(count))
     twice = [n for n, k in collections.Counter(numbers(held + redelivered)).items() if k > 1]
@@ -237,3 +252,49 @@ def test_a_topic_only_streams_read_needs_no_fanout_job_until_a_queue_subscriber_
         return len(published) == 101
     wait_for(all_published, timeout=60, interval=0.5, message="101 published rows")
     assert collections.Counter(published.values()) == {("bridge", 0): 50, ("worker", 1): 51}
+
+
+def test_a_live_subscriber_has_its_bridges_sends_before_redis_stores_them(
+        bridges, stomp_clients, redis_url, report):
+    """With Redis taking no writes (CLIENT PAUSE WRITE) no SEND can be
+    appended, yet a live (plain) subscriber on the producer's bridge gets
+    it; the stream subscriber beside it, which needs the offset, gets it
+    only once Redis takes writes again, and so does a live subscriber on
+    the other bridge. Nobody gets anything twice."""
+    import redis
+
+    here, there = bridges
+    topic = unique_topic("live.")
+    live, stream, far = (stomp_clients(bridge.port) for bridge in (here, here, there))
+    live.subscribe(f"/topic/{topic}", "l")
+    stream.subscribe(f"/topic/{topic}", "s", **{"x-stream-offset": "next"})
+    far.subscribe(f"/topic/{topic}", "f")
+    producer = stomp_clients(here.port)
+    admin = redis.Redis.from_url(redis_url)
+    probes = 0
+
+    def a_probe_arrives_while_redis_is_paused():
+        # A live reader takes SENDs early once it has joined its topic's
+        # feed, a moment after its SUBSCRIBE: probe until one shows it.
+        nonlocal probes
+        probes += 1
+        admin.execute_command("CLIENT", "PAUSE", "60000", "WRITE")
+        try:
+            producer.conn.send(destination=f"/topic/{topic}", body=f"probe:{probes}")
+            try:
+                live.wait(lambda: any(m.body == f"probe:{probes}".encode()
+                                      for m in live.listener.messages), 2, "a probe")
+            except AssertionError:
+                return False
+            assert f"probe:{probes}".encode() not in [m.body for m in stream.listener.messages]
+            return True
+        finally:
+            admin.execute_command("CLIENT", "UNPAUSE")
+    wait_for(a_probe_arrives_while_redis_is_paused, timeout=120, interval=0.1,
+             message="a live subscriber given a SEND while Redis takes no writes")
+    producer.send(f"/topic/{topic}", "end:0")
+    sent = [f"probe:{i}" for i in range(1, probes + 1)]
+    for client in (live, stream, far):
+        assert [m.body.decode() for m in client.until(b"end:0", timeout=60)] == sent
+    report(f"a SEND reached the live subscriber on its bridge while Redis took no writes "
+           f"(probe {probes}); the stream and far subscribers got it after, none twice")

@@ -172,6 +172,22 @@ class Heard:
         self.fanouts.append((topic, list(per_message), width))
 
 
+class Readers:
+    """The bridge's stream readers, as HistoryFirst tells them of each SEND."""
+
+    def __init__(self):
+        self.told = []
+
+    def sending(self, topic, messages):
+        self.told.append(("sending", topic, [m[0] for m in messages]))
+
+    def appended(self, topic, where, messages):
+        self.told.append(("appended", topic, where, [m[0] for m in messages]))
+
+    def not_appended(self, topic, messages):
+        self.told.append(("not appended", topic, [m[0] for m in messages]))
+
+
 def test_a_send_whose_subscribers_all_read_the_history_needs_no_job(history, registry):
     """The bridge appends a SEND and looks its subscribers up in the same
     round trip: while every one is a stream subscription, no fanout job is
@@ -180,14 +196,15 @@ def test_a_send_whose_subscribers_all_read_the_history_needs_no_job(history, reg
     from gearhorn.stomp.appending import HistoryFirst
     from gearhorn.stomp.sending import PLAIN, SendOptions
 
-    heard, appended = Heard(), []
-    first = HistoryFirst(history, SubscriberCache(registry),
-                         lambda topic, where, messages: appended.append((topic, where)), heard)
+    heard, readers = Heard(), Readers()
+    first = HistoryFirst(history, SubscriberCache(registry), readers, heard)
     registry.subscribe(Subscription("news", stream_client_id()))
     send = first.append("news", [b"a", b"b"], PLAIN)
     assert not send.needs_job and len(send.message_ids) == 2
     assert [m["message_id"] for m in history.read("news")["messages"]] == send.message_ids
-    assert appended == [("news", (history.read("news")["epoch"], 1, 2))]
+    epoch = history.read("news")["epoch"]
+    assert readers.told == [("sending", "news", send.message_ids),
+                            ("appended", "news", (epoch, 1, 2), send.message_ids)]
     assert heard.fanouts == [("news", [(mid, ()) for mid in send.message_ids], 0)]
     registry.subscribe(Subscription("news", "alice"))
     assert first.append("news", [b"c"], PLAIN).needs_job
@@ -198,3 +215,23 @@ def test_a_send_whose_subscribers_all_read_the_history_needs_no_job(history, reg
     assert len(heard.fanouts) == 2
     assert not first.takes("news", SendOptions(delay=5.0))  # the worker's to schedule
     assert not first.takes("news", SendOptions(headers={"x-deduplication-header": "o-1"}))
+
+
+def test_a_send_whose_append_fails_is_taken_back_from_the_readers_told_of_it(history):
+    """Live readers may have had the SEND before its append: when the append
+    fails they are told, so they stop waiting to see it in the history."""
+    import redis as redis_module
+
+    from gearhorn.stomp.appending import HistoryFirst
+    from gearhorn.stomp.sending import PLAIN
+
+    readers = Readers()
+    first = HistoryFirst(history, None, readers)
+
+    def broken(fanouts):
+        raise redis_module.ConnectionError("Redis went away")
+    history.append = broken
+    with pytest.raises(redis_module.ConnectionError):
+        first.append("news", [b"a"], PLAIN)
+    (sending, taken_back) = readers.told
+    assert sending[0] == "sending" and taken_back == ("not appended", "news", sending[2])

@@ -210,14 +210,17 @@ def test_topic_subscriptions_register_and_clean_up(session):
     assert broker.topics[2:] == [("-", "sports", temp), ("drop", f"sports_{temp}")]
 
 
-def test_on_a_topic_with_history_a_plain_subscription_reads_it_from_next(session):
+def test_on_a_topic_with_history_a_plain_subscription_reads_it_live_from_next(session):
     s, transport, broker = session
     connect(session)
-    s.handle(Frame("SUBSCRIBE", {"destination": "/topic/news", "id": "plain"}))
+    s.handle(Frame("SUBSCRIBE", {"destination": "/topic/news", "id": "plain",
+                                 "receipt": "r"}))
+    # A live reader: no offset to resume from in its RECEIPT (nor its MESSAGEs).
+    assert not any(key.startswith("x-stream") for key in transport.frames[-1].headers)
     s.handle(Frame("SUBSCRIBE", {"destination": "/topic/news*", "id": "p"}))  # a pattern
     s.handle(Frame("UNSUBSCRIBE", {"id": "p"}))
     s.handle(Frame("SUBSCRIBE", {"destination": "/topic/news", "id": "d", "durable": "true"}))
-    assert broker.streams == [("news", 9, "e1", True)]  # past the last: only new ones
+    assert broker.streams == [("news", 9, "e1", True, True)]  # past the last: only new ones
     assert [entry[2][0] for entry in broker.topics if entry[0] == "+"] == ["+", "s", "d"]
 
 
@@ -240,7 +243,7 @@ def test_a_stream_subscription_starts_where_x_stream_offset_says(session, offset
     assert receipt.command == "RECEIPT"
     assert (receipt.headers["x-stream-offset"], receipt.headers["x-recovered"]) == (
         str(start[0] + 1), start[1])
-    assert broker.streams == [("news", start[0], "e1", start[1] == "true")]
+    assert broker.streams == [("news", start[0], "e1", start[1] == "true", False)]
     ((_, topic, client_id),) = broker.topics
     assert topic == "news" and client_id.startswith("+")
     s.connection_lost()  # listed for presence, and no queue to drop

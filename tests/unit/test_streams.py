@@ -138,3 +138,129 @@ def test_a_reader_whose_delivery_fails_while_catching_up_ends_told(history):
     reader = StreamReader(feed, bad, 0, history.position("news")[0], True)
     reader._catch_up()
     assert reader.closed and len(bad.failures) == 1 and feed.joined == 0
+
+
+# -- live readers: a plain SUBSCRIBE takes this bridge's SENDs early --------------
+
+
+class LiveConsumer(Consumer):
+    function = "news_live"
+
+    def __init__(self, credit=10):
+        super().__init__()
+        self.room = credit
+
+    def credit(self):
+        return self.room
+
+    def bodies(self):
+        return [body for body, _ in self.got]
+
+
+def stopped_feed(history):
+    """A feed whose XREAD loop is not running: the test hands over itself."""
+    from gearhorn.stomp.streams import TopicFeed
+
+    feed = TopicFeed(history, "news", on_idle=lambda feed: None)
+    feed.stopped = True
+    feed.last, feed.epoch = 0, "e1"
+    return feed
+
+
+def live_reader(feed, consumer, live=True, spans=None):
+    reader = StreamReader(feed, consumer, feed.last, feed.epoch, True, spans, live=live)
+    feed.added()
+    assert feed.join(reader)
+    return reader
+
+
+def entries(*ids):
+    return [(i, i.encode(), None) for i in ids]
+
+
+def test_a_live_reader_takes_a_send_before_its_append_and_not_again_from_the_feed(history):
+    from gearhorn.stomp.spans import Spans
+
+    runs = []
+    feed, live, stream = stopped_feed(history), LiveConsumer(), LiveConsumer()
+    reader = live_reader(feed, live, spans=Spans(runs.append))
+    live_reader(feed, stream, live=False)
+    feed.sending(entries("a"))
+    assert live.got == [(b"a", b"")]  # at once, and with no offset: it has none yet
+    assert stream.got == []  # a stream subscriber waits for the offset
+    feed.hand_over((1, "a", b"a", {}))  # the append, passed on the feed
+    feed.hand_over((2, "z", b"z", {}))  # another bridge's
+    assert live.bodies() == [b"a", b"z"] and live.got[1][1] == b""
+    assert [extra.split(b"\n")[0] for _, extra in stream.got] == [b"x-stream-offset:1",
+                                                                 b"x-stream-offset:2"]
+    reader.close()
+    assert runs == ["e1:1-2"]  # the ledger has both, in offset order
+    assert reader.early == set() and feed.in_flight == {}
+
+
+def test_a_send_a_live_reader_could_not_take_holds_back_the_later_ones(history):
+    feed, consumer = stopped_feed(history), LiveConsumer(credit=0)
+    reader = live_reader(feed, consumer)
+    feed.sending(entries("a"))  # no credit: owed, through the feed
+    consumer.room = 10
+    feed.sending(entries("b"))  # must not overtake "a"
+    assert consumer.got == [] and reader.owed == {"a", "b"}
+    feed.hand_over((1, "a", b"a", {}))
+    feed.hand_over((2, "b", b"b", {}))
+    assert consumer.bodies() == [b"a", b"b"] and reader.owed == set()
+    feed.sending(entries("c"))  # owing nothing, it takes the next early again
+    assert consumer.bodies() == [b"a", b"b", b"c"]
+
+
+def test_a_reader_that_joins_while_sends_are_in_flight_owes_them(history):
+    feed, first, late = stopped_feed(history), LiveConsumer(), LiveConsumer()
+    live_reader(feed, first)
+    feed.sending(entries("a"))  # appended, not yet passed on the feed
+    joined = live_reader(feed, late)
+    feed.sending(entries("b"))
+    assert late.got == [] and joined.owed == {"a", "b"}
+    feed.hand_over((1, "a", b"a", {}))
+    feed.hand_over((2, "b", b"b", {}))
+    assert late.bodies() == [b"a", b"b"] and first.bodies() == [b"a", b"b"]
+
+
+def test_a_send_whose_append_failed_is_owed_no_more(history):
+    feed, consumer = stopped_feed(history), LiveConsumer(credit=0)
+    reader = live_reader(feed, consumer)
+    feed.sending(entries("a"))
+    consumer.room = 10
+    feed.forget(["a"])  # its append failed: it will never be passed
+    assert reader.owed == set() and feed.in_flight == {}
+    feed.sending(entries("b"))
+    assert consumer.bodies() == [b"b"]
+
+
+def test_a_closed_live_reader_stays_until_what_it_took_early_is_passed(history):
+    from gearhorn.stomp.spans import Spans
+
+    runs = []
+    feed, consumer = stopped_feed(history), LiveConsumer()
+    reader = live_reader(feed, consumer, spans=Spans(runs.append))
+    feed.sending(entries("a", "b"))
+    reader.close()
+    assert reader in feed.live and runs == []  # its offsets are still to come
+    feed.hand_over((1, "a", b"a", {}))
+    feed.hand_over((2, "b", b"b", {}))
+    assert reader not in feed.live and runs == ["e1:1-2"] and consumer.bodies() == [b"a", b"b"]
+
+
+def test_after_a_send_a_worker_appended_none_is_taken_early_until_it_is_passed(history):
+    from gearhorn.stomp.topicstreams import TopicStreams
+
+    streams = TopicStreams(history)
+    feed = streams.feeds["news"] = stopped_feed(history)
+    consumer = LiveConsumer()
+    live_reader(feed, consumer)
+    append(history, b"w")  # a deduplicated SEND: the worker appends it
+    streams.worker_appended("news")
+    streams.sending("news", entries("b"))
+    assert consumer.got == []  # "w" first, from the feed
+    feed.hand_over((1, "id-w", b"w", {}))
+    feed.hand_over((2, "b", b"b", {}))
+    streams.sending("news", entries("c"))
+    assert consumer.bodies() == [b"w", b"b", b"c"]

@@ -1,0 +1,80 @@
+"""The bridge's topic feeds, one per topic read here (runs under gevent):
+where a SUBSCRIBE starts reading a topic's history, and what the bridge's
+own SENDs tell the feed of their topic (gearhorn/stomp/streams.py; the
+SENDs: gearhorn/stomp/appending.py)."""
+
+from __future__ import annotations
+
+from gearhorn.observers import Observer
+from gearhorn.stomp.offsets import Kept
+from gearhorn.stomp.spans import Spans
+from gearhorn.stomp.streams import StreamConsumer, StreamReader, TopicFeed
+from gearhorn.store.history import Entry, History
+
+
+class TopicStreams:
+    """The bridge's feeds, one per topic read here."""
+
+    def __init__(self, history: History, observer: Observer | None = None) -> None:
+        self.history = history
+        self.observer = observer  # told the runs of offsets each reader gave
+        self.feeds: dict[str, TopicFeed] = {}
+
+    def keeps_history(self, topic: str) -> bool:
+        return self.history.policy.keeps(topic)
+
+    def kept(self, topic: str) -> Kept:
+        return Kept(*self.history.position(topic))
+
+    def offset_at(self, topic: str, at: float) -> int:
+        return self.history.offset_at(topic, at)
+
+    def read_stream(self, topic: str, consumer: StreamConsumer, after: int,
+                    epoch: str | None, recovered: bool, live: bool = False) -> StreamReader:
+        feed = self.feeds.get(topic)
+        if feed is None:
+            feed = self.feeds[topic] = TopicFeed(self.history, topic, self._idle)
+        feed.added()
+        spans = None
+        if self.observer is not None:
+            observer, queue = self.observer, consumer.function
+            spans = Spans(lambda span: observer.streamed(queue, span))
+        reader = StreamReader(feed, consumer, after, epoch, recovered, spans, live)
+        reader.start()
+        return reader
+
+    def sending(self, topic: str, messages: list[Entry]) -> None:
+        """A SEND on this bridge is about to append ``messages`` to ``topic``."""
+        feed = self.feeds.get(topic)
+        if feed is not None:
+            feed.sending(messages)
+
+    def not_appended(self, topic: str, messages: list[Entry]) -> None:
+        """... and did not (the SEND failed)."""
+        feed = self.feeds.get(topic)
+        if feed is not None:
+            feed.forget([message_id for message_id, _, _ in messages])
+
+    def worker_appended(self, topic: str) -> None:
+        """A SEND on this bridge was appended by a worker (its fanout job
+        answered): the bridge's later SENDs wait for the feed to pass it
+        before they are taken early, so they cannot overtake it."""
+        feed = self.feeds.get(topic)
+        if feed is not None:
+            feed.hold_until = max(feed.hold_until, self.history.position(topic)[2])
+
+    def appended(self, topic: str, where: tuple[str, int, int], messages: list[Entry]) -> None:
+        """A SEND on this bridge appended ``messages`` to ``topic``'s history
+        at ``where`` (epoch, first offset, last): its live readers here get
+        them now, not after the feed's XREAD wakes, when they come right
+        after what the feed has (else the feed reads them in order)."""
+        feed = self.feeds.get(topic)
+        epoch, first, last = where
+        if feed is None or last == 0 or feed.epoch != epoch or feed.last != first - 1:
+            return
+        for offset, (message_id, body, headers) in enumerate(messages, first):
+            feed.hand_over((offset, message_id, body, headers or {}))
+
+    def _idle(self, feed: TopicFeed) -> None:
+        if self.feeds.get(feed.topic) is feed:
+            del self.feeds[feed.topic]
