@@ -378,31 +378,35 @@ def measure(broker_cls, args) -> dict:
     return results
 
 
-def latency_at(broker_cls, args) -> dict[int, dict]:
+def latency_at(brokers: list, args) -> dict[str, dict[int, dict]]:
     """p50/p99 of topic deliveries (``args.subscribers`` subscribers) at each
-    of ``args.latency_at`` msg/s: the same absolute load for both brokers
+    of ``args.latency_at`` msg/s: the same absolute load for every broker
     (half of each one's own peak is a different rate for each).
     ``args.turns`` turns of every rate, and their medians: single turns on
-    a loaded 2-core box swing by 2-5x."""
-    turns: dict[int, list[dict]] = {rate: [] for rate in args.latency_at}
-    with broker_cls(**gearhorn_options(broker_cls, args)) as broker:
-        topic_run(broker, 10, args.messages // 10)  # warm up
-        for turn in range(args.turns):
-            for rate in args.latency_at:
-                turns[rate].append(r := topic_run(broker, args.subscribers,
-                                                  int(rate * args.latency_seconds), rate=rate))
-                print(f"  {broker_cls.name:9} turn {turn + 1} topic x{args.subscribers} at "
-                      f"{rate:>6,} msg/s: "
-                      f"p50 {r['p50_ms']:6.1f} ms  p99 {r['p99_ms']:6.1f} ms  "
-                      f"(cpu {r['broker_cpu']:.2f})", flush=True)
-    results = {}
-    for rate, runs in turns.items():
-        results[rate] = {key: statistics.median(r[key] for r in runs)
-                         for key in ("p50_ms", "p99_ms", "broker_cpu")}
-        print(f"  {broker_cls.name:9} median of {len(runs)}, topic x{args.subscribers} at "
-              f"{rate:>6,} msg/s: "
-              f"p50 {results[rate]['p50_ms']:6.1f} ms  p99 {results[rate]['p99_ms']:6.1f} ms",
-              flush=True)
+    a loaded 2-core box swing by 2-5x. The brokers take turns, each started
+    afresh for its turn, so a slow minute of the machine falls on both."""
+    turns = {cls.name: {rate: [] for rate in args.latency_at} for cls in brokers}
+    for turn in range(args.turns):
+        for broker_cls in brokers:
+            with broker_cls(**gearhorn_options(broker_cls, args)) as broker:
+                topic_run(broker, 10, args.messages // 10)  # warm up
+                for rate in args.latency_at:
+                    r = topic_run(broker, args.subscribers, int(rate * args.latency_seconds),
+                                  rate=rate)
+                    turns[broker_cls.name][rate].append(r)
+                    print(f"  {broker_cls.name:9} turn {turn + 1} topic x{args.subscribers} at "
+                          f"{rate:>6,} msg/s: "
+                          f"p50 {r['p50_ms']:6.1f} ms  p99 {r['p99_ms']:6.1f} ms  "
+                          f"(cpu {r['broker_cpu']:.2f})", flush=True)
+    results: dict[str, dict[int, dict]] = {}
+    for name, by_rate in turns.items():
+        for rate, runs in by_rate.items():
+            median = {key: statistics.median(r[key] for r in runs)
+                      for key in ("p50_ms", "p99_ms", "broker_cpu")}
+            results.setdefault(name, {})[rate] = median
+            print(f"  {name:9} median of {len(runs)}, topic x{args.subscribers} at "
+                  f"{rate:>6,} msg/s: "
+                  f"p50 {median['p50_ms']:6.1f} ms  p99 {median['p99_ms']:6.1f} ms", flush=True)
     return results
 
 
@@ -475,9 +479,8 @@ def main() -> None:
         profile(args)
         return
     if args.latency_at:
-        latency_at(Gearhorn, args)
-        if not args.no_rabbitmq and RabbitMQ.installed():
-            latency_at(RabbitMQ, args)
+        with_peer = not args.no_rabbitmq and RabbitMQ.installed()
+        latency_at([Gearhorn, RabbitMQ] if with_peer else [Gearhorn], args)
         return
     print(f"STOMP load: raw frames; topic {args.messages * 10:,} deliveries per subscriber "
           f"count, queue {args.messages:,} messages; {os.cpu_count()} cores", flush=True)
