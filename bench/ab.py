@@ -95,7 +95,11 @@ def main() -> None:
                         help="subscribers are stream subscriptions")
     parser.add_argument("--live", action="store_true",
                         help="topics keep a history: plain subscribers are live readers")
+    parser.add_argument("--websocket", action="store_true",
+                        help="every client speaks STOMP over WebSocket")
     args = parser.parse_args()
+    if args.websocket:
+        os.environ["STOMP_LOAD_WEBSOCKET"] = "1"
     if args.latency_at is None:
         args.latency_at = [] if args.throughput else [100, 1000]
     if args.stream:

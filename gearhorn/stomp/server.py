@@ -57,9 +57,12 @@ class ClientConnection:
         self._drained.set()
         self._closing = False
         self._wrote_at = 0.0
-        # A plain socket is written without the writer when it can take the
-        # bytes (:meth:`_write_now`); TLS and WebSocket streams go by the writer.
-        self._direct = type(sock) is gevent.socket.socket
+        # A plain socket, or a WebSocket on one, is written without the
+        # writer when it can take the bytes (:meth:`_write_now`); TLS goes
+        # by the writer (a TLS record cannot be retried with other bytes).
+        self._direct = type(sock) is gevent.socket.socket or (
+            type(sock) is websocket.WebSocketStream and type(sock.sock) is gevent.socket.socket)
+        self._flush = getattr(sock, "flush", None)  # a WebSocket's unfinished frame
         self._due = False  # written again once the sending greenlet gives way
         self._writing = False  # the writer is in a sendall
         self._written: deque[Callable[[], None]] = deque()  # on_sent, for the writer
@@ -122,7 +125,7 @@ class ClientConnection:
                 self._written.append(on_sent)
         if self.backlog < self.session.settings.max_backlog:
             self._drained.set()
-        if self._written or self._queue:
+        if self._written or self._queue or (self._flush is not None and self.sock.unflushed):
             self._wakeup.set()
 
     def close(self) -> None:
@@ -219,6 +222,13 @@ class ClientConnection:
         while True:
             self._wakeup.wait()
             self._wakeup.clear()
+            if self._flush is not None:
+                try:
+                    self._flush()
+                except OSError:
+                    self._closing = True
+                    self._kick_reader()
+                    return
             while self._written:  # written from the event loop, before any queued now
                 self._written.popleft()()
             while self._queue:

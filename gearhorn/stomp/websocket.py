@@ -137,6 +137,7 @@ class WebSocketStream:
         # The reader answers pings and closes while the writer sends frames:
         # one write at a time, or their bytes could interleave.
         self._write_lock = gevent.lock.Semaphore()
+        self._rest = b""  # the end of a frame :meth:`send` could not write
 
     def settimeout(self, timeout: float | None) -> None:
         self.sock.settimeout(timeout)
@@ -178,12 +179,41 @@ class WebSocketStream:
     def sendall(self, data: bytes) -> None:
         """``data`` (whole frames, or a heart-beat) as one message: text when
         it is UTF-8, as browsers' STOMP clients expect, else binary."""
+        self._write(self._frame(data))
+
+    def send(self, data: bytes, flags: int = 0, timeout: float = 0.0) -> int:
+        """``data`` as one message, if the socket takes it without waiting
+        (the bridge's writes of a turn's first frame, gearhorn/stomp/server.py):
+        len(data), or 0 when nothing was written (the caller's writer sends
+        it with :meth:`sendall`). A frame the socket took in part is taken:
+        its rest goes before anything else, when :meth:`flush` is called."""
+        if self._rest or self._write_lock.locked():
+            return 0
+        wire = self._frame(data)
+        sent = self.sock.send(wire, 0, 0.0)
+        if not sent:
+            return 0
+        self._rest = wire[sent:]
+        return len(data)
+
+    @property
+    def unflushed(self) -> bool:
+        return bool(self._rest)
+
+    def flush(self) -> None:
+        """Write the rest of a frame :meth:`send` began (waits for the socket)."""
+        if self._rest:
+            self._write(b"")
+
+    def _frame(self, data: bytes) -> bytes:
         if self.ws.state is not ConnectionState.OPEN:  # closing: no more data
             raise ConnectionError(f"WebSocket is {self.ws.state.name}")
-        self._write(data_frame(data, data.isascii() or _utf8(data)))
+        return data_frame(data, data.isascii() or _utf8(data))
 
     def _write(self, wire: bytes) -> None:
         with self._write_lock:
+            if self._rest:  # a frame's end comes first
+                wire, self._rest = self._rest + wire, b""
             self.sock.sendall(wire)
 
     def shutdown(self, how: int) -> None:

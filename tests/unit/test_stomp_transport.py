@@ -87,3 +87,62 @@ def test_bytes_written_at_once_count_as_sent_when_the_connection_ends(pair):
     assert theirs.recv(100) == b"one"
     connection._drop_unsent()
     assert sent == [1] and dropped == []
+
+
+# -- WebSocket: the same at-once writes, a frame never split between writers ------
+
+
+def ws_pair():
+    """A WebSocketStream (``ours``) and a wsproto client reading what it writes."""
+    from wsproto import ConnectionType
+    from wsproto.connection import Connection, ConnectionState
+
+    from gearhorn.stomp.websocket import WebSocketStream
+
+    ours, theirs = gevent.socket.socketpair()
+    server = Connection(ConnectionType.SERVER)
+    server._state = ConnectionState.OPEN  # the upgrade is not what is tested here
+    client = Connection(ConnectionType.CLIENT)
+    client._state = ConnectionState.OPEN
+    return WebSocketStream(ours, server, "v12.stomp"), theirs, client
+
+
+def messages(client, sock, count):
+    from wsproto.events import Message
+
+    got, part = [], ""
+    while len(got) < count:
+        client.receive_data(sock.recv(1 << 20))
+        for event in client.events():
+            if isinstance(event, Message):  # a large one comes in parts
+                part += event.data
+                if event.message_finished:
+                    got.append(part)
+                    part = ""
+    return got
+
+
+def test_a_websocket_takes_a_frame_at_once_and_its_rest_goes_before_anything_else():
+    stream, theirs, client = ws_pair()
+    assert stream.send(b"MESSAGE 1|") == 10
+    assert messages(client, theirs, 1) == ["MESSAGE 1|"]
+    # A frame the socket takes only in part: taken, its end kept for flush().
+    stream.sock.setsockopt(gevent.socket.SOL_SOCKET, gevent.socket.SO_SNDBUF, 4096)
+    big = b"x" * 1_000_000
+    assert stream.send(big) == len(big) and stream.unflushed
+    assert stream.send(b"MESSAGE 2|") == 0  # not before that end: the writer's
+    reader = gevent.spawn(messages, client, theirs, 2)
+    stream.flush()
+    stream.sendall(b"MESSAGE 2|")
+    assert reader.get(timeout=10) == ["x" * 1_000_000, "MESSAGE 2|"]
+    assert not stream.unflushed
+
+
+def test_a_websocket_write_under_way_is_not_joined():
+    stream, theirs, client = ws_pair()
+    with stream._write_lock:  # the reader answering a ping, say
+        assert stream.send(b"MESSAGE|") == 0
+    assert stream.send(b"\xff\xfe") == 2  # not UTF-8: a binary message
+    client.receive_data(theirs.recv(100))
+    (event,) = list(client.events())
+    assert event.data == b"\xff\xfe"
