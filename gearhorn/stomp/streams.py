@@ -212,7 +212,8 @@ class StreamReader:
 
     def offer(self, stored: Stored) -> None:
         """A new message from the feed, to a reader live on it."""
-        if stored[0] <= self.position:
+        if stored[0] <= self.position:  # read while catching up, ahead of the feed
+            self.owed.discard(stored[1])
             return
         if self.early and stored[1] in self.early:
             self._take(stored)

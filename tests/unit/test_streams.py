@@ -264,3 +264,16 @@ def test_after_a_send_a_worker_appended_none_is_taken_early_until_it_is_passed(h
     feed.hand_over((2, "b", b"b", {}))
     streams.sending("news", entries("c"))
     assert consumer.bodies() == [b"w", b"b", b"c"]
+
+
+def test_what_a_reader_read_ahead_of_the_feed_is_not_owed_once_the_feed_passes_it(history):
+    feed, first, ahead = stopped_feed(history), LiveConsumer(), LiveConsumer()
+    live_reader(feed, first)
+    feed.sending(entries("a"))  # in flight
+    reader = StreamReader(feed, ahead, 1, "e1", True, live=True)  # read "a" from history
+    feed.added()
+    assert feed.join(reader) and reader.owed == {"a"}
+    feed.hand_over((1, "a", b"a", {}))  # behind its position: skipped, and owed no more
+    assert reader.owed == set() and ahead.got == []
+    feed.sending(entries("b"))
+    assert ahead.bodies() == [b"b"]
