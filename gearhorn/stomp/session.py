@@ -175,9 +175,11 @@ class Session:
         if frame is not None and "receipt" in frame.headers:
             headers["receipt-id"] = frame.headers["receipt"]
         body = (detail or message).encode()
-        self.transport.send(encode("ERROR", headers, body, self.version))
+        # Logged first: the ERROR may leave at once (gearhorn/stomp/server.py),
+        # and whoever reads the log after the client saw it finds the reason.
         log.info("session %s: ERROR %s%s", self.id, message,
                  f" ({detail})" if detail and detail != message else "")
+        self.transport.send(encode("ERROR", headers, body, self.version))
         self.close()
 
     def close(self) -> None:
