@@ -30,10 +30,10 @@ sys.path.insert(0, ROOT)
 
 from bench.stomp_bridge import Gearhorn  # noqa: E402
 from bench.stomp_load import (  # noqa: E402
-    live_subscriptions,
+    client_options,
     queue_run,
-    stream_subscriptions,
     topic_run,
+    use_client_options,
 )
 
 RUNS = {  # what --throughput names: a run of bench/stomp_load.py
@@ -91,21 +91,11 @@ def main() -> None:
                         help="topic x10 latency at these rates (100 1000 unless --throughput)")
     parser.add_argument("--seconds", type=int, default=5, help="of each latency run")
     parser.add_argument("--throughput", nargs="*", default=[], choices=sorted(RUNS))
-    parser.add_argument("--stream", action="store_true",
-                        help="subscribers are stream subscriptions")
-    parser.add_argument("--live", action="store_true",
-                        help="topics keep a history: plain subscribers are live readers")
-    parser.add_argument("--websocket", action="store_true",
-                        help="every client speaks STOMP over WebSocket")
+    client_options(parser)
     args = parser.parse_args()
-    if args.websocket:
-        os.environ["STOMP_LOAD_WEBSOCKET"] = "1"
+    use_client_options(args)
     if args.latency_at is None:
         args.latency_at = [] if args.throughput else [100, 1000]
-    if args.stream:
-        stream_subscriptions()
-    if args.live:
-        live_subscriptions()
     turns: dict[tuple[str, str], list[dict]] = {}
     with checkouts(args.revisions) as trees:
         for turn in range(1, args.turns + 1):

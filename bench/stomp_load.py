@@ -364,6 +364,26 @@ def live_subscriptions() -> None:
     os.environ["GEARHORN_HISTORY_TOPICS"] = "load*=10000"
 
 
+def client_options(parser: argparse.ArgumentParser) -> None:
+    """How gearhorn's subscribers subscribe, and over what (also bench/ab.py's)."""
+    parser.add_argument("--stream", action="store_true",
+                        help="gearhorn's subscribers are stream subscriptions")
+    parser.add_argument("--live", action="store_true",
+                        help="gearhorn's topics keep a history: plain subscribers are live "
+                             "readers")
+    parser.add_argument("--websocket", action="store_true",
+                        help="every client speaks STOMP over WebSocket (ws://.../ws)")
+
+
+def use_client_options(args: argparse.Namespace) -> None:
+    if args.stream:
+        stream_subscriptions()
+    if args.live:
+        live_subscriptions()
+    if args.websocket:  # the spawned processes read it too
+        os.environ["STOMP_LOAD_WEBSOCKET"] = "1"
+
+
 def measure(broker_cls, args) -> dict:
     with broker_cls(**gearhorn_options(broker_cls, args)) as broker:
         topic_run(broker, 10, args.messages // 10)  # warm up
@@ -451,30 +471,19 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--bridge-processes", type=int, default=1)
     parser.add_argument("--no-rabbitmq", action="store_true")
-    parser.add_argument("--stream", action="store_true",
-                        help="gearhorn's subscribers are stream subscriptions")
-    parser.add_argument("--live", action="store_true",
-                        help="gearhorn's topics keep a history: plain subscribers are live "
-                             "readers")
+    client_options(parser)
     parser.add_argument("--latency-at", type=int, nargs="+", metavar="MSG_PER_S",
                         help="only the latency of topic x10 at these rates, both brokers")
     parser.add_argument("--subscribers", type=int, default=10,
                         help="with --latency-at: topic subscribers (10)")
     parser.add_argument("--turns", type=int, default=1,
                         help="with --latency-at: turns of each rate (medians are shown)")
-    parser.add_argument("--websocket", action="store_true",
-                        help="every client speaks STOMP over WebSocket (ws://.../ws)")
     parser.add_argument("--profile", metavar="FILE",
                         help="only profile the bridge (py-spy) during topic x10")
     args = parser.parse_args()
     args.messages = 20_000 if args.quick else 100_000
     args.latency_seconds = 5 if args.quick else 15
-    if args.stream:
-        stream_subscriptions()
-    if args.live:
-        live_subscriptions()
-    if args.websocket:
-        os.environ["STOMP_LOAD_WEBSOCKET"] = "1"
+    use_client_options(args)
     if args.profile:
         profile(args)
         return
