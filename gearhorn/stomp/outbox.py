@@ -6,24 +6,15 @@ on the benchmark machine): at 1,000 msg/s its messages queued behind each
 other in the session. Here the session reads on while a job runs. Jobs
 still go one at a time, in order, so every subscriber gets a producer's
 messages in the order sent; the SENDs that arrived during a job leave
-together as the next one (one job of up to ``MAX_BATCH`` messages).
+together as the next one (one job of up to ``MAX_BATCH`` messages). On a
+topic with a history the session has appended each SEND before it got
+here, so stream subscribers do not wait for any job (docs/design.rst).
 
-On a topic with a history the bridge appends each SEND itself, here,
-before its job (if one is needed at all), so stream subscribers do not
-wait for any job (docs/design.rst). The session has already handed the
-SEND to this bridge's live subscribers (gearhorn/stomp/streams.py). When
-they took it early, its append waits ``APPEND_LINGER`` first: the
-bridge's bookkeeping (the append, the history read that follows, the
-ledger) then runs after those subscribers read their MESSAGEs, not beside
-them on the same cores (issue 27: it took about a millisecond off their
-p99 at 100 msg/s, docs/benchmarks.rst), and the SENDs read meanwhile go in
-the same append.
-
-RECEIPTs of these SENDs follow their append and job. Every other frame but
-ACK and NACK waits for the outbox to empty first (:meth:`Outbox.flush`),
-so a connection's frames still take effect in the order sent. A SEND whose
-subscribers all read the history needs no job (``TopicSend.needs_job``):
-it is answered once appended.
+RECEIPTs of these SENDs follow their job's answer, as before. Every other
+frame but ACK and NACK waits for the outbox to empty first
+(:meth:`Outbox.flush`), so a connection's frames still take effect in the
+order sent. A SEND whose subscribers all read the history needs no job
+(``TopicSend.needs_job``): it is answered in its turn.
 """
 
 from __future__ import annotations
@@ -42,23 +33,20 @@ from gearhorn.stomp.sending import TopicSend
 # Messages an outbox holds before the session stops reading (TCP then
 # holds the producer back).
 MOST_HELD = 4000
-# How long an append waits when live subscribers here took its SEND early.
-APPEND_LINGER = 0.002
 
 
 class Outbox:
     """Topic SENDs of one connection whose fanout jobs are queued or running."""
 
     spawn = staticmethod(gevent.spawn)  # tests run it inline
-    pause = staticmethod(gevent.sleep)
 
     def __init__(self, publisher: Publishes, client: Callable[[], gearman.Client],
                  answered: Callable[[list[Frame], dict], None],
                  failed: Callable[[Frame, Exception], None], max_bytes: int,
-                 most_held: int = MOST_HELD, linger: float = APPEND_LINGER) -> None:
+                 most_held: int = MOST_HELD) -> None:
         self.publisher, self.client = publisher, client
         self.answered, self.failed = answered, failed
-        self.max_bytes, self.most_held, self.linger = max_bytes, most_held, linger
+        self.max_bytes, self.most_held = max_bytes, most_held
         self._queue: deque[tuple[TopicSend, list[Frame]]] = deque()
         self._held = 0  # messages queued or in the running job
         self._running = False
@@ -79,7 +67,6 @@ class Outbox:
             self._room.clear()
             self._room.wait()
         if self._broken:
-            self.publisher.abandon(send)
             return
         self._held += len(send.bodies)
         if self._queue and self._queue[-1][0].take(send, self.max_bytes):
@@ -98,12 +85,8 @@ class Outbox:
     def _run(self) -> None:
         try:
             while self._queue and not self._broken:
-                first = self._queue[0][0]
-                if first.to_append and first.taken_early and self.linger > 0:
-                    self.pause(self.linger)  # the SENDs read meanwhile join it
                 send, frames = self._queue.popleft()
                 try:
-                    self.publisher.append(send)
                     result = (self.publisher.start(self.client(), send).wait()
                               if send.needs_job else {})
                 except Exception as exc:  # noqa: BLE001 - told to the session, whatever it is
@@ -120,8 +103,6 @@ class Outbox:
         """A job failed: the connection ends there. The SENDs behind it are
         dropped unanswered (their producer gets no RECEIPT for them)."""
         self._broken = True
-        for send, _ in self._queue:
-            self.publisher.abandon(send)
         self._queue.clear()
         self._room.set()
         self.failed(frame, exc)

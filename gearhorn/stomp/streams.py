@@ -182,20 +182,17 @@ class StreamReader:
 
     # -- a live reader's early SENDs --------------------------------------------
 
-    def take_early(self, messages: list[Entry], hold: bool) -> bool:
+    def take_early(self, messages: list[Entry], hold: bool) -> None:
         """SENDs of this bridge on their way to the history: delivered now
         unless it owes earlier ones (or cannot take them, or ``hold``: the
-        feed has yet to pass a SEND appended by a worker). Whether it took any."""
+        feed has yet to pass a SEND appended by a worker)."""
         assert self.early is not None
-        took = False
         for message_id, body, headers in messages:
             if hold or self.owed or self.closed or self.consumer.credit() <= 0:
                 self.owed.add(message_id)
                 continue
             self.early.add(message_id)
             self._send(message_id, body, headers or {}, b"")
-            took = True
-        return took
 
     def forget(self, message_ids: Iterable[str]) -> None:
         """SENDs that will never be passed on the feed (their append failed)."""
@@ -343,21 +340,18 @@ class TopicFeed:
             self.live.append(reader)
         return True
 
-    def sending(self, messages: list[Entry]) -> bool:
-        """SENDs of this bridge about to be appended: to its live readers
-        now; whether any took some."""
+    def sending(self, messages: list[Entry]) -> None:
+        """SENDs of this bridge about to be appended: to its live readers now."""
         now = time.monotonic()
         for message_id, _, _ in messages:
             self.in_flight[message_id] = now
         hold = self.last is None or self.last < self.hold_until
-        took = False
         for reader in list(self.live):
             if reader.early is not None:
                 try:
-                    took = reader.take_early(messages, hold) or took
+                    reader.take_early(messages, hold)
                 except Exception:  # noqa: BLE001 - one subscription's fault, not the topic's
                     reader.failed()
-        return took
 
     def forget(self, message_ids: list[str]) -> None:
         """SENDs taken early that will not be passed here (never appended)."""
