@@ -165,6 +165,12 @@ class FakeBroker:
     def prepare(self, topic, bodies, options=PLAIN):
         return TopicSend(topic, list(bodies), options)
 
+    def append(self, send):
+        pass  # no history here: nothing is announced, nothing to append
+
+    def abandon(self, send):
+        pass
+
     def start(self, client, send):
         result = self.publish(client, send.topic, send.bodies, send.options)
         return types.SimpleNamespace(wait=lambda: result)

@@ -27,7 +27,8 @@ from gearhorn.worker.cache import SubscriberCache
 class Readers(Protocol):
     """The bridge's readers of topic histories (gearhorn/stomp/topicstreams.py)."""
 
-    def sending(self, topic: str, messages: list[Entry]) -> None: ...
+    def sending(self, topic: str, messages: list[Entry]) -> bool:
+        """Whether live readers here took some of ``messages`` early."""
 
     def appended(self, topic: str, where: tuple[str, int, int],
                  messages: list[Entry]) -> None:
@@ -40,7 +41,11 @@ class Readers(Protocol):
 
 class HistoryFirst:
     """Appends topic SENDs to their history; ``readers`` hear of each (the
-    bridge's stream readers), ``observer`` of each that needs no job."""
+    bridge's stream readers), ``observer`` of each that needs no job.
+
+    A SEND is announced first (:meth:`announce`: its ids given, the live
+    readers told) and stored after (:meth:`store`), so that the session
+    can read on while the connection's outbox appends (gearhorn/stomp/outbox.py)."""
 
     def __init__(self, history: History, cache: SubscriberCache | None = None,
                  readers: Readers | None = None, observer: Observer | None = None) -> None:
@@ -57,12 +62,24 @@ class HistoryFirst:
 
     def append(self, topic: str, bodies: Sequence[bytes], options: SendOptions) -> TopicSend:
         """Append ``bodies`` under new message ids; the SEND, ready for its job."""
-        ids = [new_message_id() for _ in bodies]
-        messages = [(message_id, body, options.headers or None)
-                    for message_id, body in zip(ids, bodies, strict=True)]
-        needs_job = True
+        send = self.announce(topic, bodies, options)
+        self.store(send)
+        return send
+
+    def announce(self, topic: str, bodies: Sequence[bytes], options: SendOptions) -> TopicSend:
+        """``bodies`` under new message ids, handed to the live readers
+        here; the SEND, to be stored before its job."""
+        send = TopicSend(topic, list(bodies), options, [new_message_id() for _ in bodies],
+                         to_append=True)
         if self.readers is not None:
-            self.readers.sending(topic, messages)
+            send.taken_early = bool(self.readers.sending(topic, _entries(send)))
+        return send
+
+    def store(self, send: TopicSend) -> None:
+        """Append an announced SEND (sets ``needs_job``); raises what Redis raised."""
+        topic, messages = send.topic, _entries(send)
+        send.to_append = False
+        needs_job = True
         try:
             if self.cache is None:
                 (where,) = self.history.append([(topic, messages)])
@@ -76,11 +93,27 @@ class HistoryFirst:
             raise
         if self.readers is not None:
             self.readers.appended(topic, where, messages)
+        send.needs_job = needs_job
         if not needs_job:  # what the worker would have recorded: no copies
-            self.observer.fanned_out(topic, [(message_id, ()) for message_id in ids], 0)
-        return TopicSend(topic, list(bodies), options, ids, needs_job)
+            self.observer.fanned_out(topic, [(message_id, ()) for message_id, _, _ in messages],
+                                     0)
+
+    def abandon(self, send: TopicSend) -> None:
+        """An announced SEND that will not be stored (its connection failed first)."""
+        if send.to_append:
+            send.to_append = False
+            if self.readers is not None:
+                self.readers.not_appended(send.topic, _entries(send))
 
     def appended_by_worker(self, topic: str) -> None:
         """A SEND to ``topic`` it did not take was appended by its fanout job."""
         if self.readers is not None and self.history.policy.keeps(topic):
             self.readers.worker_appended(topic)
+
+
+def _entries(send: TopicSend) -> list[Entry]:
+    """The history entries of an announced SEND: (id, body, headers)."""
+    assert send.message_ids is not None
+    headers = send.options.headers or None
+    return [(message_id, body, headers)
+            for message_id, body in zip(send.message_ids, send.bodies, strict=True)]

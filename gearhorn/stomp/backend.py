@@ -60,12 +60,20 @@ class Publishes(Protocol):
 
     def prepare(self, topic: str, bodies: Sequence[bytes],
                 options: SendOptions = ...) -> TopicSend:
-        """``publish``'s first step: the SEND appended to its topic's history,
-        when the topic keeps one."""
+        """``publish``'s first step: the SEND given its ids and handed to
+        the live readers, when the topic keeps a history."""
+        ...
+
+    def append(self, send: TopicSend) -> None:
+        """The second: a prepared SEND appended to its topic's history."""
+        ...
+
+    def abandon(self, send: TopicSend) -> None:
+        """A prepared SEND that will never be appended."""
         ...
 
     def start(self, client: gearman.Client, send: TopicSend) -> Answered:
-        """``publish``'s second step: the fanout job submitted; its answer
+        """``publish``'s last step: the fanout job submitted; its answer
         is read later (:meth:`Answered.wait`)."""
         ...
 

@@ -6,15 +6,28 @@ on the benchmark machine): at 1,000 msg/s its messages queued behind each
 other in the session. Here the session reads on while a job runs. Jobs
 still go one at a time, in order, so every subscriber gets a producer's
 messages in the order sent; the SENDs that arrived during a job leave
-together as the next one (one job of up to ``MAX_BATCH`` messages). On a
-topic with a history the session has appended each SEND before it got
-here, so stream subscribers do not wait for any job (docs/design.rst).
+together as the next one (one job of up to ``MAX_BATCH`` messages).
 
-RECEIPTs of these SENDs follow their job's answer, as before. Every other
-frame but ACK and NACK waits for the outbox to empty first
-(:meth:`Outbox.flush`), so a connection's frames still take effect in the
-order sent. A SEND whose subscribers all read the history needs no job
-(``TopicSend.needs_job``): it is answered in its turn.
+On a topic with a history the bridge appends each SEND itself before its
+job (if one is needed at all), so stream subscribers do not wait for any
+job (docs/design.rst). The session has already handed the SEND to this
+bridge's live subscribers (gearhorn/stomp/streams.py). Mostly the append
+is made at once, in the session, as the SEND is read. One case waits: a
+SEND that was read alone (one message) and that live subscribers here took
+early is appended by the outbox ``APPEND_LINGER`` later. The bridge's
+bookkeeping (the append, the history read that follows, the ledger) then
+runs after those subscribers read their MESSAGEs, not beside them on the
+same two cores (issue 27: about a millisecond off their p99 at 100 msg/s,
+docs/benchmarks.rst), and the SENDs read meanwhile share the append. SENDs
+read in batches (a busy producer) are appended at once: appending all in
+the outbox cost topic x100 throughput 3-15%. Appends keep the order read:
+while the outbox holds a SEND not yet appended, those behind it wait too.
+
+RECEIPTs of these SENDs follow their append and job. Every other frame but
+ACK and NACK waits for the outbox to empty first (:meth:`Outbox.flush`),
+so a connection's frames still take effect in the order sent. A SEND whose
+subscribers all read the history needs no job (``TopicSend.needs_job``):
+it is answered once appended.
 """
 
 from __future__ import annotations
@@ -33,22 +46,27 @@ from gearhorn.stomp.sending import TopicSend
 # Messages an outbox holds before the session stops reading (TCP then
 # holds the producer back).
 MOST_HELD = 4000
+# How long the append of a lone SEND waits when live subscribers here took it.
+APPEND_LINGER = 0.002
 
 
 class Outbox:
     """Topic SENDs of one connection whose fanout jobs are queued or running."""
 
     spawn = staticmethod(gevent.spawn)  # tests run it inline
+    pause = staticmethod(gevent.sleep)
 
     def __init__(self, publisher: Publishes, client: Callable[[], gearman.Client],
                  answered: Callable[[list[Frame], dict], None],
                  failed: Callable[[Frame, Exception], None], max_bytes: int,
-                 most_held: int = MOST_HELD) -> None:
+                 most_held: int = MOST_HELD, linger: float = APPEND_LINGER) -> None:
         self.publisher, self.client = publisher, client
         self.answered, self.failed = answered, failed
-        self.max_bytes, self.most_held = max_bytes, most_held
+        self.max_bytes, self.most_held, self.linger = max_bytes, most_held, linger
         self._queue: deque[tuple[TopicSend, list[Frame]]] = deque()
         self._held = 0  # messages queued or in the running job
+        self._unappended = 0  # of those, messages the outbox is to append
+        self._linger = False  # the next append waits APPEND_LINGER first
         self._running = False
         self._broken = False
         self._idle = gevent.event.Event()
@@ -67,7 +85,15 @@ class Outbox:
             self._room.clear()
             self._room.wait()
         if self._broken:
+            self.publisher.abandon(send)
             return
+        if send.to_append:
+            lingers = send.taken_early and len(send.bodies) == 1 and self.linger > 0
+            if self._unappended or lingers:
+                self._unappended += len(send.bodies)
+                self._linger = self._linger or lingers
+            else:
+                self.publisher.append(send)  # raises to the session, as a refused SEND
         self._held += len(send.bodies)
         if self._queue and self._queue[-1][0].take(send, self.max_bytes):
             self._queue[-1][1].extend(frames)
@@ -85,8 +111,14 @@ class Outbox:
     def _run(self) -> None:
         try:
             while self._queue and not self._broken:
+                if self._linger:  # a lone SEND's live readers are reading it
+                    self._linger = False
+                    self.pause(self.linger)  # the SENDs read meanwhile join its append
                 send, frames = self._queue.popleft()
                 try:
+                    if send.to_append:
+                        self.publisher.append(send)
+                        self._unappended -= len(send.bodies)
                     result = (self.publisher.start(self.client(), send).wait()
                               if send.needs_job else {})
                 except Exception as exc:  # noqa: BLE001 - told to the session, whatever it is
@@ -103,6 +135,9 @@ class Outbox:
         """A job failed: the connection ends there. The SENDs behind it are
         dropped unanswered (their producer gets no RECEIPT for them)."""
         self._broken = True
+        self._unappended = 0
+        for send, _ in self._queue:
+            self.publisher.abandon(send)
         self._queue.clear()
         self._room.set()
         self.failed(frame, exc)

@@ -78,6 +78,7 @@ class Publisher:
                 options: SendOptions = PLAIN) -> dict:
         """One ``fanout`` job for ``bodies`` (in order); returns once the copies are queued."""
         send = self.prepare(topic, bodies, options)
+        self.append(send)
         result = self.start(client, send).wait()
         if send.message_ids is None and self.history_first is not None:
             self.history_first.appended_by_worker(topic)
@@ -85,11 +86,22 @@ class Publisher:
 
     def prepare(self, topic: str, bodies: Sequence[bytes],
                 options: SendOptions = PLAIN) -> TopicSend:
-        """A SEND to ``topic``, ready for its fanout job: appended to the
-        topic's history first when it keeps one (gearhorn/stomp/appending.py)."""
+        """A SEND to ``topic``: when the topic keeps a history, given its ids
+        and handed to this bridge's live readers, to be appended (:meth:`append`)
+        before its fanout job (gearhorn/stomp/appending.py)."""
         if self.history_first is None or not self.history_first.takes(topic, options):
             return TopicSend(topic, list(bodies), options)
-        return self.history_first.append(topic, bodies, options)
+        return self.history_first.announce(topic, bodies, options)
+
+    def append(self, send: TopicSend) -> None:
+        """A prepared SEND appended to its topic's history, if it is to be."""
+        if send.to_append and self.history_first is not None:
+            self.history_first.store(send)
+
+    def abandon(self, send: TopicSend) -> None:
+        """A prepared SEND that will not be appended: its live readers forget it."""
+        if send.to_append and self.history_first is not None:
+            self.history_first.abandon(send)
 
     def start(self, client: gearman.Client, send: TopicSend) -> Pending:
         """Submit ``send``'s fanout job; :meth:`Pending.wait` has its answer.

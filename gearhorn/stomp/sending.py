@@ -57,14 +57,17 @@ PLAIN = SendOptions()
 @dataclass
 class TopicSend:
     """SENDs to a topic, ready for one fanout job; ``message_ids`` when the
-    bridge appended them to the topic's history already, and ``needs_job``
-    False when no subscriber needs a copy (all read the history)."""
+    bridge appends them to the topic's history itself (``to_append`` until
+    it has), and ``needs_job`` False when no subscriber needs a copy (all
+    read the history)."""
 
     topic: str
     bodies: list[bytes]
     options: SendOptions = PLAIN
     message_ids: list[str] | None = None
     needs_job: bool = True
+    to_append: bool = False  # ids given and live readers told; not appended yet
+    taken_early: bool = False  # live readers on this bridge have some of it already
     size: int = field(init=False)  # bytes of all bodies
 
     def __post_init__(self) -> None:
@@ -74,7 +77,7 @@ class TopicSend:
         """Add ``other``'s messages, if one job may carry both; says whether it did."""
         if (other.topic != self.topic or other.options != self.options
                 or (other.message_ids is None) != (self.message_ids is None)
-                or other.needs_job != self.needs_job
+                or other.needs_job != self.needs_job or other.to_append != self.to_append
                 or len(self.bodies) + len(other.bodies) > MAX_BATCH
                 or self.size + other.size > max_bytes):
             return False
@@ -82,6 +85,7 @@ class TopicSend:
         self.size += other.size
         if self.message_ids is not None and other.message_ids is not None:
             self.message_ids += other.message_ids
+        self.taken_early = self.taken_early or other.taken_early
         return True
 
 

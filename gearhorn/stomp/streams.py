@@ -182,17 +182,20 @@ class StreamReader:
 
     # -- a live reader's early SENDs --------------------------------------------
 
-    def take_early(self, messages: list[Entry], hold: bool) -> None:
+    def take_early(self, messages: list[Entry], hold: bool) -> bool:
         """SENDs of this bridge on their way to the history: delivered now
         unless it owes earlier ones (or cannot take them, or ``hold``: the
-        feed has yet to pass a SEND appended by a worker)."""
+        feed has yet to pass a SEND appended by a worker). Whether it took any."""
         assert self.early is not None
+        took = False
         for message_id, body, headers in messages:
             if hold or self.owed or self.closed or self.consumer.credit() <= 0:
                 self.owed.add(message_id)
                 continue
             self.early.add(message_id)
             self._send(message_id, body, headers or {}, b"")
+            took = True
+        return took
 
     def forget(self, message_ids: Iterable[str]) -> None:
         """SENDs that will never be passed on the feed (their append failed)."""
@@ -340,18 +343,21 @@ class TopicFeed:
             self.live.append(reader)
         return True
 
-    def sending(self, messages: list[Entry]) -> None:
-        """SENDs of this bridge about to be appended: to its live readers now."""
+    def sending(self, messages: list[Entry]) -> bool:
+        """SENDs of this bridge about to be appended: to its live readers
+        now; whether any took some."""
         now = time.monotonic()
         for message_id, _, _ in messages:
             self.in_flight[message_id] = now
         hold = self.last is None or self.last < self.hold_until
+        took = False
         for reader in list(self.live):
             if reader.early is not None:
                 try:
-                    reader.take_early(messages, hold)
+                    took = reader.take_early(messages, hold) or took
                 except Exception:  # noqa: BLE001 - one subscription's fault, not the topic's
                     reader.failed()
+        return took
 
     def forget(self, message_ids: list[str]) -> None:
         """SENDs taken early that will not be passed here (never appended)."""

@@ -43,11 +43,11 @@ class TopicStreams:
         reader.start()
         return reader
 
-    def sending(self, topic: str, messages: list[Entry]) -> None:
-        """A SEND on this bridge is about to append ``messages`` to ``topic``."""
+    def sending(self, topic: str, messages: list[Entry]) -> bool:
+        """A SEND on this bridge is about to append ``messages`` to ``topic``;
+        whether live readers here took some of them early."""
         feed = self.feeds.get(topic)
-        if feed is not None:
-            feed.sending(messages)
+        return feed is not None and feed.sending(messages)
 
     def not_appended(self, topic: str, messages: list[Entry]) -> None:
         """... and did not (the SEND failed)."""

@@ -29,6 +29,17 @@ class Publisher:
 
     def __init__(self):
         self.jobs = []
+        self.appended, self.abandoned = [], []
+
+    def append(self, send):
+        if send.to_append:
+            send.to_append = False
+            self.appended.append(list(send.message_ids))
+
+    def abandon(self, send):
+        if send.to_append:
+            send.to_append = False
+            self.abandoned.append(list(send.message_ids))
 
     def start(self, client, send):
         self.jobs.append(Job(TopicSend(send.topic, list(send.bodies), send.options,
@@ -47,12 +58,21 @@ def box():
     outbox = Outbox(publisher, lambda: None,
                     lambda frames, result: answered.append([f.body for f in frames]),
                     lambda frame, exc: failed.append((frame.body, str(exc))),
-                    max_bytes=1000, most_held=5)
+                    max_bytes=1000, most_held=5, linger=1.0)
+    outbox.pauses = []
+    outbox.pause = lambda seconds: (outbox.pauses.append(seconds), gevent.sleep(seconds))
     return outbox, publisher, answered, failed
 
 
 def put(outbox, body, topic="news", options=PLAIN):
     outbox.put(TopicSend(topic, [body], options), [Frame("SEND", {}, body)])
+
+
+def put_announced(outbox, *bodies, early=True):
+    """A SEND to a topic with history, given its ids, its live readers told."""
+    send = TopicSend("news", list(bodies), PLAIN, [f"id-{b.decode()}" for b in bodies],
+                     to_append=True, taken_early=early)
+    outbox.put(send, [Frame("SEND", {}, body) for body in bodies])
 
 
 def test_sends_made_while_a_job_runs_leave_together_in_order(box):
@@ -137,3 +157,77 @@ def test_a_job_that_cannot_start_fails_the_same_way(box):
     put(outbox, b"1")
     outbox.flush()
     assert failed == [(b"1", "no gearmand")]
+
+
+def test_a_lone_send_taken_early_is_appended_later_with_what_came_meanwhile(box):
+    outbox, publisher, answered, _ = box
+    put_announced(outbox, b"1")
+    gevent.sleep(0.01)  # within the linger: not appended yet
+    assert publisher.appended == [] and outbox.busy
+    put_announced(outbox, b"2", early=False)  # behind one not appended: waits too
+    put_announced(outbox, b"3", b"4")
+    wait_for(lambda: publisher.appended)
+    assert publisher.appended == [["id-1", "id-2", "id-3", "id-4"]]  # one append, in order
+    assert outbox.pauses == [1.0]
+    wait_for(lambda: publisher.jobs)
+    publisher.jobs[0].answer.set({})
+    outbox.flush()
+    assert answered == [[b"1", b"2", b"3", b"4"]]
+
+
+def test_a_send_nobody_took_early_is_appended_at_once(box):
+    outbox, publisher, answered, _ = box
+    put_announced(outbox, b"1", early=False)
+    assert publisher.appended == [["id-1"]]  # before the session reads on
+    wait_for(lambda: publisher.jobs)
+    publisher.jobs[0].answer.set({})
+    outbox.flush()
+    assert answered == [[b"1"]] and outbox.pauses == []
+
+
+def test_sends_read_together_are_appended_at_once_even_if_taken_early(box):
+    """A busy producer's SENDs: the linger would cost throughput, not save latency."""
+    outbox, publisher, _, _ = box
+    put_announced(outbox, b"1", b"2")
+    assert publisher.appended == [["id-1", "id-2"]]
+    wait_for(lambda: publisher.jobs)
+    publisher.jobs[0].answer.set({})
+    outbox.flush()
+    assert outbox.pauses == []
+
+
+def test_sends_dropped_after_a_failure_are_abandoned_not_appended(box):
+    outbox, publisher, _, failed = box
+    put_announced(outbox, b"1", early=False)
+    wait_for(lambda: publisher.jobs)
+    put_announced(outbox, b"2")  # lingers behind the failing job
+    publisher.jobs[0].answer.set_exception(FanoutFailed("fanout to news failed: timeout"))
+    outbox.flush()
+    put_announced(outbox, b"3", early=False)  # after the failure
+    assert failed == [(b"1", "fanout to news failed: timeout")]
+    assert publisher.appended == [["id-1"]]
+    assert publisher.abandoned == [["id-2"], ["id-3"]]
+
+
+def test_an_append_that_fails_at_once_is_the_sessions_error(box):
+    outbox, publisher, answered, failed = box
+
+    def append(send):
+        raise ConnectionError("redis is down")
+
+    publisher.append = append
+    with pytest.raises(ConnectionError):
+        put_announced(outbox, b"1", early=False)
+    assert not outbox.busy and publisher.jobs == []
+
+
+def test_an_append_that_fails_later_fails_the_connection(box):
+    outbox, publisher, answered, failed = box
+
+    def append(send):
+        raise ConnectionError("redis is down")
+
+    publisher.append = append
+    put_announced(outbox, b"1")
+    outbox.flush()
+    assert failed == [(b"1", "redis is down")] and answered == [] and publisher.jobs == []
