@@ -17,10 +17,10 @@ SEND that was read alone (one message) and that live subscribers here took
 early is appended by the outbox ``APPEND_LINGER`` later. The bridge's
 bookkeeping (the append, the history read that follows, the ledger) then
 runs after those subscribers read their MESSAGEs, not beside them on the
-same two cores (issue 27: about a millisecond off their p99 at 100 msg/s,
+same two cores (issue 27: 0.1-0.9 ms off their p99 at 100 msg/s,
 docs/benchmarks.rst), and the SENDs read meanwhile share the append. SENDs
 read in batches (a busy producer) are appended at once: appending all in
-the outbox cost topic x100 throughput 3-15%. Appends keep the order read:
+the outbox measured 3-15% less topic x100 throughput. Appends keep the order read:
 while the outbox holds a SEND not yet appended, those behind it wait too.
 
 RECEIPTs of these SENDs follow their append and job. Every other frame but
