@@ -20,8 +20,9 @@ runs after those subscribers read their MESSAGEs, not beside them on the
 same two cores (issue 27: 0.1-0.9 ms off their p99 at 100 msg/s,
 docs/benchmarks.rst), and the SENDs read meanwhile share the append. SENDs
 read in batches (a busy producer) are appended at once: appending all in
-the outbox measured 3-15% less topic x100 throughput. Appends keep the order read:
-while the outbox holds a SEND not yet appended, those behind it wait too.
+the outbox measured 3-15% less topic x100 throughput. Appends keep the
+order read: while the outbox holds a SEND not yet appended, those behind
+it wait too.
 
 RECEIPTs of these SENDs follow their append and job. Every other frame but
 ACK and NACK waits for the outbox to empty first (:meth:`Outbox.flush`),

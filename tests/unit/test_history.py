@@ -175,11 +175,12 @@ class Heard:
 class Readers:
     """The bridge's stream readers, as HistoryFirst tells them of each SEND."""
 
-    def __init__(self):
-        self.told = []
+    def __init__(self, take=False):
+        self.told, self.take = [], take  # take: live readers here take SENDs early
 
     def sending(self, topic, messages):
         self.told.append(("sending", topic, [m[0] for m in messages]))
+        return self.take
 
     def appended(self, topic, where, messages):
         self.told.append(("appended", topic, where, [m[0] for m in messages]))
@@ -215,6 +216,31 @@ def test_a_send_whose_subscribers_all_read_the_history_needs_no_job(history, reg
     assert len(heard.fanouts) == 2
     assert not first.takes("news", SendOptions(delay=5.0))  # the worker's to schedule
     assert not first.takes("news", SendOptions(headers={"x-deduplication-header": "o-1"}))
+
+
+def test_an_announced_send_is_stored_later_under_its_ids_or_abandoned(history):
+    """The outbox's two steps (gearhorn/stomp/outbox.py): announced, a SEND
+    is with the live readers but not in the history; stored, it is there
+    under the ids announced; abandoned, the readers stop waiting for it."""
+    from gearhorn.stomp.appending import HistoryFirst
+    from gearhorn.stomp.sending import PLAIN
+
+    readers = Readers(take=True)
+    first = HistoryFirst(history, None, readers)
+    kept = first.announce("news", [b"a"], PLAIN)
+    assert kept.to_append and kept.taken_early
+    assert history.read("news")["messages"] == []
+    dropped = first.announce("news", [b"b"], PLAIN)
+    first.store(kept)
+    first.abandon(dropped)
+    first.abandon(dropped)  # once told is enough
+    assert not kept.to_append and not dropped.to_append
+    assert [m["message_id"] for m in history.read("news")["messages"]] == kept.message_ids
+    assert [entry[0] for entry in readers.told] == [
+        "sending", "sending", "appended", "not appended"]
+    assert readers.told[-1] == ("not appended", "news", dropped.message_ids)
+    assert not HistoryFirst(history, None, Readers()).announce("news", [b"c"],
+                                                             PLAIN).taken_early
 
 
 def test_a_send_whose_append_fails_is_taken_back_from_the_readers_told_of_it(history):
