@@ -83,3 +83,34 @@ def test_after_the_window_the_same_id_broadcasts_again(gearmand, start_pool):
                                           dedup_id="d")["copies"] == 1,
                  timeout=30, interval=0.2, message="the window to end")
     assert queued(gearmand, f"{topic}_alice") == 2
+
+
+def test_deduplicated_sends_among_plain_ones_keep_their_order_for_live_readers(
+        gearmand, start_pool, start_bridge, stomp_clients):
+    """On a topic with history a plain SEND is appended by the bridge and
+    reaches its live readers before the append, but a deduplicated one is
+    appended by a worker (which decides on it). A plain SEND right after a
+    deduplicated one must wait for the feed to pass it (``TopicFeed.hold_until``)
+    or it overtakes it. One producer, no receipts: each plain SEND is read
+    while the feed is still on its way to the deduplicated one before it."""
+    history = {"GEARHORN_HISTORY_TOPICS": "dd*=100000"}
+    start_pool([gearmand], processes=2, env=history)
+    bridge = start_bridge([gearmand], env=history)
+    topic = unique_topic("dd")
+    live = stomp_clients(bridge.port)
+    live.subscribe(f"/topic/{topic}", "live")
+    sender = stomp_clients(bridge.port)
+    expected = []
+    for i in range(300):
+        headers = {"x-deduplication-header": f"d{i}"} if i % 3 == 1 else {}
+        sender.conn.send(destination=f"/topic/{topic}", body=f"m{i}", headers=headers)
+        expected.append(f"m{i}")
+        if i % 30 == 4:  # an id seen 3 SENDs ago: a duplicate, never delivered
+            sender.conn.send(destination=f"/topic/{topic}", body=f"again{i}",
+                             headers={"x-deduplication-header": f"d{i - 3}"})
+    sender.send(f"/topic/{topic}", b"marker")
+    got = [m.body.decode() for m in live.until(b"marker", timeout=120)]
+    wrong = next((n for n, (a, b) in enumerate(zip(got, expected, strict=False)) if a != b),
+                 min(len(got), len(expected)))
+    assert got == expected, (f"{len(got)} of {len(expected)} delivered; from place {wrong} "
+                             f"got {got[wrong:wrong + 4]}, not {expected[wrong:wrong + 4]}")
