@@ -431,8 +431,9 @@ def latency_at(brokers: list, args) -> dict[str, dict[int, dict]]:
 
 
 def profile(args) -> None:
-    """py-spy on the bridge process(es) during a topic x10 run: where its
-    time goes (collapsed stacks to ``args.profile``, the top frames printed)."""
+    """py-spy on the bridge process(es) during a topic run to ``--subscribers``
+    (10): where its time goes (collapsed stacks to ``args.profile``, the top
+    frames printed)."""
     import subprocess
     from collections import Counter
 
@@ -443,10 +444,11 @@ def profile(args) -> None:
                                      "250", "-s", "-p", str(broker.bridge.pid)],
                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         time.sleep(2)
-        result = topic_run(broker, 10, args.messages)
+        result = topic_run(broker, args.subscribers, args.messages * 10 // args.subscribers)
         recorder.send_signal(2)
         recorder.wait(60)
-    print(f"  topic x10 under py-spy: {result['rate']:,.0f} deliveries/s", flush=True)
+    print(f"  topic x{args.subscribers} under py-spy: {result['rate']:,.0f} deliveries/s",
+          flush=True)
     own, total = Counter(), 0
     with open(args.profile) as fp:
         for line in fp:
@@ -475,11 +477,11 @@ def main() -> None:
     parser.add_argument("--latency-at", type=int, nargs="+", metavar="MSG_PER_S",
                         help="only the latency of topic x10 at these rates, both brokers")
     parser.add_argument("--subscribers", type=int, default=10,
-                        help="with --latency-at: topic subscribers (10)")
+                        help="with --latency-at or --profile: topic subscribers (10)")
     parser.add_argument("--turns", type=int, default=1,
                         help="with --latency-at: turns of each rate (medians are shown)")
     parser.add_argument("--profile", metavar="FILE",
-                        help="only profile the bridge (py-spy) during topic x10")
+                        help="only profile the bridge (py-spy) during a topic run")
     args = parser.parse_args()
     args.messages = 20_000 if args.quick else 100_000
     args.latency_seconds = 5 if args.quick else 15
