@@ -72,7 +72,8 @@ def one_turn(tree: str, args) -> dict[str, dict]:
     with Gearhorn() as broker:
         topic_run(broker, 10, 2_000)  # warm up
         for rate in args.latency_at:
-            results[f"{rate} msg/s"] = topic_run(broker, 10, rate * args.seconds, rate=rate)
+            results[f"{rate} msg/s"] = topic_run(broker, args.subscribers, rate * args.seconds,
+                                                 rate=rate)
         for name in args.throughput:
             results[name] = RUNS[name](broker)
     return results
@@ -91,6 +92,7 @@ def main() -> None:
     parser.add_argument("--latency-at", type=int, nargs="*", default=None, metavar="MSG_PER_S",
                         help="topic x10 latency at these rates (100 1000 unless --throughput)")
     parser.add_argument("--seconds", type=int, default=5, help="of each latency run")
+    parser.add_argument("--subscribers", type=int, default=10, help="of each latency run")
     parser.add_argument("--throughput", nargs="*", default=[], choices=sorted(RUNS))
     client_options(parser)
     args = parser.parse_args()
