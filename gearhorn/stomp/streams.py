@@ -39,7 +39,6 @@ import gevent
 import gevent.event
 
 from gearhorn.background import Backoff, Outage
-from gearhorn.stomp.recent import RecentEntries
 from gearhorn.stomp.spans import Spans
 from gearhorn.store.history import Entry, History, Stored
 from gearhorn.store.redisconn import REDIS_ERRORS
@@ -252,9 +251,8 @@ class StreamReader:
                     self._wake.clear()
                     self._wake.wait(5)
                     continue
-                page = self._recent(min(credit, PAGE)) or redis_calls.attempt(
-                    partial(self.feed.history.entries, self.feed.topic, self.position,
-                            min(credit, PAGE)))
+                page = redis_calls.attempt(partial(self.feed.history.entries, self.feed.topic,
+                                                   self.position, min(credit, PAGE)))
                 if page is None:
                     continue
                 epoch, found = page
@@ -276,11 +274,6 @@ class StreamReader:
                     gevent.sleep(0.05)  # the feed is not there yet
         finally:
             self._catching_up = None
-
-    def _recent(self, count: int) -> tuple[str | None, list[Stored]] | None:
-        """What follows this reader's position, from what its feed read."""
-        found = self.feed.recent.after(self.epoch, self.position, count)
-        return None if found is None else (self.epoch, found)
 
     def _take(self, stored: Stored) -> None:
         """``stored``, next in the history, to this reader: delivered, or
@@ -329,7 +322,6 @@ class TopicFeed:
         # yet passed here (message id -> when sent), in the order sent.
         self.in_flight: dict[str, float] = {}
         self.hold_until = 0  # no SEND is taken early before this offset is passed
-        self.recent = RecentEntries()  # what readers that fell behind catch up from
         self._on_idle = on_idle
         self.stopped = False
         gevent.spawn(self._run)
@@ -420,7 +412,6 @@ class TopicFeed:
 
     def hand_over(self, stored: Stored) -> None:
         self.last = stored[0]
-        self.recent.add(self.epoch, stored)
         if self.in_flight:
             self.in_flight.pop(stored[1], None)
         for reader in list(self.live):
@@ -434,7 +425,6 @@ class TopicFeed:
         if epoch is not None and epoch != self.epoch:
             lost = self.epoch is not None
             self.epoch, self.last = epoch, 0 if lost else self.last
-            self.recent.clear()
             for reader in list(self.live):
                 reader.epoch_changed(epoch)
             log.info("topic %s: history epoch %s", self.topic, epoch)

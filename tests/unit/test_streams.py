@@ -5,7 +5,6 @@ seen on the next page."""
 import pytest
 
 from gearhorn.historypolicy import HistoryPolicy
-from gearhorn.stomp.recent import RecentEntries
 from gearhorn.stomp.streams import StreamReader
 from gearhorn.store.history import History
 
@@ -20,7 +19,6 @@ class Feed:
     def __init__(self, history):
         self.history = history
         self.joined = 0
-        self.recent = RecentEntries()  # empty: the reader reads Redis
 
     def join(self, reader):
         self.joined += 1
@@ -59,45 +57,6 @@ def test_it_reads_every_page_after_its_position_then_joins(history):
     assert [body for body, _ in consumer.got] == [b"3", b"4", b"5"]
     assert consumer.got[0][1] == b"x-stream-offset:3\nx-stream-epoch:%s\n" % epoch.encode()
     assert feed.joined == 1 and reader.position == 5
-
-
-class CountedHistory:
-    """A History whose reads of entries are counted."""
-
-    def __init__(self, history):
-        self.history, self.reads = history, 0
-
-    def entries(self, *args):
-        self.reads += 1
-        return self.history.entries(*args)
-
-
-def test_a_reader_behind_catches_up_from_what_its_feed_read_not_from_redis(history):
-    append(history, b"1", b"2", b"3", b"4", b"5")
-    epoch = history.position("news")[0]
-    counted = CountedHistory(history)
-    feed = Feed(counted)
-    for stored in history.entries("news", 0, 10)[1]:  # what the feed handed over
-        feed.recent.add(epoch, stored)
-    consumer = Consumer()
-    reader = StreamReader(feed, consumer, 2, epoch, True)
-    reader._catch_up()
-    assert [body for body, _ in consumer.got] == [b"3", b"4", b"5"]
-    assert consumer.got[0][1] == b"x-stream-offset:3\nx-stream-epoch:%s\n" % epoch.encode()
-    assert counted.reads == 0 and feed.joined == 1 and reader.position == 5
-
-
-def test_a_reader_further_back_than_the_feed_kept_reads_redis(history):
-    append(history, b"1", b"2", b"3", b"4", b"5")
-    epoch = history.position("news")[0]
-    counted = CountedHistory(history)
-    feed = Feed(counted)
-    for stored in history.entries("news", 3, 10)[1]:  # offsets 4 and 5 only
-        feed.recent.add(epoch, stored)
-    consumer = Consumer()
-    StreamReader(feed, consumer, 1, epoch, True)._catch_up()
-    assert [body for body, _ in consumer.got] == [b"2", b"3", b"4", b"5"]
-    assert counted.reads == 1  # offsets 2 and 3; then 4 and 5 from the feed's
 
 
 def test_a_history_lost_while_it_catches_up_starts_it_over_in_the_new_epoch(history, registry):
