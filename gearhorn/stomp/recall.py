@@ -7,6 +7,7 @@ hand-out counts of acknowledged jobs, forgotten with the next grab's call.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -17,6 +18,10 @@ from gearhorn.store.handouts import Handouts, Returned
 from gearhorn.store.redisconn import REDIS_ERRORS
 
 log = logging.getLogger(__name__)
+
+# An acked message's hand-out count is forgotten this long after the ack at
+# the earliest: by then gearmand has read the WORK_COMPLETE sent with it.
+SETTLE_SECONDS = 1.0
 
 HeadersOf = Callable[[list[str]], dict[str, dict[str, str]]]
 
@@ -41,7 +46,11 @@ class Recall:
         self.function = function
         self._headers_of = headers_of
         self._handouts = handouts
-        self._settled: list[str] = []  # acknowledged, to forget in Redis
+        # Acknowledged (unique, when), to forget in Redis once gearmand has
+        # surely read the WORK_COMPLETE: a kill -9 can drop one still in the
+        # socket's buffer, gearmand hands the job out again, and a count
+        # forgotten already would call it redelivered:false.
+        self._settled: list[tuple[str, float]] = []
         self._outage = Outage(log, f"redis (hand-outs of {function})")
 
     def known(self, jobs: list[gearman.GrabbedJob]) -> list[Known]:
@@ -63,14 +72,14 @@ class Recall:
         """Gone for good: its hand-out count goes too, with the next grab's
         call to Redis (or at the close): no round trip of its own."""
         if self._handouts is not None:
-            self._settled.append(unique)
+            self._settled.append((unique, time.monotonic()))
 
     @property
     def unwritten(self) -> bool:
         return bool(self._settled)
 
     def write_settled(self) -> None:
-        uniques, self._settled = self._settled, []
+        uniques, self._settled = [u for u, _ in self._settled], []
         if not uniques or self._handouts is None:
             return
         try:
@@ -94,14 +103,16 @@ class Recall:
         Without Redis, every one may have been: say so (``redelivered``)."""
         if self._handouts is None:
             return [False] * len(uniques)
-        settled, self._settled = self._settled, []
+        ripe = time.monotonic() - SETTLE_SECONDS
+        settled = [u for u, at in self._settled if at <= ripe]
+        self._settled = [(u, at) for u, at in self._settled if at > ripe]
         try:
             before = self._handouts.take(self.function, uniques, settled)
             self._outage.succeeded()
             return before
         except REDIS_ERRORS as exc:
             self._outage.failed(exc)
-            self._settled = settled + self._settled  # forgotten next time
+            self._settled = [(u, 0.0) for u in settled] + self._settled  # next time
             return [True] * len(uniques)
 
     def _headers(self, uniques: list[str]) -> dict[str, dict[str, str]]:

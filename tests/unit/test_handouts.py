@@ -41,3 +41,22 @@ def test_acknowledged_messages_are_forgotten_with_the_next_grab(handouts):
     handouts.take("q", ["a", "b"])
     assert handouts.take("q", ["c"], settled=["a"]) == [False]
     assert handouts.take("q", ["a", "b", "c"]) == [False, True, True]
+
+
+def test_an_acked_message_is_forgotten_only_once_its_completion_has_surely_landed(
+        handouts, monkeypatch):
+    """A kill -9 can drop a WORK_COMPLETE still in the bridge's socket buffer;
+    gearmand then hands the acked job out again, and it must say
+    redelivered:true, so the grab right after the ack keeps its count."""
+    from gearhorn.stomp import recall as recall_module
+
+    now = [100.0]
+    monkeypatch.setattr(recall_module.time, "monotonic", lambda: now[0])
+    recall = recall_module.Recall("q", handouts=handouts)
+    assert recall._take(["a"]) == [False]
+    recall.settled("a")
+    assert recall._take(["b"]) == [False]  # the ack is fresh: "a" is still counted
+    assert handouts.take("q", ["a"]) == [True]
+    now[0] += recall_module.SETTLE_SECONDS
+    recall._take(["c"])  # now it is forgotten
+    assert handouts.take("q", ["a"]) == [False]
