@@ -55,16 +55,26 @@ def _ephemeral_ports() -> tuple[int, int]:
         return 32768, 60999
 
 
+def _port_stripe() -> tuple[int, int]:
+    index, _, count = os.environ.get("GEARHORN_PORT_STRIPE", "0/1").partition("/")
+    return int(index), max(int(count or 1), 1)
+
+
 def free_port() -> int:
     """A loopback port free now, for a server about to be started.
 
     Not one the kernel would give (bind to port 0): those come from the
     ephemeral range, where any outgoing connection made meanwhile (a client
     of another server) may take it before the server binds it. So a port
-    below that range, never handed out twice by this process."""
+    below that range, never handed out twice by this process.
+
+    Processes that pick ports at the same time (the test suite's parallel
+    workers, and what they start) each set ``GEARHORN_PORT_STRIPE=i/n``:
+    each takes every ``n``-th port from the ``i``-th, so none picks another's."""
     low, _ = _ephemeral_ports()
+    index, count = _port_stripe()
     for _ in range(200):
-        port = random.randrange(10_000, max(low, 10_001))
+        port = random.randrange(10_000 + index, max(low, 10_001 + index), count)
         if port in _HANDED_OUT:
             continue
         with socket.socket() as sock:

@@ -34,13 +34,37 @@ def require_module(name: str, install: str = "tools/ensure-env --test"):
         missing(f"{name} cannot be imported ({exc}): run {install}")
 
 
+def pytest_configure(config):
+    """Under pytest-xdist (tools/run-tests runs two workers), each worker and
+    what it starts picks its servers' ports from its own stripe
+    (``servers.free_port``)."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER")  # gw0, gw1, ...
+    if worker:
+        count = os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")
+        os.environ["GEARHORN_PORT_STRIPE"] = f"{worker.removeprefix('gw')}/{count}"
+
+
 # Every test reported skipped in this run (node ids).
 _SKIPPED: list[str] = []
+# What tests measured and said (the ``report`` fixture), for the summary.
+_REPORTED: list[str] = []
 
 
 def pytest_runtest_logreport(report):
     if report.skipped and not hasattr(report, "wasxfail"):
         _SKIPPED.append(report.nodeid)
+    if report.when == "call":
+        _REPORTED.extend(f"[{report.nodeid}] {value}"
+                         for name, value in report.user_properties if name == "report")
+
+
+def pytest_terminal_summary(terminalreporter):
+    """The figures tests report, shown whether they ran in this process or in
+    a pytest-xdist worker (whose own output is not shown)."""
+    if _REPORTED:
+        terminalreporter.section("what the tests measured")
+        for line in _REPORTED:
+            terminalreporter.write_line(line)
 
 
 def pytest_collectreport(report):

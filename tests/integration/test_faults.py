@@ -303,8 +303,9 @@ def test_while_redis_or_gearmand_is_away_work_is_refused_clearly_then_resumes(
 def test_the_pool_cleans_up_after_a_bridge_killed_without_a_word(
         gearmand, start_pool, start_bridge, stomp_clients, redis_url):
     pool = start_pool([gearmand])
-    # The bridge's heart-beats expire after 5 x worker_ttl: 20 s here.
-    fast = {"GEARHORN_HEARTBEAT_INTERVAL": "1", "GEARHORN_WORKER_TTL": "4"}
+    # The bridge's heart-beats expire after 5 x worker_ttl: 10 s here, 20
+    # beats; one taken for dead by mistake would register again (janitor.py).
+    fast = {"GEARHORN_HEARTBEAT_INTERVAL": "0.5", "GEARHORN_WORKER_TTL": "2"}
     doomed = start_bridge([gearmand], env=fast)
     topic = unique_topic()
     client = stomp_clients(doomed.port, **{"client-id": "keeper"})

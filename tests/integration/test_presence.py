@@ -23,9 +23,9 @@ def clients(found):
 def test_presence_follows_subscribes_unsubscribes_and_a_dead_bridge(
         gearmand, start_pool, start_bridge, stomp_clients, redis_url):
     start_pool([gearmand])
-    # The bridge's heart-beats expire after 5 x worker_ttl: 20 s here.
-    bridge = start_bridge([gearmand], env={"GEARHORN_HEARTBEAT_INTERVAL": "1",
-                                           "GEARHORN_WORKER_TTL": "4",
+    # The bridge's heart-beats expire after 5 x worker_ttl: 10 s here.
+    bridge = start_bridge([gearmand], env={"GEARHORN_HEARTBEAT_INTERVAL": "0.5",
+                                           "GEARHORN_WORKER_TTL": "2",
                                            "GEARHORN_HISTORY_SIZE": "10"})
     topic = unique_topic("news")
     producer = Producer([(gearmand.host, gearmand.port)])

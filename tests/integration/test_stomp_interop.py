@@ -43,13 +43,20 @@ class User:
         blip: a new stomp.py connection (one connected again races with the
         receipt of its own DISCONNECT: its ``connect(wait=True)`` may return
         before CONNECTED)."""
-        if self.conn.is_connected():
-            self.conn.disconnect()
+        self.disconnect()
         self.port = port or self.port
         self.conn = stomp.Connection12([("127.0.0.1", self.port)], auto_decode=False)
         self.listener = Collector()
         self.conn.set_listener("", self.listener)
         self.conn.connect(wait=True)
+
+    def disconnect(self):
+        """DISCONNECT, and wait for its RECEIPT: stomp.py's ``disconnect``
+        returns at once and says connected until it reads the RECEIPT, so a
+        second one could write to the socket the bridge closed after it."""
+        if self.conn.is_connected():
+            self.conn.disconnect()
+        wait_for(lambda: not self.conn.is_connected(), 30, message="DISCONNECT's RECEIPT")
 
     def wait(self, predicate, what):
         with self.listener.lock:
@@ -68,8 +75,7 @@ class User:
         self.listener.receipts.clear()
 
     def close(self):
-        if self.conn.is_connected():
-            self.conn.disconnect()
+        self.disconnect()
 
 
 @pytest.fixture
@@ -105,7 +111,7 @@ def test_held_messages_come_back_in_order_and_redelivered_after_a_reconnect(
     first = consumer.received(2)
     assert bodies(first) == ["test1", "test2"] and flags(first) == ["false", "false"]
 
-    consumer.conn.disconnect()  # no ACK: both go back
+    consumer.disconnect()  # no ACK: both go back
     producer.conn.send(f"/queue/{queue}", b"test3", headers={"receipt": "3"})
     producer.wait(lambda: producer.listener.receipts, "test3's receipt")
     consumer.reconnect()
@@ -117,7 +123,7 @@ def test_held_messages_come_back_in_order_and_redelivered_after_a_reconnect(
 
     # A script that acks "the second one" acks test2.
     consumer.conn.ack(again[1].headers["ack"])
-    consumer.conn.disconnect()
+    consumer.disconnect()
     consumer.reconnect()
     consumer.subscribe_confirmed(f"/queue/{queue}", id="1", ack="client-individual",
                                  headers={"prefetch-count": 10})
@@ -144,7 +150,7 @@ def test_a_message_comes_back_redelivered_from_another_bridge_and_after_a_kill(
     frame, = consumer.received(1)
     assert (frame.body, frame.headers["redelivered"]) == (b"seen on a", "true")
     consumer.conn.ack(frame.headers["ack"])
-    consumer.conn.disconnect()
+    consumer.disconnect()
 
     # A message only bridge c ever handed out; c dies with -9 holding it
     # (no give-back), gearmand requeues it, and b still says redelivered.
