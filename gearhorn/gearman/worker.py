@@ -59,6 +59,12 @@ class WorkerConnection:
         # A scheduler (gevent's loop.run_callback) to batch WORK_COMPLETEs.
         self.coalesce: Callable[[Callable[[], None]], object] | None = None
         self._answers: list[bytes] = []
+        # Answers (WORK_COMPLETE, ...) given, written, and surely read by
+        # gearmand: it handles a connection's packets in order, so the
+        # reply to a GRAB means it read every answer written before it.
+        self.answers_given = 0
+        self._answers_written = 0
+        self.answers_read = 0
 
     @property
     def is_open(self) -> bool:
@@ -78,6 +84,7 @@ class WorkerConnection:
         caller waits for that (:meth:`wait_for_work`) instead of grabbing
         again to find the queue empty: one round trip per wake-up."""
         with self._send_lock:
+            written = self._answers_written
             self.conn.send(encode(P.GRAB_JOB_UNIQ) * count
                            + (encode(P.PRE_SLEEP) if then_sleep else b""))
         jobs, answers = [], 0
@@ -91,6 +98,7 @@ class WorkerConnection:
             elif packet.type != P.NO_JOB:
                 continue  # a NOOP from an earlier sleep
             answers += 1
+        self.answers_read = max(self.answers_read, written)
         return jobs
 
     def sleep(self, timeout: float) -> bool:
@@ -136,9 +144,11 @@ class WorkerConnection:
     def _answer(self, packet: bytes) -> None:
         """Send now, or with ``coalesce`` set, gather the answers given in one
         turn of the event loop into one write (``flush``, called by the owner)."""
+        self.answers_given += 1
         if self.coalesce is None:
             with self._send_lock:
                 self.conn.send(packet)
+                self._answers_written += 1
             return
         if not self._answers:
             self.coalesce(self.flush)
@@ -146,9 +156,10 @@ class WorkerConnection:
 
     def flush(self) -> None:
         if self._answers:
-            wire, self._answers = b"".join(self._answers), []
+            batch, self._answers = self._answers, []
             with self._send_lock:
-                self.conn.send(wire)
+                self.conn.send(b"".join(batch))
+                self._answers_written += len(batch)
 
     def close(self) -> None:
         self.conn.close()

@@ -191,7 +191,7 @@ class QueueDispatcher:
 
     def _forget(self, delivery: Delivery) -> None:
         if delivery.tracked:
-            self._recall.settled(delivery.unique)
+            self._recall.settled(delivery.unique, delivery.worker)
 
     def give_back(self, deliveries: list[Delivery]) -> None:
         """NACK: the jobs go to another subscriber (or back in line), first

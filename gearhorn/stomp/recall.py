@@ -7,9 +7,9 @@ hand-out counts of acknowledged jobs, forgotten with the next grab's call.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 from gearhorn import gearman
 from gearhorn.background import Outage
@@ -19,11 +19,35 @@ from gearhorn.store.redisconn import REDIS_ERRORS
 
 log = logging.getLogger(__name__)
 
-# An acked message's hand-out count is forgotten this long after the ack at
-# the earliest: by then gearmand has read the WORK_COMPLETE sent with it.
-SETTLE_SECONDS = 1.0
-
 HeadersOf = Callable[[list[str]], dict[str, dict[str, str]]]
+
+
+class Answering(Protocol):
+    """The connection an acked job's WORK_COMPLETE went on
+    (gearman.WorkerConnection)."""
+
+    answers_given: int
+    answers_read: int  # of those, the ones gearmand surely read
+
+    @property
+    def is_open(self) -> bool: ...
+
+
+@dataclass(frozen=True, slots=True)
+class _Settled:
+    unique: str
+    worker: Answering
+    answer: int  # its WORK_COMPLETE's number on that connection
+
+    @property
+    def landed(self) -> bool:
+        return self.worker.answers_read >= self.answer
+
+    @property
+    def lost(self) -> bool:
+        """Its connection closed before gearmand surely read it: gearmand may
+        hand the job out again, as a redelivery."""
+        return not self.landed and not self.worker.is_open
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,11 +70,11 @@ class Recall:
         self.function = function
         self._headers_of = headers_of
         self._handouts = handouts
-        # Acknowledged (unique, when), to forget in Redis once gearmand has
-        # surely read the WORK_COMPLETE: a kill -9 can drop one still in the
-        # socket's buffer, gearmand hands the job out again, and a count
-        # forgotten already would call it redelivered:false.
-        self._settled: list[tuple[str, float]] = []
+        # Acknowledged, to forget in Redis once gearmand has surely read the
+        # WORK_COMPLETE: a kill -9 can drop one still in the socket's
+        # buffers, gearmand hands the job out again, and a count forgotten
+        # already would call it redelivered:false.
+        self._settled: list[_Settled] = []
         self._outage = Outage(log, f"redis (hand-outs of {function})")
 
     def known(self, jobs: list[gearman.GrabbedJob]) -> list[Known]:
@@ -68,18 +92,19 @@ class Recall:
                       tracked)
                 for job, unique, seen in zip(jobs, uniques, before, strict=True)]
 
-    def settled(self, unique: str) -> None:
-        """Gone for good: its hand-out count goes too, with the next grab's
-        call to Redis (or at the close): no round trip of its own."""
+    def settled(self, unique: str, worker: Answering) -> None:
+        """Completed just now on ``worker``: its hand-out count goes too, with
+        the call to Redis of the first grab after gearmand read that
+        WORK_COMPLETE (or at the close): no round trip of its own."""
         if self._handouts is not None:
-            self._settled.append((unique, time.monotonic()))
+            self._settled.append(_Settled(unique, worker, worker.answers_given))
 
     @property
     def unwritten(self) -> bool:
         return bool(self._settled)
 
     def write_settled(self) -> None:
-        uniques, self._settled = [u for u, _ in self._settled], []
+        uniques, self._settled = [s.unique for s in self._settled], []
         if not uniques or self._handouts is None:
             return
         try:
@@ -103,16 +128,17 @@ class Recall:
         Without Redis, every one may have been: say so (``redelivered``)."""
         if self._handouts is None:
             return [False] * len(uniques)
-        ripe = time.monotonic() - SETTLE_SECONDS
-        settled = [u for u, at in self._settled if at <= ripe]
-        self._settled = [(u, at) for u, at in self._settled if at > ripe]
+        landed = [s for s in self._settled if s.landed]
+        # A count whose WORK_COMPLETE may be lost stays (it expires with the
+        # queue's hash): gearmand may hand that job out again.
+        self._settled = [s for s in self._settled if not s.landed and not s.lost]
         try:
-            before = self._handouts.take(self.function, uniques, settled)
+            before = self._handouts.take(self.function, uniques, [s.unique for s in landed])
             self._outage.succeeded()
             return before
         except REDIS_ERRORS as exc:
             self._outage.failed(exc)
-            self._settled = [(u, 0.0) for u in settled] + self._settled  # next time
+            self._settled = landed + self._settled  # next time
             return [True] * len(uniques)
 
     def _headers(self, uniques: list[str]) -> dict[str, dict[str, str]]:

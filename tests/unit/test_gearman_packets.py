@@ -103,3 +103,28 @@ def test_error_reply_reports_how_many_were_accepted(monkeypatch):
     with pytest.raises(g.PartialSubmit, match="too big") as info:
         fake.conn.submit([g.Copy("f", "u", b""), g.Copy("f", "v" * 99, b"")])
     assert info.value.accepted == 1
+
+
+def test_a_grabs_reply_says_which_answers_gearmand_has_read(monkeypatch):
+    """gearmand handles a connection's packets in order: the reply to a GRAB
+    means it read the answers written before that GRAB, and only those."""
+    import socket
+    ours, theirs = socket.socketpair()
+    monkeypatch.setattr(connection, "connect", lambda host, port, timeout=5.0, tls=None: ours)
+    worker = g.WorkerConnection("fake", 1, ["q"])
+    worker.open()
+    flushes = []
+    worker.coalesce = flushes.append  # the owner flushes when it likes
+    worker.complete(b"H:1")
+    worker.flush()
+    worker.complete(b"H:2")  # given, not yet written when the GRAB goes
+    assert (worker.answers_given, worker.answers_read) == (2, 0)
+    theirs.sendall(g.encode(g.P.NO_JOB, magic=g.RES))
+    assert worker.grab(1) == []
+    assert worker.answers_read == 1
+    worker.flush()
+    theirs.sendall(g.encode(g.P.NO_JOB, magic=g.RES))
+    worker.grab(1)
+    assert worker.answers_read == 2
+    worker.close()
+    theirs.close()

@@ -43,20 +43,50 @@ def test_acknowledged_messages_are_forgotten_with_the_next_grab(handouts):
     assert handouts.take("q", ["a", "b", "c"]) == [False, True, True]
 
 
-def test_an_acked_message_is_forgotten_only_once_its_completion_has_surely_landed(
-        handouts, monkeypatch):
-    """A kill -9 can drop a WORK_COMPLETE still in the bridge's socket buffer;
-    gearmand then hands the acked job out again, and it must say
-    redelivered:true, so the grab right after the ack keeps its count."""
-    from gearhorn.stomp import recall as recall_module
+class Answering:
+    """A worker connection as Recall sees it (gearman.WorkerConnection)."""
 
-    now = [100.0]
-    monkeypatch.setattr(recall_module.time, "monotonic", lambda: now[0])
-    recall = recall_module.Recall("q", handouts=handouts)
-    assert recall._take(["a"]) == [False]
-    recall.settled("a")
-    assert recall._take(["b"]) == [False]  # the ack is fresh: "a" is still counted
+    def __init__(self):
+        self.answers_given = self.answers_read = 0
+        self.is_open = True
+
+    def complete(self):
+        self.answers_given += 1
+
+
+def test_an_acked_message_is_forgotten_only_once_gearmand_read_its_completion(handouts):
+    """A kill -9 can drop a WORK_COMPLETE still in the bridge's socket buffers;
+    gearmand then hands the acked job out again, and it must say
+    redelivered:true, so a grab before gearmand surely read the completion
+    keeps its count."""
+    from gearhorn.stomp.recall import Recall
+
+    recall, worker = Recall("q", handouts=handouts), Answering()
+    assert recall._take(["a", "b"]) == [False, False]
+    worker.complete()
+    recall.settled("a", worker)
+    worker.complete()
+    recall.settled("b", worker)
+    assert recall._take(["c"]) == [False]  # neither completion read yet: both counted
+    assert handouts.take("q", ["a", "b"]) == [True, True]
+    worker.answers_read = 1  # a GRAB's reply: gearmand read the first completion
+    recall._take(["d"])
+    assert handouts.take("q", ["a", "b"]) == [False, True]
+    worker.answers_read = 2
+    recall._take(["e"])
+    assert handouts.take("q", ["b"]) == [False]
+    assert not recall.unwritten
+
+
+def test_a_completion_whose_connection_broke_keeps_the_count(handouts):
+    """gearmand may never have read it: the job may come again, redelivered."""
+    from gearhorn.stomp.recall import Recall
+
+    recall, worker = Recall("q", handouts=handouts), Answering()
+    recall._take(["a"])
+    worker.complete()
+    recall.settled("a", worker)
+    worker.is_open = False
+    recall._take(["b"])
+    assert not recall.unwritten  # not kept for ever either: it expires with the hash
     assert handouts.take("q", ["a"]) == [True]
-    now[0] += recall_module.SETTLE_SECONDS
-    recall._take(["c"])  # now it is forgotten
-    assert handouts.take("q", ["a"]) == [False]
