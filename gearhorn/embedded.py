@@ -18,6 +18,7 @@ from urllib.parse import urlparse
 import redis
 
 from gearhorn import gearman, ports, servers
+from gearhorn.aofsync import AofSyncer
 from gearhorn.config import Config, to_env
 from gearhorn.store import redisconn
 from gearhorn.store.keys import Keys
@@ -45,6 +46,8 @@ class Embedded:
         self.gearmand: servers.Managed | None = None
         self.queue_redis: servers.Managed | None = None
         self._stopping = threading.Event()
+        # The AOFs of the Redis servers started here, synced once a second.
+        self.syncer = AofSyncer([])
 
     def run(self) -> int:
         try:
@@ -54,9 +57,11 @@ class Embedded:
             self._ensure_web()
             threading.Thread(target=self._announce_when_ready, daemon=True).start()
             threading.Thread(target=self._restart_crashed, daemon=True).start()
+            self.syncer.start()
             return Pool(self.config).run()
         finally:
             self._stopping.set()
+            self.syncer.stop()
             for server in reversed(self.started):
                 server.stop()
 
@@ -102,6 +107,7 @@ class Embedded:
         if host not in _LOOPBACK:
             raise servers.ServerError(f"Redis at {host}:{port} is not reachable")
         self.started.append(servers.start_redis(port, self.config.data_dir, appendonly=True))
+        self.syncer.data_dirs.append(self.config.data_dir)
         self.notes["redis"] = f"started, data in {self.config.data_dir}/"
 
     def _ensure_gearman(self) -> None:
@@ -148,8 +154,11 @@ class Embedded:
         # growing until the OOM killer stops it, or evicting queued jobs.
         limit = self.config.queue_maxmemory
         extra = ["--maxmemory", str(limit), "--maxmemory-policy", "noeviction"] if limit else []
-        return servers.start_redis(port, os.path.join(self.config.data_dir, "gearmand-queue"),
-                                   appendonly=True, cpus=self._queue_cpus(), extra=extra)
+        data_dir = os.path.join(self.config.data_dir, "gearmand-queue")
+        if data_dir not in self.syncer.data_dirs:
+            self.syncer.data_dirs.append(data_dir)
+        return servers.start_redis(port, data_dir, appendonly=True, cpus=self._queue_cpus(),
+                                   extra=extra)
 
     def _queue_cpus(self) -> set[int] | None:
         return servers.queue_cpus() if self.config.pin_queue else None

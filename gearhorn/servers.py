@@ -183,6 +183,10 @@ def start_redis(port: int | None = None, data_dir: str | None = None,
     port = port or free_port()
     argv = [binary, "--bind", HOST, "--port", str(port), "--protected-mode", "yes",
             "--daemonize", "no", "--save", "", "--appendonly", "yes" if appendonly else "no"]
+    if appendonly:
+        # Every command in the AOF before its answer; gearhorn/aofsync.py
+        # syncs the files to disk (everysec may answer first: aofsync.py).
+        argv += ["--appendfsync", "no"]
     log_path = None
     if data_dir:
         os.makedirs(data_dir, exist_ok=True)

@@ -199,6 +199,18 @@ def test_gearhorn_up_keeps_every_copy_exactly_once_through_kill_9_of_everything(
     assert status == set(), f"jobs in queues nobody expected: {status}"
 
 
+def test_the_redis_servers_up_starts_write_each_command_before_answering(tmp_path, ups):
+    """appendfsync everysec answers before writing while a sync is slow (a
+    busy disk), and a kill -9 then loses what it acknowledged; gearhorn up
+    syncs the files itself (gearhorn/aofsync.py)."""
+    up = ups(tmp_path)
+    for name in ("redis", "queue"):
+        client = redis.Redis(port=up.ports[name])
+        settings = client.config_get("append*")
+        assert (settings["appendonly"], settings["appendfsync"]) == ("yes", "no"), name
+        client.close()
+
+
 def test_no_persistence_is_said_in_the_banner_and_loses_the_queue(tmp_path, ups):
     first = ups(tmp_path, extra=["--no-persistence"])
     assert "NONE: queued copies are lost" in first.text()
