@@ -44,6 +44,7 @@ from fanout import gearhorn_rate, start_pool, subscribe_many  # noqa: E402
 from stomp_bridge import RabbitMQ, connect  # noqa: E402
 
 from gearhorn import gearman, servers  # noqa: E402
+from gearhorn.aofsync import AofSyncer  # noqa: E402
 from gearhorn.store.keys import Keys  # noqa: E402
 from gearhorn.store.registry import Registry  # noqa: E402
 
@@ -73,6 +74,12 @@ class GearhornServers:
         elif queue == "mysql":
             self.mariadb = MariaDB(self.tmp)
             address = ("127.0.0.1", self.mariadb.port)
+        # as gearhorn up does: the AOF files synced once a second
+        aof_dirs = [os.path.join(self.tmp, "redis")]
+        if self.queue_redis:
+            aof_dirs.append(os.path.join(self.tmp, "queue-redis"))
+        self.syncer = AofSyncer(aof_dirs)
+        self.syncer.start()
         self.gearmand = servers.start_gearmand(
             data_dir=os.path.join(self.tmp, "gearmand"), queue=queue, queue_server=address,
             cpus=cpus)
@@ -110,6 +117,7 @@ class GearhornServers:
             if process is not None:
                 process.send_signal(signal.SIGTERM)
                 process.wait(30)
+        self.syncer.stop()
         for server in (self.gearmand, self.queue_redis, self.mariadb, self.redis):
             if server is not None:
                 server.stop()
