@@ -7,7 +7,8 @@
 Each gearhorn mode gets fresh servers on free loopback ports, with their data
 on disk (a temporary folder under the current directory): the registry's
 Redis, gearmand with the queue under test (the redis queue in a Redis of its
-own with AOF, ``appendfsync everysec``, as ``gearhorn up`` starts it) and a
+own with AOF, ``appendfsync no`` and its files synced once a second, as
+``gearhorn up`` runs it) and a
 pool of 2 ``gearhorn worker`` processes. The rate is copies per second for
 which the producer got its answer: a foreground ``fanout`` job completes once
 gearmand acknowledged every copy (JOB_CREATED), which with a persistent queue
