@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import threading
@@ -30,19 +29,11 @@ from gearhorn import servers  # noqa: E402
 TURNS = 4
 
 
-def start(data_dir: str, port: int, fsync: str) -> subprocess.Popen:
-    process = subprocess.Popen(
-        ["redis-server", "--bind", "127.0.0.1", "--port", str(port), "--dir", data_dir,
-         "--save", "", "--appendonly", "yes", "--appendfsync", fsync],
-        stdout=subprocess.DEVNULL, preexec_fn=servers.die_with_parent)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            redis.Redis(port=port).ping()
-            return process
-        except redis.ConnectionError:
-            time.sleep(0.05)
-    raise RuntimeError("redis-server did not start")
+def start(data_dir: str, port: int, fsync: str) -> servers.Managed:
+    """Redis as gearhorn starts it (servers.start_redis), but with ``fsync``:
+    the later ``--appendfsync`` wins."""
+    return servers.start_redis(port, data_dir, appendonly=True,
+                               extra=["--appendfsync", fsync])
 
 
 def busy_disk(folder: str, stop: threading.Event, index: int) -> None:
@@ -60,7 +51,7 @@ def turn(folder: str, fsync: str) -> tuple[int, int, int]:
     """(acknowledged, AOF buffer at the kill, acknowledged and lost)."""
     data_dir = tempfile.mkdtemp(dir=folder)
     port = servers.free_port()
-    process = start(data_dir, port, fsync)
+    server = start(data_dir, port, fsync)
     client = redis.Redis(port=port)
     stop = threading.Event()
     busy = [threading.Thread(target=busy_disk, args=(folder, stop, i)) for i in range(2)]
@@ -72,16 +63,14 @@ def turn(folder: str, fsync: str) -> tuple[int, int, int]:
             client.set(f"k{acknowledged}", "x")
             acknowledged += 1
             buffered = client.info("persistence")["aof_buffer_length"]
-        process.kill()
-        process.wait()
+        server.kill()
     finally:
         stop.set()
         for thread in busy:
             thread.join()
-    process = start(data_dir, port, fsync)
+    server = start(data_dir, port, fsync)
     kept = redis.Redis(port=port).dbsize()
-    process.terminate()
-    process.wait()
+    server.stop()
     return acknowledged, buffered, acknowledged - kept
 
 

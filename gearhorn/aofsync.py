@@ -23,11 +23,13 @@ INTERVAL = 1.0
 
 def aof_files(data_dir: str) -> list[str]:
     """The append-only files Redis keeps in ``data_dir``: Redis 7's
-    ``appendonlydir/`` (base, increments, manifest) or Redis 6's one file."""
+    ``appendonlydir/`` (base, increments, manifest, and the folder itself, so
+    that a new increment's name is on disk too) or Redis 6's one file."""
     found = []
     folder = os.path.join(data_dir, "appendonlydir")
     if os.path.isdir(folder):
         found += [os.path.join(folder, name) for name in sorted(os.listdir(folder))]
+        found.append(folder)
     single = os.path.join(data_dir, "appendonly.aof")
     if os.path.isfile(single):
         found.append(single)

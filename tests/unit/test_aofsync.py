@@ -23,8 +23,9 @@ def test_every_aof_file_of_redis_7_and_6_is_synced(tmp_path, monkeypatch):
     synced = []
     real_fsync = os.fsync
     monkeypatch.setattr(aofsync.os, "fsync", lambda fd: synced.append(fd) or real_fsync(fd))
-    assert aofsync.sync(str(tmp_path)) == 4  # not the RDB snapshot beside them
-    assert len(synced) == 4
+    # 3 files and their folder, and Redis 6's file; not the RDB snapshot beside them
+    assert aofsync.sync(str(tmp_path)) == 5
+    assert len(synced) == 5
     assert aofsync.sync(str(tmp_path / "nothing-here")) == 0
 
 
@@ -34,7 +35,7 @@ def test_a_file_removed_meanwhile_is_skipped(tmp_path, monkeypatch):
     listed = aofsync.aof_files(str(tmp_path))
     os.remove(listed[0])
     monkeypatch.setattr(aofsync, "aof_files", lambda data_dir: listed)
-    assert aofsync.sync(str(tmp_path)) == 1
+    assert aofsync.sync(str(tmp_path)) == 2  # the other file and the folder
 
 
 def test_the_syncer_syncs_until_stopped(tmp_path, monkeypatch):
