@@ -1,16 +1,18 @@
 """The bridge's socket transport (gearhorn/stomp/server.py ClientConnection)
 on a gevent socket pair: a turn's first frame is written at once, those
-sent after it in the same turn together once the greenlet gives way; what
+sent after it in the same turn together once the greenlet gives way (and,
+while frames read together are handled, all of them at the end); what
 the socket cannot take, by the connection's writer, in order; ``on_sent``
 always from the writer."""
 
 import gevent
+import gevent.event
 import gevent.socket
 import pytest
 
 from gearhorn.stomp.frames import Limits
 from gearhorn.stomp.rules import SessionSettings
-from gearhorn.stomp.server import ClientConnection
+from gearhorn.stomp.server import _WRITES, ClientConnection
 from tests.fakes import FakeBroker
 
 pytestmark = pytest.mark.timeout(30)
@@ -56,6 +58,66 @@ def test_a_turns_first_frame_goes_out_at_once_and_the_rest_together_after_it(pai
     assert theirs.recv(100) == b"MESSAGE 2|MESSAGE 3|"  # in one write
     assert connection.backlog == 0 and sent == []  # on_sent is the writer's
     assert len(connection._written) == 3  # waiting for it
+
+
+def test_held_writes_go_out_together_when_the_block_ends(pair):
+    connection, theirs = pair
+    connection._writer.kill()
+    theirs.setblocking(False)
+    with _WRITES.held():
+        connection.send(b"MESSAGE 1|")
+        connection.send(b"MESSAGE 2|")
+        with pytest.raises(BlockingIOError):  # not even the first went out
+            theirs.recv(100)
+    assert theirs.recv(100) == b"MESSAGE 1|MESSAGE 2|"  # at the end, in one write
+    assert connection.backlog == 0
+
+
+def test_another_greenlets_writes_do_not_wait_for_a_held_block(pair):
+    connection, theirs = pair
+    connection._writer.kill()
+    theirs.setblocking(False)
+    released = gevent.event.Event()
+
+    def holding_and_blocked():
+        with _WRITES.held():
+            released.wait()  # on Redis, say
+
+    holder = gevent.spawn(holding_and_blocked)
+    gevent.sleep(0)
+    assert _WRITES.holder is holder
+    connection.send(b"MESSAGE 1|")
+    assert theirs.recv(100) == b"MESSAGE 1|"  # at once, as ever
+    released.set()
+    holder.join(5)
+    assert _WRITES.holder is None
+
+
+def test_frames_read_together_are_answered_in_one_write(pair):
+    connection, theirs = pair
+    connection._writer.kill()
+    reader = gevent.spawn(connection._read_loop)
+    theirs.sendall(b"CONNECT\naccept-version:1.2\nhost:h\n\n\0")
+    assert b"CONNECTED" in theirs.recv(1000)
+    writes = []
+
+    class Counted:  # the socket, its writes noted
+        def __init__(self, sock):
+            self.sock = sock
+
+        def send(self, data, *args):
+            writes.append(bytes(data))
+            return self.sock.send(data, *args)
+
+        def __getattr__(self, name):
+            return getattr(self.sock, name)
+
+    connection.sock = Counted(connection.sock)
+    theirs.sendall(b"".join(b"BEGIN\ntransaction:t%d\nreceipt:r%d\n\n\0" % (n, n)
+                            for n in range(3)))
+    wait_for(lambda: writes)
+    assert writes == [b"".join(b"RECEIPT\nreceipt-id:r%d\n\n\0" % n for n in range(3))]
+    reader.kill()
 
 
 def test_on_sent_runs_in_the_writer(pair):
