@@ -1,10 +1,14 @@
 """The delivery ledger: events in a bounded Redis Stream, exported to files.
 
-One stream entry per message published (it lists every copy enqueued, so a
-fanout to 1,000 subscribers costs one XADD) and one per bridge event
-(delivered, acked, attached; these as lines of one ``batch`` entry per
-flush). Events are buffered and written in batches
-every 0.1-0.2 s by a background flusher, so no job waits for the ledger.
+Events are buffered and written every 0.1-0.2 s by a background
+flusher, so no job waits for the ledger. The many go as lines of one
+entry per flush: messages published (a line each, in JSON, listing every
+copy enqueued) in a ``published-batch`` entry, bridge events (delivered,
+acked, attached, streamed) in a ``batch`` entry. The rare (failed,
+dropped) are an entry each. An entry per published message cost the
+bridge a 5 ms stall every flush at 2,350 msg/s, packing and parsing
+~500 XADDs: its p99 latency (issue 27, docs/benchmarks.rst). Older
+ledgers' ``published`` entries (one per message) still export.
 ``export`` turns entries into flat rows, one per event, which is what the
 Spark pipeline reads.
 
@@ -38,8 +42,16 @@ import redis
 
 from gearhorn.background import Outage, StoppableThread
 from gearhorn.errors import GearhornError
-from gearhorn.events import FIELDS, Event, copy_key, message_key
+from gearhorn.events import FIELDS, Event
 from gearhorn.store.keys import Keys
+from gearhorn.store.ledgerentries import (
+    BATCH,
+    PUBLISHED_BATCH,
+    batch_entry,
+    newest,
+    published_line,
+    rows_from_entries,
+)
 from gearhorn.store.redisconn import REDIS_ERRORS
 from gearhorn.store.redisutil import text
 
@@ -59,8 +71,8 @@ def write_queue_snapshot(out_dir: str, queued: dict[str, int]) -> None:
     os.replace(path + ".tmp", path)
 
 
-# Ledger entries a writer keeps while Redis is away (a published entry
-# lists its copies, a batch entry holds a flush's bridge events).
+# Events a writer keeps while Redis is away (the newest entries that hold
+# no more than this many; a batch entry holds a flush's worth).
 MAX_UNWRITTEN = 100_000
 
 
@@ -89,9 +101,10 @@ class Ledger:
         # lock under gevent cost 6% of the bridge's time, py-spy).
         self._buffer: deque[dict[str, str]] = deque()
         self._lines: deque[str] = deque()
+        self._published: deque[str] = deque()  # JSON lines of a published-batch
         # Entries Redis refused, written first by the next flush: an outage
         # (a restart, a cluster failover) delays the ledger, it does not
-        # lose it, up to MAX_UNWRITTEN entries; beyond that the oldest go.
+        # lose it, up to MAX_UNWRITTEN events; beyond that the oldest go.
         self._unwritten: list[dict[str, str]] = []
         self.lost = 0  # events dropped because Redis stayed away too long
         self._outage = Outage(log, "redis (ledger)")
@@ -104,10 +117,10 @@ class Ledger:
         """``message_id`` of ``topic`` was meant for ``width`` subscribers (the
         look-up's answer) and went to ``copies`` (queue, unique) that gearmand
         accepted; the reconciliation checks the one against the other."""
-        subs = "\n".join(f"{queue}\t{unique}" for queue, unique in copies)
-        self._add({"e": Event.PUBLISHED.value, "ts": str(now_ms()), "mid": message_id,
-                   "topic": topic, "n": str(len(copies) if width is None else width),
-                   "subs": subs})
+        if self.enabled:
+            self._published.append(published_line(
+                [now_ms(), message_id, topic, len(copies) if width is None else width,
+                 copies]))
 
     def failed(self, reason: str, topic: str = "", subscriber: str = "", unique: str = "",
                message_id: str = "") -> None:
@@ -138,7 +151,8 @@ class Ledger:
 
     @property
     def buffered(self) -> int:
-        return len(self._buffer) + len(self._lines) + len(self._unwritten)
+        return (len(self._buffer) + len(self._lines) + len(self._published)
+                + len(self._unwritten))
 
     def flush(self) -> None:
         """Write what is buffered in one round trip, all or nothing (one
@@ -148,12 +162,12 @@ class Ledger:
             self._flush()
 
     def _flush(self) -> None:
-        events, lines = _take(self._buffer), _take(self._lines)
+        published, events, lines = (_take(self._published), _take(self._buffer),
+                                     _take(self._lines))
+        if published:  # first: a fanout's failed entries follow its message
+            events.insert(0, batch_entry(PUBLISHED_BATCH, published, self.source))
         if lines:
-            batch = {"e": "batch", "events": "\n".join(lines)}
-            if self.source:
-                batch["src"] = self.source
-            events.append(batch)
+            events.append(batch_entry(BATCH, lines, self.source))
         events, self._unwritten = self._unwritten + events, []
         if not events:
             return
@@ -163,8 +177,8 @@ class Ledger:
         try:
             pipe.execute()
         except REDIS_ERRORS as exc:
-            self._unwritten = events[-MAX_UNWRITTEN:]
-            self.lost += len(events) - len(self._unwritten)
+            self._unwritten, lost = newest(events, MAX_UNWRITTEN)
+            self.lost += lost
             self._outage.failed(exc, f"; {len(self._unwritten)} ledger entries wait")
         else:
             if self._outage.down:
@@ -196,55 +210,6 @@ class Flusher(StoppableThread):
 
     def stop(self, timeout: float | None = 5.0) -> None:
         super().stop(timeout)  # waits for the last flush
-
-
-# -- entries to rows (pure) ------------------------------------------------------
-
-def rows_from_entries(entries: Iterable[tuple[str, dict[str, str]]]) -> Iterator[dict]:
-    """Stream entries ``(id, fields)`` -> flat rows (``ROW_FIELDS``).
-
-    A ``published`` entry gives one ``published`` row and one ``enqueued``
-    row per copy it lists.
-    """
-    for stream_id, fields in entries:
-        event = fields.get("e", "")
-        if event == "batch":
-            yield from _batch_rows(stream_id, fields)
-            continue
-        base = {"event": event, "ts": _int(fields.get("ts")),
-                "message_id": fields.get("mid") or None, "topic": fields.get("topic") or None,
-                "subscriber": fields.get("sub") or None, "unique": fields.get("u") or None,
-                "count": None, "reason": fields.get("reason") or None,
-                "redelivered": fields.get("r") == "1", "source": fields.get("src") or None,
-                "stream_id": stream_id}
-        base["message_key"] = message_key(base["message_id"])
-        if event != Event.PUBLISHED:
-            yield {**base, "copy_key": copy_key(base["subscriber"], base["unique"])}
-            continue
-        yield {**base, "count": _int(fields.get("n")), "copy_key": None}
-        for line in filter(None, fields.get("subs", "").split("\n")):
-            queue, _, unique = line.partition("\t")
-            yield {**base, "event": Event.ENQUEUED.value, "subscriber": queue,
-                   "unique": unique or None, "copy_key": copy_key(queue, unique)}
-
-
-def _batch_rows(stream_id: str, fields: dict[str, str]) -> Iterator[dict]:
-    """Lines ``event TAB ts TAB subscriber TAB unique TAB redelivered``."""
-    source = fields.get("src") or None
-    for line in filter(None, fields.get("events", "").split("\n")):
-        parts = (line.split("\t") + [""] * 5)[:5]
-        yield {"event": parts[0], "ts": _int(parts[1]), "message_id": None, "topic": None,
-               "subscriber": parts[2] or None, "unique": parts[3] or None, "count": None,
-               "reason": None, "redelivered": parts[4] == "1", "source": source,
-               "stream_id": stream_id, "copy_key": copy_key(parts[2], parts[3]),
-               "message_key": None}
-
-
-def _int(value: str | None) -> int | None:
-    try:
-        return int(value) if value is not None else None
-    except ValueError:
-        return None
 
 
 # -- export ----------------------------------------------------------------------

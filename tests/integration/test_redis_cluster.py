@@ -22,7 +22,7 @@ from gearhorn.client import Producer
 from gearhorn.config import Config
 from gearhorn.store import redisconn
 from gearhorn.store.keys import Keys
-from gearhorn.store.ledger import Ledger, entries
+from gearhorn.store.ledger import Ledger, entries, rows_from_entries
 from tests import redis_servers
 from tests.conftest import require_binary
 
@@ -88,9 +88,10 @@ def test_ledger_export_reads_every_stream_of_the_cluster(redis_url, gearmand, st
     client, shards = redisconn.connect(redis_url), Config().ledger_shards
 
     def published():
-        found = [f for _, f in entries(client, Keys(), shards) if f["e"] == "published"]
+        found = [r for r in rows_from_entries(entries(client, Keys(), shards))
+                 if r["event"] == "published"]
         return found if len(found) == 40 else None
-    writers = {f["src"] for f in wait_for(published, message="40 fanouts in the ledger")}
+    writers = {r["source"] for r in wait_for(published, message="40 fanouts in the ledger")}
     assert writers <= set(pool.live())
     used = {Ledger(client, Keys(), source=w, shards=shards).stream for w in writers}
     # The two workers share a stream 1 time in 8 (crc32 of their names): a

@@ -14,7 +14,7 @@ import redis
 from gearhorn import servers
 from gearhorn.config import Config
 from gearhorn.store.keys import Keys
-from gearhorn.store.ledger import entries
+from gearhorn.store.ledger import entries, rows_from_entries
 from tests.conftest import require_binary
 
 from .helpers import GearClient, PoolProcess, unique_topic, wait_for
@@ -69,9 +69,10 @@ def test_copies_add_up_over_worker_processes_and_survive_a_killed_worker(
     ledger = redis.Redis.from_url(redis_url)
 
     def sources():
-        published = [f for _, f in entries(ledger, Keys(), Config().ledger_shards)
-                     if f["e"] == "published"]
-        return {f["src"] for f in published} if len(published) == 7 else None
+        published = [r for r in rows_from_entries(entries(ledger, Keys(),
+                                                          Config().ledger_shards))
+                     if r["event"] == "published"]
+        return {r["source"] for r in published} if len(published) == 7 else None
     assert len(wait_for(sources, message="7 fanouts in the ledger")) == 2
 
     victim = next(w for w in pool.live().values() if "pid" in w)

@@ -3,7 +3,7 @@ import os
 
 import pytest
 
-from gearhorn.events import ROW_FIELDS
+from gearhorn.events import ROW_FIELDS, copy_key
 from gearhorn.store import ledger as L
 from gearhorn.store.keys import Keys
 from tests.conftest import require_module
@@ -86,7 +86,8 @@ def test_export_merges_the_writers_streams_in_time_order(fake_redis, tmp_path):
     writers[0].flush()
     again = L.export(fake_redis, Keys("t:"), out, "jsonl", shards=4)
     assert again["rows"] == 1  # each stream resumes from its own checkpoint
-    assert [e[1]["mid"] for e in L.entries(fake_redis, Keys("t:"), 4)][-1] == "late"
+    last = list(L.rows_from_entries(L.entries(fake_redis, Keys("t:"), 4)))[-1]
+    assert last["message_id"] == "late"
 
 
 def test_export_redone_after_a_crash_replaces_its_files(book, fake_redis, tmp_path):
@@ -151,7 +152,8 @@ def test_an_outage_longer_than_the_buffer_loses_the_oldest_and_counts_them(
     for n in range(5):
         book.published("news", f"m{n}", [])
         book.flush()
-    assert book.lost == 2 and [e["mid"] for e in book._unwritten] == ["m2", "m3", "m4"]
+    kept = L.rows_from_entries((str(n), entry) for n, entry in enumerate(book._unwritten))
+    assert book.lost == 2 and [r["message_id"] for r in kept] == ["m2", "m3", "m4"]
 
 
 def test_an_outage_is_logged_once_and_its_end_with_what_was_lost(book, monkeypatch, caplog):
@@ -210,3 +212,46 @@ def test_export_writes_chunk_by_chunk_with_the_same_rows(book, fake_redis, tmp_p
         import pyarrow.parquet as pq
         assert pq.ParquetFile(small["files"][0]).num_row_groups == 7
     assert not list(tmp_path.rglob("*.tmp"))
+
+
+def test_messages_published_between_flushes_are_one_entry_and_a_row_each(book, fake_redis):
+    book.published("news", "m1", [("news_a", "m1:a")])
+    book.published("odd\ttopic\n", "m2", [], width=3)  # JSON keeps any text on its line
+    book.failed("timeout", "news", "news_b", "m1:b")
+    book.flush()
+    entries = [(i.decode(), L._decode(f)) for i, f in fake_redis.xrange("{t:ledger:0}")]
+    assert [f["e"] for _, f in entries] == [L.PUBLISHED_BATCH, "failed"]
+    rows = list(L.rows_from_entries(entries))
+    assert [(r["event"], r["message_id"], r["topic"], r["subscriber"], r["count"])
+            for r in rows] == [
+        ("published", "m1", "news", None, 1), ("enqueued", "m1", "news", "news_a", None),
+        ("published", "m2", "odd\ttopic\n", None, 3), ("failed", None, "news", "news_b", None)]
+    assert all(set(r) == set(ROW_FIELDS) for r in rows)
+    assert rows[1]["copy_key"] == copy_key("news_a", "m1:a") and rows[0]["source"] == "w1"
+
+
+def test_a_published_entry_of_an_older_ledger_still_exports(fake_redis):
+    fake_redis.xadd("{t:ledger:0}", {"e": "published", "ts": "5", "mid": "m1", "topic": "news",
+                                     "n": "1", "subs": "news_a\tm1:a", "src": "w0"})
+    rows = list(L.rows_from_entries(L.entries(fake_redis, Keys("t:"), 1)))
+    assert [(r["event"], r["message_id"], r["subscriber"], r["ts"]) for r in rows] == [
+        ("published", "m1", None, 5), ("enqueued", "m1", "news_a", 5)]
+
+
+def test_an_outage_keeps_the_newest_events_however_they_are_batched(book, monkeypatch):
+    import redis
+
+    def down(*args, **kwargs):
+        raise redis.ConnectionError("down")
+
+    monkeypatch.setattr(L, "MAX_UNWRITTEN", 4)
+    monkeypatch.setattr(book.redis, "pipeline", lambda **kw: type(
+        "P", (), {"xadd": lambda *a, **k: None, "execute": down})())
+    for n in range(3):  # a batch of three, then one of three: 6 events, room for 4
+        book.published("news", f"a{n}", [])
+    book.flush()
+    for n in range(3):
+        book.published("news", f"b{n}", [])
+    book.flush()
+    kept = L.rows_from_entries((str(n), entry) for n, entry in enumerate(book._unwritten))
+    assert book.lost == 3 and [r["message_id"] for r in kept] == ["b0", "b1", "b2"]

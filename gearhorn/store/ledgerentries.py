@@ -1,0 +1,126 @@
+"""The ledger's stream entries: how buffered events are packed into them,
+and how they read back as flat rows (``ROW_FIELDS``). Pure.
+
+Kinds of entry (``e``):
+
+- ``published-batch``: messages published, a JSON line each,
+  ``[ts, message_id, topic, count, [[queue, unique], ...]]`` (``count``:
+  the subscribers looked up; the pairs: the copies gearmand accepted).
+- ``batch``: bridge events, a line each,
+  ``event TAB ts TAB subscriber TAB unique TAB redelivered``.
+- any other event name (failed, dropped): an entry of its own, its fields
+  ``ts mid topic sub u reason r``.
+- ``published`` (written until the batches): one message, its copies as
+  ``queue TAB unique`` lines in ``subs``; still read back.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator, Sequence
+
+from gearhorn.events import Event, copy_key, message_key
+
+PUBLISHED_BATCH = "published-batch"
+BATCH = "batch"
+
+# Compact JSON: one line per message (JSON escapes a newline in a topic).
+_dumps = json.JSONEncoder(separators=(",", ":")).encode
+
+
+def published_line(fields: list) -> str:
+    """One message of a ``published-batch``: ``[ts, message_id, topic,
+    count, copies]``."""
+    return _dumps(fields)
+
+
+def batch_entry(kind: str, lines: Sequence[str], source: str) -> dict[str, str]:
+    """A ``published-batch`` or ``batch`` entry of ``lines``."""
+    entry = {"e": kind, "events": "\n".join(lines)}
+    if source:
+        entry["src"] = source
+    return entry
+
+
+def events_in(entry: dict[str, str]) -> int:
+    """Events an entry holds: the lines of a batch, else one."""
+    if entry.get("e") in (BATCH, PUBLISHED_BATCH):
+        return entry["events"].count("\n") + 1
+    return 1
+
+
+def newest(entries: list[dict[str, str]], most: int) -> tuple[list[dict[str, str]], int]:
+    """The newest of ``entries`` that hold at most ``most`` events, and the
+    number of events in those left out."""
+    held, kept = 0, len(entries)
+    while kept and held + events_in(entries[kept - 1]) <= most:
+        kept -= 1
+        held += events_in(entries[kept])
+    return entries[kept:], sum(map(events_in, entries[:kept]))
+
+
+def rows_from_entries(entries: Iterable[tuple[str, dict[str, str]]]) -> Iterator[dict]:
+    """Stream entries ``(id, fields)`` -> flat rows (``ROW_FIELDS``).
+
+    A ``published`` entry gives one ``published`` row and one ``enqueued``
+    row per copy it lists.
+    """
+    for stream_id, fields in entries:
+        event = fields.get("e", "")
+        if event == BATCH:
+            yield from _batch_rows(stream_id, fields)
+            continue
+        if event == PUBLISHED_BATCH:
+            yield from _published_rows(stream_id, fields)
+            continue
+        base = {"event": event, "ts": _int(fields.get("ts")),
+                "message_id": fields.get("mid") or None, "topic": fields.get("topic") or None,
+                "subscriber": fields.get("sub") or None, "unique": fields.get("u") or None,
+                "count": None, "reason": fields.get("reason") or None,
+                "redelivered": fields.get("r") == "1", "source": fields.get("src") or None,
+                "stream_id": stream_id}
+        base["message_key"] = message_key(base["message_id"])
+        if event != Event.PUBLISHED:
+            yield {**base, "copy_key": copy_key(base["subscriber"], base["unique"])}
+            continue
+        yield {**base, "count": _int(fields.get("n")), "copy_key": None}
+        for line in filter(None, fields.get("subs", "").split("\n")):
+            queue, _, unique = line.partition("\t")
+            yield {**base, "event": Event.ENQUEUED.value, "subscriber": queue,
+                   "unique": unique or None, "copy_key": copy_key(queue, unique)}
+
+
+def _published_rows(stream_id: str, fields: dict[str, str]) -> Iterator[dict]:
+    """Lines ``[ts, message_id, topic, count, [[queue, unique], ...]]``: what
+    a ``published`` entry each gave."""
+    source = fields.get("src") or None
+    for line in filter(None, fields.get("events", "").split("\n")):
+        ts, message_id, topic, count, copies = json.loads(line)
+        base = {"event": Event.PUBLISHED.value, "ts": ts, "message_id": message_id,
+                "topic": topic, "subscriber": None, "unique": None, "count": count,
+                "reason": None, "redelivered": False, "source": source,
+                "stream_id": stream_id, "copy_key": None,
+                "message_key": message_key(message_id)}
+        yield base
+        for queue, unique in copies:
+            yield {**base, "event": Event.ENQUEUED.value, "subscriber": queue,
+                   "unique": unique or None, "count": None, "copy_key": copy_key(queue, unique)}
+
+
+def _batch_rows(stream_id: str, fields: dict[str, str]) -> Iterator[dict]:
+    """Lines ``event TAB ts TAB subscriber TAB unique TAB redelivered``."""
+    source = fields.get("src") or None
+    for line in filter(None, fields.get("events", "").split("\n")):
+        parts = (line.split("\t") + [""] * 5)[:5]
+        yield {"event": parts[0], "ts": _int(parts[1]), "message_id": None, "topic": None,
+               "subscriber": parts[2] or None, "unique": parts[3] or None, "count": None,
+               "reason": None, "redelivered": parts[4] == "1", "source": source,
+               "stream_id": stream_id, "copy_key": copy_key(parts[2], parts[3]),
+               "message_key": None}
+
+
+def _int(value: str | None) -> int | None:
+    try:
+        return int(value) if value is not None else None
+    except ValueError:
+        return None
