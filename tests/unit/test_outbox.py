@@ -3,6 +3,8 @@ gevent with a publisher whose jobs answer when the test says: one job at a
 time, in order, the SENDs that waited leaving together, RECEIPTs after
 their job, and a failed job ending it all."""
 
+import time
+
 import gevent
 import gevent.event
 import pytest
@@ -60,7 +62,7 @@ def box():
                     lambda frame, exc: failed.append((frame.body, str(exc))),
                     max_bytes=1000, most_held=5, linger=1.0)
     outbox.pauses = []
-    outbox.pause = lambda seconds: (outbox.pauses.append(seconds), gevent.sleep(seconds))
+    outbox.pause = lambda event, seconds: (outbox.pauses.append(seconds), event.wait(seconds))
     return outbox, publisher, answered, failed
 
 
@@ -173,6 +175,27 @@ def test_a_lone_send_taken_early_is_appended_later_with_what_came_meanwhile(box)
     publisher.jobs[0].answer.set({})
     outbox.flush()
     assert answered == [[b"1", b"2", b"3", b"4"]]
+
+
+def test_the_next_send_ends_a_lingering_ones_wait(box):
+    outbox, publisher, _, _ = box
+    put_announced(outbox, b"1")
+    gevent.sleep(0.01)
+    assert publisher.appended == []
+    began = time.monotonic()
+    put_announced(outbox, b"2")  # lone and taken early too: it does not wait again
+    wait_for(lambda: publisher.appended)
+    assert publisher.appended == [["id-1", "id-2"]]
+    assert time.monotonic() - began < 0.9  # not the linger's 1.0 s
+    assert outbox.pauses == [1.0]
+
+
+def test_a_lone_send_with_none_after_it_is_appended_when_the_linger_ends(box):
+    outbox, publisher, _, _ = box
+    began = time.monotonic()
+    put_announced(outbox, b"1")
+    wait_for(lambda: publisher.appended)
+    assert publisher.appended == [["id-1"]] and time.monotonic() - began >= 0.99
 
 
 def test_a_send_nobody_took_early_is_appended_at_once(box):
