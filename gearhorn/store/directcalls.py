@@ -60,10 +60,13 @@ class DirectCalls:
             return run_scripts(self.client, calls)
         commands = [("EVALSHA", s.sha, len(keys), *keys, *args) for s, keys, args in calls]
         replies = self._execute(commands)
-        if any(isinstance(reply, NoScriptError) for reply in replies):
-            for script_, _, _ in calls:
+        missing = [n for n, reply in enumerate(replies) if isinstance(reply, NoScriptError)]
+        if missing:  # only those again: the others ran (and an append must not twice)
+            for script_ in {calls[n][0].sha: calls[n][0] for n in missing}.values():
                 self.client.script_load(script_.script)
-            replies = self._execute(commands)
+            again = self._execute([commands[n] for n in missing])
+            for n, reply in zip(missing, again, strict=True):
+                replies[n] = reply
         for reply in replies:
             if isinstance(reply, ResponseError):
                 raise reply

@@ -42,6 +42,21 @@ def test_scripts_the_server_lost_are_loaded_again(client):
     assert direct.run_scripts([(counter, ["n"], [1]), (counter, ["n"], [1])]) == [2, 3]
 
 
+@pytest.mark.parametrize("through", ["direct", "client"])
+def test_only_the_calls_of_a_lost_script_are_made_again(client, through):
+    """An append made again after another client's appends twice
+    (lua/history_append.lua): the calls that ran must not run again."""
+    run = DirectCalls(client).run_scripts if through == "direct" else (
+        lambda calls: run_scripts(client, calls))
+    loaded = client.register_script(COUNTER)
+    client.script_flush()
+    client.script_load(COUNTER)
+    lost = client.register_script(COUNTER + " -- another script")
+    assert run([(loaded, [f"ran-{through}"], [1]), (lost, [f"lost-{through}"], [1]),
+                (loaded, [f"ran-{through}"], [1])]) == [1, 1, 2]
+    assert client.get(f"ran-{through}") == b"2"  # once each, not again
+
+
 def test_an_error_reply_is_raised_and_the_connection_stays_usable(client):
     direct = DirectCalls(client)
     counter, failing = client.register_script(COUNTER), client.register_script(FAILING)
