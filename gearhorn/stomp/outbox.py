@@ -70,7 +70,7 @@ class Outbox:
         self._queue: deque[tuple[TopicSend, list[Frame]]] = deque()
         self._held = 0  # messages queued or in the running job
         self._unappended = 0  # of those, messages the outbox is to append
-        self._linger = False  # the next append waits APPEND_LINGER first
+        self._linger = False  # the next append waits for the next SEND, or APPEND_LINGER
         self._running = False
         self._broken = False
         self._next = gevent.event.Event()  # set by the SEND after a lingering one
