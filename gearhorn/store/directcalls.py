@@ -27,10 +27,10 @@ from collections.abc import Sequence
 
 import redis
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import NoScriptError, ResponseError
+from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from gearhorn.store.redisutil import ScriptCall, run_scripts
+from gearhorn.store.redisutil import ScriptCall, run_scripts, with_scripts_loaded
 
 _POOLS = (redis.ConnectionPool, redis.BlockingConnectionPool)
 _LOST = (RedisConnectionError, RedisTimeoutError, OSError)
@@ -58,19 +58,8 @@ class DirectCalls:
         round trip, the scripts loaded if the server lacks them."""
         if not self.direct or (not self._idle and self._open >= self.most_open):
             return run_scripts(self.client, calls)
-        commands = [("EVALSHA", s.sha, len(keys), *keys, *args) for s, keys, args in calls]
-        replies = self._execute(commands)
-        missing = [n for n, reply in enumerate(replies) if isinstance(reply, NoScriptError)]
-        if missing:  # only those again: the others ran (and an append must not twice)
-            for script_ in {calls[n][0].sha: calls[n][0] for n in missing}.values():
-                self.client.script_load(script_.script)
-            again = self._execute([commands[n] for n in missing])
-            for n, reply in zip(missing, again, strict=True):
-                replies[n] = reply
-        for reply in replies:
-            if isinstance(reply, ResponseError):
-                raise reply
-        return replies
+        return with_scripts_loaded(self.client, calls, lambda some: self._execute(
+            [("EVALSHA", s.sha, len(keys), *keys, *args) for s, keys, args in some]))
 
     def xread(self, streams: dict[str, str], count: int, block_ms: int
               ) -> list[list]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from importlib import resources
 
 import redis
@@ -38,12 +39,20 @@ def run_scripts(client: redis.Redis, calls: list[ScriptCall]) -> list[object]:
     another client's would append twice (lua/history_append.lua skips only
     a repeat of the last call).
     """
-    replies = _pipelined_scripts(client, calls)
+    return with_scripts_loaded(client, calls, lambda some: _pipelined_scripts(client, some))
+
+
+def with_scripts_loaded(client: redis.Redis, calls: list[ScriptCall],
+                        run: Callable[[list[ScriptCall]], list[object]]) -> list[object]:
+    """``run(calls)`` (each reply, an error reply as its exception); the
+    calls answered NOSCRIPT made once more, alone, after their scripts are
+    loaded; the first error raised."""
+    replies = run(calls)
     missing = [n for n, reply in enumerate(replies) if isinstance(reply, NoScriptError)]
     if missing:
         for script_ in {calls[n][0].sha: calls[n][0] for n in missing}.values():
             client.script_load(script_.script)
-        again = _pipelined_scripts(client, [calls[n] for n in missing])
+        again = run([calls[n] for n in missing])
         for n, reply in zip(missing, again, strict=True):
             replies[n] = reply
     for reply in replies:
