@@ -162,6 +162,11 @@ class WorkerConnection:
                 self._answers_written += len(batch)
 
     def close(self) -> None:
+        """Close, the answers gathered for a flush written first: an ACK read
+        with the DISCONNECT after it must not leave its job for gearmand to
+        hand out again."""
+        with contextlib.suppress(GearmanError, OSError):  # broken: gearmand requeues
+            self.flush()
         self.conn.close()
 
 

@@ -128,3 +128,20 @@ def test_a_grabs_reply_says_which_answers_gearmand_has_read(monkeypatch):
     assert worker.answers_read == 2
     worker.close()
     theirs.close()
+
+
+def test_answers_gathered_for_a_flush_are_written_before_the_close(monkeypatch):
+    import socket
+    ours, theirs = socket.socketpair()
+    monkeypatch.setattr(connection, "connect", lambda host, port, timeout=5.0, tls=None: ours)
+    worker = g.WorkerConnection("fake", 1, ["q"])
+    worker.open()
+    worker.coalesce = lambda flush: None  # the flush never comes: the close must write
+    worker.complete(b"H:1")
+    worker.close()
+    theirs.settimeout(5)
+    got = b""
+    while chunk := theirs.recv(1000):  # until the close
+        got += chunk
+    assert got.endswith(g.encode(g.P.WORK_COMPLETE, b"H:1", b""))  # after its CAN_DOs
+    theirs.close()
