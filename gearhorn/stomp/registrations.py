@@ -41,12 +41,14 @@ class Registrations:
         subscription = Subscription(validate_topic(pattern, allow_prefix=True), client_id,
                                     limits, bridge=self.bridge_id, durable=durable)
         if not durable:  # listed first, so a crash right after leaves nothing unlisted
-            self.liveness.holds(topic_entry(pattern, client_id))
+            self.liveness.holds(topic_entry(pattern, client_id), subscription)
         self.registry.subscribe(subscription)
 
     def unsubscribe_topic(self, pattern: str, client_id: str) -> None:
+        entry = topic_entry(pattern, client_id)
+        self.liveness.releasing(entry)
         self.registry.unsubscribe(Subscription(pattern, client_id))
-        self.liveness.released(topic_entry(pattern, client_id))
+        self.liveness.released(entry)  # listed until now, so a crash leaves nothing unlisted
 
     def temp_queue_opened(self, function: str) -> None:
         self.liveness.holds(queue_entry(function))
@@ -84,4 +86,6 @@ class Registrations:
                 outage.succeeded()
             except REDIS_ERRORS as exc:
                 outage.failed(exc)
+            except Exception:  # noqa: BLE001 - a beat lost; the next ones must still come
+                log.exception("bridge %s: heartbeat failed", self.bridge_id)
             gevent.sleep(self.heartbeat_interval)

@@ -43,7 +43,9 @@ class BridgeLiveness:
         self.keys = registry.keys
         self.bridge_id = bridge_id
         self.ttl = ttl
-        self.entries: set[str] = set()  # what this bridge holds now
+        # What this bridge holds now; a topic entry with its subscription
+        # (limits, bridge), to register it again as it was (_restore).
+        self.entries: dict[str, Subscription | None] = {}
         self.liveness = Liveness(self.redis, self.keys.bridges, self.keys.bridge_info)
         self._beating = False
 
@@ -59,21 +61,34 @@ class BridgeLiveness:
         self._beating = True
 
     def _restore(self) -> None:
-        self.redis.sadd(self.keys.bridge(self.bridge_id), *self.entries)
-        for entry in self.entries:
+        # A snapshot: under gevent each Redis call lets the bridge's sessions
+        # add and release entries meanwhile.
+        held = list(self.entries.items())
+        self.redis.sadd(self.keys.bridge(self.bridge_id), *(entry for entry, _ in held))
+        for entry, subscription in held:
             kind, _, rest = entry.partition("\t")
             if kind == QUEUE:
                 self.redis.sadd(self.keys.temp_queues, rest)
-            if kind == TOPIC:
-                pattern, _, client_id = rest.partition("\t")
-                self.registry.subscribe(Subscription(pattern, client_id))
+            if kind == TOPIC and entry in self.entries:
+                if subscription is None:
+                    pattern, _, client_id = rest.partition("\t")
+                    subscription = Subscription(pattern, client_id, bridge=self.bridge_id)
+                self.registry.subscribe(subscription)
+                if entry not in self.entries:  # released while it was registered again
+                    self.registry.unsubscribe(subscription)
+        if gone := [entry for entry, _ in held if entry not in self.entries]:
+            self.redis.srem(self.keys.bridge(self.bridge_id), *gone)
 
-    def holds(self, entry: str) -> None:
-        self.entries.add(entry)
+    def holds(self, entry: str, subscription: Subscription | None = None) -> None:
+        self.entries[entry] = subscription
         self._write(entry, "sadd")
 
+    def releasing(self, entry: str) -> None:
+        """About to be removed: a restore running meanwhile leaves it out."""
+        self.entries.pop(entry, None)
+
     def released(self, entry: str) -> None:
-        self.entries.discard(entry)
+        self.entries.pop(entry, None)
         self._write(entry, "srem")
 
     def _write(self, entry: str, command: str) -> None:

@@ -1,3 +1,4 @@
+from gearhorn.limits import Limits
 from gearhorn.messages import Subscription
 from gearhorn.worker.janitor import BridgeLiveness, Janitor, queue_entry, topic_entry
 
@@ -41,6 +42,55 @@ def test_a_bridge_swept_while_alive_registers_again(registry):
     bridge.heartbeat(now=1011)
     assert registry.subscribers("news") == {"s1"}
     assert registry.redis.smembers("t:bridge:slow") == {b"topic\tnews\ts1"}
+
+
+def test_a_bridge_registers_again_with_the_limits_and_bridge_it_had(registry):
+    bridge = BridgeLiveness(registry, "slow", ttl=5)
+    bridge.heartbeat(now=1000)
+    subscription = Subscription("news", "s1", Limits(max_length=7, overflow="drop-head"),
+                                bridge="slow")
+    bridge.holds(topic_entry("news", "s1"), subscription)
+    registry.subscribe(subscription)
+    Janitor(registry, lambda f: None).sweep(now=1010)
+    bridge.heartbeat(now=1011)
+    record, limits = registry.subscription("news_s1")
+    assert limits == Limits(max_length=7, overflow="drop-head")
+    assert record["bridge"] == "slow"
+
+
+def test_subscriptions_coming_and_going_while_a_bridge_registers_again(registry):
+    """Under gevent, sessions change what the bridge holds during the
+    restore's Redis calls: it must neither fail nor bring back a
+    subscription released meanwhile."""
+    bridge = BridgeLiveness(registry, "slow", ttl=5)
+    bridge.heartbeat(now=1000)
+    for client in ("s1", "s2"):
+        bridge.holds(topic_entry("news", client), Subscription("news", client))
+        registry.subscribe(Subscription("news", client))
+    Janitor(registry, lambda f: None).sweep(now=1010)
+    subscribe = registry.subscribe
+    calls = []
+
+    def meanwhile(subscription):
+        calls.append(subscription.client_id)
+        if len(calls) == 1:  # during the first one, as a session would
+            bridge.holds(topic_entry("news", "s3"), Subscription("news", "s3"))
+            subscribe(Subscription("news", "s3"))
+            gone = "s2" if subscription.client_id == "s1" else "s1"
+            bridge.releasing(topic_entry("news", gone))
+            registry.unsubscribe(Subscription("news", gone))
+            bridge.released(topic_entry("news", gone))
+            bridge.releasing(topic_entry("news", subscription.client_id))
+            registry.unsubscribe(subscription)  # lands before the restore's subscribe
+        return subscribe(subscription)
+
+    registry.subscribe = meanwhile
+    bridge.heartbeat(now=1011)
+    assert calls[0] in ("s1", "s2") and len(calls) == 1  # the other was released: skipped
+    registry.subscribe = subscribe
+    bridge.released(topic_entry("news", calls[0]))
+    assert registry.subscribers("news") == {"s3"}
+    assert registry.redis.smembers("t:bridge:slow") == {b"topic\tnews\ts3"}
 
 
 def test_temp_queues_are_listed_while_they_live(registry):

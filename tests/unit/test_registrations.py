@@ -1,0 +1,29 @@
+import gevent
+import pytest
+
+from gearhorn.stomp.registrations import Registrations
+
+pytestmark = pytest.mark.timeout(30)
+
+
+def test_heartbeats_go_on_after_one_fails_unexpectedly(registry):
+    """A heartbeat that raises something else than a Redis error (a bug) must
+    not end the heartbeats: without them the janitor takes the bridge for
+    dead and removes its subscriptions."""
+    registrations = Registrations(registry, "b", ttl=5, heartbeat_interval=0.01)
+    beats = []
+
+    def heartbeat(now=None):
+        beats.append(now)
+        if len(beats) == 1:
+            raise RuntimeError("Set changed size during iteration")
+
+    registrations.liveness.heartbeat = heartbeat
+    registrations.start()
+    try:
+        with gevent.Timeout(20):
+            while len(beats) < 3:
+                gevent.sleep(0.01)
+    finally:
+        registrations.stop_heartbeats()
+    assert registry.redis.exists("t:bridge-info:b")  # told after the failed beat too
