@@ -104,7 +104,11 @@ class Recall:
         return bool(self._settled)
 
     def write_settled(self) -> None:
-        uniques, self._settled = [s.unique for s in self._settled], []
+        """At the dispatcher's close: forget the counts of the acks gearmand
+        surely read. The others stay, to expire with the queue's hash: their
+        WORK_COMPLETE may yet be lost, and the job handed out again."""
+        uniques = [s.unique for s in self._settled if s.landed]
+        self._settled = []
         if not uniques or self._handouts is None:
             return
         try:

@@ -90,3 +90,17 @@ def test_a_completion_whose_connection_broke_keeps_the_count(handouts):
     recall._take(["b"])
     assert not recall.unwritten  # not kept for ever either: it expires with the hash
     assert handouts.take("q", ["a"]) == [True]
+
+
+def test_a_closing_dispatcher_forgets_only_the_counts_of_completions_gearmand_read(handouts):
+    from gearhorn.stomp.recall import Recall
+
+    recall, worker = Recall("q", handouts=handouts), Answering()
+    recall._take(["a", "b"])
+    for unique in ("a", "b"):
+        worker.complete()
+        recall.settled(unique, worker)
+    worker.answers_read = 1  # "b"'s completion may still be in the socket's buffers
+    recall.write_settled()
+    assert not recall.unwritten
+    assert handouts.take("q", ["a", "b"]) == [False, True]
