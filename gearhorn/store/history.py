@@ -26,6 +26,12 @@ from gearhorn.store.directcalls import DirectCalls
 from gearhorn.store.keys import Keys
 from gearhorn.store.redisutil import ScriptCall, script, text
 
+# A worker's message run again (its fanout job handed out again) is not
+# appended twice within this window, and among this many of its topic's
+# newest: JetStream's default duplicate window, bounded for a busy topic.
+REPEAT_WINDOW = 120.0
+REPEAT_IDS = 10_000
+
 
 class History:
     def __init__(self, client: redis.Redis, keys: Keys, policy: HistoryPolicy,
@@ -42,20 +48,24 @@ class History:
     def enabled(self) -> bool:
         return self.policy.enabled
 
-    def append(self, fanouts: Sequence[tuple[str, Sequence[Entry]]]
+    def append(self, fanouts: Sequence[tuple[str, Sequence[Entry]]], once_each: bool = False
                ) -> list[tuple[str, int, int]]:
         """Each (topic, [(message id, payload, headers), ...]), in order, in
         one round trip: one script call per topic that keeps a history (a
         group of fanouts to one topic is one call), in the order given.
         Returns (epoch, first offset, last offset) of each call."""
-        calls = self.calls(fanouts)
+        calls = self.calls(fanouts, once_each)
         replies = self.direct.run_scripts(calls) if calls else []
         return [appended_at(reply) for reply in replies]
 
-    def calls(self, fanouts: Sequence[tuple[str, Sequence[Entry]]]) -> list[ScriptCall]:
+    def calls(self, fanouts: Sequence[tuple[str, Sequence[Entry]]],
+              once_each: bool = False) -> list[ScriptCall]:
         """What :meth:`append` runs, for a caller that runs it with other
         scripts in one round trip (the workers' look-up: gearhorn/worker/fanout.py).
-        Made again with the same messages, they append nothing."""
+        Made again, they append nothing; with ``once_each``, no message
+        appended in the last :data:`REPEAT_WINDOW` (and :data:`REPEAT_IDS`)
+        is appended again, whatever the call's company (a worker's group of
+        fanouts run again)."""
         by_topic: dict[str, list[object]] = {}
         for topic, messages in fanouts:
             if not self.policy.keeps(topic):
@@ -64,8 +74,11 @@ class History:
             for message_id, payload, headers in messages:
                 args += [message_id, payload, json.dumps(headers) if headers else ""]
         now = str(int(time.time() * 1000))
-        return [(self._append, [self.keys.history(topic), self.keys.history_meta(topic)],
-                 [*self.policy.of(topic), uuid.uuid4().hex[:12], now, *args])
+        window = str(int(REPEAT_WINDOW * 1000)) if once_each else "0"
+        return [(self._append, [self.keys.history(topic), self.keys.history_meta(topic),
+                                self.keys.history_ids(topic)],
+                 [*self.policy.of(topic), uuid.uuid4().hex[:12], now, window, REPEAT_IDS,
+                  *args])
                 for topic, args in by_topic.items()]
 
     def read(self, topic: str, since: int = 0, limit: int = 100,

@@ -13,6 +13,9 @@ Redis the braces are just characters.
 ``<p>history:{T}``              stream: topic T's last messages, entry id = offset
                                 (store/history.py)
 ``<p>history-meta:{T}``         hash: T's last offset and its history's epoch
+``<p>history-ids:{T}``          sorted set: the workers' message ids appended to T's
+                                history in the last 2 minutes -> when (ms), so a fanout
+                                run again is appended once
 ``<p>dedup:{T}:<id>``           string: the message id of the first fanout to topic T
                                 with that dedup id, for ``dedup_window`` (store/dedup.py)
 ``{<p>prefixes}``               set: prefix subscriptions (``news.*``) with subscribers
@@ -118,6 +121,9 @@ class Keys:
 
     def history_meta(self, topic: str) -> str:
         return f"{self.prefix}history-meta:{{{topic}}}"
+
+    def history_ids(self, topic: str) -> str:
+        return f"{self.prefix}history-ids:{{{topic}}}"
 
     def dedup(self, topic: str, dedup_id: str) -> str:
         return f"{self.prefix}dedup:{{{topic}}}:{dedup_id}"

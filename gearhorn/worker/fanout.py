@@ -220,13 +220,13 @@ class FanoutService:
             return [BadRequest(over) for _, _ in run]
         ids = [request.ids(job.unique) for job, request in run]
         # One round trip for every topic, after every job of the run was
-        # taken, with the messages' history appends riding along (made
-        # again with the group, they append nothing: lua/history_append.lua).
+        # taken, with the messages' history appends riding along (run again,
+        # in any company, a message is appended once: lua/history_append.lua).
         recipients = self.cache.recipients_of(
             {request.topic: None for _, request in run},
             also=self.history.calls([_entries(request, message_ids)
                                      for (_, request), message_ids in zip(run, ids, strict=True)
-                                     if not request.in_history]))
+                                     if not request.in_history], once_each=True))
         made = [self._make(request, message_ids, recipients[request.topic], full)
                 for (_, request), message_ids in zip(run, ids, strict=True)]
         copies = [c for m in made for c in m.copies]
@@ -291,7 +291,7 @@ class FanoutService:
         """The messages of these fanouts in their topics' history (if on)."""
         if self.history.enabled:
             self.history.append([_entries(m.request, m.message_ids) for m in made
-                                 if not m.request.in_history])
+                                 if not m.request.in_history], once_each=True)
 
     def fanout(self, data: bytes, job_unique: str = "", received: float | None = None) -> bytes:
         return self._fanout(parse_fanout(data, self.config.max_payload_bytes), job_unique,

@@ -162,6 +162,41 @@ def test_a_group_run_again_after_gearmand_failed_is_in_history_once(registry):
     assert [m["payload"] for m in found["messages"]] == ["0", "1", "2"]
 
 
+def test_fanouts_run_again_in_other_company_are_each_in_history_once(registry):
+    """gearmand hands failed jobs out again in any grouping, and other
+    fanouts to the topic may come between: no message twice, none lost."""
+    from gearhorn.worker.fanout import Job
+
+    svc = FanoutService(Config(history_size=100), registry, SubscriberCache(registry),
+                        RecordingClient())
+    svc.handle("subscribe_fanout", b'{"topic": "news", "client_id": "a"}')
+    jobs = [Job("fanout", json.dumps({"topic": "news", "payload": str(n),
+                                      "background": True}).encode(), f"u{n}")
+            for n in range(5)]
+    list(svc.run(jobs[0:3]))
+    list(svc.run(jobs[3:4]))  # another producer's, in between
+    list(svc.run(jobs[1:3]))  # run again without the first
+    list(svc.run(jobs[0:5]))  # and with it and one more
+    found = json.loads(svc.handle("topic_history", b'{"topic": "news"}'))
+    assert [m["payload"] for m in found["messages"]] == ["0", "1", "2", "3", "4"]
+    assert [m["offset"] for m in found["messages"]] == [1, 2, 3, 4, 5]
+
+
+def test_message_ids_are_kept_for_the_repeat_window_and_bounded(history, monkeypatch):
+    from gearhorn.store import history as module
+
+    monkeypatch.setattr(module, "REPEAT_IDS", 50)
+    for n in range(120):
+        history.append([("t", [(f"m{n}", b"x", None)])], once_each=True)
+    key = history.keys.history_ids("t")
+    assert set(history.redis.zrange(key, 0, -1)) == {f"m{n}".encode() for n in range(70, 120)}
+    assert history.append([("t", [("m119", b"x", None)])], once_each=True)[0][1:] == (0, 0)
+    assert 0 < history.redis.pttl(key) <= module.REPEAT_WINDOW * 1000
+    history.redis.zadd(key, {"m119": 1})  # appended long ago: out of the window now
+    history.append([("t", [("m120", b"x", None)])], once_each=True)
+    assert history.redis.zscore(key, "m119") is None
+
+
 class Heard:
     """An observer that keeps what it is told of fanouts."""
 

@@ -1,42 +1,82 @@
 -- Append a fanout's messages to their topic's history.
 -- KEYS[1] the history stream (<p>history:{T})
 -- KEYS[2] its offset and epoch (<p>history-meta:{T}, a hash); same slot
+-- KEYS[3] the workers' recent message ids (<p>history-ids:{T}, a sorted
+--         set: message id -> when, in ms); same slot
 -- ARGV[1] history_size (MAXLEN ~), ARGV[2] history_ttl (seconds),
 -- ARGV[3] an epoch to take if the topic has none, ARGV[4] now (ms),
+-- ARGV[5] '0': the call as a whole once; else each message once within
+-- that many ms, ARGV[6] ids kept at most,
 -- then message id, payload and headers (JSON, or "" for none), triples,
 -- in order.
 -- An entry's stream id is "<offset>-1": offsets count per topic from 1, so
 -- the id is the offset and XRANGE reads from one. A topic whose offset was
 -- lost (expired, or Redis wiped) starts again at 1 with a new epoch, and
 -- what was left of its stream goes: its offsets belong to the old epoch.
--- The same call again (a group of fanouts run again after gearmand failed
--- them, or after the look-up it rode with failed) appends nothing: the
--- hash keeps the first message id of the last call, 'mid'.
+-- Nothing is appended twice:
+-- - each message once (the workers' fanouts): a group of fanouts run again
+--   after gearmand failed them may come back in other company, after other
+--   appends; a message whose id was appended within the window is skipped.
+-- - the call once (a bridge's SENDs, new ids each time): only the same call
+--   can come again (the look-up it rode with failed); the hash keeps the
+--   first message id of the last call, 'mid'.
 -- Returns {epoch, first offset appended, last offset appended} ({epoch, 0,
--- 0} for a call made again).
+-- 0} when nothing was).
+local FIRST = 7
 local epoch = redis.call('HGET', KEYS[2], 'epoch')
+local window = tonumber(ARGV[5])
 if not epoch then
   epoch = ARGV[3]
-  redis.call('DEL', KEYS[1])
+  redis.call('DEL', KEYS[1], KEYS[3])
   redis.call('HSET', KEYS[2], 'epoch', epoch)
-elseif redis.call('HGET', KEYS[2], 'mid') == ARGV[5] then
+elseif window == 0 and redis.call('HGET', KEYS[2], 'mid') == ARGV[FIRST] then
   return {epoch, 0, 0}
 end
-local n = (#ARGV - 4) / 3
-redis.call('HSET', KEYS[2], 'mid', ARGV[5])
-local last = redis.call('HINCRBY', KEYS[2], 'offset', n)
-local first = last - n + 1
-for i = 0, n - 1 do
-  local at = 5 + 3 * i
+local new = {}
+if window > 0 then
+  local ids = {}
+  for at = FIRST, #ARGV, 3 do
+    ids[#ids + 1] = ARGV[at]
+  end
+  for from = 1, #ids, 1000 do  -- unpack's stack is bounded
+    local upto = math.min(from + 999, #ids)
+    local seen = redis.call('ZMSCORE', KEYS[3], unpack(ids, from, upto))
+    for i = from, upto do
+      if not seen[i - from + 1] then
+        new[#new + 1] = FIRST + 3 * (i - 1)
+      end
+    end
+  end
+else
+  redis.call('HSET', KEYS[2], 'mid', ARGV[FIRST])
+  for at = FIRST, #ARGV, 3 do
+    new[#new + 1] = at
+  end
+end
+if #new == 0 then
+  return {epoch, 0, 0}
+end
+local last = redis.call('HINCRBY', KEYS[2], 'offset', #new)
+local first = last - #new + 1
+for i, at in ipairs(new) do
+  local offset = first + i - 1
   if ARGV[at + 2] == '' then
-    redis.call('XADD', KEYS[1], (first + i) .. '-1', 'm', ARGV[at], 'p', ARGV[at + 1],
+    redis.call('XADD', KEYS[1], offset .. '-1', 'm', ARGV[at], 'p', ARGV[at + 1],
                't', ARGV[4])
   else
-    redis.call('XADD', KEYS[1], (first + i) .. '-1', 'm', ARGV[at], 'p', ARGV[at + 1],
+    redis.call('XADD', KEYS[1], offset .. '-1', 'm', ARGV[at], 'p', ARGV[at + 1],
                't', ARGV[4], 'h', ARGV[at + 2])
+  end
+  if window > 0 then
+    redis.call('ZADD', KEYS[3], ARGV[4], ARGV[at])
   end
 end
 redis.call('XTRIM', KEYS[1], 'MAXLEN', '~', ARGV[1])
 redis.call('EXPIRE', KEYS[1], ARGV[2])
 redis.call('EXPIRE', KEYS[2], ARGV[2])
+if window > 0 then
+  redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', tonumber(ARGV[4]) - window)
+  redis.call('ZREMRANGEBYRANK', KEYS[3], 0, -tonumber(ARGV[6]) - 1)
+  redis.call('PEXPIRE', KEYS[3], window)
+end
 return {epoch, first, last}
