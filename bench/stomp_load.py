@@ -169,7 +169,9 @@ def subscriber(port, login, destination, connections, expected, timed, ready, re
                extra=None):
     """``connections`` subscriptions (with the SUBSCRIBE headers ``extra``);
     counts MESSAGE frames until each has ``expected``; with ``timed``, the
-    latency of every one."""
+    latency of every one, twice: when this process has read it, and when it
+    woke up to read it (the first takes in the time this process spent
+    reading its other sockets ready at the same wake-up: its own queueing)."""
     socks = []
     for i in range(connections):
         sock = connect(port, login)
@@ -180,14 +182,16 @@ def subscriber(port, login, destination, connections, expected, timed, ready, re
     ready.put(1)
     import selectors
     selector = selectors.DefaultSelector()
-    counts, tails, latencies = {}, {}, []
+    counts, tails, latencies, at_wake = {}, {}, [], []
     for sock in socks:
         selector.register(sock, selectors.EVENT_READ)
         counts[sock], tails[sock] = 0, b""
     left = len(socks)
     last = time.time()
     while left:
-        for key, _ in selector.select(timeout=120):
+        ready = selector.select(timeout=120)
+        woke = time.time()
+        for key, _ in ready:
             sock = key.fileobj
             data = sock.recv(1 << 20)
             if not data:
@@ -197,13 +201,14 @@ def subscriber(port, login, destination, connections, expected, timed, ready, re
                 now = time.time()
                 frames = (tails[sock] + data).split(b"\0")
                 tails[sock] = frames.pop()
-                latencies += [now - float(f[f.index(b"\n\n") + 2:])
-                              for f in frames if f.strip()]
+                sent = [float(f[f.index(b"\n\n") + 2:]) for f in frames if f.strip()]
+                latencies += [now - t for t in sent]
+                at_wake += [woke - t for t in sent]
             if counts[sock] >= expected:
                 selector.unregister(sock)
                 left -= 1
             last = time.time()
-    results.put((sum(counts.values()), last, latencies))
+    results.put((sum(counts.values()), last, latencies, at_wake))
 
 
 def producer(port, login, destination, messages, rate, start, results):
@@ -304,14 +309,17 @@ def topic_run(broker, subscribers: int, messages: int, rate: float = 0.0,
     cpu = broker.cpu_seconds() - cpu_before
     for p in subs + prods:
         p.join(30)
-    delivered = sum(n for n, _, _ in got)
-    elapsed = max(last for _, last, _ in got) - began
-    latencies = [lat for _, _, lats in got for lat in lats]
+    delivered = sum(n for n, _, _, _ in got)
+    elapsed = max(last for _, last, _, _ in got) - began
+    latencies = [lat for _, _, lats, _ in got for lat in lats]
+    at_wake = [lat for _, _, _, lats in got for lat in lats]
     result = {"deliveries": delivered, "rate": delivered / elapsed,
               "broker_cpu": cpu / elapsed}
     if latencies:
         result.update(p50_ms=percentile(latencies, 0.5) * 1000,
-                      p99_ms=percentile(latencies, 0.99) * 1000)
+                      p99_ms=percentile(latencies, 0.99) * 1000,
+                      wake_p50_ms=percentile(at_wake, 0.5) * 1000,
+                      wake_p99_ms=percentile(at_wake, 0.99) * 1000)
     return result
 
 
@@ -415,19 +423,24 @@ def latency_at(brokers: list, args) -> dict[str, dict[int, dict]]:
                                   rate=rate)
                     turns[broker_cls.name][rate].append(r)
                     print(f"  {broker_cls.name:9} turn {turn + 1} topic x{args.subscribers} at "
-                          f"{rate:>6,} msg/s: "
-                          f"p50 {r['p50_ms']:6.1f} ms  p99 {r['p99_ms']:6.1f} ms  "
+                          f"{rate:>6,} msg/s: {_latencies(r)}  "
                           f"(cpu {r['broker_cpu']:.2f})", flush=True)
     results: dict[str, dict[int, dict]] = {}
     for name, by_rate in turns.items():
         for rate, runs in by_rate.items():
             median = {key: statistics.median(r[key] for r in runs)
-                      for key in ("p50_ms", "p99_ms", "broker_cpu")}
+                      for key in ("p50_ms", "p99_ms", "wake_p50_ms", "wake_p99_ms",
+                                  "broker_cpu")}
             results.setdefault(name, {})[rate] = median
             print(f"  {name:9} median of {len(runs)}, topic x{args.subscribers} at "
-                  f"{rate:>6,} msg/s: "
-                  f"p50 {median['p50_ms']:6.1f} ms  p99 {median['p99_ms']:6.1f} ms", flush=True)
+                  f"{rate:>6,} msg/s: {_latencies(median)}", flush=True)
     return results
+
+
+def _latencies(r: dict) -> str:
+    """p50 and p99 when read, and when the subscriber woke up to read."""
+    return (f"p50 {r['p50_ms']:6.1f} ms  p99 {r['p99_ms']:6.1f} ms  "
+            f"(at wake-up p50 {r['wake_p50_ms']:5.1f}  p99 {r['wake_p99_ms']:5.1f})")
 
 
 def profile(args) -> None:
