@@ -186,6 +186,28 @@ def test_held_messages_come_back_in_order_when_their_consumer_leaves(raw_clients
     assert all(m.headers["redelivered"] == "true" for m in back)
 
 
+def test_an_ack_written_together_with_the_disconnect_is_kept(raw_clients):
+    """The ACK and the DISCONNECT are read together and handled with no
+    pause between: the acked message's WORK_COMPLETE must reach gearmand
+    before the bridge closes its Gearman connection, or it comes again."""
+    queue = f"/queue/{unique_topic()}"
+    holder, other = raw_clients(), raw_clients()
+    for body in (b"m1", b"m2"):
+        send(holder, queue, body)
+    subscribe(holder, queue, "h", ack="client-individual", **{"prefetch-count": "1"})
+    held = holder.expect("MESSAGE")
+    assert held.body == b"m1"
+    holder.send(b"ACK\nid:" + held.headers["ack"].encode() + b"\n\n\0"
+                b"DISCONNECT\nreceipt:bye\n\n\0")
+    assert holder.expect("RECEIPT").headers["receipt-id"] == "bye"
+    send(other, queue, b"m3")
+    subscribe(other, queue, "o", ack="auto", **{"prefetch-count": "10"})
+    got = {other.expect("MESSAGE").body for _ in range(2)}
+    assert got == {b"m2", b"m3"}  # m2 given back by the closing holder, m3 new
+    send(other, queue, b"m4")  # gearmand had m1 again at the close, if ever: before this
+    assert other.expect("MESSAGE").body == b"m4"
+
+
 def test_every_message_says_whether_it_is_redelivered(raw_clients):
     topic = unique_topic()
     client = raw_clients("1.1")
