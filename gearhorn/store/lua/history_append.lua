@@ -2,7 +2,7 @@
 -- KEYS[1] the history stream (<p>history:{T})
 -- KEYS[2] its offset and epoch (<p>history-meta:{T}, a hash); same slot
 -- KEYS[3] the workers' recent message ids (<p>history-ids:{T}, a sorted
---         set: message id -> when, in ms); same slot
+--         set: message id -> when, in ms by Redis's clock); same slot
 -- ARGV[1] history_size (MAXLEN ~), ARGV[2] history_ttl (seconds),
 -- ARGV[3] an epoch to take if the topic has none, ARGV[4] now (ms),
 -- ARGV[5] '0': the call as a whole once; else each message once within
@@ -33,7 +33,10 @@ elseif window == 0 and redis.call('HGET', KEYS[2], 'mid') == ARGV[FIRST] then
   return {epoch, 0, 0}
 end
 local new = {}
+local now = 0  -- Redis's clock, not the callers': their clocks may differ
 if window > 0 then
+  local time = redis.call('TIME')
+  now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
   local ids = {}
   for at = FIRST, #ARGV, 3 do
     ids[#ids + 1] = ARGV[at]
@@ -68,14 +71,14 @@ for i, at in ipairs(new) do
                't', ARGV[4], 'h', ARGV[at + 2])
   end
   if window > 0 then
-    redis.call('ZADD', KEYS[3], ARGV[4], ARGV[at])
+    redis.call('ZADD', KEYS[3], now, ARGV[at])
   end
 end
 redis.call('XTRIM', KEYS[1], 'MAXLEN', '~', ARGV[1])
 redis.call('EXPIRE', KEYS[1], ARGV[2])
 redis.call('EXPIRE', KEYS[2], ARGV[2])
 if window > 0 then
-  redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', tonumber(ARGV[4]) - window)
+  redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now - window)
   redis.call('ZREMRANGEBYRANK', KEYS[3], 0, -tonumber(ARGV[6]) - 1)
   redis.call('PEXPIRE', KEYS[3], window)
 end
