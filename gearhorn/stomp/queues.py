@@ -99,6 +99,8 @@ class QueueDispatcher:
         self.function = function
         self._tls = tls
         self._dead_letter = dead_letter
+        self._dead_letters: deque[tuple[Delivery, str]] = deque()  # to move, in order
+        self._dead_lettering = False
         self._recall = Recall(function, lookup, handouts)
         self._give_back = give_back
         self._after = after  # the give-back of this queue's previous dispatcher here
@@ -216,7 +218,7 @@ class QueueDispatcher:
             if not delivery.done:
                 self._settle(delivery)
                 delivery.consumer = None
-                gevent.spawn(self._move_to_dead_letters, delivery, "rejected")
+                self._dead_letter_later(delivery, "rejected")
         self.credit_changed()
 
     def _expired(self, delivery: Delivery) -> None:
@@ -233,13 +235,34 @@ class QueueDispatcher:
 
     def _exhausted(self, delivery: Delivery, reason: str) -> bool:
         """After ``max_deliveries`` the message goes to the dead-letter queue
-        instead of back in line (in a greenlet of its own: it waits for gearmand)."""
+        instead of back in line."""
         if self._dead_letter is None or not self.state.exhausted(delivery):
             return False
         self._settle(delivery)
         delivery.consumer = None
-        gevent.spawn(self._move_to_dead_letters, delivery, reason)
+        self._dead_letter_later(delivery, reason)
         return True
+
+    def _dead_letter_later(self, delivery: Delivery, reason: str) -> None:
+        """In a greenlet (moving waits for gearmand and Redis), one at a time:
+        the dead-letter queue and its index keep the order messages were
+        given up in, which one greenlet each did not when Redis was slow
+        for the first."""
+        self._dead_letters.append((delivery, reason))
+        if not self._dead_lettering:
+            self._dead_lettering = True
+            gevent.spawn(self._move_dead_letters)
+
+    def _move_dead_letters(self) -> None:
+        try:
+            while self._dead_letters:
+                delivery, reason = self._dead_letters.popleft()
+                try:
+                    self._move_to_dead_letters(delivery, reason)
+                except Exception:  # noqa: BLE001 - a bug; the letters behind it still go
+                    log.exception("%s: dead-lettering %s", self.function, delivery.job.handle)
+        finally:
+            self._dead_lettering = False
 
     def _move_to_dead_letters(self, delivery: Delivery, reason: str) -> None:
         try:
