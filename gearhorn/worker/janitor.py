@@ -67,7 +67,7 @@ class BridgeLiveness:
         self.redis.sadd(self.keys.bridge(self.bridge_id), *(entry for entry, _ in held))
         for entry, subscription in held:
             kind, _, rest = entry.partition("\t")
-            if kind == QUEUE:
+            if kind == QUEUE and entry in self.entries:
                 self.redis.sadd(self.keys.temp_queues, rest)
             if kind == TOPIC and entry in self.entries:
                 if subscription is None:
@@ -76,8 +76,8 @@ class BridgeLiveness:
                 self.registry.subscribe(subscription)
                 if entry not in self.entries:  # released while it was registered again
                     self.registry.unsubscribe(subscription)
-        if gone := [entry for entry, _ in held if entry not in self.entries]:
-            self.redis.srem(self.keys.bridge(self.bridge_id), *gone)
+        for entry in [entry for entry, _ in held if entry not in self.entries]:
+            self._write(entry, "srem")  # released meanwhile: unlisted again
 
     def holds(self, entry: str, subscription: Subscription | None = None) -> None:
         self.entries[entry] = subscription

@@ -67,6 +67,7 @@ def test_subscriptions_coming_and_going_while_a_bridge_registers_again(registry)
     for client in ("s1", "s2"):
         bridge.holds(topic_entry("news", client), Subscription("news", client))
         registry.subscribe(Subscription("news", client))
+    bridge.holds(queue_entry("gearhorn.tmp.s1.r"))
     Janitor(registry, lambda f: None).sweep(now=1010)
     subscribe = registry.subscribe
     calls = []
@@ -82,6 +83,7 @@ def test_subscriptions_coming_and_going_while_a_bridge_registers_again(registry)
             bridge.released(topic_entry("news", gone))
             bridge.releasing(topic_entry("news", subscription.client_id))
             registry.unsubscribe(subscription)  # lands before the restore's subscribe
+            bridge.released(queue_entry("gearhorn.tmp.s1.r"))  # its connection closed
         return subscribe(subscription)
 
     registry.subscribe = meanwhile
@@ -91,6 +93,7 @@ def test_subscriptions_coming_and_going_while_a_bridge_registers_again(registry)
     bridge.released(topic_entry("news", calls[0]))
     assert registry.subscribers("news") == {"s3"}
     assert registry.redis.smembers("t:bridge:slow") == {b"topic\tnews\ts3"}
+    assert registry.redis.smembers("t:temp-queues") == set()
 
 
 def test_temp_queues_are_listed_while_they_live(registry):
