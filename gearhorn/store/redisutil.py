@@ -35,9 +35,9 @@ def run_scripts(client: redis.Redis, calls: list[ScriptCall]) -> list[object]:
     COMMAND GETKEYS per script unless told the node (measured with
     bench/scale.py). A node that answers NOSCRIPT (new, or a replica
     promoted by a failover) gets those scripts loaded, and those calls
-    alone are made again: the others ran, and an append made again after
-    another client's would append twice (lua/history_append.lua skips only
-    a repeat of the last call).
+    alone are made again: the others ran, and a bridge's history append
+    made again after another client's would append twice
+    (lua/history_append.lua skips only a repeat of a bridge's last call).
     """
     return with_scripts_loaded(client, calls, lambda some: _pipelined_scripts(client, some))
 

@@ -334,3 +334,37 @@ def test_the_pool_cleans_up_after_a_bridge_killed_without_a_word(
 def temp_queues(server):
     return {f.name for f in gearman.status(server.host, server.port)
             if f.name.startswith("gearhorn.tmp.")}
+
+
+def test_a_bridge_taken_for_dead_while_alive_registers_its_subscriptions_as_they_were(
+        gearmand, start_pool, start_bridge, stomp_clients):
+    """A bridge stopped (SIGSTOP) past its heartbeats' expiry is swept by the
+    janitor; when it runs again it registers its subscriptions again, with
+    the limits and bridge they had, and keeps beating (janitor.py)."""
+    pool = start_pool([gearmand])
+    fast = {"GEARHORN_HEARTBEAT_INTERVAL": "0.5", "GEARHORN_WORKER_TTL": "2"}
+    bridge = start_bridge([gearmand], env=fast)
+    topic = unique_topic()
+    client = stomp_clients(bridge.port, **{"client-id": "frozen"})
+    client.subscribe(f"/topic/{topic}", "s", **{"x-max-length": "7"})
+    (member,) = wait_for(lambda: pool.registry.subscribers(topic), message="the subscription")
+    record, limits = pool.registry.subscription(f"{topic}_{member}")
+    assert limits.max_length == 7 and record["bridge"]
+
+    bridge.process.send_signal(signal.SIGSTOP)
+    try:
+        wait_for(lambda: not pool.registry.subscribers(topic), 120,
+                 message="the janitor to sweep the stopped bridge")
+    finally:
+        bridge.process.send_signal(signal.SIGCONT)
+    wait_for(lambda: pool.registry.subscribers(topic) == {member}, 60,
+             message="the bridge to register its subscription again")
+    again, limits = pool.registry.subscription(f"{topic}_{member}")
+    assert limits.max_length == 7 and again["bridge"] == record["bridge"]
+    # Still beating: not swept again over the next heartbeats' lifetime.
+    deadline = time.monotonic() + 12
+    while time.monotonic() < deadline:
+        assert pool.registry.subscribers(topic) == {member}
+        time.sleep(0.5)
+    client.send(f"/topic/{topic}", b"after")
+    assert client.messages(1, timeout=30)[0].body == b"after"

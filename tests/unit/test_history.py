@@ -136,9 +136,21 @@ def test_stream_subscribers_are_listed_but_get_no_copies(registry):
         svc.handle("subscribe_fanout", b'{"topic": "news", "client_id": "+me"}')
 
 
+def news_fanouts(registry, client, count):
+    """A fanout service keeping history, one subscriber of "news", and
+    ``count`` background fanout jobs to it (payloads "0", "1", ...)."""
+    from gearhorn.worker.fanout import Job
+
+    svc = FanoutService(Config(history_size=100), registry, SubscriberCache(registry), client)
+    svc.handle("subscribe_fanout", b'{"topic": "news", "client_id": "a"}')
+    return svc, [Job("fanout", json.dumps({"topic": "news", "payload": str(n),
+                                           "background": True}).encode(), f"u{n}")
+                 for n in range(count)]
+
+
 def test_a_group_run_again_after_gearmand_failed_is_in_history_once(registry):
     from gearhorn import gearman
-    from gearhorn.worker.fanout import Job, ServiceUnavailable
+    from gearhorn.worker.fanout import ServiceUnavailable
 
     class FailsOnce(RecordingClient):
         failed = False
@@ -149,12 +161,7 @@ def test_a_group_run_again_after_gearmand_failed_is_in_history_once(registry):
                 raise gearman.GearmanError("connection reset")
             return super().submit_background(copies, precedence)
 
-    svc = FanoutService(Config(history_size=100), registry, SubscriberCache(registry),
-                        FailsOnce())
-    svc.handle("subscribe_fanout", b'{"topic": "news", "client_id": "a"}')
-    jobs = [Job("fanout", json.dumps({"topic": "news", "payload": str(n),
-                                      "background": True}).encode(), f"u{n}")
-            for n in range(3)]
+    svc, jobs = news_fanouts(registry, FailsOnce(), 3)
     with pytest.raises(ServiceUnavailable):
         list(svc.run(jobs))
     assert [len(group) for group in svc.run(jobs)] == [3]
@@ -165,14 +172,7 @@ def test_a_group_run_again_after_gearmand_failed_is_in_history_once(registry):
 def test_fanouts_run_again_in_other_company_are_each_in_history_once(registry):
     """gearmand hands failed jobs out again in any grouping, and other
     fanouts to the topic may come between: no message twice, none lost."""
-    from gearhorn.worker.fanout import Job
-
-    svc = FanoutService(Config(history_size=100), registry, SubscriberCache(registry),
-                        RecordingClient())
-    svc.handle("subscribe_fanout", b'{"topic": "news", "client_id": "a"}')
-    jobs = [Job("fanout", json.dumps({"topic": "news", "payload": str(n),
-                                      "background": True}).encode(), f"u{n}")
-            for n in range(5)]
+    svc, jobs = news_fanouts(registry, RecordingClient(), 5)
     list(svc.run(jobs[0:3]))
     list(svc.run(jobs[3:4]))  # another producer's, in between
     list(svc.run(jobs[1:3]))  # run again without the first
@@ -195,6 +195,7 @@ def test_message_ids_are_kept_for_the_repeat_window_and_bounded(history, monkeyp
     history.redis.zadd(key, {"m119": 1})  # appended long ago: out of the window now
     history.append([("t", [("m120", b"x", None)])], once_each=True)
     assert history.redis.zscore(key, "m119") is None
+    assert history.append([("t", [("m119", b"x", None)])], once_each=True)[0][1:] == (122, 122)
 
 
 class Heard:
