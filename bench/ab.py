@@ -32,6 +32,7 @@ sys.path.insert(0, ROOT)
 from bench.stomp_bridge import Gearhorn  # noqa: E402
 from bench.stomp_load import (  # noqa: E402
     client_options,
+    pooled,
     queue_run,
     topic_run,
     use_client_options,
@@ -81,7 +82,8 @@ def one_turn(tree: str, args) -> dict[str, dict]:
 
 def figure(name: str, result: dict) -> str:
     if "p50_ms" in result:
-        return f"p50 {result['p50_ms']:5.1f}  p99 {result['p99_ms']:6.1f} ms"
+        return (f"p50 {result['p50_ms']:5.2f}  p99 {result['p99_ms']:6.2f} ms  "
+                f"bridge cpu {result['broker_cpu']:.3f}")
     return f"{result['rate']:9,.0f}/s"
 
 
@@ -112,10 +114,12 @@ def main() -> None:
                     turns.setdefault((rev, name), []).append(result)
                     print(f"  turn {turn}  {rev:12} {name:12} {figure(name, result)}", flush=True)
     for (rev, name), results in turns.items():
-        keys = ("p50_ms", "p99_ms") if "p50_ms" in results[0] else ("rate",)
+        keys = ("p50_ms", "p99_ms", "broker_cpu") if "p50_ms" in results[0] else ("rate",)
         median = {key: statistics.median(r[key] for r in results) for key in keys}
         print(f"  median of {len(results)}  {rev:12} {name:12} {figure(name, median)}",
               flush=True)
+        if "p50_ms" in results[0]:
+            print(f"  pooled       {rev:12} {name:12} {pooled(results)}", flush=True)
 
 
 if __name__ == "__main__":

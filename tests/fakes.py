@@ -77,13 +77,14 @@ class FakeTransport:
     def __init__(self):
         self.parser = FrameParser()
         self.parser.version = "1.2"
-        self.frames, self.callbacks = [], []
+        self.frames, self.callbacks, self.inline = [], [], []
         self.closed = False
         self.backlog = 0
 
-    def send(self, data, on_sent=None, on_dropped=None):
+    def send(self, data, on_sent=None, on_dropped=None, inline=False):
         self.frames += self.parser.feed(data)
         self.callbacks.append((on_sent, on_dropped))
+        self.inline.append(inline)
 
     def close(self):
         self.closed = True
@@ -121,9 +122,13 @@ class FakeReader:
 
     def __init__(self, consumer):
         self.consumers = [consumer]
+        self.settled_count = 0
 
     def remove(self, consumer, unacked, give_back=True):
         self.consumers.remove(consumer)
+
+    def settled(self):
+        self.settled_count += 1
 
 
 class FakeBroker:

@@ -36,7 +36,10 @@ class Transport(Protocol):
     backlog: int  # bytes queued and not yet written
 
     def send(self, data: bytes, on_sent: Callable[[], None] | None = None,
-             on_dropped: Callable[[], None] | None = None) -> None: ...
+             on_dropped: Callable[[], None] | None = None, inline: bool = False) -> None:
+        """Queue ``data``; ``on_sent`` once written, ``on_dropped`` if never.
+        ``inline``: ``on_sent`` never blocks, so it may run wherever the
+        bytes are written (else only where blocking is allowed)."""
 
     def close(self) -> None: ...
 

@@ -1,6 +1,6 @@
 """One STOMP connection's protocol state, independent of the transport.
 
-The session only calls ``transport.send(bytes, on_sent, on_dropped)`` and
+The session only calls ``transport.send(bytes, on_sent, on_dropped, inline)`` and
 ``transport.close()``, so tests drive it without sockets. Frames are
 dispatched by command to ``on_<command>`` methods. Every protocol violation
 ends in an ERROR frame with a ``message`` header, then the connection closes.
@@ -392,7 +392,8 @@ class Session:
                 sub.in_flight -= 1
                 delivery.nack()
 
-            self.transport.send(data, sent, dropped)
+            # A stream's ack only frees credit: it never blocks.
+            self.transport.send(data, sent, dropped, inline=sub.stream)
         else:
             sub.unacked[message_id] = delivery
             self.acks[message_id] = sub

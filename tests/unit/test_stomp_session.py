@@ -8,6 +8,7 @@ from gearhorn.stomp.auth import Principal
 from gearhorn.stomp.frames import Frame
 from gearhorn.stomp.rules import SessionSettings, parse_destination
 from gearhorn.stomp.sending import PLAIN
+from gearhorn.stomp.streams import StreamDelivery
 from tests.fakes import FakeBroker, FakeTransport, session_without_sockets
 
 
@@ -167,6 +168,25 @@ def test_auto_ack_completes_only_once_written(session):
     sent_x()
     dropped_y()
     assert d.acked == [b"x"] and d.given_back == [b"y"]
+
+
+def test_only_a_stream_subscriptions_auto_ack_runs_where_its_message_is_written(session):
+    """A queue's ack completes a gearmand job, and may block: the writer
+    runs it. A stream's only frees credit (gearhorn/stomp/streams.py)."""
+    s, transport, broker = session
+    connect(session)
+    s.handle(Frame("SUBSCRIBE", {"destination": "/queue/a", "id": "q"}))
+    broker.dispatchers["a"].push(b"x")
+    s.handle(Frame("SUBSCRIBE", {"destination": "/topic/news", "id": "live"}))
+    live = s.subscriptions["live"]
+    credit = live.credit()
+    live.deliver(StreamDelivery(live.dispatcher, b"y", {}, "m-1", b""))
+    assert live.credit() == credit - 1
+    assert [f.body for f in transport.frames[-2:]] == [b"x", b"y"]
+    assert transport.inline[-2:] == [False, True]
+    sent, _ = transport.callbacks[-1]
+    sent()
+    assert live.credit() == credit and live.dispatcher.settled_count == 1
 
 
 def test_credit_follows_prefetch(session):

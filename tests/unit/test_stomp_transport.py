@@ -3,7 +3,7 @@ on a gevent socket pair: a turn's first frame is written at once, those
 sent after it in the same turn together once the greenlet gives way (and,
 while frames read together are handled, all of them at the end); what
 the socket cannot take, by the connection's writer, in order; ``on_sent``
-always from the writer."""
+from the writer, unless sent ``inline``."""
 
 import gevent
 import gevent.event
@@ -126,6 +126,20 @@ def test_on_sent_runs_in_the_writer(pair):
     connection.send(b"MESSAGE 1", lambda: sent.append(1))
     wait_for(lambda: sent == [1])
     assert theirs.recv(100) == b"MESSAGE 1"
+
+
+def test_an_inline_on_sent_runs_as_its_bytes_are_written(pair):
+    connection, theirs = pair
+    sent = []
+    connection._writer.kill()  # nothing but the write itself runs them
+    connection.send(b"MESSAGE 1|", lambda: sent.append("inline"), inline=True)
+    assert sent == ["inline"]  # before this greenlet gave way
+    connection.send(b"MESSAGE 2|", lambda: sent.append("later"), inline=True)
+    connection.send(b"MESSAGE 3|", lambda: sent.append("writer's"))
+    gevent.sleep(0)  # the loop writes the rest of the turn
+    assert theirs.recv(100) == b"MESSAGE 1|MESSAGE 2|MESSAGE 3|"
+    assert sent == ["inline", "later"]
+    assert [callback.__name__ for callback in connection._written] == ["<lambda>"]
 
 
 def test_what_the_socket_cannot_take_now_is_written_later_in_order(pair):
