@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 from collections import deque
 from collections.abc import Callable
+from functools import partial
 from typing import Protocol
 
 import gevent
@@ -29,6 +30,7 @@ import gevent.queue
 from gearhorn import gearman
 from gearhorn.background import Backoff
 from gearhorn.stomp import dispatch
+from gearhorn.stomp.inorder import InOrder
 from gearhorn.stomp.recall import Recall
 from gearhorn.store.handouts import Handouts
 from gearhorn.store.redisconn import REDIS_ERRORS
@@ -99,8 +101,7 @@ class QueueDispatcher:
         self.function = function
         self._tls = tls
         self._dead_letter = dead_letter
-        self._dead_letters: deque[tuple[Delivery, str]] = deque()  # to move, in order
-        self._dead_lettering = False
+        self._dead_letters = InOrder(f"{function}: dead-lettering")  # in the order given up
         self._recall = Recall(function, lookup, handouts)
         self._give_back = give_back
         self._after = after  # the give-back of this queue's previous dispatcher here
@@ -244,25 +245,11 @@ class QueueDispatcher:
         return True
 
     def _dead_letter_later(self, delivery: Delivery, reason: str) -> None:
-        """In a greenlet (moving waits for gearmand and Redis), one at a time:
-        the dead-letter queue and its index keep the order messages were
-        given up in, which one greenlet each did not when Redis was slow
-        for the first."""
-        self._dead_letters.append((delivery, reason))
-        if not self._dead_lettering:
-            self._dead_lettering = True
-            gevent.spawn(self._move_dead_letters)
-
-    def _move_dead_letters(self) -> None:
-        try:
-            while self._dead_letters:
-                delivery, reason = self._dead_letters.popleft()
-                try:
-                    self._move_to_dead_letters(delivery, reason)
-                except Exception:  # noqa: BLE001 - a bug; the letters behind it still go
-                    log.exception("%s: dead-lettering %s", self.function, delivery.job.handle)
-        finally:
-            self._dead_lettering = False
+        """Off this greenlet (moving waits for gearmand and Redis), one at a
+        time: the dead-letter queue and its index keep the order messages
+        were given up in."""
+        self._dead_letters.later(partial(self._move_to_dead_letters, delivery, reason),
+                                 delivery.job.handle)
 
     def _move_to_dead_letters(self, delivery: Delivery, reason: str) -> None:
         try:

@@ -16,7 +16,7 @@ def given_up(handle):
     return SimpleNamespace(tracked=False, job=SimpleNamespace(handle=handle))
 
 
-def test_dead_letters_are_moved_in_the_order_they_were_given_up():
+def test_dead_letters_are_moved_in_the_order_they_were_given_up(caplog):
     slow_first = gevent.event.Event()  # Redis slow for the first one only
     moved = []
 
@@ -37,6 +37,7 @@ def test_dead_letters_are_moved_in_the_order_they_were_given_up():
         while len(moved) < 3:
             gevent.sleep(0.01)
     assert moved == [("H1", "rejected"), ("H2", "rejected"), ("H4", "rejected")]
+    assert "q: dead-lettering H3" in caplog.text  # the bug is logged, naming its job
     dispatcher._dead_letter_later(given_up("H5"), "expired")  # a new mover, after the last
     with gevent.Timeout(10):
         while len(moved) < 4:
