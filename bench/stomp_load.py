@@ -451,8 +451,8 @@ def pooled(runs: list[dict]) -> str:
 
 def _latencies(r: dict) -> str:
     """p50 and p99 when read, and when the subscriber woke up to read."""
-    return (f"p50 {r['p50_ms']:6.1f} ms  p99 {r['p99_ms']:6.1f} ms  "
-            f"(at wake-up p50 {r['wake_p50_ms']:5.1f}  p99 {r['wake_p99_ms']:5.1f})")
+    return (f"p50 {r['p50_ms']:6.2f} ms  p99 {r['p99_ms']:6.2f} ms  "
+            f"(at wake-up p50 {r['wake_p50_ms']:5.2f}  p99 {r['wake_p99_ms']:5.2f})")
 
 
 def profile(args) -> None:

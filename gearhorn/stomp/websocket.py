@@ -7,8 +7,10 @@ at ``/ws`` with the subprotocols ``v12.stomp``, ``v11.stomp`` and
 ``settimeout``, ``shutdown``, ``close``), so a WebSocket connection has the
 same session, logins, rights, limits, heart-beats and TLS as a TCP one. The
 bytes of every message go to the same incremental frame parser: a message
-may hold one frame, several, or part of one. wsproto speaks the protocol
-without doing I/O (docs/design.rst says why it was chosen).
+may hold one frame, several, or part of one. wsproto does the upgrade
+without doing I/O (docs/design.rst says why it was chosen); the frames
+after it are read by gearhorn/stomp/wsframes.py and written by
+:func:`data_frame`, at a fraction of wsproto's cost.
 """
 
 from __future__ import annotations
@@ -20,17 +22,10 @@ import time
 
 import gevent.lock
 from wsproto import ConnectionType, WSConnection
-from wsproto.connection import ConnectionState
-from wsproto.events import (
-    AcceptConnection,
-    CloseConnection,
-    Message,
-    Ping,
-    RejectConnection,
-    RejectData,
-    Request,
-)
+from wsproto.events import AcceptConnection, RejectConnection, RejectData, Request
 from wsproto.utilities import LocalProtocolError, RemoteProtocolError
+
+from gearhorn.stomp.wsframes import NORMAL, ClientFrames, Violation, close_frame, pong_frame
 
 PATH = "/ws"
 # Best first: a client offering several gets the newest STOMP it names.
@@ -74,6 +69,7 @@ def accept(sock: socket.socket, timeout: float) -> WebSocketStream:
     """Read the HTTP upgrade from ``sock`` within ``timeout`` s and accept it."""
     ws = WSConnection(ConnectionType.SERVER)
     deadline = time.monotonic() + timeout
+    seen = b""  # the request, and what came behind it (the frames' to read)
     while True:
         request = next((e for e in ws.events() if isinstance(e, Request)), None)
         if request is not None:
@@ -88,6 +84,7 @@ def accept(sock: socket.socket, timeout: float) -> WebSocketStream:
             continue
         if not data:
             raise HandshakeFailed("closed before the upgrade")
+        seen += data
         try:
             ws.receive_data(data)
         except RemoteProtocolError as exc:
@@ -100,7 +97,7 @@ def accept(sock: socket.socket, timeout: float) -> WebSocketStream:
         _reject(sock, ws, 400, str(exc))
     sock.settimeout(None)
     sock.sendall(ws.send(AcceptConnection(subprotocol=subprotocol)))
-    return WebSocketStream(sock, ws, subprotocol)
+    return WebSocketStream(sock, subprotocol, seen.partition(b"\r\n\r\n")[2])
 
 
 def _reject(sock: socket.socket, ws: WSConnection, status: int, reason: str) -> None:
@@ -127,17 +124,19 @@ def _utf8(data: bytes) -> bool:
 class WebSocketStream:
     """An accepted WebSocket, read and written as a stream of STOMP bytes."""
 
-    def __init__(self, sock: socket.socket, ws: WSConnection,
-                 subprotocol: str | None) -> None:
+    def __init__(self, sock: socket.socket, subprotocol: str | None,
+                 received: bytes = b"") -> None:
         self.sock = sock
-        self.ws = ws
         self.subprotocol = subprotocol
+        self.frames = ClientFrames()
         self._inbox: list[bytes] = []
         self._eof = False
+        self._closed = False  # our close frame is sent: no data after it
         # The reader answers pings and closes while the writer sends frames:
         # one write at a time, or their bytes could interleave.
         self._write_lock = gevent.lock.Semaphore()
         self._rest = b""  # the end of a frame :meth:`send` could not write
+        self._received = received  # what came behind the upgrade request
 
     def settimeout(self, timeout: float | None) -> None:
         self.sock.settimeout(timeout)
@@ -149,32 +148,43 @@ class WebSocketStream:
         """STOMP bytes from the next messages; b"" once the WebSocket closed.
         Raises TimeoutError like a socket when nothing came in time."""
         while True:
-            self._take_events()
             if self._inbox:
                 data = b"".join(self._inbox)
                 self._inbox.clear()
                 return data
             if self._eof:
                 return b""
-            raw = self.sock.recv(size)
-            try:
-                self.ws.receive_data(raw or None)
-            except RemoteProtocolError:
-                self._eof = True
+            raw, self._received = self._received or self.sock.recv(size), b""
             if not raw:
                 self._eof = True
+                continue
+            self._read(raw)
 
-    def _take_events(self) -> None:
-        for event in self.ws.events():
-            if isinstance(event, Message):
-                data = event.data
-                self._inbox.append(data.encode() if isinstance(data, str) else bytes(data))
-            elif isinstance(event, Ping):
-                self._write(self.ws.send(event.response()))
-            elif isinstance(event, CloseConnection):
-                if self.ws.state is ConnectionState.REMOTE_CLOSING:
-                    self._write(self.ws.send(event.response()))
-                self._eof = True
+    def _read(self, raw: bytes) -> None:
+        """Take ``raw``'s frames: data to the inbox, pings and a close answered."""
+        try:
+            read = self.frames.feed(raw)
+        except Violation as exc:
+            self._inbox.extend(exc.read.data)
+            self._fail(exc.code, str(exc))
+            return
+        self._inbox.extend(read.data)
+        for payload in read.pings:
+            self._write(pong_frame(payload))
+        if read.close is not None:
+            self._say_goodbye(read.close[0])
+            self._eof = True
+
+    def _fail(self, code: int, reason: str) -> None:
+        """A broken frame: what came before it stands; the connection ends."""
+        self._say_goodbye(code, reason)
+        self._eof = True
+
+    def _say_goodbye(self, code: int, reason: str = "") -> None:
+        if not self._closed:
+            self._closed = True
+            with contextlib.suppress(OSError):
+                self._write(close_frame(code, reason))
 
     def sendall(self, data: bytes) -> None:
         """``data`` (whole frames, or a heart-beat) as one message: text when
@@ -206,8 +216,8 @@ class WebSocketStream:
             self._write(b"")
 
     def _frame(self, data: bytes) -> bytes:
-        if self.ws.state is not ConnectionState.OPEN:  # closing: no more data
-            raise ConnectionError(f"WebSocket is {self.ws.state.name}")
+        if self._closed:  # closing: no more data
+            raise ConnectionError("WebSocket is closing")
         return data_frame(data, data.isascii() or _utf8(data))
 
     def _write(self, wire: bytes) -> None:
@@ -218,9 +228,7 @@ class WebSocketStream:
 
     def shutdown(self, how: int) -> None:
         """Say goodbye with a close frame first, then shut the socket."""
-        if self.ws.state is ConnectionState.OPEN:
-            with contextlib.suppress(OSError):
-                self._write(self.ws.send(CloseConnection(code=1000)))
+        self._say_goodbye(NORMAL)
         self.sock.shutdown(how)
 
     def close(self) -> None:

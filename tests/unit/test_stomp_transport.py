@@ -176,11 +176,9 @@ def ws_pair():
     from gearhorn.stomp.websocket import WebSocketStream
 
     ours, theirs = gevent.socket.socketpair()
-    server = Connection(ConnectionType.SERVER)
-    server._state = ConnectionState.OPEN  # the upgrade is not what is tested here
-    client = Connection(ConnectionType.CLIENT)
+    client = Connection(ConnectionType.CLIENT)  # the upgrade is not what is tested here
     client._state = ConnectionState.OPEN
-    return WebSocketStream(ours, server, "v12.stomp"), theirs, client
+    return WebSocketStream(ours, "v12.stomp"), theirs, client
 
 
 def messages(client, sock, count):
@@ -222,3 +220,51 @@ def test_a_websocket_write_under_way_is_not_joined():
     client.receive_data(theirs.recv(100))
     (event,) = list(client.events())
     assert event.data == b"\xff\xfe"
+
+
+def test_a_websocket_answers_a_ping_and_a_close_then_ends():
+    from wsproto.events import CloseConnection, Message, Ping
+
+    stream, theirs, client = ws_pair()
+    theirs.sendall(client.send(Message(data="SEND\n\n\0")) + client.send(Ping(payload=b"p")))
+    assert stream.recv(1000) == b"SEND\n\n\0"
+    client.receive_data(theirs.recv(100))
+    assert [event.payload for event in client.events()] == [b"p"]  # the pong
+    theirs.sendall(client.send(CloseConnection(code=1000)))
+    assert stream.recv(1000) == b""  # the end, as a socket says it
+    client.receive_data(theirs.recv(100))
+    (close,) = list(client.events())
+    assert isinstance(close, CloseConnection) and close.code == 1000
+
+
+def test_a_broken_websocket_frame_ends_it_with_1002_after_what_came_before():
+    from wsproto.events import CloseConnection, Message
+
+    stream, theirs, client = ws_pair()
+    theirs.sendall(client.send(Message(data="SEND\n\n\0")) + b"\x81\x01x")  # unmasked
+    assert stream.recv(1000) == b"SEND\n\n\0"
+    assert stream.recv(1000) == b""
+    client.receive_data(theirs.recv(100))
+    (close,) = list(client.events())
+    assert isinstance(close, CloseConnection) and close.code == 1002
+    with pytest.raises(ConnectionError):
+        stream.sendall(b"MESSAGE\n\n\0")  # nothing after the close frame
+
+
+def test_frames_sent_right_behind_the_upgrade_request_are_read():
+    from wsproto import ConnectionType, WSConnection
+    from wsproto.events import AcceptConnection, Request
+
+    from gearhorn.stomp.websocket import accept
+
+    ours, theirs = gevent.socket.socketpair()
+    client = WSConnection(ConnectionType.CLIENT)
+    connect = b"CONNECT\n\n\0"  # an eager client's, in the same write as its request
+    masked = b"\x81" + bytes([0x80 | len(connect)]) + b"\0\0\0\0" + connect  # key 0
+    theirs.sendall(client.send(Request(host="h", target="/ws", subprotocols=["v12.stomp"]))
+                   + masked)
+    stream = accept(ours, timeout=10)
+    client.receive_data(theirs.recv(1000))
+    assert isinstance(next(client.events()), AcceptConnection)
+    assert stream.subprotocol == "v12.stomp"
+    assert stream.recv(1000) == connect
