@@ -1,6 +1,7 @@
-"""The cost of a MESSAGE's WebSocket frame: the bridge's own framing
-(gearhorn/stomp/websocket.py ``data_frame``) against wsproto's, its peer,
-in the same run, on a typical MESSAGE of the load benchmark.
+"""The cost of the bridge's WebSocket frames against wsproto's, its peer,
+in the same run: writing a typical MESSAGE of the load benchmark
+(gearhorn/stomp/websocket.py ``data_frame``), and reading a producer's
+masked SEND (gearhorn/stomp/wsframes.py ``ClientFrames``).
 
     python bench/ws_frames.py
 """
@@ -10,13 +11,15 @@ from __future__ import annotations
 import timeit
 
 from wsproto import ConnectionType
-from wsproto.connection import Connection
+from wsproto.connection import Connection, ConnectionState
 from wsproto.events import Message
 
 from gearhorn.stomp.websocket import data_frame
+from gearhorn.stomp.wsframes import ClientFrames
 
 FRAME = (b"MESSAGE\nsubscription:0\nmessage-id:abc-1\ndestination:/topic/load\n"
          b"redelivered:false\n\n1700000000.123456\x00")
+SEND = b"SEND\ndestination:/topic/load\n\n1700000000.123456\x00"
 CALLS = 200_000
 
 
@@ -31,6 +34,20 @@ def main() -> None:
     ours = per_call(lambda: data_frame(FRAME, FRAME.isascii()))
     theirs = per_call(lambda: wsproto.send(Message(data=FRAME.decode())))
     print(f"  a {len(FRAME)}-byte MESSAGE as a WebSocket frame: data_frame {ours:.2f} us, "
+          f"wsproto {theirs:.2f} us (ratio {theirs / ours:.1f})")
+    client = Connection(ConnectionType.CLIENT)
+    client._state = ConnectionState.OPEN  # past the upgrade
+    wire = client.send(Message(data=SEND.decode()))  # masked, with a random key
+    reader, server = ClientFrames(), Connection(ConnectionType.SERVER)
+    assert b"".join(reader.feed(wire).data) == SEND
+
+    def by_wsproto() -> None:
+        server.receive_data(wire)
+        for _ in server.events():
+            pass
+
+    ours, theirs = per_call(lambda: reader.feed(wire)), per_call(by_wsproto)
+    print(f"  a {len(SEND)}-byte SEND read from its masked frame: ClientFrames {ours:.2f} us, "
           f"wsproto {theirs:.2f} us (ratio {theirs / ours:.1f})")
 
 
