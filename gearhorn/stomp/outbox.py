@@ -13,17 +13,21 @@ job (if one is needed at all), so stream subscribers do not wait for any
 job (docs/design.rst). The session has already handed the SEND to this
 bridge's live subscribers (gearhorn/stomp/streams.py). Mostly the append
 is made at once, in the session, as the SEND is read. One case waits: a
-SEND that was read alone (one message) and that live subscribers here took
-early is appended by the outbox when the connection's next SEND is read,
-or ``APPEND_LINGER`` later. The bridge's bookkeeping (the append, the
-history read that follows, the ledger) then runs after those subscribers
+SEND that was read alone, or with at most ``LINGER_MOST`` messages in all,
+and that live subscribers here took early is appended by the outbox when
+the connection's next SEND is read, or ``APPEND_LINGER`` later. The
+bridge's bookkeeping (the append, the history read that follows, the
+ledger) then runs after those subscribers
 read their MESSAGEs, not beside them on the same two cores (issue 27:
 0.1-0.9 ms off their p99 at 100 msg/s, docs/benchmarks.rst), and the next
 SEND shares the append. Ending the linger there, rather than at a time
 that falls anywhere between two SENDs, keeps the bookkeeping out of the
-way of the SEND after (p99 at 1,000 msg/s 0.8 -> 0.6 ms). SENDs
-read in batches (a busy producer) are appended at once: appending all in
-the outbox measured 3-15% less topic x100 throughput. Appends keep the
+way of the SEND after (p99 at 1,000 msg/s 0.8 -> 0.6 ms). A few SENDs
+read together (a producer at 2,350 msg/s writes two a millisecond) were
+appended at once, in the session, and its next SENDs waited in the
+socket for that round trip: lingering, p99 1.24 -> 0.77 ms. SENDs read
+in larger batches (a busy producer) are appended at once: appending all
+in the outbox measured 3-15% less topic x100 throughput. Appends keep the
 order read: while the outbox holds a SEND not yet appended, those behind
 it wait too.
 
@@ -52,6 +56,10 @@ from gearhorn.stomp.sending import TopicSend
 MOST_HELD = 4000
 # How long the append of a lone SEND waits when live subscribers here took it.
 APPEND_LINGER = 0.002
+# SENDs read together, up to this many, linger as a lone one does: a
+# producer at a few thousand msg/s writes a few at a time, and appending
+# them at once held its next SENDs back for the round trip.
+LINGER_MOST = 4
 
 
 class Outbox:
@@ -94,7 +102,7 @@ class Outbox:
             return
         self._next.set()  # a SEND behind a lingering one ends its linger
         if send.to_append:
-            lingers = send.taken_early and len(send.bodies) == 1 and self.linger > 0
+            lingers = send.taken_early and len(send.bodies) <= LINGER_MOST and self.linger > 0
             if self._unappended or lingers:
                 if not self._unappended:
                     self._next.clear()  # this one lingers, until the next

@@ -11,7 +11,7 @@ import pytest
 
 from gearhorn.stomp.backend import FanoutFailed
 from gearhorn.stomp.frames import Frame
-from gearhorn.stomp.outbox import Outbox
+from gearhorn.stomp.outbox import LINGER_MOST, Outbox
 from gearhorn.stomp.sending import PLAIN, SendOptions, TopicSend
 
 pytestmark = pytest.mark.timeout(10)
@@ -208,11 +208,22 @@ def test_a_send_nobody_took_early_is_appended_at_once(box):
     assert answered == [[b"1"]] and outbox.pauses == []
 
 
-def test_sends_read_together_are_appended_at_once_even_if_taken_early(box):
+def test_a_few_sends_read_together_linger_as_a_lone_one(box):
+    """A producer at a few thousand msg/s: its next SENDs do not wait for the append."""
+    outbox, publisher, _, _ = box
+    put_announced(outbox, *(b"%d" % n for n in range(1, LINGER_MOST + 1)))
+    gevent.sleep(0.01)
+    assert publisher.appended == []
+    put_announced(outbox, b"9")
+    wait_for(lambda: publisher.appended)
+    assert publisher.appended == [[f"id-{n}" for n in (*range(1, LINGER_MOST + 1), 9)]]
+
+
+def test_many_sends_read_together_are_appended_at_once_even_if_taken_early(box):
     """A busy producer's SENDs: the linger would cost throughput, not save latency."""
     outbox, publisher, _, _ = box
-    put_announced(outbox, b"1", b"2")
-    assert publisher.appended == [["id-1", "id-2"]]
+    put_announced(outbox, *(b"%d" % n for n in range(1, LINGER_MOST + 2)))
+    assert publisher.appended == [[f"id-{n}" for n in range(1, LINGER_MOST + 2)]]
     wait_for(lambda: publisher.jobs)
     publisher.jobs[0].answer.set({})
     outbox.flush()
