@@ -15,7 +15,7 @@ import logging
 import socket
 import ssl
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import gevent
 import gevent.event
@@ -25,6 +25,7 @@ from gearhorn.ports import BRIDGE_PORT, BRIDGE_WS_PORT, listen
 from gearhorn.stomp import websocket
 from gearhorn.stomp.backend import Backend
 from gearhorn.stomp.frames import HEARTBEAT, FrameError, FrameParser, Limits, encode
+from gearhorn.stomp.loopwrites import LoopWrites
 from gearhorn.stomp.rules import SessionSettings
 from gearhorn.stomp.session import Session
 
@@ -87,15 +88,19 @@ class ClientConnection:
         elif not self._due:
             # The first frame of a turn goes out now; those sent after it in
             # the same turn, together once the sending greenlet gives way.
-            # Frames read together are answered together (_LoopWrites.held).
+            # Frames read together are answered together (LoopWrites.held).
             self._due = True
             _WRITES.due(self)
             if _WRITES.holder is None or _WRITES.holder is not gevent.getcurrent():
                 self._write_now()
 
-    def _written_by_loop(self) -> None:
+    def write_turn(self) -> None:
+        """The event loop's write of what was sent this turn (LoopWrites)."""
         self._due = False
         self._write_now()
+
+    def wake_writer(self) -> None:
+        self._wakeup.set()
 
     def _write_now(self) -> None:
         """Write what the socket takes without waiting, in one write. A
@@ -285,53 +290,7 @@ class ClientConnection:
                 on_dropped()
 
 
-class _LoopWrites:
-    """The connections sent to since the running greenlet last gave way,
-    written by one callback of the event loop (:meth:`ClientConnection._write_now`)
-    with what was sent after a turn's first frame.
-
-    While frames read together are handled (:meth:`held`), not even the
-    first is written at once: a bridge that fell behind reads several SENDs
-    at a time, and one write per subscriber for all of them, instead of two,
-    is the send(2) a delivery saves when the bridge can least spare it
-    (issue 27: send was a third of its time at topic x100)."""
-
-    def __init__(self) -> None:
-        self._due: list[ClientConnection] = []
-        # The greenlet in held(): its sends wait. Others' do not, should it
-        # block (on Redis, say) in the middle.
-        self.holder: gevent.Greenlet | None = None
-
-    @contextlib.contextmanager
-    def held(self) -> Iterator[None]:
-        """The running greenlet's writes wait until the block ends, then go
-        out together."""
-        if self.holder is not None:  # nested, or another greenlet's: as it was
-            yield
-            return
-        self.holder = gevent.getcurrent()
-        try:
-            yield
-        finally:
-            self.holder = None
-            self._write()
-
-    def due(self, connection: ClientConnection) -> None:
-        if not self._due:
-            gevent.get_hub().loop.run_callback(self._write)
-        self._due.append(connection)
-
-    def _write(self) -> None:
-        due, self._due = self._due, []
-        for connection in due:
-            try:
-                connection._written_by_loop()
-            except Exception:  # noqa: BLE001 - never the others' writes
-                log.exception("%s: write", connection.address)
-                connection._wakeup.set()  # its writer has the queue
-
-
-_WRITES = _LoopWrites()
+_WRITES = LoopWrites()
 
 
 def _now() -> float:
