@@ -21,8 +21,6 @@ class InOrder:
     """Runs the calls given to :meth:`later` in one greenlet, in order; a
     call that raises is logged, and the ones behind it still run."""
 
-    spawn = staticmethod(gevent.spawn)
-
     def __init__(self, what: str) -> None:
         self.what = what  # for the log
         self._calls: deque[tuple[Callable[[], None], str]] = deque()
@@ -34,7 +32,7 @@ class InOrder:
         self._calls.append((call, about))
         if not self._running:
             self._running = True
-            self.spawn(self._run)
+            gevent.spawn(self._run)
 
     def _run(self) -> None:
         try:

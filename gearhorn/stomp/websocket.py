@@ -132,6 +132,10 @@ class WebSocketStream:
         self._inbox: list[bytes] = []
         self._eof = False
         self._closed = False  # our close frame is sent: no data after it
+        # The close frame to end with (code, reason): sent by shutdown(),
+        # after the answers to what came before the client's close or a
+        # broken frame (a RECEIPT, say) were written.
+        self._ending: tuple[int, str] = (NORMAL, "")
         # The reader answers pings and closes while the writer sends frames:
         # one write at a time, or their bytes could interleave.
         self._write_lock = gevent.lock.Semaphore()
@@ -164,27 +168,15 @@ class WebSocketStream:
         """Take ``raw``'s frames: data to the inbox, pings and a close answered."""
         try:
             read = self.frames.feed(raw)
-        except Violation as exc:
+        except Violation as exc:  # what came before it stands; the connection ends
             self._inbox.extend(exc.read.data)
-            self._fail(exc.code, str(exc))
+            self._ending, self._eof = (exc.code, str(exc)), True
             return
         self._inbox.extend(read.data)
         for payload in read.pings:
             self._write(pong_frame(payload))
-        if read.close is not None:
-            self._say_goodbye(read.close[0])
-            self._eof = True
-
-    def _fail(self, code: int, reason: str) -> None:
-        """A broken frame: what came before it stands; the connection ends."""
-        self._say_goodbye(code, reason)
-        self._eof = True
-
-    def _say_goodbye(self, code: int, reason: str = "") -> None:
-        if not self._closed:
-            self._closed = True
-            with contextlib.suppress(OSError):
-                self._write(close_frame(code, reason))
+        if read.close is not None:  # answered with its code, as RFC 6455 5.5.1 says
+            self._ending, self._eof = (read.close[0], ""), True
 
     def sendall(self, data: bytes) -> None:
         """``data`` (whole frames, or a heart-beat) as one message: text when
@@ -227,8 +219,11 @@ class WebSocketStream:
             self.sock.sendall(wire)
 
     def shutdown(self, how: int) -> None:
-        """Say goodbye with a close frame first, then shut the socket."""
-        self._say_goodbye(NORMAL)
+        """Say goodbye with a close frame first (once), then shut the socket."""
+        if not self._closed:
+            self._closed = True
+            with contextlib.suppress(OSError):
+                self._write(close_frame(*self._ending))
         self.sock.shutdown(how)
 
     def close(self) -> None:

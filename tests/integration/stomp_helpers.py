@@ -257,5 +257,5 @@ class WsClient(HandClient):
                 self.frames += self.parser.feed(data.encode() if isinstance(data, str)
                                                 else data)
             elif isinstance(event, CloseConnection):
-                self.eof = True
+                self.eof, self.close_code, self.close_reason = True, event.code, event.reason
 

@@ -77,6 +77,28 @@ def test_one_frame_per_message_or_several_in_one(stack, ws_clients):
     assert [client.expect("MESSAGE").body for _ in range(3)] == [b"m1", b"m2", b"m3"]
 
 
+def test_a_broken_websocket_frame_ends_the_connection_after_what_came_before(stack,
+                                                                              ws_clients):
+    """An unmasked frame right behind a SEND: the SEND is kept and its
+    RECEIPT comes, then the close frame with RFC 6455's 1002."""
+    queue = f"/queue/{unique_topic()}"
+    client = ws_clients(stack.ws_port)
+    client.send_message(CONNECT)
+    client.expect("CONNECTED")
+    from wsproto.events import Message
+
+    send = client.ws.send(Message(data=f"SEND\ndestination:{queue}\nreceipt:r\n\nkept\0"))
+    client.sock.sendall(send + b"\x81\x05SEND\n")  # the second frame is not masked
+    assert client.expect("RECEIPT").headers["receipt-id"] == "r"
+    assert client.read_frame() is None
+    assert client.close_code == 1002 and "masked" in client.close_reason
+    reader = ws_clients(stack.ws_port)
+    reader.send_message(CONNECT)
+    reader.expect("CONNECTED")
+    reader.send_message(f"SUBSCRIBE\nid:s\ndestination:{queue}\n\n\0".encode())
+    assert reader.expect("MESSAGE").body == b"kept"
+
+
 def test_heart_beats_over_websocket(gearmand, start_bridge, ws_clients):
     # The bridge offers 200 ms (10 s by default), so two beats come quickly.
     bridge = start_bridge([gearmand], websocket=True,

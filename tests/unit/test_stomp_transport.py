@@ -230,23 +230,30 @@ def test_a_websocket_answers_a_ping_and_a_close_then_ends():
     assert stream.recv(1000) == b"SEND\n\n\0"
     client.receive_data(theirs.recv(100))
     assert [event.payload for event in client.events()] == [b"p"]  # the pong
-    theirs.sendall(client.send(CloseConnection(code=1000)))
+    theirs.sendall(client.send(CloseConnection(code=1001)))
     assert stream.recv(1000) == b""  # the end, as a socket says it
+    stream.shutdown(gevent.socket.SHUT_WR)  # as the connection does once its writes are out
     client.receive_data(theirs.recv(100))
     (close,) = list(client.events())
-    assert isinstance(close, CloseConnection) and close.code == 1000
+    assert isinstance(close, CloseConnection) and close.code == 1001  # its code, echoed
 
 
-def test_a_broken_websocket_frame_ends_it_with_1002_after_what_came_before():
+def test_a_broken_websocket_frame_ends_it_with_1002_after_the_answers_before_it():
     from wsproto.events import CloseConnection, Message
 
     stream, theirs, client = ws_pair()
-    theirs.sendall(client.send(Message(data="SEND\n\n\0")) + b"\x81\x01x")  # unmasked
-    assert stream.recv(1000) == b"SEND\n\n\0"
+    theirs.sendall(client.send(Message(data="SEND\nreceipt:r\n\n\0")) + b"\x81\x01x")  # unmasked
+    assert stream.recv(1000) == b"SEND\nreceipt:r\n\n\0"
     assert stream.recv(1000) == b""
-    client.receive_data(theirs.recv(100))
-    (close,) = list(client.events())
-    assert isinstance(close, CloseConnection) and close.code == 1002
+    stream.sendall(b"RECEIPT\nreceipt-id:r\n\n\0")  # the session's answer still goes out
+    stream.shutdown(gevent.socket.SHUT_WR)
+    events = []
+    while not any(isinstance(event, CloseConnection) for event in events):
+        client.receive_data(theirs.recv(1000))
+        events += client.events()
+    receipt, close = events
+    assert isinstance(receipt, Message) and receipt.data.startswith("RECEIPT")
+    assert close.code == 1002 and "masked" in close.reason
     with pytest.raises(ConnectionError):
         stream.sendall(b"MESSAGE\n\n\0")  # nothing after the close frame
 
