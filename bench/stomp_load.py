@@ -40,6 +40,7 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
+from bench.fanout_shape import describe, fanout_shape  # noqa: E402
 from bench.stomp_bridge import Gearhorn, RabbitMQ, percentile  # noqa: E402
 
 BATCH = 200  # SEND frames per write
@@ -168,10 +169,11 @@ def with_receipt(sock: socket.socket, command: str, headers: dict) -> None:
 def subscriber(port, login, destination, connections, expected, timed, ready, results,
                extra=None):
     """``connections`` subscriptions (with the SUBSCRIBE headers ``extra``);
-    counts MESSAGE frames until each has ``expected``; with ``timed``, the
-    latency of every one, twice: when this process has read it, and when it
-    woke up to read it (the first takes in the time this process spent
-    reading its other sockets ready at the same wake-up: its own queueing)."""
+    counts MESSAGE frames until each has ``expected``; with ``timed``, every
+    delivery's arrival (bench/fanout_shape.py): its latency twice, when this
+    process has read it, and when it woke up to read it (the first takes in
+    the time this process spent reading its other sockets ready at the same
+    wake-up: its own queueing)."""
     socks = []
     for i in range(connections):
         sock = connect(port, login)
@@ -182,9 +184,9 @@ def subscriber(port, login, destination, connections, expected, timed, ready, re
     ready.put(1)
     import selectors
     selector = selectors.DefaultSelector()
-    counts, tails, latencies, at_wake = {}, {}, [], []
-    for sock in socks:
-        selector.register(sock, selectors.EVENT_READ)
+    counts, tails, arrivals = {}, {}, []
+    for n, sock in enumerate(socks):
+        selector.register(sock, selectors.EVENT_READ, n)
         counts[sock], tails[sock] = 0, b""
     left = len(socks)
     last = time.time()
@@ -202,13 +204,12 @@ def subscriber(port, login, destination, connections, expected, timed, ready, re
                 frames = (tails[sock] + data).split(b"\0")
                 tails[sock] = frames.pop()
                 sent = [float(f[f.index(b"\n\n") + 2:]) for f in frames if f.strip()]
-                latencies += [now - t for t in sent]
-                at_wake += [woke - t for t in sent]
+                arrivals += [(t, key.data, now - t, woke - t) for t in sent]
             if counts[sock] >= expected:
                 selector.unregister(sock)
                 left -= 1
             last = time.time()
-    results.put((sum(counts.values()), last, latencies, at_wake))
+    results.put((sum(counts.values()), last, arrivals))
 
 
 def producer(port, login, destination, messages, rate, start, results):
@@ -309,15 +310,19 @@ def topic_run(broker, subscribers: int, messages: int, rate: float = 0.0,
     cpu = broker.cpu_seconds() - cpu_before
     for p in subs + prods:
         p.join(30)
-    delivered = sum(n for n, _, _, _ in got)
-    elapsed = max(last for _, last, _, _ in got) - began
-    latencies = [lat for _, _, lats, _ in got for lat in lats]
-    at_wake = [lat for _, _, _, lats in got for lat in lats]
+    delivered = sum(n for n, _, _ in got)
+    elapsed = max(last for _, last, _ in got) - began
+    # Each delivery as (sent, process, socket, read latency, latency at wake-up)
+    arrivals = [(sent, process, *rest) for process, (_, _, mine) in enumerate(got)
+                for sent, *rest in mine]
+    latencies = [read for _, _, _, read, _ in arrivals]
+    at_wake = [woke for _, _, _, _, woke in arrivals]
     result = {"deliveries": delivered, "rate": delivered / elapsed,
               "broker_cpu": cpu / elapsed}
     if latencies:
         # Every latency kept (ms): turns pooled measure a p99 finer than any one turn.
         result["latencies_ms"] = [lat * 1000 for lat in latencies]
+        result["arrivals"] = arrivals
         result.update(p50_ms=percentile(latencies, 0.5) * 1000,
                       p99_ms=percentile(latencies, 0.99) * 1000,
                       wake_p50_ms=percentile(at_wake, 0.5) * 1000,
@@ -437,6 +442,8 @@ def latency_at(brokers: list, args) -> dict[str, dict[int, dict]]:
             print(f"  {name:9} median of {len(runs)}, topic x{args.subscribers} at "
                   f"{rate:>6,} msg/s: {_latencies(median)}", flush=True)
             print(f"  {name:9} all {len(runs)} turns pooled: {pooled(runs)}", flush=True)
+            shape = fanout_shape(a for r in runs for a in r["arrivals"])
+            print(f"  {name:9} fan-out, pooled: {describe(shape)}", flush=True)
     return results
 
 
