@@ -85,3 +85,43 @@ class Outage:
             self.logger.info("%s back after %.1fs%s", self.what,
                              time.monotonic() - self._since, detail)
             self._since = None
+
+
+class Fault:
+    """Logs the faults of a loop that must go on (an exception that is a
+    bug, not an outage): the traceback once, then nothing while the same
+    fault repeats at every pass, and one line when a pass works again. A
+    loop that fails every few seconds would otherwise bury the log.
+
+    >>> import logging
+    >>> fault = Fault(logging.getLogger("doctest"), "heartbeat")
+    >>> for _ in range(3):
+    ...     try:
+    ...         raise KeyError("x")
+    ...     except KeyError as exc:
+    ...         fault.failed(exc)
+    >>> fault.repeats
+    3
+    >>> fault.succeeded(); fault.repeats
+    0
+    """
+
+    def __init__(self, logger: logging.Logger, what: str) -> None:
+        self.logger, self.what = logger, what
+        self.repeats = 0
+        self._last = ""
+
+    def failed(self, exc: BaseException) -> None:
+        """Call in the ``except`` block: the traceback is the one handled."""
+        seen = f"{type(exc).__name__}: {exc}"
+        if seen != self._last:  # a new fault: its traceback, whatever came before
+            self._last = seen
+            self.logger.exception("%s failed (logged once while it repeats)", self.what)
+        else:
+            self.logger.debug("%s failed again: %s", self.what, seen)
+        self.repeats += 1
+
+    def succeeded(self) -> None:
+        if self.repeats:
+            self.logger.info("%s works again after %d failed passes", self.what, self.repeats)
+            self.repeats, self._last = 0, ""

@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 import gevent
 
-from gearhorn.background import Outage
+from gearhorn.background import Fault, Outage
 from gearhorn.limits import Limits
 from gearhorn.messages import Subscription, validate_topic
 from gearhorn.store.redisconn import REDIS_ERRORS
@@ -78,14 +78,16 @@ class Registrations:
     def _heartbeats(self) -> None:
         info = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.time()}
         outage = Outage(log, "redis (bridge heartbeat)")
+        fault = Fault(log, f"bridge {self.bridge_id}: heartbeat")
         while True:
             try:
                 self.liveness.heartbeat()
                 self.liveness.liveness.tell(self.bridge_id, {**info, **self.describe()},
                                             self.liveness.ttl)
                 outage.succeeded()
+                fault.succeeded()
             except REDIS_ERRORS as exc:
                 outage.failed(exc)
-            except Exception:  # noqa: BLE001 - a beat lost; the next ones must still come
-                log.exception("bridge %s: heartbeat failed", self.bridge_id)
+            except Exception as exc:  # noqa: BLE001 - a beat lost; the next ones must still come
+                fault.failed(exc)
             gevent.sleep(self.heartbeat_interval)

@@ -38,7 +38,7 @@ from typing import Protocol, TypeVar
 import gevent
 import gevent.event
 
-from gearhorn.background import Backoff, Outage
+from gearhorn.background import Backoff, Fault, Outage
 from gearhorn.stomp.spans import Spans
 from gearhorn.store.history import Entry, History, Stored
 from gearhorn.store.redisconn import REDIS_ERRORS
@@ -379,11 +379,13 @@ class TopicFeed:
 
     def _run(self) -> None:
         redis_calls = RedisCalls(f"feed of {self.topic}")
+        fault = Fault(log, f"feed of {self.topic}")
         while not self.stopped:
             try:
                 found = redis_calls.attempt(self._read)
-            except Exception:  # noqa: BLE001 - not a Redis error: log it, go on
-                log.exception("feed of %s", self.topic)
+                fault.succeeded()
+            except Exception as exc:  # noqa: BLE001 - not a Redis error: log it, go on
+                fault.failed(exc)
                 gevent.sleep(redis_calls.backoff.failed())
                 continue
             for stored in found or ():

@@ -37,6 +37,7 @@ from gevent.pywsgi import WSGIServer
 from prometheus_client import CollectorRegistry, make_wsgi_app
 
 from gearhorn import gearman
+from gearhorn.background import Fault
 from gearhorn.config import Config
 from gearhorn.messages import BadRequest, PresenceQuery, validate_queue, validate_topic
 from gearhorn.naming import dead_letter_queue
@@ -103,12 +104,14 @@ class Console:
     def run(self) -> None:
         """Sample every second, or less often when a sample is slow (100,000
         queues: bench/metrics.py), so sampling takes at most a quarter of the time."""
+        fault = Fault(log, "console sample")
         while True:
             started = time.monotonic()
             try:
                 self.sample()
-            except Exception:  # a bad sample must not end the console
-                log.exception("console sample failed")
+                fault.succeeded()
+            except Exception as exc:  # a bad sample must not end the console
+                fault.failed(exc)
             gevent.sleep(max(REFRESH_SECONDS, 3 * (time.monotonic() - started)))
 
     def events(self) -> Iterator[bytes]:

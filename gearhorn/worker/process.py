@@ -16,7 +16,7 @@ import time
 import redis
 
 from gearhorn import gearman
-from gearhorn.background import Backoff, Outage
+from gearhorn.background import Backoff, Fault, Outage
 from gearhorn.config import Config
 from gearhorn.messages import BadRequest
 from gearhorn.observers import LedgerObserver, Observers, StatsObserver
@@ -255,16 +255,17 @@ class WorkerProcess:
 
     def _guard_queues(self) -> None:
         """The warden's rounds, while this process holds its lease."""
-        outage = Outage(log, "warden")
+        outage, fault = Outage(log, "warden"), Fault(log, "warden round")
         while not self._draining.is_set():
             try:
                 if self.warden.lead():
                     self.warden.round()
                 outage.succeeded()
+                fault.succeeded()
             except (*REDIS_ERRORS, gearman.GearmanError, OSError) as exc:
                 outage.failed(exc)
-            except Exception:  # a bug must not stop the rounds
-                log.exception("warden round failed")
+            except Exception as exc:  # a bug must not stop the rounds
+                fault.failed(exc)
             self._draining.wait(self.config.retention_interval)
 
     def _shutdown(self) -> None:
