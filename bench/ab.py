@@ -29,6 +29,7 @@ import tempfile
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 sys.path.insert(0, ROOT)
 
+from bench.fanout_shape import describe, fanout_shape  # noqa: E402
 from bench.stomp_bridge import Gearhorn  # noqa: E402
 from bench.stomp_load import (  # noqa: E402
     client_options,
@@ -120,6 +121,8 @@ def main() -> None:
               flush=True)
         if "p50_ms" in results[0]:
             print(f"  pooled       {rev:12} {name:12} {pooled(results)}", flush=True)
+            shape = fanout_shape(a for r in results for a in r["arrivals"])
+            print(f"  fan-out      {rev:12} {name:12} {describe(shape)}", flush=True)
 
 
 if __name__ == "__main__":
