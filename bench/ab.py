@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -65,6 +66,7 @@ def checkouts(revisions: list[str]):
         for tree in made:
             subprocess.run(["git", "-C", ROOT, "worktree", "remove", "--force", tree],
                            check=False)
+            shutil.rmtree(os.path.dirname(tree), ignore_errors=True)  # mkdtemp's, left empty
 
 
 def one_turn(tree: str, args) -> dict[str, dict]:
