@@ -78,7 +78,7 @@ class Outbox:
         self._queue: deque[tuple[TopicSend, list[Frame]]] = deque()
         self._held = 0  # messages queued or in the running job
         self._unappended = 0  # of those, messages the outbox is to append
-        self._linger = False  # the next append waits for the next SEND, or APPEND_LINGER
+        self._append_waits = False  # the next append waits for the next SEND, or APPEND_LINGER
         self._running = False
         self._broken = False
         self._next = gevent.event.Event()  # set by the SEND after a lingering one
@@ -107,7 +107,7 @@ class Outbox:
                 if not self._unappended:
                     self._next.clear()  # this one lingers, until the next
                 self._unappended += len(send.bodies)
-                self._linger = self._linger or lingers
+                self._append_waits = self._append_waits or lingers
             else:
                 self.publisher.append(send)  # raises to the session, as a refused SEND
         self._held += len(send.bodies)
@@ -127,8 +127,8 @@ class Outbox:
     def _run(self) -> None:
         try:
             while self._queue and not self._broken:
-                if self._linger:  # a lone SEND's live readers are reading it
-                    self._linger = False
+                if self._append_waits:  # a lone SEND's live readers are reading it
+                    self._append_waits = False
                     self.pause(self._next, self.linger)  # the next SEND joins its append
                 send, frames = self._queue.popleft()
                 try:
