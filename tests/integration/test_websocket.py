@@ -10,6 +10,7 @@ import pathlib
 import subprocess
 
 import pytest
+from wsproto.events import Message
 
 from tests.conftest import missing, require_binary
 
@@ -85,8 +86,6 @@ def test_a_broken_websocket_frame_ends_the_connection_after_what_came_before(sta
     client = ws_clients(stack.ws_port)
     client.send_message(CONNECT)
     client.expect("CONNECTED")
-    from wsproto.events import Message
-
     send = client.ws.send(Message(data=f"SEND\ndestination:{queue}\nreceipt:r\n\nkept\0"))
     client.sock.sendall(send + b"\x81\x05SEND\n")  # the second frame is not masked
     assert client.expect("RECEIPT").headers["receipt-id"] == "r"
