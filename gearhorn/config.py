@@ -115,10 +115,12 @@ class Config:
     retry_backoff: float = 0.2
     # Seconds a message's headers are kept for its consumers (gearhorn/store/headers.py).
     headers_ttl: float = 7 * 86_400.0
-    # Delayed delivery (gearhorn/worker/delayed.py): shard width, how often each
-    # worker looks for due messages, and how long one may take to send them.
+    # Delayed delivery (gearhorn/worker/delayed.py): shard width, the longest
+    # a worker sleeps between looks for due messages (it wakes at the first due
+    # time it knows of, and when told of an earlier one), and how long one may
+    # take to send them.
     delay_shard_seconds: float = 10.0
-    delay_poll_interval: float = 0.1
+    delay_poll_interval: float = 1.0
     delay_lease: float = 60.0
     # Lanes delayed messages are spread over (hash slots on a cluster).
     delay_lanes: int = 8

@@ -85,8 +85,8 @@ class SubscriberCache:
         """Apply one matchmaking message (see ``gearhorn.store.keys``)."""
         try:
             message = json.loads(data)
-            if message.get("op") == "pressure":
-                return  # the warden's, about full queues (gearhorn/worker/pressure.py)
+            if message.get("op") in ("pressure", "due"):
+                return  # the warden's (worker/pressure.py) and the scheduler's (worker/delayed.py)
             topic = message["topic"]
         except (ValueError, KeyError, TypeError, AttributeError):
             log.warning("ignoring malformed matchmaking message %r", data[:200])
@@ -103,12 +103,16 @@ class InvalidationListener(StoppableThread):
     """
 
     def __init__(self, client: redis.Redis, channel: str, cache: SubscriberCache,
-                 also: Callable[[bytes | str], None] | None = None) -> None:
+                 also: Callable[[bytes | str], None] | None = None,
+                 on_subscribed: Callable[[], None] | None = None) -> None:
         super().__init__("gearhorn-invalidation")
         self.client = client
         self.channel = channel
         self.cache = cache
-        self.also = also  # told every message too (gearhorn/worker/pressure.py)
+        self.also = also  # told every message too (worker/pressure.py, worker/delayed.py)
+        # Told of every (re)subscription, after which nothing is missed:
+        # the releaser looks again for what was announced before it.
+        self.on_subscribed = on_subscribed
         self.subscribed = threading.Event()
 
     def run(self) -> None:
@@ -129,6 +133,8 @@ class InvalidationListener(StoppableThread):
             pubsub.subscribe(self.channel)
             self.cache.invalidate()
             self.subscribed.set()
+            if self.on_subscribed is not None:
+                self.on_subscribed()
             while not self.stopping.is_set():
                 message = pubsub.get_message(timeout=1.0)
                 if message and message["type"] == "message":

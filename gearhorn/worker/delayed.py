@@ -17,6 +17,8 @@ from __future__ import annotations
 import base64
 import json
 import logging
+import math
+import threading
 import time
 import zlib
 from collections.abc import Callable
@@ -89,11 +91,18 @@ class Scheduler:
         due_ms = int(item.due * 1000)
         shard, lane = due_ms // self.width_ms, self.lane(item)
         return bool(self._schedule(keys=[self.keys.due(lane, shard), self.keys.due_cursor(lane)],
-                                   args=[due_ms, item.to_json(), shard]))
+                                   args=[due_ms, item.to_json(), shard, self.keys.channel]))
 
     def take(self, limit: int = 1000, max_shards: int = 1000,
              now: float | None = None) -> list[tuple[bytes, DelayedItem]]:
-        """Due messages (raw member, item), each leased to this caller alone.
+        """Due messages (raw member, item), each leased to this caller alone."""
+        return self.take_next(limit, max_shards, now)[0]
+
+    def take_next(self, limit: int = 1000, max_shards: int = 1000, now: float | None = None
+                  ) -> tuple[list[tuple[bytes, DelayedItem]], float | None]:
+        """Due messages (raw member, item), each leased to this caller alone,
+        and the seconds until the next message of the shards looked at is due
+        (None when they are empty: the next is at least a shard away).
 
         Looks, in every lane, at the shards from its cursor to the one after
         the current one by this machine's clock (a clock up to one shard
@@ -114,9 +123,11 @@ class Scheduler:
             keys = [self.keys.due_cursor(lane), *(self.keys.due(lane, s) for s in shards)]
             calls.append((self._release, keys, [limit, self.lease_ms, self.width_ms, first]))
         if not calls:
-            return []
-        return [(member, DelayedItem.from_json(member))
-                for raw in run_scripts(self.redis, calls) for member in raw]
+            return [], None
+        replies = run_scripts(self.redis, calls)
+        waits = [next_in for _, next_in in replies if next_in >= 0]
+        return ([(member, DelayedItem.from_json(member)) for raw, _ in replies for member in raw],
+                min(waits) / 1000 if waits else None)
 
     def done(self, taken: list[tuple[bytes, DelayedItem]]) -> None:
         """Forget messages that were sent."""
@@ -149,38 +160,77 @@ class Scheduler:
 class Releaser(StoppableThread):
     """Sends due messages with ``send`` until stopped (one per worker process).
 
+    It sleeps until the first due time it knows of: the shards it looked at
+    give it (lua/release.lua), and a message scheduled earlier than that is
+    announced on the matchmaking channel (lua/schedule.lua), which the
+    worker's listener hands to :meth:`announced`. Polling every 0.1 s woke
+    every worker ten times a second with Redis round trips, idle or not.
+    ``longest`` bounds the sleep, so a message whose announcement was missed
+    (the channel was down) goes out at most that late.
+
     A message whose ``send`` fails stays leased; when the lease ends it is
     due again and some worker tries once more, so nothing is dropped.
     """
 
     def __init__(self, scheduler: Scheduler, send: Callable[[DelayedItem], None],
-                 interval: float = 0.1, batch: int = 1000) -> None:
+                 longest: float = 1.0, batch: int = 1000) -> None:
         super().__init__("gearhorn-releaser")
         self.scheduler = scheduler
         self.send = send
-        self.interval = interval
+        self.longest = longest
         self.batch = batch
         self.released = 0
+        self.woken = threading.Event()
+        self._wake_at = math.inf  # monotonic; inf while looking (any announcement wakes)
+
+    def announced(self, data: bytes | str) -> None:
+        """A matchmaking message: wake up for a message due before the sleep ends."""
+        raw = data if isinstance(data, bytes) else data.encode()
+        if b'"due"' not in raw:
+            return
+        try:
+            due_in = float(json.loads(raw)["in_ms"]) / 1000
+        except (ValueError, KeyError, TypeError):
+            log.warning("ignoring malformed due announcement %r", raw[:200])
+            return
+        if time.monotonic() + due_in < self._wake_at:
+            self.woken.set()
 
     def run(self) -> None:
-        backoff = Backoff(self.interval)
+        backoff = Backoff(0.1)
         outage = Outage(log, "redis or gearmand (delayed messages)")
         while not self.stopping.is_set():
+            self.woken.clear()
+            self._wake_at = math.inf
             try:
-                taken = self.release_due()
+                taken, next_in = self.release_due_next()
                 backoff.succeeded()
                 outage.succeeded()
-                pause = self.interval
+                # At least a millisecond: Redis's clock may be a little
+                # behind ours at the message's due time.
+                pause = self.longest if next_in is None else max(0.001, min(next_in,
+                                                                             self.longest))
             except (*REDIS_ERRORS, GearmanError) as exc:
                 pause = backoff.failed()
                 outage.failed(exc)
                 taken = 0
             if taken < self.batch:
-                self.stopping.wait(pause)
+                self._wake_at = time.monotonic() + pause
+                self.woken.wait(pause)
+
+    def stop(self, timeout: float | None = None) -> None:
+        self.stopping.set()
+        self.woken.set()
+        super().stop(timeout)
 
     def release_due(self) -> int:
         """Send what is due now; returns how many were taken."""
-        taken = self.scheduler.take(self.batch)
+        return self.release_due_next()[0]
+
+    def release_due_next(self) -> tuple[int, float | None]:
+        """Send what is due now; returns how many were taken, and the
+        seconds until the next message known is due (None: none known)."""
+        taken, next_in = self.scheduler.take_next(self.batch)
         sent = []
         try:
             for member, item in taken:
@@ -191,4 +241,4 @@ class Releaser(StoppableThread):
             self.released += len(sent)
             if len(sent) < len(taken):
                 self.scheduler.due_again(taken[len(sent):])
-        return len(taken)
+        return len(taken), next_in

@@ -29,7 +29,7 @@ from gearhorn.store.stats import Stats
 from gearhorn.store.tally import TallyWriter
 from gearhorn.worker.announce import announce_changes
 from gearhorn.worker.cache import InvalidationListener, SubscriberCache
-from gearhorn.worker.delayed import Releaser
+from gearhorn.worker.delayed import DelayedItem, Releaser
 from gearhorn.worker.fanout import (
     FUNCTIONS,
     Answer,
@@ -102,11 +102,16 @@ class WorkerProcess:
         # own Gearman connection (a Client is not shared between threads).
         self.release_client = gearman.Client(config.gearman_servers, batch=config.submit_batch,
                                              before_background=dashed.record, tls=tls)
-        self.releaser = Releaser(self.service.scheduler,
-                                 lambda item: self.service.release(item, self.release_client),
+        self.releaser = Releaser(self.service.scheduler, self._release,
                                  config.delay_poll_interval)
-        self.listener = InvalidationListener(self.redis, keys.channel, self.cache,
-                                             also=pressure.announced if pressure else None)
+        hearers = [self.releaser.announced, *([pressure.announced] if pressure else [])]
+
+        def announced(data: bytes | str) -> None:
+            for hear in hearers:
+                hear(data)
+
+        self.listener = InvalidationListener(self.redis, keys.channel, self.cache, also=announced,
+                                             on_subscribed=self.releaser.woken.set)
         self.janitor = Janitor(self.registry, lambda function: gearman.drop_function(
             config.gearman_servers, function, tls))
         # Subscriptions change here through the service, the janitor and the warden.
@@ -134,6 +139,7 @@ class WorkerProcess:
                 taken = self.jobs.take(timeout=1.0)
                 if taken:
                     self.serve(taken)
+                    self.flusher.poke()  # their counts and tallies
         finally:
             self._shutdown()
 
@@ -240,6 +246,10 @@ class WorkerProcess:
         self._draining.set()
         self.jobs.wake()
 
+    def _release(self, item: DelayedItem) -> None:
+        self.service.release(item, self.release_client)
+        self.flusher.poke()
+
     def _heartbeats(self) -> None:
         info = {"pid": os.getpid(), "host": socket.gethostname(), "started": self.started}
         outage = Outage(log, "redis (heartbeat)")
@@ -260,6 +270,7 @@ class WorkerProcess:
             try:
                 if self.warden.lead():
                     self.warden.round()
+                    self.flusher.poke()
                 outage.succeeded()
                 fault.succeeded()
             except (*REDIS_ERRORS, gearman.GearmanError, OSError) as exc:

@@ -124,6 +124,25 @@ def test_a_delayed_fanout_reaches_a_sleeping_gearman_worker_on_time(gearmand, st
         worker.wait()
 
 
+@pytest.mark.cluster_too
+def test_sleeping_workers_are_woken_for_a_message_due_before_their_next_look(
+        gearmand, start_pool, gearman_cli_tool):
+    # The workers look for due messages once an hour here: only the
+    # scheduler's announcement on the matchmaking channel (a PUBLISH from
+    # its Lua script, on a cluster too) can get this message out on time.
+    start_pool([gearmand], env={"GEARHORN_DELAY_POLL_INTERVAL": "3600"})
+    topic = unique_topic()
+    subscribe(gearmand, topic, "cli")
+    now = time.time()
+    for payload, due in (("later", now + 6), ("sooner", now + 3)):  # a sleep, then woken
+        result = fanout(gearmand, topic=topic, payload=f"{payload}\n", deliver_at=due)
+        assert result["scheduled"] is True
+    assert work(gearmand, f"{topic}_cli", 1) == ["sooner"]
+    assert 0 <= time.time() - (now + 3) < 10  # never early; and not an hour late
+    assert work(gearmand, f"{topic}_cli", 1) == ["later"]
+    assert 0 <= time.time() - (now + 6) < 10
+
+
 def test_a_delayed_message_survives_a_gearmand_restart_with_its_sqlite_queue(
         redis_url, start_pool, tmp_path, gearman_cli_tool):
     data_dir = str(tmp_path / "gearmand")

@@ -1,3 +1,5 @@
+import json
+import math
 import threading
 import time
 
@@ -87,7 +89,7 @@ def test_releaser_sends_due_messages_and_keeps_failed_ones(scheduler):
     due = time.time() + 1
     assert scheduler.schedule(item(1, due))
     assert scheduler.schedule(item(2, due + 0.001))
-    releaser = Releaser(scheduler, send, interval=0.01)
+    releaser = Releaser(scheduler, send, longest=0.01)
     with pytest.raises(ConnectionError):
         while len(sent) < 2:
             releaser.release_due()
@@ -112,3 +114,75 @@ def test_a_cursor_far_behind_catches_up_call_by_call(scheduler, fake_redis):
         time.sleep(0.01)
     assert [i.message_ids for _, i in taken] == [("m1",)]
     assert calls >= 4  # 1,000 shards a call at most
+
+
+
+# -- sleeping until due, woken by announcements ------------------------------------------
+
+
+@pytest.fixture
+def wide(fake_redis):
+    """An hour-wide shard: the shards a take looks at hold every message here."""
+    return Scheduler(fake_redis, Keys("t:"), shard_seconds=3600)
+
+
+def announcements(fake_redis):
+    pubsub = fake_redis.pubsub(ignore_subscribe_messages=True)
+    pubsub.subscribe("__matchmaking")
+    return pubsub
+
+
+def test_take_tells_when_the_next_message_is_due(wide):
+    assert wide.take_next() == ([], None)
+    assert wide.schedule(item(1, time.time() + 600))
+    taken, next_in = wide.take_next()
+    assert taken == [] and 590 < next_in <= 600
+
+
+def test_a_message_first_in_its_shard_is_announced_a_later_one_not(wide, fake_redis):
+    pubsub = announcements(fake_redis)
+    assert wide.schedule(item(1, time.time() + 600))
+    assert wide.schedule(item(2, time.time() + 900))  # after the first: found by a take
+    assert wide.schedule(item(3, time.time() + 300))  # before it: sleepers must wake
+    heard = []
+    deadline = time.monotonic() + 30
+    while len(heard) < 2 and time.monotonic() < deadline:
+        message = pubsub.get_message(timeout=0.1)
+        if message:
+            heard.append(json.loads(message["data"]))
+    assert [m["op"] for m in heard] == ["due", "due"]
+    assert 590_000 < heard[0]["in_ms"] <= 600_000 and 290_000 < heard[1]["in_ms"] <= 300_000
+    assert pubsub.get_message(timeout=0.1) is None  # nothing for message 2
+
+
+def test_an_announcement_wakes_the_releaser_only_when_earlier_than_its_sleep(wide):
+    releaser = Releaser(wide, lambda item: None, longest=3600)
+    releaser._wake_at = time.monotonic() + 60  # as when sleeping for a minute
+    releaser.announced(b'{"op":"due","in_ms":120000}')
+    releaser.announced(b'{"op":"subscribe","topic":"due","client_id":"c","version":"1"}')
+    releaser.announced(b'{"op":"due","in_ms":"soon"}')  # malformed: ignored, logged
+    assert not releaser.woken.is_set()
+    releaser.announced(b'{"op":"due","in_ms":5000}')
+    assert releaser.woken.is_set()
+
+
+def test_a_sleeping_releaser_sends_an_announced_message_on_time(wide, fake_redis):
+    sent = []
+    releaser = Releaser(wide, lambda item: sent.append((item.message_ids[0], time.time())),
+                        longest=3600)  # only the announcement can wake it
+    pubsub = announcements(fake_redis)
+    releaser.start()
+    try:
+        deadline = time.monotonic() + 30
+        while releaser._wake_at == math.inf and time.monotonic() < deadline:
+            time.sleep(0.01)  # its first look, empty: it sleeps for the hour
+        due = time.time() + 0.3
+        assert wide.schedule(item(1, due))
+        while not sent and time.monotonic() < deadline:
+            message = pubsub.get_message(timeout=0.05)
+            if message:
+                releaser.announced(message["data"])  # as the worker's listener does
+    finally:
+        releaser.stop(timeout=10)
+    assert [message_id for message_id, _ in sent] == ["m1"]
+    assert sent[0][1] >= due - 0.002  # not early (Redis's clock is this machine's)

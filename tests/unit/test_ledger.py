@@ -179,16 +179,48 @@ def test_an_outage_is_logged_once_and_its_end_with_what_was_lost(book, monkeypat
     assert "refused" in lines[0][1] and "0 events lost since start" in lines[1][1]
 
 
-def test_flusher_writes_in_the_background(book, fake_redis):
-    flusher = L.Flusher(book, interval=0.01)
-    flusher.start()
-    book.record("acked", "q", "u")
+def _written_within(fake_redis, seconds: float) -> bool:
     import time
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + seconds
     while fake_redis.xlen("{t:ledger:0}") == 0 and time.monotonic() < deadline:
         time.sleep(0.01)
+    return fake_redis.xlen("{t:ledger:0}") == 1
+
+
+def test_a_poke_has_the_flusher_write_in_the_background(book, fake_redis):
+    flusher = L.Flusher(book, interval=0.01, idle=3600)  # only the poke can wake it
+    flusher.start()
+    book.record("acked", "q", "u")
+    flusher.poke()
+    written = _written_within(fake_redis, 30)
     flusher.stop()
-    assert fake_redis.xlen("{t:ledger:0}") == 1
+    assert written
+
+
+def test_what_is_buffered_without_a_poke_is_written_after_idle(book, fake_redis):
+    flusher = L.Flusher(book, interval=0.01, idle=0.05)
+    flusher.start()
+    book.record("acked", "q", "u")
+    written = _written_within(fake_redis, 30)
+    flusher.stop()
+    assert written
+
+
+def test_an_unpoked_flusher_sleeps(book, fake_redis, monkeypatch):
+    flushes = []
+    flusher = L.Flusher(book, interval=0.001, idle=3600)
+    monkeypatch.setattr(flusher, "_flush", lambda: flushes.append(1))
+    flusher.start()
+    flusher.poke()
+    import time
+    deadline = time.monotonic() + 30
+    while not flushes and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert flushes == [1]  # the poke's flush; then it waits for the next poke
+    flusher.poked.wait(0.2)
+    assert flushes == [1] and not flusher.poked.is_set()
+    flusher.stop()
+    assert flushes == [1, 1]  # the last flush, on stop
 
 
 @pytest.mark.parametrize("fmt", ["parquet", "jsonl"])

@@ -5,7 +5,9 @@
 -- ARGV[2] lease, milliseconds
 -- ARGV[3] shard width, milliseconds
 -- ARGV[4] the number of the shard in KEYS[2]
--- Returns the due messages. Each stays in its shard with its score moved to
+-- Returns {the due messages, milliseconds until the first message left in
+-- these shards is due (leases included), or -1 when they are empty}. Each
+-- due message stays in its shard with its score moved to
 -- now + lease: the caller removes it (ZREM) once its copies are queued; if
 -- the caller dies first, the message is due again when the lease ends and
 -- another worker sends it (its copies keep their unique keys, so gearmand
@@ -36,4 +38,12 @@ for i = 2, #KEYS do
   end
 end
 redis.call('SET', KEYS[1], cursor)
-return taken
+local next_in = -1
+for i = 2, #KEYS do
+  local first = redis.call('ZRANGE', KEYS[i], 0, 0, 'WITHSCORES')
+  if first[2] then
+    local wait = math.max(0, tonumber(first[2]) - now)
+    if next_in < 0 or wait < next_in then next_in = wait end
+  end
+end
+return {taken, next_in}
