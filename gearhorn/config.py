@@ -117,10 +117,10 @@ class Config:
     headers_ttl: float = 7 * 86_400.0
     # Delayed delivery (gearhorn/worker/delayed.py): shard width, the longest
     # a worker sleeps between looks for due messages (it wakes at the first due
-    # time it knows of, and when told of an earlier one), and how long one may
-    # take to send them.
+    # time it knows of, and when told of an earlier one; half a shard at most),
+    # and how long one may take to send them.
     delay_shard_seconds: float = 10.0
-    delay_poll_interval: float = 1.0
+    delay_poll_interval: float = 5.0
     delay_lease: float = 60.0
     # Lanes delayed messages are spread over (hash slots on a cluster).
     delay_lanes: int = 8

@@ -130,7 +130,8 @@ def test_sleeping_workers_are_woken_for_a_message_due_before_their_next_look(
     # The workers look for due messages once an hour here: only the
     # scheduler's announcement on the matchmaking channel (a PUBLISH from
     # its Lua script, on a cluster too) can get this message out on time.
-    start_pool([gearmand], env={"GEARHORN_DELAY_POLL_INTERVAL": "3600"})
+    start_pool([gearmand], env={"GEARHORN_DELAY_POLL_INTERVAL": "3600",
+                                "GEARHORN_DELAY_SHARD_SECONDS": "7200"})
     topic = unique_topic()
     subscribe(gearmand, topic, "cli")
     now = time.time()

@@ -151,7 +151,7 @@ def test_a_message_first_in_its_shard_is_announced_a_later_one_not(wide, fake_re
         if message:
             heard.append(json.loads(message["data"]))
     assert [m["op"] for m in heard] == ["due", "due"]
-    assert 590_000 < heard[0]["in_ms"] <= 600_000 and 290_000 < heard[1]["in_ms"] <= 300_000
+    assert 590_000 < heard[0]["in_ms"] <= 600_001 and 290_000 < heard[1]["in_ms"] <= 300_001
     assert pubsub.get_message(timeout=0.1) is None  # nothing for message 2
 
 
@@ -185,4 +185,4 @@ def test_a_sleeping_releaser_sends_an_announced_message_on_time(wide, fake_redis
     finally:
         releaser.stop(timeout=10)
     assert [message_id for message_id, _ in sent] == ["m1"]
-    assert sent[0][1] >= due - 0.002  # not early (Redis's clock is this machine's)
+    assert sent[0][1] >= due  # never early (Redis's clock is this machine's)

@@ -27,7 +27,10 @@ for i = 2, #KEYS do
   local shard = first + i - 2
   if shard > current or #taken >= limit then break end
   if shard >= cursor then
-    local due = redis.call('ZRANGEBYSCORE', KEYS[i], '-inf', now, 'LIMIT', 0, limit - #taken)
+    -- Scores are due times in whole milliseconds, rounded down: one is due
+    -- once that millisecond is over, never before its exact time.
+    local due = redis.call('ZRANGEBYSCORE', KEYS[i], '-inf', '(' .. now, 'LIMIT', 0,
+                           limit - #taken)
     for _, item in ipairs(due) do
       redis.call('ZADD', KEYS[i], now + lease, item)
       taken[#taken + 1] = item
@@ -42,7 +45,7 @@ local next_in = -1
 for i = 2, #KEYS do
   local first = redis.call('ZRANGE', KEYS[i], 0, 0, 'WITHSCORES')
   if first[2] then
-    local wait = math.max(0, tonumber(first[2]) - now)
+    local wait = math.max(0, tonumber(first[2]) + 1 - now)
     if next_in < 0 or wait < next_in then next_in = wait end
   end
 end

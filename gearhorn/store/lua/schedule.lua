@@ -15,12 +15,12 @@
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local due = tonumber(ARGV[1])
-if due <= now then return 0 end
+if due < now then return 0 end  -- (ARGV[1] is rounded down: see release.lua)
 local shard = tonumber(ARGV[3])
 redis.call('ZADD', KEYS[1], due, ARGV[2])
 local first = redis.call('ZRANGE', KEYS[1], 0, 0)
 if first[1] == ARGV[2] then
-  redis.call('PUBLISH', ARGV[4], '{"op":"due","in_ms":' .. (due - now) .. '}')
+  redis.call('PUBLISH', ARGV[4], '{"op":"due","in_ms":' .. (due + 1 - now) .. '}')
 end
 local cursor = tonumber(redis.call('GET', KEYS[2]))
 if cursor == nil or shard < cursor then redis.call('SET', KEYS[2], shard) end
