@@ -87,8 +87,10 @@ The matchmaking channel (default ``__matchmaking``, not prefixed so other
 tools find it) carries one JSON message per change:
 ``{"op": "subscribe"|"unsubscribe", "topic": T, "client_id": C, "version": "N"}``,
 N being the new change counter of the topic (or of all prefix subscriptions,
-for a pattern) as a string; and ``{"op": "pressure"}`` when the warden changed
-``<p>full`` or the store's state (workers read them again).
+for a pattern) as a string; ``{"op": "pressure"}`` when the warden changed
+``<p>full`` or the store's state (workers read them again); and
+``{"op": "due", "in_ms": N}`` when a delayed message is the first of its time
+shard, due in N ms (sleeping workers wake for it: gearhorn/worker/delayed.py).
 """
 
 from __future__ import annotations

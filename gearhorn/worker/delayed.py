@@ -189,8 +189,11 @@ class Releaser(StoppableThread):
         if b'"due"' not in raw:
             return
         try:
-            due_in = float(json.loads(raw)["in_ms"]) / 1000
-        except (ValueError, KeyError, TypeError):
+            message = json.loads(raw)
+            if message.get("op") != "due":
+                return  # another announcement (a topic named "due", say)
+            due_in = float(message["in_ms"]) / 1000
+        except (ValueError, KeyError, TypeError, AttributeError):
             log.warning("ignoring malformed due announcement %r", raw[:200])
             return
         if time.monotonic() + due_in < self._wake_at:

@@ -155,13 +155,15 @@ def test_a_message_first_in_its_shard_is_announced_a_later_one_not(wide, fake_re
     assert pubsub.get_message(timeout=0.1) is None  # nothing for message 2
 
 
-def test_an_announcement_wakes_the_releaser_only_when_earlier_than_its_sleep(wide):
+def test_an_announcement_wakes_the_releaser_only_when_earlier_than_its_sleep(wide, caplog):
     releaser = Releaser(wide, lambda item: None, longest=3600)
     releaser._wake_at = time.monotonic() + 60  # as when sleeping for a minute
     releaser.announced(b'{"op":"due","in_ms":120000}')
     releaser.announced(b'{"op":"subscribe","topic":"due","client_id":"c","version":"1"}')
     releaser.announced(b'{"op":"due","in_ms":"soon"}')  # malformed: ignored, logged
     assert not releaser.woken.is_set()
+    assert [r.getMessage()[:36] for r in caplog.records] == [
+        "ignoring malformed due announcement "]  # once: the subscribe is no concern
     releaser.announced(b'{"op":"due","in_ms":5000}')
     assert releaser.woken.is_set()
 
