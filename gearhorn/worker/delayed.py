@@ -181,10 +181,16 @@ class Releaser(StoppableThread):
         self.batch = batch
         self.released = 0
         self.woken = threading.Event()
-        self._wake_at = math.inf  # monotonic; inf while looking (any announcement wakes)
+        self._lock = threading.Lock()
+        self._wake_at = math.inf  # monotonic; lowered by what it learns, never raised
 
     def announced(self, data: bytes | str) -> None:
-        """A matchmaking message: wake up for a message due before the sleep ends."""
+        """A matchmaking message: wake up in time for a message it announces.
+
+        It only moves the wake-up earlier; the look happens then. (Looking
+        at each announcement instead would let a producer scheduling ever
+        earlier messages keep every worker looking, a round trip each.)
+        """
         raw = data if isinstance(data, bytes) else data.encode()
         if b'"due"' not in raw:
             return
@@ -196,15 +202,25 @@ class Releaser(StoppableThread):
         except (ValueError, KeyError, TypeError, AttributeError):
             log.warning("ignoring malformed due announcement %r", raw[:200])
             return
-        if time.monotonic() + due_in < self._wake_at:
-            self.woken.set()
+        self.wake_by(time.monotonic() + due_in)
+
+    def look_now(self) -> None:
+        """Look at once (the channel was away: announcements may be lost)."""
+        self.wake_by(-math.inf)
+
+    def wake_by(self, at: float) -> None:
+        """Look no later than ``at`` (monotonic seconds)."""
+        with self._lock:
+            if at < self._wake_at:
+                self._wake_at = at
+                self.woken.set()
 
     def run(self) -> None:
         backoff = Backoff(0.1)
         outage = Outage(log, "redis or gearmand (delayed messages)")
         while not self.stopping.is_set():
-            self.woken.clear()
-            self._wake_at = math.inf
+            with self._lock:
+                self._wake_at = math.inf  # what is announced from now on counts
             try:
                 taken, next_in = self.release_due_next()
                 backoff.succeeded()
@@ -218,8 +234,18 @@ class Releaser(StoppableThread):
                 outage.failed(exc)
                 taken = 0
             if taken < self.batch:
-                self._wake_at = time.monotonic() + pause
-                self.woken.wait(pause)
+                self.wake_by(time.monotonic() + pause)
+                self._sleep()
+
+    def _sleep(self) -> None:
+        """Until the wake-up time, which announcements may move earlier."""
+        while not self.stopping.is_set():
+            with self._lock:
+                left = self._wake_at - time.monotonic()
+                self.woken.clear()
+            if left <= 0:
+                return
+            self.woken.wait(left)
 
     def stop(self, timeout: float | None = None) -> None:
         self.stopping.set()

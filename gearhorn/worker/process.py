@@ -113,7 +113,7 @@ class WorkerProcess:
                 hear(data)
 
         self.listener = InvalidationListener(self.redis, keys.channel, self.cache, also=announced,
-                                             on_subscribed=self.releaser.woken.set)
+                                             on_subscribed=self.releaser.look_now)
         self.janitor = Janitor(self.registry, lambda function: gearman.drop_function(
             config.gearman_servers, function, tls))
         # Subscriptions change here through the service, the janitor and the warden.

@@ -141,9 +141,10 @@ def test_take_tells_when_the_next_message_is_due(wide):
 
 def test_a_message_first_in_its_shard_is_announced_a_later_one_not(wide, fake_redis):
     pubsub = announcements(fake_redis)
-    assert wide.schedule(item(1, time.time() + 600))
-    assert wide.schedule(item(2, time.time() + 900))  # after the first: found by a take
-    assert wide.schedule(item(3, time.time() + 300))  # before it: sleepers must wake
+    shard_start = (int(time.time()) // 3600 + 1) * 3600  # the next hour-wide shard
+    assert wide.schedule(item(1, shard_start + 600))
+    assert wide.schedule(item(2, shard_start + 900))  # after the first: found by a take
+    assert wide.schedule(item(3, shard_start + 300))  # before it: sleepers must wake
     heard = []
     deadline = time.monotonic() + 30
     while len(heard) < 2 and time.monotonic() < deadline:
@@ -151,7 +152,9 @@ def test_a_message_first_in_its_shard_is_announced_a_later_one_not(wide, fake_re
         if message:
             heard.append(json.loads(message["data"]))
     assert [m["op"] for m in heard] == ["due", "due"]
-    assert 590_000 < heard[0]["in_ms"] <= 600_001 and 290_000 < heard[1]["in_ms"] <= 300_001
+    first_in, third_in = ((shard_start + at - time.time()) * 1000 for at in (600, 300))
+    assert first_in < heard[0]["in_ms"] <= first_in + 30_000
+    assert third_in < heard[1]["in_ms"] <= third_in + 30_000
     assert pubsub.get_message(timeout=0.1) is None  # nothing for message 2
 
 
@@ -188,3 +191,34 @@ def test_a_sleeping_releaser_sends_an_announced_message_on_time(wide, fake_redis
         releaser.stop(timeout=10)
     assert [message_id for message_id, _ in sent] == ["m1"]
     assert sent[0][1] >= due  # never early (Redis's clock is this machine's)
+
+
+def test_announcements_move_the_wake_up_without_a_look_each(wide):
+    looks = []
+
+    class Counting:
+        def take_next(self, limit):
+            looks.append(time.monotonic())
+            return [], None
+
+        def done(self, sent):
+            pass
+
+    releaser = Releaser(Counting(), lambda item: None, longest=3600)
+    releaser.start()
+    try:
+        deadline = time.monotonic() + 30
+        while not looks and time.monotonic() < deadline:
+            time.sleep(0.01)
+        # A producer scheduling ever earlier messages, all an hour or so ahead.
+        for n in range(1000):
+            releaser.announced(f'{{"op":"due","in_ms":{3_000_000 - n}}}'.encode())
+        releaser.woken.wait(0.2)  # time to look, had it meant to
+        assert len(looks) == 1
+        assert 2900 < releaser._wake_at - time.monotonic() <= 3000
+        releaser.look_now()  # as after the channel came back
+        while len(looks) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert len(looks) == 2
+    finally:
+        releaser.stop(timeout=10)
