@@ -132,9 +132,9 @@ class InvalidationListener(StoppableThread):
         try:
             pubsub.subscribe(self.channel)
             self.cache.invalidate()
-            self.subscribed.set()
             if self.on_subscribed is not None:
                 self.on_subscribed()
+            self.subscribed.set()
             while not self.stopping.is_set():
                 message = pubsub.get_message(timeout=1.0)
                 if message and message["type"] == "message":

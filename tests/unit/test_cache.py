@@ -72,3 +72,30 @@ def test_listener_drops_entries_announced_on_the_channel(registry, fake_redis):
     finally:
         listener.stop()
         listener.join(5)
+
+
+def test_listener_tells_of_every_resubscription(registry, fake_redis):
+    # After one the releaser looks for due messages again: announcements
+    # made while the channel was away are lost (gearhorn/worker/delayed.py).
+    import time
+
+    from gearhorn.worker.cache import InvalidationListener
+
+    subscriptions = []
+    listener = InvalidationListener(fake_redis, "chan", SubscriberCache(registry),
+                                    on_subscribed=lambda: subscriptions.append(1))
+    server = fake_redis.connection_pool.connection_kwargs["server"]
+    listener.start()
+    try:
+        assert listener.subscribed.wait(30) and subscriptions == [1]
+        server.connected = False  # Redis away
+        deadline = time.monotonic() + 30
+        while listener.subscribed.is_set() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert not listener.subscribed.is_set()
+        server.connected = True
+        assert listener.subscribed.wait(30)
+        assert subscriptions == [1, 1]
+    finally:
+        listener.stop()
+        listener.join(5)
