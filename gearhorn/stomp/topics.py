@@ -63,6 +63,10 @@ def end_subscription(backend: Backend, sub: StompSubscription, acks: dict[str, o
     """Stop ``sub`` (its session's ``acks`` forget its messages); ``remove``
     also deletes its topic registration."""
     sub.closed = True
+    if sub.temporary:
+        # First: a reply whose requester left is dropped from here on
+        # (gearhorn/stomp/replies.py), not queued where nobody reads.
+        backend.registrations.temp_queue_closed(sub.function)
     if sub.pattern is not None and (remove or not sub.durable):
         # First stop new copies, then hand back what we hold.
         backend.registrations.unsubscribe_topic(sub.pattern, sub.client_id)
@@ -75,5 +79,3 @@ def end_subscription(backend: Backend, sub: StompSubscription, acks: dict[str, o
         sub.dispatcher.remove(sub, unacked, give_back=not forgotten)
         if forgotten and not sub.dispatcher.consumers and not sub.stream:
             backend.queues.drop_queue(sub.function)
-    if sub.temporary:
-        backend.registrations.temp_queue_closed(sub.function)

@@ -11,6 +11,8 @@ import pytest
 
 from gearhorn import gearman, servers
 from gearhorn.client import JobFailed, Producer
+from gearhorn.store import redisconn
+from gearhorn.store.keys import Keys
 
 from .helpers import gearman_cli, queue_depth, unique_topic, wait_for
 from .stomp_helpers import error_detail
@@ -342,12 +344,21 @@ def test_sender_headers_reach_stomp_consumers_unchanged_and_gearman_gets_the_pay
 
 
 def test_a_reply_to_a_requester_who_left_is_not_queued(gearmand, stack, stomp_clients,
-                                                       gearman_cli_tool):
+                                                       gearman_cli_tool, redis_url):
     function = unique_topic("slow")
     requester = stomp_clients(stack.port)
     before = set(functions_with_jobs(gearmand))
     requester.send(f"/queue/{function}", b"x", **{"reply-to": "/temp-queue/gone"})
+    redis = redisconn.connect(redis_url)
+
+    def listed() -> bool:
+        return any(q.endswith(b".gone") for q in redis.smembers(Keys().temp_queues))
+
+    wait_for(listed, message="the requester's temp queue")
     requester.close()  # leaves before the service answers
+    # stomp.py does not wait for the DISCONNECT's receipt: the bridge has
+    # seen the requester leave once its temp queue is no longer listed.
+    wait_for(lambda: not listed(), message="the requester's leaving")
     out = gearman_cli(gearmand, "-w", "-c", "1", "-f", function, "--", "cat")
     assert out.returncode == 0
     # A second request answered the same way, after the first: once its reply
