@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 import sys
 import time
 
@@ -25,7 +24,7 @@ import redis
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from bench.stomp_bridge import Gearhorn  # noqa: E402
+from bench.stomp_bridge import Gearhorn, children  # noqa: E402
 
 
 def switches(pid: int) -> int:
@@ -40,11 +39,6 @@ def switches(pid: int) -> int:
         except FileNotFoundError:  # a thread that ended meanwhile
             continue
     return total
-
-
-def children(pid: int) -> list[int]:
-    found = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True)
-    return [int(p) for p in found.stdout.split()]
 
 
 def processes(broker: Gearhorn) -> dict[str, list[int]]:

@@ -28,16 +28,11 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from bench import stomp_load  # noqa: E402
 from bench.fanout_shape import percentile  # noqa: E402
-from bench.stomp_bridge import Gearhorn, RabbitMQ  # noqa: E402
+from bench.stomp_bridge import Gearhorn, RabbitMQ, children  # noqa: E402
 
 # perf sched timehist: time [cpu] comm[tid/pid] wait-time sch-delay run-time (ms)
 _ROW = re.compile(r"\s*([\d.]+)\s+\[(\d+)\]\s+(.+?)\[(\d+)(?:/(\d+))?\]\s+([\d.]+)\s+([\d.]+)"
                   r"\s+([\d.]+)")
-
-
-def children(pid: int) -> set[int]:
-    out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout
-    return {int(p) for p in out.split()}
 
 
 def record(broker_cls, args, data: str) -> tuple[dict[int, str], dict]:
@@ -45,13 +40,13 @@ def record(broker_cls, args, data: str) -> tuple[dict[int, str], dict]:
     processes (pid -> "subscriber" / "producer") and its result."""
     with broker_cls() as broker:
         stomp_load.topic_run(broker, 10, 2000)  # warm up
-        servers = children(os.getpid())
+        servers = set(children(os.getpid()))
         clients: dict[int, str] = {}
 
         def perf() -> None:
             time.sleep(args.after)  # subscribers connected, the producer sending
             started = {}
-            for pid in children(os.getpid()) - servers:
+            for pid in set(children(os.getpid())) - servers:
                 with open(f"/proc/{pid}/stat") as stat:
                     started[pid] = int(stat.read().rsplit(")", 1)[1].split()[19])
             producer = max(started, key=started.get)  # started after the subscribers

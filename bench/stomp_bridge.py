@@ -39,6 +39,12 @@ from gearhorn.store.registry import Registry  # noqa: E402
 SUBSCRIBERS = 10
 
 
+def children(pid: int) -> list[int]:
+    """The processes whose parent is ``pid`` (``pgrep -P``)."""
+    out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout
+    return [int(p) for p in out.split()]
+
+
 def tree_cpu_seconds(pid: int) -> float:
     """CPU time (user + system) of ``pid`` and every process under it."""
     tick = os.sysconf("SC_CLK_TCK")
@@ -56,9 +62,9 @@ def tree_cpu_seconds(pid: int) -> float:
     tree, frontier = {pid}, [pid]
     while frontier:
         parent = frontier.pop()
-        children = [p for p, pp in parents.items() if pp == parent and p not in tree]
-        tree.update(children)
-        frontier += children
+        kids = [p for p, pp in parents.items() if pp == parent and p not in tree]
+        tree.update(kids)
+        frontier += kids
     return sum(times.get(p, 0.0) for p in tree)
 
 
