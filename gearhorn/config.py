@@ -122,7 +122,9 @@ class Config:
     delay_shard_seconds: float = 10.0
     delay_poll_interval: float = 5.0
     delay_lease: float = 60.0
-    # Lanes delayed messages are spread over (hash slots on a cluster).
+    # Lanes delayed messages are spread over (hash slots on a cluster). Width
+    # and lanes are recorded by the first process to use the store, and
+    # that is what every process uses (gearhorn/store/delaylayout.py).
     delay_lanes: int = 8
     # Seconds the bridge waits for the answer to a request with reply-to.
     request_timeout: float = 60.0

@@ -32,6 +32,9 @@ Redis the braces are just characters.
                                 (gearhorn/worker/delayed.py)
 ``{<p>due:<L>}:cursor``         string: the oldest shard of lane L that may hold
                                 messages
+``<p>due-layout``               string: JSON ``{"width_ms", "lanes"}``, the shard width
+                                and lanes every process uses, recorded by the first
+                                (gearhorn/store/delaylayout.py)
 ``<p>bridges``                  sorted set: bridge id scored by the epoch second at
                                 which it is dead unless it sends a heartbeat
 ``<p>bridge:<id>``              set: what dies with that bridge: ``topic\t<pattern>\t<client
@@ -170,6 +173,9 @@ class Keys:
 
     def due_cursor(self, lane: int | str) -> str:
         return f"{{{self.prefix}due:{lane}}}:cursor"
+
+    def due_layout(self) -> str:
+        return f"{self.prefix}due-layout"
 
     def worker(self, worker_id: str) -> str:
         return f"{self.prefix}worker:{worker_id}"

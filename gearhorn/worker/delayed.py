@@ -28,6 +28,8 @@ import redis
 
 from gearhorn.background import Backoff, Outage, StoppableThread
 from gearhorn.gearman import GearmanError
+from gearhorn.store import delaylayout
+from gearhorn.store.delaylayout import Layout
 from gearhorn.store.keys import Keys
 from gearhorn.store.redisconn import REDIS_ERRORS
 from gearhorn.store.redisutil import run_scripts, script
@@ -77,11 +79,27 @@ class Scheduler:
                  lease_seconds: float = 60.0, lanes: int = 1) -> None:
         self.redis = client
         self.keys = keys
-        self.width_ms = max(1, int(shard_seconds * 1000))
+        # Configured; the store's own is used (gearhorn/store/delaylayout.py).
+        self.configured = Layout(max(1, int(shard_seconds * 1000)), lanes)
+        self._layout: Layout | None = None
         self.lease_ms = max(1, int(lease_seconds * 1000))
-        self.lanes = lanes
         self._schedule = script(client, "schedule.lua")
         self._release = script(client, "release.lua")
+
+    @property
+    def layout(self) -> Layout:
+        """The store's layout, read (or recorded) at first use."""
+        if self._layout is None:
+            self._layout = delaylayout.recorded(self.redis, self.keys, self.configured)
+        return self._layout
+
+    @property
+    def width_ms(self) -> int:
+        return self.layout.width_ms
+
+    @property
+    def lanes(self) -> int:
+        return self.layout.lanes
 
     def lane(self, item: DelayedItem) -> int:
         return zlib.crc32(item.message_ids[0].encode()) % self.lanes if item.message_ids else 0
@@ -110,18 +128,23 @@ class Scheduler:
         script moves the cursor over empty shards, so a long outage is
         caught up call by call. Two round trips for all lanes.
         """
+        layout = self.layout
         pipe = self.redis.pipeline(transaction=False)
-        for lane in range(self.lanes):
+        # Recorded again (if missing: Redis was wiped) before a process
+        # configured otherwise starts and records its own.
+        delaylayout.record(pipe, self.keys, layout)
+        for lane in range(layout.lanes):
             pipe.get(self.keys.due_cursor(lane))
-        current = int((time.time() if now is None else now) * 1000) // self.width_ms
+        current = int((time.time() if now is None else now) * 1000) // layout.width_ms
         calls = []
-        for lane, cursor in enumerate(pipe.execute()):
+        for lane, cursor in enumerate(pipe.execute()[1:]):
             if cursor is None:
                 continue
             first = int(cursor)
             shards = range(first, max(first, min(current + 1, first + max_shards - 1)) + 1)
             keys = [self.keys.due_cursor(lane), *(self.keys.due(lane, s) for s in shards)]
-            calls.append((self._release, keys, [limit, self.lease_ms, self.width_ms, first]))
+            calls.append((self._release, keys, [limit, self.lease_ms, layout.width_ms,
+                                                first]))
         if not calls:
             return [], None
         replies = run_scripts(self.redis, calls)
@@ -166,7 +189,9 @@ class Releaser(StoppableThread):
     worker's listener hands to :meth:`announced`. Polling every 0.1 s woke
     every worker ten times a second with Redis round trips, idle or not.
     ``longest`` bounds the sleep, so a message whose announcement was missed
-    (the channel was down) goes out at most that late.
+    (the channel was down) goes out at most that late; so does half a
+    shard, so each shard is looked at while it is the next one and its
+    first message's time is known in time.
 
     A message whose ``send`` fails stays leased; when the lease ends it is
     due again and some worker tries once more, so nothing is dropped.
@@ -227,8 +252,10 @@ class Releaser(StoppableThread):
                 outage.succeeded()
                 # At least a millisecond: Redis's clock may be a little
                 # behind ours at the message's due time.
-                pause = self.longest if next_in is None else max(0.001, min(next_in,
-                                                                             self.longest))
+                # At most half a shard: each shard is then looked at while
+                # it is the next one, and its first message's time known.
+                longest = min(self.longest, self.scheduler.width_ms / 2000)
+                pause = longest if next_in is None else max(0.001, min(next_in, longest))
             except (*REDIS_ERRORS, GearmanError) as exc:
                 pause = backoff.failed()
                 outage.failed(exc)

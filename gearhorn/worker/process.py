@@ -102,10 +102,8 @@ class WorkerProcess:
         # own Gearman connection (a Client is not shared between threads).
         self.release_client = gearman.Client(config.gearman_servers, batch=config.submit_batch,
                                              before_background=dashed.record, tls=tls)
-        # Looks at most half a shard apart: each shard is then looked at while
-        # it is the next one, and its first message's time is known in time.
         self.releaser = Releaser(self.service.scheduler, self._release,
-                                 min(config.delay_poll_interval, config.delay_shard_seconds / 2))
+                                 config.delay_poll_interval)
         hearers = [self.releaser.announced, *([pressure.announced] if pressure else [])]
 
         def announced(data: bytes | str) -> None:

@@ -197,6 +197,8 @@ def test_announcements_move_the_wake_up_without_a_look_each(wide):
     looks = []
 
     class Counting:
+        width_ms = 7_200_000  # half a shard is no shorter than longest
+
         def take_next(self, limit):
             looks.append(time.monotonic())
             return [], None
