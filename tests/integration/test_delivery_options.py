@@ -146,6 +146,24 @@ def test_sleeping_workers_are_woken_for_a_message_due_before_their_next_look(
     assert 0 <= time.time() - (now + 6) < 10
 
 
+def test_workers_restarted_with_narrower_shards_still_send_delayed_messages(
+        gearmand, start_pool, gearman_cli_tool):
+    # The first pool's shard width stays the store's (docs/operations.rst,
+    # "Delayed delivery"): with each process's own, the lanes' cursors of
+    # 10 s shards left every message of 2.5 s shards unseen for decades.
+    first = start_pool([gearmand])
+    topic = unique_topic()
+    subscribe(gearmand, topic, "cli")
+    fanout(gearmand, topic=topic, payload="first\n", deliver_at=time.time() + 1)
+    assert work(gearmand, f"{topic}_cli", 1) == ["first"]  # the cursors exist now
+    first.stop()
+    start_pool([gearmand], env={"GEARHORN_DELAY_SHARD_SECONDS": "2.5"})
+    due = time.time() + 1
+    assert fanout(gearmand, topic=topic, payload="second\n", deliver_at=due)["scheduled"]
+    assert work(gearmand, f"{topic}_cli", 1) == ["second"]
+    assert 0 <= time.time() - due < 10
+
+
 def test_a_delayed_message_survives_a_gearmand_restart_with_its_sqlite_queue(
         redis_url, start_pool, tmp_path, gearman_cli_tool):
     data_dir = str(tmp_path / "gearmand")
