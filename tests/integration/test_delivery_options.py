@@ -149,15 +149,17 @@ def test_sleeping_workers_are_woken_for_a_message_due_before_their_next_look(
 def test_workers_restarted_with_narrower_shards_still_send_delayed_messages(
         gearmand, start_pool, gearman_cli_tool):
     # The first pool's shard width stays the store's (docs/operations.rst,
-    # "Delayed delivery"): with each process's own, the lanes' cursors of
+    # "Delayed delivery"): with each process's own, the lane's cursor of
     # 10 s shards left every message of 2.5 s shards unseen for decades.
-    first = start_pool([gearmand])
+    # (One lane: both messages behind the same cursor.)
+    first = start_pool([gearmand], env={"GEARHORN_DELAY_LANES": "1"})
     topic = unique_topic()
     subscribe(gearmand, topic, "cli")
     fanout(gearmand, topic=topic, payload="first\n", deliver_at=time.time() + 1)
     assert work(gearmand, f"{topic}_cli", 1) == ["first"]  # the cursors exist now
     first.stop()
-    start_pool([gearmand], env={"GEARHORN_DELAY_SHARD_SECONDS": "2.5"})
+    start_pool([gearmand], env={"GEARHORN_DELAY_LANES": "1",
+                                "GEARHORN_DELAY_SHARD_SECONDS": "2.5"})
     due = time.time() + 1
     assert fanout(gearmand, topic=topic, payload="second\n", deliver_at=due)["scheduled"]
     assert work(gearmand, f"{topic}_cli", 1) == ["second"]

@@ -43,13 +43,13 @@ def test_the_layout_survives_its_json_form_and_rejects_others():
 
 
 def test_narrower_shards_configured_later_do_not_strand_new_messages(fake_redis):
-    first = Scheduler(fake_redis, KEYS, shard_seconds=10, lanes=2)
+    first = Scheduler(fake_redis, KEYS, shard_seconds=10, lanes=1)
     assert first.schedule(item(1, soon()))
-    assert taken_soon(first) == ["m1"]  # the lanes' cursors now exist
-    narrower = Scheduler(fake_redis, KEYS, shard_seconds=5, lanes=2)
+    assert taken_soon(first) == ["m1"]  # the lane's cursor now exists
+    narrower = Scheduler(fake_redis, KEYS, shard_seconds=5, lanes=1)
     assert narrower.schedule(item(2, soon()))
     assert taken_soon(narrower) == ["m2"]
-    assert narrower.layout == first.layout == Layout(10_000, 2)
+    assert narrower.layout == first.layout == Layout(10_000, 1)
 
 
 def test_messages_kept_under_narrower_shards_are_found_by_a_wider_configuration(fake_redis):
