@@ -313,8 +313,7 @@ def topic_run(broker, subscribers: int, messages: int, rate: float = 0.0,
             for n in per]
     for p in subs:
         p.start()
-    for _ in subs:
-        ready.get(timeout=120)
+    results_of(subs, ready, timeout=120)
     prods = [ctx.Process(target=producer, args=(port_of(broker), broker.login, destination,
                                                  messages // producers,
                                                  rate / producers, start, sent))
@@ -324,7 +323,7 @@ def topic_run(broker, subscribers: int, messages: int, rate: float = 0.0,
     time.sleep(1)  # every producer connected and waiting
     cpu_before = broker.cpu_seconds()
     start.set()
-    began = min(sent.get(timeout=600) for _ in prods)
+    began = min(results_of(prods, sent))
     got = results_of(subs, results)
     cpu = broker.cpu_seconds() - cpu_before
     for p in subs + prods:
@@ -360,8 +359,7 @@ def queue_run(broker, messages: int, pairs: int = 2) -> dict:
                  for _ in range(pairs)]
     for p in consumers:
         p.start()
-    for _ in consumers:
-        ready.get(timeout=120)
+    results_of(consumers, ready, timeout=120)
     prods = [ctx.Process(target=producer, args=(port_of(broker), broker.login, f"/queue/{queue}",
                                                  per, 0.0, start, sent))
              for _ in range(pairs)]
@@ -370,7 +368,7 @@ def queue_run(broker, messages: int, pairs: int = 2) -> dict:
     time.sleep(1)
     cpu_before = broker.cpu_seconds()
     start.set()
-    began = min(sent.get(timeout=600) for _ in prods)
+    began = min(results_of(prods, sent))
     got = results_of(consumers, results)
     cpu = broker.cpu_seconds() - cpu_before
     for p in consumers + prods:
