@@ -33,11 +33,11 @@ from __future__ import annotations
 import argparse
 import multiprocessing
 import os
-import queue
 import socket
 import statistics
 import sys
 import time
+from queue import Empty
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
@@ -288,7 +288,7 @@ def results_of(processes: list, results, timeout: float = 600.0) -> list:
     while len(got) < len(processes):
         try:
             got.append(results.get(timeout=1))
-        except queue.Empty:
+        except Empty:
             if any(p.exitcode not in (None, 0) for p in processes):
                 raise SystemExit("a client process failed (above): run stopped") from None
             if time.monotonic() > deadline:
