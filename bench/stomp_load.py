@@ -179,6 +179,7 @@ def subscriber(port, login, destination, connections, expected, timed, ready, re
     process has read it, and when it woke up to read it (the first takes in
     the time this process spent reading its other sockets ready at the same
     wake-up: its own queueing)."""
+    pin_client()
     socks = []
     for i in range(connections):
         sock = connect(port, login)
@@ -226,6 +227,7 @@ def subscriber(port, login, destination, connections, expected, timed, ready, re
 def producer(port, login, destination, messages, rate, start, results):
     """``messages`` SENDs in batches; paced to ``rate`` msg/s when given
     (bodies then carry their send time), as fast as TCP takes them when not."""
+    pin_client()
     sock = connect(port, login)
     head = f"SEND\ndestination:{destination}\n\n".encode()
     static = b"".join(head + b"x" * 16 + b"\0" for _ in range(BATCH))
@@ -257,6 +259,7 @@ def queue_consumer(port, login, queue, expected, total, ready, results):
     """``ack:client``: one cumulative ACK per read, for the last message in
     it. Consumers count together (``total``, shared): a broker need not
     split a queue evenly between them."""
+    pin_client()
     sock = connect(port, login)
     with_receipt(sock, "SUBSCRIBE", {"destination": f"/queue/{queue}", "id": "q",
                                      "ack": "client", "prefetch-count": "1000"})
@@ -422,6 +425,10 @@ def client_options(parser: argparse.ArgumentParser) -> None:
                              "readers")
     parser.add_argument("--websocket", action="store_true",
                         help="every client speaks STOMP over WebSocket (ws://.../ws)")
+    parser.add_argument("--broker-cpus", type=cpu_list, metavar="LIST",
+                        help="run the brokers on these CPUs only (e.g. 0 or 0,1)")
+    parser.add_argument("--client-cpus", type=cpu_list, metavar="LIST",
+                        help="run the load generator's clients on these CPUs only")
 
 
 def use_client_options(args: argparse.Namespace) -> None:
@@ -431,6 +438,22 @@ def use_client_options(args: argparse.Namespace) -> None:
         live_subscriptions()
     if args.websocket:  # the spawned processes read it too
         os.environ["STOMP_LOAD_WEBSOCKET"] = "1"
+    if args.broker_cpus:  # the brokers this process starts inherit it
+        os.sched_setaffinity(0, args.broker_cpus)
+    if args.client_cpus:
+        os.environ["STOMP_LOAD_CLIENT_CPUS"] = ",".join(map(str, sorted(args.client_cpus)))
+
+
+def cpu_list(text: str) -> set[int]:
+    """``0,2`` -> {0, 2}."""
+    return {int(cpu) for cpu in text.split(",")}
+
+
+def pin_client() -> None:
+    """A client process on --client-cpus, if given: apart from the brokers
+    (--broker-cpus), neither takes the other's cores."""
+    if cpus := os.environ.get("STOMP_LOAD_CLIENT_CPUS"):
+        os.sched_setaffinity(0, cpu_list(cpus))
 
 
 def measure(broker_cls, args) -> dict:
