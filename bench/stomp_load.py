@@ -7,6 +7,8 @@ that is not the bottleneck.
     python bench/stomp_load.py --latency-at 100 500 1000   # same rates for both
     python bench/stomp_load.py --latency-at 100 1000 --turns 5 --stream --websocket
     python bench/stomp_load.py --latency-at 100 1000 --turns 5 --live
+    python bench/stomp_load.py --quick --live --turns 3     # throughput, median ratios
+    python bench/stomp_load.py --latency-at 1000 --broker-cpus 0 --client-cpus 1
 
 bench/stomp_bridge.py drives both brokers with stomp.py, which parses every
 frame in Python: there the client is the limit. Here the generator speaks
@@ -568,7 +570,8 @@ def main() -> None:
     parser.add_argument("--subscribers", type=int, default=10,
                         help="with --latency-at or --profile: topic subscribers (10)")
     parser.add_argument("--turns", type=int, default=1,
-                        help="with --latency-at: turns of each rate (medians are shown)")
+                        help="turns of each rate (--latency-at) or of the throughput runs, "
+                             "brokers alternating; medians are shown")
     parser.add_argument("--profile", metavar="FILE",
                         help="only profile the bridge (py-spy) during a topic run")
     args = parser.parse_args()
@@ -584,14 +587,29 @@ def main() -> None:
         return
     print(f"STOMP load: raw frames; topic {args.messages * 10:,} deliveries per subscriber "
           f"count, queue {args.messages:,} messages; {os.cpu_count()} cores", flush=True)
-    ours = measure(Gearhorn, args)
     if args.no_rabbitmq or not RabbitMQ.installed():
+        for _ in range(args.turns):
+            measure(Gearhorn, args)
         print("  RabbitMQ: not run (apt-get install rabbitmq-server)")
         return
-    theirs = measure(RabbitMQ, args)
+    throughput_turns(args)
+
+
+def throughput_turns(args: argparse.Namespace) -> None:
+    """``args.turns`` throughput runs of each broker, alternating (A B, B A,
+    ...: whichever runs first measures faster), and the median ratio: one
+    turn of queue send+ack moves by a quarter (docs/benchmarks.rst)."""
+    ours, theirs = [], []
+    for turn in range(args.turns):
+        order = (Gearhorn, RabbitMQ) if turn % 2 == 0 else (RabbitMQ, Gearhorn)
+        for broker_cls in order:
+            (ours if broker_cls is Gearhorn else theirs).append(measure(broker_cls, args))
     for key, label in (("topic10", "topic x10"), ("topic100", "topic x100"),
                        ("queue", "queue send+ack")):
-        print(f"  ratio gearhorn/RabbitMQ {label}: {ours[key]['rate'] / theirs[key]['rate']:.2f}")
+        ratios = [mine[key]["rate"] / peer[key]["rate"]
+                  for mine, peer in zip(ours, theirs, strict=True)]
+        each = f"  (turns: {' '.join(f'{r:.2f}' for r in ratios)})" if len(ratios) > 1 else ""
+        print(f"  ratio gearhorn/RabbitMQ {label}: {statistics.median(ratios):.2f}{each}")
 
 
 if __name__ == "__main__":
