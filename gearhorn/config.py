@@ -31,6 +31,7 @@ _ENV_ALIASES = {"gearman_servers": "GEARHORN_GEARMAN"}
 
 
 PERSISTENCE = ("redis", "sqlite", "none")
+DURABILITY = ("fsync", "written")
 REDIS_CLUSTER_MODES = ("auto", "yes", "no")
 
 
@@ -84,6 +85,12 @@ class Config:
     # gearhorn up puts gearmand and the Redis of its queue on one core: they
     # work in lockstep, and a hand-over within a core is 1.4-3.3x faster here.
     pin_queue: bool = True
+    # What an acknowledgement (a fanout's result, a STOMP RECEIPT) promises:
+    # "fsync": it comes after an fsync of every Redis holding what it
+    # acknowledges (the fsync barrier, gearhorn/store/fsync.py; a power cut
+    # loses nothing acknowledged); "written": once Redis has written it
+    # (a kill -9 loses nothing, a power cut the last second).
+    durability: str = "fsync"
     # The STOMP bridge.
     bridge_host: str = "127.0.0.1"
     bridge_port: int = 61613
@@ -328,6 +335,9 @@ def load(
     if config.persistence not in PERSISTENCE:
         raise ConfigError(f"persistence must be one of {', '.join(PERSISTENCE)}, "
                           f"got {config.persistence!r}")
+    if config.durability not in DURABILITY:
+        raise ConfigError(f"durability must be one of {', '.join(DURABILITY)}, "
+                          f"got {config.durability!r}")
     if config.redis_cluster not in REDIS_CLUSTER_MODES:
         raise ConfigError(f"redis_cluster must be one of {', '.join(REDIS_CLUSTER_MODES)}, "
                           f"got {config.redis_cluster!r}")

@@ -18,7 +18,6 @@ from urllib.parse import urlparse
 import redis
 
 from gearhorn import gearman, ports, servers
-from gearhorn.aofsync import AofSyncer
 from gearhorn.config import Config, to_env
 from gearhorn.store import redisconn
 from gearhorn.store.keys import Keys
@@ -46,8 +45,6 @@ class Embedded:
         self.gearmand: servers.Managed | None = None
         self.queue_redis: servers.Managed | None = None
         self._stopping = threading.Event()
-        # The AOFs of the Redis servers started here, synced once a second.
-        self.syncer = AofSyncer([])
 
     def run(self) -> int:
         try:
@@ -57,11 +54,9 @@ class Embedded:
             self._ensure_web()
             threading.Thread(target=self._announce_when_ready, daemon=True).start()
             threading.Thread(target=self._restart_crashed, daemon=True).start()
-            self.syncer.start()
             return Pool(self.config).run()
         finally:
             self._stopping.set()
-            self.syncer.stop()
             for server in reversed(self.started):
                 server.stop()
 
@@ -106,9 +101,10 @@ class Embedded:
             return
         if host not in _LOOPBACK:
             raise servers.ServerError(f"Redis at {host}:{port} is not reachable")
-        self.started.append(servers.start_redis(port, self.config.data_dir, appendonly=True))
-        self.syncer.data_dirs.append(self.config.data_dir)
+        redis_server = servers.start_redis(port, self.config.data_dir, appendonly=True)
+        self.started.append(redis_server)
         self.notes["redis"] = f"started, data in {self.config.data_dir}/"
+        _tell_repairs(redis_server)
 
     def _ensure_gearman(self) -> None:
         host, port = self.config.gearman_servers[0]
@@ -155,10 +151,10 @@ class Embedded:
         limit = self.config.queue_maxmemory
         extra = ["--maxmemory", str(limit), "--maxmemory-policy", "noeviction"] if limit else []
         data_dir = os.path.join(self.config.data_dir, "gearmand-queue")
-        if data_dir not in self.syncer.data_dirs:
-            self.syncer.data_dirs.append(data_dir)
-        return servers.start_redis(port, data_dir, appendonly=True, cpus=self._queue_cpus(),
-                                   extra=extra)
+        queue = servers.start_redis(port, data_dir, appendonly=True, cpus=self._queue_cpus(),
+                                    extra=extra)
+        _tell_repairs(queue)
+        return queue
 
     def _queue_cpus(self) -> set[int] | None:
         return servers.queue_cpus() if self.config.pin_queue else None
@@ -220,6 +216,13 @@ class Embedded:
                 pass
             time.sleep(0.2)
         print(banner(self.config, self.notes), flush=True)
+
+
+def _tell_repairs(server: servers.Managed) -> None:
+    """A torn AOF cut back at start (after a power cut): said on the terminal."""
+    if "repaired" in server.details:
+        log.warning("Redis on port %d started after repairing its append-only file: %s",
+                    server.port, server.details["repaired"])
 
 
 def _crashed(server: servers.Managed | None) -> bool:

@@ -18,6 +18,8 @@ import sys
 import time
 from dataclasses import dataclass, field
 
+from gearhorn import aofrepair
+from gearhorn.aofsync import AofSyncer
 from gearhorn.errors import GearhornError
 
 HOST = "127.0.0.1"
@@ -112,12 +114,16 @@ class Managed:
     host: str = HOST
     log_path: str | None = None
     details: dict[str, str] = field(default_factory=dict)
+    # What runs beside the server in this process and ends with it (a Redis's
+    # fsync barrier, gearhorn/aofsync.py): anything with a stop().
+    companions: list = field(default_factory=list)
 
     @property
     def address(self) -> str:
         return f"{self.host}:{self.port}"
 
     def stop(self, timeout: float = 10.0) -> None:
+        self._stop_companions()
         if self.process.poll() is None:
             self.process.terminate()
             try:
@@ -129,6 +135,11 @@ class Managed:
     def kill(self) -> None:
         self.process.kill()
         self.process.wait()
+        self._stop_companions()
+
+    def _stop_companions(self) -> None:
+        while self.companions:
+            self.companions.pop().stop()
 
     def log_tail(self, lines: int = 20) -> str:
         if not self.log_path or not os.path.exists(self.log_path):
@@ -187,16 +198,31 @@ def start_redis(port: int | None = None, data_dir: str | None = None,
         # Every command in the AOF before its answer; gearhorn/aofsync.py
         # syncs the files to disk (everysec may answer first: aofsync.py).
         argv += ["--appendfsync", "no"]
-    log_path = None
+    log_path, repaired = None, []
     if data_dir:
         os.makedirs(data_dir, exist_ok=True)
         argv += ["--dir", os.path.abspath(data_dir), "--save", "60 1"]
         log_path = os.path.join(data_dir, "redis.log")
+        # After a power cut: the torn tail cut back, so Redis starts by itself.
+        repaired = aofrepair.repair(data_dir) if appendonly else []
     argv += extra or []
     server = _spawn("redis-server", argv, port, log_path, cpus=cpus)
     server.details["url"] = f"redis://{HOST}:{port}/0"
+    if repaired:
+        server.details["repaired"] = "; ".join(repaired)
+    if appendonly and data_dir:
+        # Its fsync barrier: acknowledgements wait for it (gearhorn/store/fsync.py).
+        server.companions.append(_serve_barrier(server.details["url"], data_dir))
     _wait_until_loaded(server)
     return server
+
+
+def _serve_barrier(url: str, data_dir: str) -> AofSyncer:
+    syncer = AofSyncer(url, os.path.abspath(data_dir)).start()
+    if not syncer.serving.wait(30):
+        syncer.stop()
+        raise ServerError(f"the fsync barrier of the Redis at {url} did not start")
+    return syncer
 
 
 def _wait_until_loaded(server: Managed, timeout: float = 600.0) -> None:

@@ -228,6 +228,16 @@ class FakeBroker:
         self.streams = getattr(self, "streams", []) + [(topic, after, epoch, recovered, live)]
         return FakeReader(consumer)
 
+    # The fsync barrier: what the session waited for, in order with what it
+    # sent, so a test sees that a RECEIPT came after the wait covering it.
+    disk_fails = None  # an exception the next wait raises
+
+    def wait(self):
+        self.disk_waits = getattr(self, "disk_waits", 0) + 1
+        self.disk_log = getattr(self, "disk_log", []) + [len(self.sent) + len(self.published)]
+        if self.disk_fails is not None:
+            raise self.disk_fails
+
     def answer(self, dest):
         if dest.control == "count-msgs":
             return {"num-messages": "7"}

@@ -36,7 +36,7 @@ from gearhorn.stomp.replies import Requester
 from gearhorn.stomp.rules import SessionSettings
 from gearhorn.stomp.server import BridgeServer
 from gearhorn.stomp.topicstreams import TopicStreams
-from gearhorn.store import redisconn
+from gearhorn.store import fsync, redisconn
 from gearhorn.store.deadletters import DeadLetterIndex
 from gearhorn.store.directcalls import DirectCalls
 from gearhorn.store.handouts import Handouts
@@ -142,7 +142,7 @@ def build_bridge(config: Config) -> Bridge:
                                          config.request_timeout),
                       queues=attachments, registrations=registrations,
                       counts=QueueCounts(attachments, registry), observer=observer,
-                      streams=streams)
+                      streams=streams, durability=fsync.for_config(config, client))
     server = _server(config, backend)
     registrations.describe = lambda: {"connections": len(server.connections)}
     return Bridge(server, registrations, flusher, attachments)

@@ -141,6 +141,15 @@ class Counts(Protocol):
     def answer(self, dest: Destination) -> dict[str, str]: ...
 
 
+class Durable(Protocol):
+    """Acknowledgements after fsync (gearhorn/store/fsync.py): :meth:`wait`
+    returns once the Redis servers have synced what the bridge wrote."""
+
+    def wait(self) -> None:
+        """Raises BarrierUnavailable (an outage) or FsyncFailed."""
+        ...
+
+
 class Observes(Protocol):
     """What a session tells the ledger (gearhorn/observers.py)."""
 
@@ -163,3 +172,4 @@ class Backend:
     counts: Counts
     observer: Observes
     streams: ServesStreams
+    durability: Durable

@@ -69,7 +69,7 @@ class Outbox:
     pause = staticmethod(gevent.event.Event.wait)  # (event, seconds); tests record it
 
     def __init__(self, publisher: Publishes, client: Callable[[], gearman.Client],
-                 answered: Callable[[list[Frame], dict], None],
+                 answered: Callable[[list[Frame], dict | None], None],
                  failed: Callable[[Frame, Exception], None], max_bytes: int,
                  most_held: int = MOST_HELD, linger: float = APPEND_LINGER) -> None:
         self.publisher, self.client = publisher, client
@@ -136,7 +136,7 @@ class Outbox:
                         self.publisher.append(send)
                         self._unappended -= len(send.bodies)
                     result = (self.publisher.start(self.client(), send).wait()
-                              if send.needs_job else {})
+                              if send.needs_job else None)
                 except Exception as exc:  # noqa: BLE001 - told to the session, whatever it is
                     self._fail(frames[0], exc)
                     return

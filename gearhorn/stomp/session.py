@@ -14,8 +14,8 @@ import uuid
 from collections.abc import Callable
 
 from gearhorn import gearman
-from gearhorn.messages import DEDUP_HEADER, BadRequest, validate_queue
-from gearhorn.naming import TEMP_FUNCTION_PREFIX, temp_queue
+from gearhorn.messages import BadRequest, validate_queue
+from gearhorn.naming import temp_queue
 from gearhorn.stomp.acks import observer_for, settle
 from gearhorn.stomp.auth import OPEN
 from gearhorn.stomp.backend import Backend, FanoutFailed, Transport
@@ -32,7 +32,6 @@ from gearhorn.stomp.rules import (
     ILLEGAL_COMMAND,
     NO_SUBSCRIPTION,
     SERVER_NAME,
-    Destination,
     ProtocolError,
     SessionSettings,
     Transactions,
@@ -41,18 +40,16 @@ from gearhorn.stomp.rules import (
     boolean,
     heartbeats,
     negotiate_version,
-    options_of,
-    parse_destination,
     prefetch,
     queue_limits,
     require,
-    sendable,
     settle_target,
     subscribable,
     subscription_id,
     version_error,
 )
-from gearhorn.stomp.sending import TEMP_QUEUE, SendOptions
+from gearhorn.stomp.sending import TEMP_QUEUE
+from gearhorn.stomp.sends import Sends
 from gearhorn.stomp.subscription import StompSubscription
 from gearhorn.stomp.topics import (
     end_subscription,
@@ -60,13 +57,14 @@ from gearhorn.stomp.topics import (
     subscribe_queue,
     subscribe_stream,
 )
+from gearhorn.store.fsync import BarrierUnavailable, FsyncFailed
 from gearhorn.store.redisconn import REDIS_ERRORS
 
 log = logging.getLogger(__name__)
 
 # What a frame may fail with; each ends the connection with an ERROR (_refused).
-_REFUSALS = (ProtocolError, BadRequest, FanoutFailed, QueueFull, gearman.GearmanError,
-             *REDIS_ERRORS)
+_REFUSALS = (ProtocolError, BadRequest, FanoutFailed, QueueFull, FsyncFailed,
+             BarrierUnavailable, gearman.GearmanError, *REDIS_ERRORS)
 # Frames that need not wait for the topic SENDs in flight (gearhorn/stomp/outbox.py).
 _BESIDE_SENDS = frozenset({"SEND", "ACK", "NACK"})
 
@@ -85,16 +83,17 @@ class Session:
         self.heartbeat = (0, 0)  # (we send every ms, we expect every ms)
         self.client_name = ""
         self.principal = OPEN
-        self.pending_requests = 0
         self.subscriptions: dict[str, StompSubscription] = {}
         self.acks: dict[str, StompSubscription] = {}
         self.transactions = Transactions(self.settings.max_transaction_frames)
         self._counter = itertools.count(1)
         self._gearman: gearman.Client | None = None
-        self.outbox = Outbox(backend.publisher, lambda: self.gearman, self._answered,
-                             self._refused, self.settings.max_payload_bytes)
+        self.sends = Sends(self)
+        self.outbox = Outbox(backend.publisher, lambda: self.gearman,
+                             lambda frames, result: self.sends.answered(frames, result, _REFUSALS),
+                             self.refused, self.settings.max_payload_bytes)
         self._handlers = {
-            "CONNECT": self.on_connect, "STOMP": self.on_connect, "SEND": self.on_send,
+            "CONNECT": self.on_connect, "STOMP": self.on_connect, "SEND": self.sends.on_send,
             "SUBSCRIBE": self.on_subscribe, "UNSUBSCRIBE": self.on_unsubscribe,
             # NACK is not in STOMP 1.0, but RabbitMQ and ActiveMQ take it there too.
             "ACK": self._settle, "NACK": self._settle, "BEGIN": self.on_begin,
@@ -119,19 +118,19 @@ class Session:
                 raise ProtocolError(f"unknown command {frame.command}", BAD_COMMAND)
             if not self.connected and handler != self.on_connect:
                 raise ProtocolError(f"{frame.command} before CONNECT", ILLEGAL_COMMAND)
-            if frame.command not in _BESIDE_SENDS and not self._flushed():
+            if frame.command not in _BESIDE_SENDS and not self.flushed():
                 return
             handler(frame)
         except _REFUSALS as exc:
-            self._refused(frame, exc)
+            self.refused(frame, exc)
 
-    def _refused(self, frame: Frame, exc: Exception) -> None:
+    def refused(self, frame: Frame, exc: Exception) -> None:
         """The ERROR a failed frame ends the connection with."""
         if isinstance(exc, ProtocolError):
             self.error(exc.title, frame, str(exc))
         elif isinstance(exc, BadRequest):
             self.error(str(exc), frame)
-        elif isinstance(exc, (FanoutFailed, QueueFull)):
+        elif isinstance(exc, (FanoutFailed, QueueFull, FsyncFailed)):
             log.warning("session %s: %s", self.id, exc)
             self.error(str(exc), frame)
         else:
@@ -145,27 +144,10 @@ class Session:
             if self.closed:
                 return
             if len(group) > 1 and self.connected:
-                self._send_batch(group)
+                self.sends.batch(group, _REFUSALS)
             else:
                 for frame in group:
                     self.handle(frame)
-
-    def _send_batch(self, batch: list[Frame]) -> None:
-        try:
-            dest = parse_destination(batch[0].headers["destination"])
-            self._check_send(dest)
-            bodies = [f.body for f in batch]
-            if dest.kind == "topic":
-                self.outbox.put(self.backend.publisher.prepare(dest.name, bodies), batch)
-                return
-            if not self._flushed():
-                return
-            self.backend.publisher.send_to_queue(self.gearman, dest.name, bodies)
-        except _REFUSALS as exc:
-            self._refused(batch[0], exc)
-            return
-        for frame in batch:
-            self._receipt(frame)
 
     def error(self, message: str, frame: Frame | None = None, detail: str = "") -> None:
         """Send ERROR (with ``message``) and close the connection."""
@@ -228,84 +210,18 @@ class Session:
 
     # -- SEND --------------------------------------------------------------------
 
-    def on_send(self, frame: Frame) -> None:
-        require(frame, "destination")
-        if self.transactions.hold(frame):
-            return
-        extra = self._send(frame, in_outbox=True)
-        if extra is not None:
-            self._receipt(frame, extra)
-
-    def _send(self, frame: Frame, in_outbox: bool = False) -> dict[str, str] | None:
-        """Send ``frame``; None when the outbox answers it later (a topic
-        SEND but a deduplicated one, whose RECEIPT says if it was a duplicate)."""
-        dest = sendable(frame, self.settings.max_payload_bytes)
-        if dest.kind == "control":
-            if not self._flushed():
-                return {}
-            self._check(self.principal.may_read, f"/{dest.target}/{dest.name}", "read")
-            return self.backend.counts.answer(dest)
-        self._check_send(dest)
-        options, reply_queue = self._replied_to(options_of(frame))
-        publisher = self.backend.publisher
-        if in_outbox and dest.kind == "topic" and DEDUP_HEADER not in options.headers:
-            self.outbox.put(publisher.prepare(dest.name, [frame.body], options), [frame])
-            return None
-        if not self._flushed():
-            return {}
-        if dest.kind == "topic":
-            result = publisher.publish(self.gearman, dest.name, [frame.body], options)
-            return {"x-duplicate": "true"} if result.get("duplicate") else {}
-        if reply_queue is not None and options.delay is None:
-            if self.pending_requests >= self.settings.max_pending_requests:
-                raise ProtocolError(f"more than {self.settings.max_pending_requests} requests "
-                                    "waiting for their reply on one connection")
-            self.pending_requests += 1
-            self.backend.requests.request(dest.name, frame.body, options, reply_queue,
-                                          self._request_done)
-        else:
-            publisher.send_to_queue(self.gearman, dest.name, [frame.body], options)
-        return {}
-
-    def _replied_to(self, options: SendOptions) -> tuple[SendOptions, str | None]:
-        """``options`` with a ``reply-to: /temp-queue/NAME`` made this
-        connection's queue, and that queue's function."""
-        if options.temp_reply is None:
-            return options, None
-        function = self._temp_queue(options.temp_reply)
-        return SendOptions(options.priority, options.delay,
-                           {**options.headers, "reply-to": f"/queue/{function}"}), function
-
-    def _flushed(self) -> bool:
+    def flushed(self) -> bool:
         """Wait for the topic SENDs in flight; False if one failed (the
         connection is ending)."""
         self.outbox.flush()
         return not self.closed
 
-    def _answered(self, frames: list[Frame], result: dict) -> None:
-        for frame in frames:
-            self._receipt(frame)
-
-    def _check_send(self, dest: Destination) -> None:
-        """May this connection SEND to ``dest`` (a queue or topic)?"""
-        if dest.kind == "queue" and dest.name.startswith(TEMP_FUNCTION_PREFIX):
-            # A reply needs no right (only its reply-to names the queue), but the
-            # queue must be live: no one makes queues of their own this way.
-            if not self.backend.registrations.temp_queue_exists(dest.name):
-                raise ProtocolError(f"no temporary queue {dest.name[:80]!r} (its connection "
-                                    "is gone, or it never existed)")
-        else:
-            self._check(self.principal.may_write, f"/{dest.kind}/{dest.name}", "send to")
-
-    def _check(self, allowed: Callable[[str], bool], destination: str, what: str) -> None:
+    def check(self, allowed: Callable[[str], bool], destination: str, what: str) -> None:
         if not allowed(destination):
             raise ProtocolError(f"access refused: {self.principal.name} may not {what} "
                                 f"{destination}", ACCESS_REFUSED)
 
-    def _request_done(self) -> None:
-        self.pending_requests -= 1
-
-    def _temp_queue(self, name: str) -> str:
+    def temp_queue(self, name: str) -> str:
         """The Gearman function behind this connection's ``/temp-queue/NAME``,
         made (with its implicit auto-ack subscription) on first use. RabbitMQ's
         convention: the subscription id is ``/temp-queue/NAME``."""
@@ -332,25 +248,29 @@ class Session:
                                 DUPLICATED_SUBSCRIPTION)
         self._room_for_one_more()
         dest = subscribable(destination)
-        self._check(self.principal.may_read, f"/{dest.kind}/{dest.name}", "subscribe to")
+        self.check(self.principal.may_read, f"/{dest.kind}/{dest.name}", "subscribe to")
         ack = ack_mode(frame)
         sub = StompSubscription(self, sub_id, destination, ack, prefetch(frame, ack, self.settings),
                                 ack_timeout(frame))
         if dest.kind == "topic" and reads_history(self.backend, dest.name, frame):
             self.subscriptions[sub_id] = sub  # before its first message
-            self._receipt(frame, subscribe_stream(self.backend, sub, dest.name, frame))
+            self.receipt(frame, subscribe_stream(self.backend, sub, dest.name, frame))
             return
         if dest.kind == "topic":
             subscribe_queue(self.backend, sub, dest.name, frame, self.client_name)
+            kept = sub.durable
         else:
             sub.function = dest.name
             limits = queue_limits(frame)
             if limits is not None:
                 self.backend.queues.bound_queue(sub.function, limits)
+            kept = limits is not None
+        if kept:  # a registration that outlives the connection: on disk before the RECEIPT
+            self.sends.on_disk([frame])
         self.subscriptions[sub_id] = sub
         sub.dispatcher = self.backend.queues.attach(sub.function, sub, sub.shared)
         self.backend.observer.attached(sub.function)
-        self._receipt(frame)
+        self.receipt(frame)
 
     def _room_for_one_more(self) -> None:
         if len(self.subscriptions) >= self.settings.max_subscriptions:
@@ -364,7 +284,9 @@ class Session:
             raise ProtocolError(f"no subscription with id {sub_id!r}", NO_SUBSCRIPTION)
         remove = boolean(frame, "durable", False) or "activemq.subscriptionName" in frame.headers
         end_subscription(self.backend, sub, self.acks, remove=remove or not sub.durable)
-        self._receipt(frame)
+        if sub.durable and remove:
+            self.sends.on_disk([frame])
+        self.receipt(frame)
 
     # -- delivery ----------------------------------------------------------------
 
@@ -407,38 +329,43 @@ class Session:
         if self.transactions.hold(frame):
             return
         settle(frame, self.version, self.acks, self.backend.observer)
-        self._receipt(frame)
+        self.receipt(frame)
 
     # -- transactions ------------------------------------------------------------
 
     def on_begin(self, frame: Frame) -> None:
         self.transactions.begin(require(frame, "transaction"))
-        self._receipt(frame)
+        self.receipt(frame)
 
     def on_commit(self, frame: Frame) -> None:
         frames = self.transactions.end(require(frame, "transaction"))
+        extras = []
         for queued in frames:  # in order; a failure ends the connection there
             extra = None
             if queued.command == "SEND":
-                extra = self._send(queued)
+                extra = self.sends.send(queued, on_disk=False)
             else:
                 settle(queued, self.version, self.acks, self.backend.observer)
-            self._receipt(queued, extra)
-        self._receipt(frame)
+            extras.append(extra)
+        # One fsync for the transaction's SENDs, before any of its RECEIPTs.
+        self.sends.on_disk([frame, *(f for f in frames if f.command == "SEND")])
+        for queued, extra in zip(frames, extras, strict=True):
+            self.receipt(queued, extra)
+        self.receipt(frame)
 
     def on_abort(self, frame: Frame) -> None:
         tx = require(frame, "transaction")
         for queued in self.transactions.end(tx):
-            self._receipt(queued, {"transaction-aborted": tx})  # discarded, and said so
-        self._receipt(frame)
+            self.receipt(queued, {"transaction-aborted": tx})  # discarded, and said so
+        self.receipt(frame)
 
     # -- DISCONNECT --------------------------------------------------------------
 
     def on_disconnect(self, frame: Frame) -> None:
-        self._receipt(frame)
+        self.receipt(frame)
         self.close()
 
-    def _receipt(self, frame: Frame, extra: dict[str, str] | None = None) -> None:
+    def receipt(self, frame: Frame, extra: dict[str, str] | None = None) -> None:
         receipt = frame.get("receipt")
         if receipt is not None and not self.closed:  # never a RECEIPT after an ERROR
             headers = {"receipt-id": receipt, **(extra or {})}

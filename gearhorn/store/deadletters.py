@@ -29,6 +29,7 @@ import redis
 from gearhorn import gearman
 from gearhorn.messages import header_id_of
 from gearhorn.naming import dead_letter_queue, queue_copy_unique, stomp_unique
+from gearhorn.store import fsync
 from gearhorn.store.headers import HeaderStore
 from gearhorn.store.keys import Keys
 from gearhorn.store.redisutil import text
@@ -117,11 +118,14 @@ class DeadLetterMover:
     """Takes dead letters off ``<queue>.dlq`` on every gearmand."""
 
     def __init__(self, servers: Sequence[tuple[str, int]], index: DeadLetterIndex,
-                 headers: HeaderStore, tls: gearman.TlsFiles | None = None) -> None:
+                 headers: HeaderStore, tls: gearman.TlsFiles | None = None,
+                 durability: fsync.Durability = fsync.NO_DURABILITY) -> None:
         self.servers = tuple(servers)
         self.index = index
         self.headers = headers
         self.tls = tls
+        # Requeued copies on disk before their dead letters are completed.
+        self.durability = durability
         self.dashed = DashedFunctions(index.redis, index.keys)
 
     def requeue(self, queue: str, count: int | None = None) -> int:
@@ -161,6 +165,7 @@ class DeadLetterMover:
                     break
                 if client is not None:
                     client.submit_background(self._back_to_queue(queue, jobs))
+                    self.durability.wait()
                 for job in jobs:
                     worker.complete(job.handle)
                 self.index.forget(queue, [h for j in jobs if (h := header_id_of(j.unique))])
@@ -192,5 +197,6 @@ def for_config(config, client: redis.Redis) -> tuple[DeadLetterIndex, DeadLetter
     keys = Keys.for_config(config)
     index = DeadLetterIndex(client, keys, Stats(client, keys, config.metrics_enabled))
     mover = DeadLetterMover(config.gearman_servers, index,
-                            HeaderStore(client, keys, config.headers_ttl), config.gearman_tls)
+                            HeaderStore(client, keys, config.headers_ttl), config.gearman_tls,
+                            fsync.for_config(config, client))
     return index, mover

@@ -62,7 +62,7 @@ def _sentinel_master(url: str, **options: object) -> redis.Redis:
     parts = urlsplit(url)
     path = [p for p in parts.path.split("/") if p]
     if not path:
-        raise ValueError(f"{_safe(url)}: a Sentinel URL names the master: .../<name>[/<db>]")
+        raise ValueError(f"{safe(url)}: a Sentinel URL names the master: .../<name>[/<db>]")
     hosts = []
     for address in parts.netloc.rpartition("@")[2].split(","):
         host, _, port = address.rpartition(":")
@@ -95,7 +95,7 @@ def is_cluster(url: str) -> bool:
         return bool(probe.info("cluster").get("cluster_enabled"))
     except redis.RedisError as exc:
         log.warning("cannot ask %s whether it is a Redis Cluster (%s): taking it for a "
-                    "single server; set redis_cluster = yes if it is a cluster", _safe(url), exc)
+                    "single server; set redis_cluster = yes if it is a cluster", safe(url), exc)
         return False
     finally:
         probe.close()
@@ -110,7 +110,7 @@ def for_config(config: Config, **options: object) -> AnyRedis:
     return connect(config.redis_url, config.redis_cluster, **options)
 
 
-def _safe(url: str) -> str:
+def safe(url: str) -> str:
     """The URL without its password, for logs."""
     parts = urlsplit(url)
     return f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}{parts.path}"

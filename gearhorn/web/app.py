@@ -43,7 +43,7 @@ from gearhorn.messages import BadRequest, PresenceQuery, validate_queue, validat
 from gearhorn.naming import dead_letter_queue
 from gearhorn.ports import WEB_PORT, listen
 from gearhorn.stomp import auth
-from gearhorn.store import deadletters, redisconn
+from gearhorn.store import deadletters, fsync, redisconn
 from gearhorn.store.keys import Keys
 from gearhorn.store.presence import Presence
 from gearhorn.store.redisconn import REDIS_ERRORS
@@ -230,7 +230,7 @@ class WebApp:
         try:
             moved = (self.mover.requeue(queue, count) if action == "requeue"
                      else self.mover.purge(queue))
-        except (gearman.GearmanError, *REDIS_ERRORS, OSError) as exc:
+        except (gearman.GearmanError, *REDIS_ERRORS, OSError, *fsync.ERRORS) as exc:
             raise HttpError("503 Service Unavailable", f"{type(exc).__name__}: {exc}") from None
         log.info("%s: %s %d dead letters of %s", who.name, action, moved, queue)
         return _json(start, "200 OK", {"queue": queue, "action": action, "moved": moved})

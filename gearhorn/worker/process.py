@@ -20,7 +20,7 @@ from gearhorn.background import Backoff, Fault, Outage
 from gearhorn.config import Config
 from gearhorn.messages import BadRequest
 from gearhorn.observers import LedgerObserver, Observers, StatsObserver
-from gearhorn.store import redisconn
+from gearhorn.store import fsync, redisconn
 from gearhorn.store.keys import Keys
 from gearhorn.store.ledger import Flusher, Ledger
 from gearhorn.store.redisconn import REDIS_ERRORS
@@ -96,6 +96,8 @@ class WorkerProcess:
         self.service = FanoutService(config, self.registry, self.cache, self.client,
                                      observer, tally=self.tally, pressure=pressure)
         self.flusher = Flusher(*(b for b in (self.ledger, self.stats, self.tally) if b))
+        # Answers wait for an fsync that covers them (gearhorn/store/fsync.py).
+        self.durability = fsync.for_config(config, self.redis)
         self.warden = Warden(config, self.redis, observer, self.stats, self.worker_id,
                              queue_store=_queue_store(config))
         # Due delayed messages go out from a thread of their own, with their
@@ -156,8 +158,9 @@ class WorkerProcess:
         while pending:
             try:
                 for outcomes in self.service.run([job for _, _, job in pending]):
-                    done, pending = pending[:len(outcomes)], pending[len(outcomes):]
+                    done = pending[:len(outcomes)]
                     self._answer(done, outcomes)
+                    pending = pending[len(outcomes):]
                     if self._draining.is_set():
                         return  # the jobs not started go back to gearmand as we leave
             except ServiceUnavailable as exc:
@@ -190,18 +193,37 @@ class WorkerProcess:
 
     def _answer(self, done: list[tuple[gearman.WorkerConnection, gearman.GrabbedJob, Job]],
                 outcomes: list[Answer]) -> None:
-        for (worker, grabbed, job), outcome in zip(done, outcomes, strict=True):
-            if isinstance(outcome, BadRequest):
-                self._refuse(worker, grabbed, job, str(outcome))
-                self.service.record_rejection(job.function, str(outcome))
-            else:
-                worker.complete(grabbed.handle, outcome)
+        """Answer a group of jobs. Raises ServiceUnavailable, with none of
+        them answered, when no fsync can cover them now."""
         # The group's ledger entries are in Redis before its jobs are answered
         # (one round trip a group): a worker killed after answering takes no
         # entry with it, so the reconciliation knows every copy it made.
         self.ledger.flush()
+        failed = self._on_disk(outcomes)
+        for (worker, grabbed, job), outcome in zip(done, outcomes, strict=True):
+            if isinstance(outcome, BadRequest) or failed:
+                reason = str(outcome) if isinstance(outcome, BadRequest) else failed
+                self._refuse(worker, grabbed, job, reason)
+                self.service.record_rejection(job.function, reason)
+            else:
+                worker.complete(grabbed.handle, outcome)
         self._flush({worker for worker, _, _ in done})
         self.jobs_done += len(done)
+
+    def _on_disk(self, outcomes: list[Answer]) -> str:
+        """Wait until an fsync covers what these answers acknowledge (the
+        copies in gearmand's queue Redis, the subscriptions and ledger in the
+        registry's): "" once it did, the reason when the fsync failed."""
+        if all(isinstance(outcome, BadRequest) for outcome in outcomes):
+            return ""
+        try:
+            self.durability.wait()
+        except fsync.BarrierUnavailable as exc:
+            raise ServiceUnavailable(str(exc)) from None
+        except fsync.FsyncFailed as exc:
+            log.error("%s", exc)
+            return str(exc)
+        return ""
 
     def _refuse_all(self, pending: list[tuple[gearman.WorkerConnection, gearman.GrabbedJob, Job]],
                     reason: str) -> None:
@@ -285,6 +307,7 @@ class WorkerProcess:
         self.releaser.join(timeout=10)
         self.flusher.stop()
         self.jobs.close()
+        self.durability.close()
         self.client.close()
         self.release_client.close()
         if self.presence_events is not None:

@@ -1,5 +1,7 @@
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 
 import pytest
@@ -8,10 +10,10 @@ import redis
 from gearhorn import servers
 from gearhorn.store.keys import Keys
 from gearhorn.worker import replay
-from tests import redis_servers
-from tests.conftest import require_binary
+from tests import lossyfs, redis_servers
+from tests.conftest import missing, require_binary, require_module
 
-from .helpers import PoolProcess
+from .helpers import PoolProcess, Up, wait_for
 
 
 @pytest.fixture(scope="session")
@@ -166,6 +168,14 @@ class Restartable:
                                                    appendonly=True)
         self.gearmand = self._start_gearmand(servers.free_port())
 
+    def worker_env(self):
+        """Settings that tell workers and bridges where gearmand keeps its queue,
+        so their answers wait for its fsync too."""
+        env = {"GEARHORN_PERSISTENCE": self.queue}
+        if self.queue_redis is not None:
+            env["GEARHORN_QUEUE_REDIS_URL"] = self.queue_redis.details["url"]
+        return env
+
     def _start_gearmand(self, port):
         def start():
             return servers.start_gearmand(port, self.gearmand_dir, queue=self.queue,
@@ -256,3 +266,64 @@ def start_web(redis_url, tmp_path):
     yield start
     for web in webs:
         web.stop()
+
+
+@pytest.fixture
+def ups():
+    """``gearhorn up`` in a process group of its own (helpers.Up), stopped after the test."""
+    require_binary("gearmand", "gearman-job-server")
+    require_binary("redis-server", "redis-server")
+    started = []
+
+    def start(*args, **kwargs):
+        started.append(Up(*args, **kwargs))
+        return started[-1]
+    yield start
+    for up in started:
+        up.stop()
+
+
+class LossyDisk:
+    """tests/lossyfs.py mounted in a folder of the test's: a disk whose
+    power can be cut (:meth:`power_cut`: every write not fsynced is gone)."""
+
+    def __init__(self, root):
+        self.backing = os.path.join(root, "backing")
+        self.path = os.path.join(root, "mnt")
+        self.control = os.path.join(root, "control.sock")
+        os.makedirs(self.backing)
+        os.makedirs(self.path)
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "tests.lossyfs", self.backing, self.path, self.control],
+            stdout=subprocess.DEVNULL, stderr=open(os.path.join(root, "lossyfs.log"), "ab"),  # noqa: SIM115
+            preexec_fn=servers.die_with_parent)
+        wait_for(lambda: self.process.poll() is None and os.path.ismount(self.path)
+                 and os.path.exists(self.control), 30, message="lossyfs mounted")
+
+    def power_cut(self):
+        """Drop what was not fsynced; returns the file system's account of it."""
+        return lossyfs.control(self.control, "clear-cache")
+
+    def stats(self):
+        return lossyfs.control(self.control, "stats")
+
+    def unmount(self):
+        subprocess.run(["fusermount3", "-u", "-z", self.path], capture_output=True)
+        self.process.terminate()
+        try:
+            self.process.wait(10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+
+@pytest.fixture
+def lossy_disk(tmp_path):
+    """A folder on a file system that forgets what was not fsynced, on demand."""
+    require_binary("fusermount3", "fuse3")
+    require_module("mfusepy")
+    if not os.access("/dev/fuse", os.R_OK | os.W_OK):
+        missing("/dev/fuse is not usable here: the power-cut tests need FUSE")
+    disk = LossyDisk(str(tmp_path / "lossy"))
+    yield disk
+    disk.unmount()

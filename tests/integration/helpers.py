@@ -92,8 +92,10 @@ class PoolProcess(ChildProcess):
     # waits 20 s for its receivers, so a loaded machine cannot fake either.
     # A test that needs a shorter fanout timeout (a receiver that never
     # answers) sets its own.
+    # gearmand keeps no queue in Redis unless a test says where (persistence
+    # = redis and queue_redis_url): answers then wait for that Redis's fsync.
     SETTINGS = {"GEARHORN_HEARTBEAT_INTERVAL": "1", "GEARHORN_WORKER_TTL": "10",
-                "GEARHORN_FANOUT_TIMEOUT": "20"}
+                "GEARHORN_FANOUT_TIMEOUT": "20", "GEARHORN_PERSISTENCE": "none"}
 
     def __init__(self, gearman_servers, redis_url, processes=2, log_dir=None, extra=(),
                  tls=None, env=None):
@@ -328,3 +330,55 @@ class GearmanTap:
             with contextlib.suppress(OSError):
                 sock.shutdown(socket.SHUT_RDWR)  # wakes the threads blocked on it
             sock.close()
+
+
+class Up:
+    """``gearhorn up`` in a process group of its own, on free loopback ports."""
+
+    def __init__(self, data_dir, ports=None, extra=(), store=None, env=None):
+        """Logs in ``data_dir``; the servers' data in ``store`` (default
+        ``data_dir/data``); ``env``: more settings."""
+        self.data_dir = str(data_dir)
+        self.store = store or os.path.join(self.data_dir, "data")
+        self.ports = ports or {name: servers.free_port()
+                               for name in ("redis", "queue", "gearman", "stomp")}
+        self.log_path = os.path.join(self.data_dir, f"up-{len(os.listdir(self.data_dir))}.log")
+        env = dict(os.environ, GEARHORN_BRIDGE_PORT=str(self.ports["stomp"]),
+                   GEARHORN_BRIDGE_WS_PORT="0",
+                   GEARHORN_QUEUE_REDIS_URL=f"redis://127.0.0.1:{self.ports['queue']}/0",
+                   GEARHORN_HEARTBEAT_INTERVAL="0.3", GEARHORN_WORKER_TTL="1.5", **(env or {}))
+        with open(self.log_path, "ab") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "gearhorn", "up", "--processes", "2",
+                 "--data-dir", self.store,
+                 "--redis-url", f"redis://127.0.0.1:{self.ports['redis']}/0",
+                 "--gearman", f"127.0.0.1:{self.ports['gearman']}", *extra],
+                env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                preexec_fn=servers.die_with_parent)  # its children die with it in turn
+        wait_for(self._banner, timeout=90, message="the banner of gearhorn up")
+        self.gearmand = servers.Managed("gearmand", None, self.ports["gearman"])
+
+    def text(self):
+        with open(self.log_path, errors="replace") as fp:
+            return fp.read()
+
+    def _banner(self):
+        if self.process.poll() is not None:
+            raise AssertionError(f"gearhorn up exited:\n{self.text()[-3000:]}")
+        return "gearhorn is up" in self.text()
+
+    def kill_everything(self):
+        """SIGKILL to every process at once: up, workers, bridge, gearmand, both Redis."""
+        os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait()
+        wait_for(lambda: not any(servers.is_listening("127.0.0.1", p)
+                                 for p in self.ports.values()), 30, message="all dead")
+
+    def stop(self):
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGINT)
+            try:
+                self.process.wait(60)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait()

@@ -90,69 +90,6 @@ def test_every_queued_job_comes_back_exactly_after_kill_9_of_gearmand_and_its_re
         restarted.stop()
 
 
-class Up:
-    """``gearhorn up`` in a process group of its own, on free loopback ports."""
-
-    def __init__(self, data_dir, ports=None, extra=()):
-        require_binary("gearmand", "gearman-job-server")
-        require_binary("redis-server", "redis-server")
-        self.data_dir = str(data_dir)
-        self.ports = ports or {name: servers.free_port()
-                               for name in ("redis", "queue", "gearman", "stomp")}
-        self.log_path = os.path.join(self.data_dir, f"up-{len(os.listdir(self.data_dir))}.log")
-        env = dict(os.environ, GEARHORN_BRIDGE_PORT=str(self.ports["stomp"]),
-                   GEARHORN_BRIDGE_WS_PORT="0",
-                   GEARHORN_QUEUE_REDIS_URL=f"redis://127.0.0.1:{self.ports['queue']}/0",
-                   GEARHORN_HEARTBEAT_INTERVAL="0.3", GEARHORN_WORKER_TTL="1.5")
-        with open(self.log_path, "ab") as log:
-            self.process = subprocess.Popen(
-                [sys.executable, "-m", "gearhorn", "up", "--processes", "2",
-                 "--data-dir", os.path.join(self.data_dir, "data"),
-                 "--redis-url", f"redis://127.0.0.1:{self.ports['redis']}/0",
-                 "--gearman", f"127.0.0.1:{self.ports['gearman']}", *extra],
-                env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                preexec_fn=servers.die_with_parent)  # its children die with it in turn
-        wait_for(self._banner, timeout=90, message="the banner of gearhorn up")
-        self.gearmand = servers.Managed("gearmand", None, self.ports["gearman"])
-
-    def text(self):
-        with open(self.log_path, errors="replace") as fp:
-            return fp.read()
-
-    def _banner(self):
-        if self.process.poll() is not None:
-            raise AssertionError(f"gearhorn up exited:\n{self.text()[-3000:]}")
-        return "gearhorn is up" in self.text()
-
-    def kill_everything(self):
-        """SIGKILL to every process at once: up, workers, bridge, gearmand, both Redis."""
-        os.killpg(self.process.pid, signal.SIGKILL)
-        self.process.wait()
-        wait_for(lambda: not any(servers.is_listening("127.0.0.1", p)
-                                 for p in self.ports.values()), 30, message="all dead")
-
-    def stop(self):
-        if self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGINT)
-            try:
-                self.process.wait(60)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait()
-
-
-@pytest.fixture
-def ups():
-    started = []
-
-    def start(*args, **kwargs):
-        started.append(Up(*args, **kwargs))
-        return started[-1]
-    yield start
-    for up in started:
-        up.stop()
-
-
 SUBSCRIBERS = [f"s{i}" for i in range(10)]
 TOPICS = ("news", "price-feed")  # a "-" in the queue name, as gearmand misreads it
 

@@ -53,7 +53,8 @@ def drain(server, function):
 @contextlib.contextmanager
 def stomp_subscriber(servers, log_dir, topic):
     """A bridge and a durable STOMP subscriber of ``topic`` on it."""
-    bridge = BridgeProcess([servers.gearmand], servers.redis_url, str(log_dir))
+    bridge = BridgeProcess([servers.gearmand], servers.redis_url, str(log_dir),
+                           env=servers.worker_env())
     client = StompClient(bridge.port, **{"client-id": "faults-stomp"})
     try:
         client.subscribe(f"/topic/{topic}", "d", durable="true")
@@ -126,7 +127,7 @@ def test_a_broadcast_survives_a_killed_worker_and_restarts_of_gearmand_and_redis
     require_binary("java", "default-jre-headless")  # for the reconciliation at the end
     s = persistent_servers
     pool = PoolProcess([s.gearmand], s.redis_url, processes=2, log_dir=str(tmp_path),
-                       env=UNBOUNDED)
+                       env={**UNBOUNDED, **s.worker_env()})
     try:
         pool.wait_ready()
         topic = unique_topic("faults")
@@ -164,7 +165,7 @@ def test_a_broadcast_survives_a_killed_worker_and_restarts_of_gearmand_and_redis
         s.kill_everything()
         pool.process.wait()
         pool = PoolProcess([s.gearmand], s.redis_url, processes=2, log_dir=str(tmp_path),
-                           env=UNBOUNDED)
+                           env={**UNBOUNDED, **s.worker_env()})
         pool.wait_ready()
 
         producer.join(120)
@@ -252,7 +253,8 @@ def test_messages_a_killed_bridge_held_unacknowledged_come_again(
 def test_while_redis_or_gearmand_is_away_work_is_refused_clearly_then_resumes(
         persistent_servers, tmp_path, stomp_clients):
     s = persistent_servers
-    pool = PoolProcess([s.gearmand], s.redis_url, processes=1, log_dir=str(tmp_path))
+    pool = PoolProcess([s.gearmand], s.redis_url, processes=1, log_dir=str(tmp_path),
+                       env=s.worker_env())
     bridge = BridgeProcess([s.gearmand], s.redis_url, str(tmp_path))
     try:
         pool.wait_ready()

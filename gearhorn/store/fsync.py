@@ -1,0 +1,398 @@
+"""Acknowledgements after fsync: the waiting side of the fsync barrier.
+
+An acknowledgement (a fanout's result, a STOMP RECEIPT) is a promise that
+survives a power cut, so it waits until the Redis servers that hold what it
+acknowledges have fsynced their append-only files past it. Redis itself
+cannot say so cheaply: ``appendfsync always`` syncs once per event-loop
+turn in its main thread (gearmand's queue writes one job per command, so
+one fsync per copy), ``everysec`` answers up to two seconds ahead of the
+disk, and ``WAITAOF`` came only with Redis 7.2 (Debian 12 has 7.0). So a
+syncer runs beside each Redis (:mod:`gearhorn.aofsync`) and serves a
+barrier through Redis itself, with one counter and two channels:
+
+1. A waiter whose writes Redis has answered takes a ticket, ``INCR``
+   ``gearhorn:fsync:ticket``, and wakes the syncer, ``PUBLISH
+   gearhorn:fsync:wake`` (one round trip; the PUBLISH says how many
+   syncers listen). Redis writes every command to its AOF before it
+   answers (``appendfsync no``), so the waiter's writes, and everything
+   anyone wrote before its ticket, are in the file now.
+2. The syncer reads the counter, fsyncs the files, and publishes ``ok T``
+   on ``gearhorn:fsync:synced``: every ticket up to T is on disk. One fsync
+   covers every ticket taken before it was read, from every process: group
+   commit. A failed fsync publishes ``fail A T reason``: tickets after A up
+   to T fail with the reason (their writes may never reach the disk).
+3. The waiter's process hears ``synced`` on one connection of its own
+   (:class:`Watcher`) and releases every waiter the round covered.
+
+Which Redis needs waiting for is asked, not assumed (:func:`verdict`): one
+without an AOF keeps nothing on disk (the acknowledgement cannot wait for
+what will never happen; logged once), one with ``appendfsync always`` has
+synced before it answered, and any other needs its syncer. A Redis
+Cluster's masters are not covered by the barrier: run them with
+``appendfsync always`` (docs/reliability.rst).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import redis
+
+from gearhorn.errors import GearhornError
+from gearhorn.store import redisconn
+from gearhorn.store.redisconn import REDIS_ERRORS, is_cluster_client
+
+if TYPE_CHECKING:
+    from gearhorn.config import Config
+
+log = logging.getLogger(__name__)
+
+TICKET = "gearhorn:fsync:ticket"
+WAKE = "gearhorn:fsync:wake"
+SYNCED = "gearhorn:fsync:synced"
+
+# The answers of verdict(): what an acknowledgement waits for on one Redis.
+BARRIER = "barrier"  # its syncer's fsync
+ALWAYS = "always"  # nothing: Redis synced before it answered
+VOLATILE = "volatile"  # nothing: it keeps no append-only file
+WRITTEN = "written"  # nothing: durability = written was asked for
+
+# How long a verdict holds before Redis is asked again (its settings may change).
+VERDICT_TTL = 5.0
+# A waiter wakes the syncer again this often while it waits (a lost wake,
+# a syncer restarted) and warns once when its fsync takes longer.
+NUDGE_EVERY = 1.0
+STALL_WARNING = 5.0
+
+
+class BarrierUnavailable(GearhornError):
+    """No acknowledgement can be given now: no syncer serves the Redis, or
+    the connection to it broke (its writes may not be on disk). An outage:
+    the caller keeps the work and tries again."""
+
+
+class FsyncFailed(GearhornError):
+    """The syncer's fsync failed: what the acknowledgement covers may never
+    reach the disk. The operation fails with this reason."""
+
+
+ERRORS = (BarrierUnavailable, FsyncFailed)
+
+
+# -- the messages (pure) ------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Round:
+    """One syncer round as published: tickets after ``first`` up to
+    ``last`` synced (``reason`` empty) or failed (``reason`` says why)."""
+
+    first: int
+    last: int
+    reason: str = ""
+
+    def encode(self) -> bytes:
+        if not self.reason:
+            return f"ok {self.last}".encode()
+        return f"fail {self.first} {self.last} {self.reason}".encode()
+
+    @classmethod
+    def decode(cls, data: bytes | str) -> Round:
+        """``ok T`` or ``fail A T reason``; raises ValueError otherwise.
+
+        >>> Round.decode(b"ok 7")
+        Round(first=0, last=7, reason='')
+        >>> Round.decode(b"fail 3 7 [Errno 5] Input/output error").reason
+        '[Errno 5] Input/output error'
+        """
+        text = data.decode() if isinstance(data, bytes) else data
+        word, _, rest = text.partition(" ")
+        if word == "ok":
+            return cls(0, int(rest))
+        if word == "fail":
+            first, last, reason = rest.split(" ", 2)
+            return cls(int(first), int(last), reason or "fsync failed")
+        raise ValueError(f"not a syncer round: {text[:80]!r}")
+
+
+class Progress:
+    """What a process has heard of one Redis's syncer: the highest ticket
+    synced, and the failed rounds (the last few). Pure; :class:`Watcher`
+    feeds it.
+
+    >>> progress = Progress()
+    >>> progress.heard(Round(0, 5)); progress.outcome(4)
+    ''
+    >>> progress.heard(Round(5, 9, "EIO")); progress.outcome(7)
+    'EIO'
+    >>> progress.outcome(10) is None  # not covered yet
+    True
+    """
+
+    def __init__(self, remembered: int = 64) -> None:
+        self.synced = 0
+        self.failures: deque[Round] = deque(maxlen=remembered)
+
+    def heard(self, round_: Round) -> None:
+        if round_.reason:
+            self.failures.append(round_)
+        else:
+            self.synced = max(self.synced, round_.last)
+
+    def outcome(self, ticket: int) -> str | None:
+        """"" once ``ticket`` is on disk, the reason if its fsync failed,
+        None while it waits. A failure wins over a later success: the
+        kernel may have dropped the pages a failed fsync did not write."""
+        for failed in self.failures:
+            if failed.first < ticket <= failed.last:
+                return failed.reason
+        return "" if ticket <= self.synced else None
+
+
+def verdict(client: redis.Redis) -> str:
+    """What an acknowledgement waits for on the Redis of ``client``."""
+    try:
+        config = client.config_get("append*")
+    except redis.ResponseError:  # CONFIG refused (ACL, a managed Redis): a syncer is needed
+        return BARRIER
+    settings = {_text(k): _text(v) for k, v in config.items()}
+    if settings.get("appendonly", "no") != "yes":
+        return VOLATILE
+    if settings.get("appendfsync") == "always":
+        return ALWAYS
+    return BARRIER
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+# -- the waiting side ---------------------------------------------------------
+
+
+class Watcher:
+    """One connection per process and Redis that hears the syncer's rounds
+    and wakes the waiters they cover (a thread; a greenlet in the bridge)."""
+
+    def __init__(self, client: redis.Redis, name: str) -> None:
+        self.client, self.name = client, name
+        self.progress = Progress()
+        self.changed = threading.Condition()
+        self.epoch = 0  # +1 whenever the connection broke: what was waited for may be lost
+        self.listening = threading.Event()
+        self._stopping = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._start_lock = threading.Lock()
+
+    def ensure_started(self, timeout: float) -> int:
+        """Listening before any ticket is taken (a round published earlier
+        is missed); returns the epoch a waiter checks later."""
+        with self._start_lock:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, daemon=True,
+                                                name=f"gearhorn-fsync-{self.name}")
+                self._thread.start()
+        if not self.listening.wait(timeout):
+            raise BarrierUnavailable(f"cannot listen for the fsync barrier of {self.name}")
+        return self.epoch
+
+    def stop(self) -> None:
+        self._stopping.set()
+
+    def _run(self) -> None:
+        while not self._stopping.is_set():
+            pubsub = self.client.pubsub()
+            try:
+                pubsub.subscribe(SYNCED)
+                self._confirmed(pubsub)
+                self.listening.set()
+                while not self._stopping.is_set():
+                    message = pubsub.get_message(timeout=1.0)
+                    if message is not None and message.get("type") == "message":
+                        self._heard(message["data"])
+            except REDIS_ERRORS as exc:
+                log.warning("fsync barrier of %s: connection lost (%s); the waits it held "
+                            "are retried", self.name, exc)
+            finally:
+                self.listening.clear()
+                self._broke()
+                with contextlib.suppress(*REDIS_ERRORS):
+                    pubsub.close()
+            self._stopping.wait(0.2)
+
+    def _confirmed(self, pubsub: redis.client.PubSub) -> None:
+        """Wait for Redis to confirm the SUBSCRIBE: only then is every
+        round published after a ticket sure to reach us."""
+        while not self._stopping.is_set():
+            message = pubsub.get_message(timeout=1.0)
+            if message is not None and message.get("type") == "subscribe":
+                return
+
+    def _heard(self, data: bytes) -> None:
+        try:
+            round_ = Round.decode(data)
+        except ValueError as exc:
+            log.warning("fsync barrier of %s: %s", self.name, exc)
+            return
+        with self.changed:
+            self.progress.heard(round_)
+            self.changed.notify_all()
+
+    def _broke(self) -> None:
+        with self.changed:
+            self.epoch += 1
+            self.progress = Progress()  # tickets after a restart start where the AOF left off
+            self.changed.notify_all()
+
+
+class FsyncBarrier:
+    """The barrier of one Redis, for every thread of one process."""
+
+    def __init__(self, client: redis.Redis, name: str, required: bool = True,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.client, self.name = client, name
+        self.required = required  # False: durability = written
+        self.watcher = Watcher(client, name)
+        self._clock = clock
+        self._verdict, self._asked = "", float("-inf")
+        self._said: set[str] = set()
+
+    def needed(self) -> bool:
+        """Must an acknowledgement wait for this Redis's syncer?"""
+        if not self.required:
+            return False
+        if self._clock() - self._asked > VERDICT_TTL:
+            self._verdict, self._asked = self._ask(), self._clock()
+        return self._verdict == BARRIER
+
+    def _ask(self) -> str:
+        if is_cluster_client(self.client):
+            self._once("cluster", "fsync barrier: %s is a Redis Cluster, which the barrier "
+                       "does not cover: acknowledgements are written, fsynced only as the "
+                       "masters' appendfsync says (run them with always)", self.name)
+            return ALWAYS
+        found = verdict(self.client)
+        if found == VOLATILE:
+            self._once(found, "fsync barrier: %s keeps no append-only file: what it holds is "
+                       "lost with it, so acknowledgements do not wait for a disk", self.name)
+        return found
+
+    def _once(self, what: str, message: str, *args: object) -> None:
+        if what not in self._said:
+            self._said.add(what)
+            log.warning(message, *args)
+
+    def ticket(self) -> tuple[int, int]:
+        """(ticket, epoch) for what this process's writes have made so far;
+        raises BarrierUnavailable when no syncer listens."""
+        epoch = self.watcher.ensure_started(timeout=10.0)
+        pipe = self.client.pipeline(transaction=False)
+        pipe.incr(TICKET)
+        pipe.publish(WAKE, b"1")
+        ticket, listeners = pipe.execute()
+        if not listeners:
+            raise BarrierUnavailable(
+                f"no fsync barrier serves {self.name}: acknowledgements wait until one "
+                f"does (gearhorn fsyncd beside it; or appendfsync always; or "
+                f"durability = written, which acknowledges before the disk)")
+        return int(ticket), epoch
+
+    def wait(self, ticket: int, epoch: int) -> None:
+        """Return once ``ticket`` is on disk; raises FsyncFailed or
+        BarrierUnavailable. A slow disk makes this wait, never lie."""
+        watcher, started = self.watcher, self._clock()
+        warned = False
+        with watcher.changed:
+            while True:
+                if watcher.epoch != epoch:
+                    raise BarrierUnavailable(f"connection to {self.name} lost while waiting "
+                                             "for its fsync")
+                outcome = watcher.progress.outcome(ticket)
+                if outcome == "":
+                    return
+                if outcome is not None:
+                    raise FsyncFailed(f"fsync of {self.name} failed: {outcome}")
+                if not watcher.changed.wait(NUDGE_EVERY):
+                    warned = self._nudge(started, warned)
+
+    def _nudge(self, started: float, warned: bool) -> bool:
+        """Wake the syncer again (a wake it missed), and say once that the
+        disk is slow; raises BarrierUnavailable when the syncer is gone."""
+        waited = self._clock() - started
+        if waited >= STALL_WARNING and not warned:
+            log.warning("fsync barrier of %s: waited %.1fs for the disk; "
+                        "acknowledgements wait for it", self.name, waited)
+            warned = True
+        try:
+            listeners = self.client.publish(WAKE, b"1")
+        except REDIS_ERRORS as exc:
+            raise BarrierUnavailable(f"{self.name}: {exc}") from None
+        if not listeners:
+            raise BarrierUnavailable(f"the fsync barrier of {self.name} stopped serving")
+        return warned
+
+    def close(self) -> None:
+        self.watcher.stop()
+
+
+class Durability:
+    """Every barrier an acknowledgement of this process waits for (the
+    registry's Redis, gearmand's queue Redis): :meth:`wait` after the writes
+    it covers were answered, before the acknowledgement is sent."""
+
+    def __init__(self, barriers: Sequence[FsyncBarrier] = ()) -> None:
+        self.barriers = list(barriers)
+        self.waits = 0  # acknowledgements that waited for a disk (tests, metrics)
+
+    def wait(self) -> None:
+        """Raises BarrierUnavailable (an outage) or FsyncFailed."""
+        needed = [b for b in self.barriers if _needed(b)]
+        if not needed:
+            return
+        try:
+            tickets = [(b, *b.ticket()) for b in needed]  # every syncer woken first
+        except REDIS_ERRORS as exc:
+            raise BarrierUnavailable(f"fsync barrier: {exc}") from None
+        for barrier, ticket, epoch in tickets:
+            barrier.wait(ticket, epoch)
+        self.waits += 1
+
+    def close(self) -> None:
+        for barrier in self.barriers:
+            barrier.close()
+
+
+def _needed(barrier: FsyncBarrier) -> bool:
+    try:
+        return barrier.needed()
+    except REDIS_ERRORS as exc:
+        raise BarrierUnavailable(f"fsync barrier: cannot ask {barrier.name}: {exc}") from None
+
+
+NO_DURABILITY = Durability()
+
+
+def for_config(config: Config, registry: redis.Redis | None = None) -> Durability:
+    """The barriers of one process: the registry's Redis (``registry``, or
+    a client of its own), and gearmand's queue Redis when gearmand keeps
+    its queue there (``persistence = redis``). None with ``durability =
+    written``."""
+    if config.durability != "fsync":
+        return NO_DURABILITY
+    registry = registry or redisconn.for_config(config, socket_timeout=10,
+                                                socket_connect_timeout=5)
+    name = f"the registry's Redis ({redisconn.safe(config.redis_url)})"
+    barriers = [FsyncBarrier(registry, name)]
+    if config.persistence == "redis":
+        queue = redis.Redis.from_url(config.queue_redis_url, socket_timeout=10,
+                                     socket_connect_timeout=5)
+        barriers.append(FsyncBarrier(queue, f"gearmand's queue Redis "
+                                            f"({redisconn.safe(config.queue_redis_url)})"))
+    return Durability(barriers)

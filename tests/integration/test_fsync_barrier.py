@@ -1,0 +1,204 @@
+"""Acknowledgements after fsync, on real servers: the worker pool and the
+bridge answer only after the syncer beside their Redis fsynced what the
+answer covers (gearhorn/store/fsync.py, gearhorn/aofsync.py).
+
+The syncer runs in this process (servers.start_redis starts it beside a
+Redis with an AOF), so a test replaces its fsync with a disk of its own:
+one that stalls until told, or one that fails.
+"""
+
+from __future__ import annotations
+
+import errno
+import threading
+import time
+
+import pytest
+
+from gearhorn import aofsync, servers
+
+from .helpers import GearClient, PoolProcess, unique_topic, wait_for
+from .stomp_helpers import BridgeProcess, StompClient
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
+
+
+class Disk:
+    """The syncer's fsync, as this test wants it: ``stall()`` holds every
+    fsync until ``release()``; ``fail()`` makes each raise EIO."""
+
+    def __init__(self, syncer):
+        self.syncer = syncer
+        self.open = threading.Event()
+        self.open.set()
+        self.entered = threading.Semaphore(0)
+        self.failing = False
+        self.released_at = None
+        syncer._fsync = self.fsync
+
+    def fsync(self, data_dir, folder):
+        self.entered.release()
+        self.open.wait()
+        if self.failing:
+            raise OSError(errno.EIO, "Input/output error (the test's disk)")
+        aofsync.sync(data_dir, folder)
+
+    def stall(self):
+        self.open.clear()
+
+    def release(self):
+        self.released_at = time.monotonic()
+        self.open.set()
+
+
+@pytest.fixture
+def durable_redis(tmp_path):
+    server = servers.start_redis(data_dir=str(tmp_path / "registry"), appendonly=True)
+    yield server, Disk(server.companions[0])
+    server.stop()
+
+
+def submit_in_background(client, function, payload):
+    """Submit a foreground job from a thread; its answer and when it came."""
+    done = {}
+
+    def run():
+        job = client.submit(function, payload, timeout=60)
+        done.update(job=job, at=time.monotonic())
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return done, thread
+
+
+@pytest.mark.parametrize("durability", ["fsync", "written"])
+def test_an_answer_never_comes_before_the_fsync_that_covers_it(
+        durable_redis, gearmand, tmp_path, durability):
+    """A stalled disk holds the answer back; with the barrier skipped
+    (durability = written) the answer comes while the disk still stalls,
+    which is what this test would catch."""
+    server, disk = durable_redis
+    pool = PoolProcess([gearmand], server.details["url"], processes=1, log_dir=str(tmp_path),
+                       env={"GEARHORN_DURABILITY": durability})
+    client = GearClient(gearmand)
+    try:
+        pool.wait_ready()
+        client.call("subscribe_fanout", {"topic": unique_topic(), "client_id": "warm"})
+        disk.stall()
+        while disk.entered.acquire(timeout=0):  # forget the rounds before the stall
+            pass
+        done, thread = submit_in_background(
+            client, "subscribe_fanout", {"topic": unique_topic(), "client_id": "alice"})
+        if durability == "fsync":
+            assert disk.entered.acquire(timeout=30), "the syncer was never asked"
+            assert not thread.join(0.5) and "job" not in done, "answered before the fsync"
+            disk.release()
+            thread.join(30)
+            assert done["at"] > disk.released_at, "answered before the fsync ended"
+        else:
+            thread.join(30)
+            assert "job" in done and not done["job"].failure
+            assert disk.released_at is None  # answered with the disk still stalled
+            disk.release()
+        assert not done["job"].failure
+    finally:
+        disk.release()
+        client.close()
+        pool.stop()
+
+
+def test_a_failed_fsync_fails_the_operation_with_the_reason(
+        durable_redis, gearmand, tmp_path):
+    server, disk = durable_redis
+    pool = PoolProcess([gearmand], server.details["url"], processes=1, log_dir=str(tmp_path))
+    client = GearClient(gearmand)
+    try:
+        pool.wait_ready()
+        disk.failing = True
+        job = client.submit("subscribe_fanout", {"topic": unique_topic(), "client_id": "bob"})
+        said = b"".join(job.data).decode()
+        assert job.failure and "fsync of the registry's Redis" in said, said
+        assert "Input/output error (the test's disk)" in said
+        disk.failing = False  # the disk works again: so does the service
+        assert client.call("subscribe_fanout", {"topic": unique_topic(),
+                                                "client_id": "bob"})["subscribers"] == 1
+    finally:
+        client.close()
+        pool.stop()
+
+
+def test_a_receipt_waits_for_the_disk_and_a_failed_fsync_is_an_error_frame(
+        durable_redis, gearmand, tmp_path):
+    server, disk = durable_redis
+    bridge = BridgeProcess([gearmand], server.details["url"], str(tmp_path))
+    client = StompClient(bridge.port)
+    try:
+        client.send("/queue/orders", b"one")  # a RECEIPT, with the disk working
+        disk.stall()
+        while disk.entered.acquire(timeout=0):
+            pass
+        rid = client.receipt()
+        client.conn.send(destination="/queue/orders", body=b"two", receipt=rid)
+        assert disk.entered.acquire(timeout=30)
+        time.sleep(0.3)  # a RECEIPT that came now would be a lie: look once
+        assert not any(r.headers.get("receipt-id") == rid for r in client.listener.receipts)
+        disk.release()
+        client.await_receipt(rid)
+        disk.failing = True
+        client.conn.send(destination="/queue/orders", body=b"three", receipt="r-bad")
+        client.wait(lambda: client.listener.errors, 30, "an ERROR")
+        message = client.listener.errors[0].headers["message"]
+        assert "fsync of the registry's Redis" in message and "Input/output" in message
+    finally:
+        disk.release()
+        client.close()
+        bridge.stop()
+
+
+def test_one_fsync_covers_the_answers_of_many_at_once(durable_redis, gearmand, tmp_path):
+    """Group commit: 8 producers at once, far fewer fsyncs than answers."""
+    server, disk = durable_redis
+    pool = PoolProcess([gearmand], server.details["url"], processes=2, log_dir=str(tmp_path))
+    clients = [GearClient(gearmand) for _ in range(8)]
+    try:
+        pool.wait_ready()
+        topic = unique_topic()
+        rounds_before = disk.syncer.rounds
+
+        def subscribe(n, client):
+            for i in range(25):
+                client.call("subscribe_fanout", {"topic": topic, "client_id": f"c{n}x{i}"})
+        threads = [threading.Thread(target=subscribe, args=(n, c)) for n, c in enumerate(clients)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(120)
+        rounds = disk.syncer.rounds - rounds_before
+        assert clients[0].call("topic_presence", {"topic": topic})["subscribers"] == 200
+        assert rounds < 200, f"{rounds} fsyncs for 200 answers"
+    finally:
+        for client in clients:
+            client.close()
+        pool.stop()
+
+
+def test_without_a_syncer_answers_wait_and_say_why_until_one_serves(
+        durable_redis, gearmand, tmp_path):
+    server, disk = durable_redis
+    syncer = server.companions.pop()
+    syncer.stop()
+    pool = PoolProcess([gearmand], server.details["url"], processes=1, log_dir=str(tmp_path))
+    client = GearClient(gearmand)
+    try:
+        pool.wait_ready()
+        done, thread = submit_in_background(
+            client, "subscribe_fanout", {"topic": unique_topic(), "client_id": "carol"})
+        wait_for(lambda: "no fsync barrier serves the registry's Redis" in pool.log(full=True),
+                 30, message="the worker to say why it waits")
+        assert "job" not in done
+        server.companions.append(aofsync.AofSyncer(server.details["url"],
+                                                   syncer.data_dir).start())
+        thread.join(60)
+        assert "job" in done and not done["job"].failure
+    finally:
+        client.close()
+        pool.stop()
