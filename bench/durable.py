@@ -3,16 +3,20 @@
     python bench/durable.py            # all of it (about 8 minutes on 2 cores)
     python bench/durable.py --quick    # smaller counts, for a smoke run
     python bench/durable.py --replay 1000000   # gearmand's restart with that many copies queued
+    python bench/durable.py --modes redis,redis-written   # the fsync barrier against
+                                                          # acknowledging when written
 
 Each gearhorn mode gets fresh servers on free loopback ports, with their data
 on disk (a temporary folder under the current directory): the registry's
 Redis, gearmand with the queue under test (the redis queue in a Redis of its
-own with AOF, ``appendfsync no`` and its files synced once a second, as
-``gearhorn up`` runs it) and a
-pool of 2 ``gearhorn worker`` processes. The rate is copies per second for
-which the producer got its answer: a foreground ``fanout`` job completes once
-gearmand acknowledged every copy (JOB_CREATED), which with a persistent queue
-comes after the copy is written there.
+own with AOF and ``appendfsync no``, each with its syncer serving the
+fsync barrier, as ``gearhorn up`` runs them) and a pool of 2 ``gearhorn
+worker`` processes. The rate is copies per second for which the producer got
+its answer: a foreground ``fanout`` job completes once gearmand acknowledged
+every copy (JOB_CREATED) and then an fsync of both Redis covered them
+(``durability = fsync``, the default; ``redis-written`` answers without
+waiting for the disk, as gearhorn did before). The fsyncs each run took, and
+the copies one fsync covered, are printed beside the default's rates.
 
 gearmand's MySQL queue runs on Debian's MariaDB (durable defaults) when
 installed. The peer is RabbitMQ (Debian's rabbitmq-server), in the same run: N durable
@@ -45,7 +49,6 @@ from fanout import gearhorn_rate, start_pool, subscribe_many  # noqa: E402
 from stomp_bridge import RabbitMQ, connect  # noqa: E402
 
 from gearhorn import gearman, servers  # noqa: E402
-from gearhorn.aofsync import AofSyncer  # noqa: E402
 from gearhorn.store.keys import Keys  # noqa: E402
 from gearhorn.store.registry import Registry  # noqa: E402
 
@@ -59,7 +62,7 @@ class GearhornServers:
     and with ``bridge`` a STOMP bridge."""
 
     def __init__(self, queue: str, processes: int, pinned: bool = True,
-                 bridge: bool = False) -> None:
+                 bridge: bool = False, durability: str = "fsync") -> None:
         self.queue = queue
         # as gearhorn up does: gearmand and the Redis of its queue on one core
         cpus = servers.queue_cpus() if pinned and queue == "redis" else None
@@ -75,19 +78,20 @@ class GearhornServers:
         elif queue == "mysql":
             self.mariadb = MariaDB(self.tmp)
             address = ("127.0.0.1", self.mariadb.port)
-        # as gearhorn up does: the AOF files synced once a second
-        aof_dirs = [os.path.join(self.tmp, "redis")]
+        # Where gearmand keeps its queue, and what an answer waits for:
+        # with fsync, the syncers servers.start_redis runs beside each Redis.
+        self.env = {"GEARHORN_PERSISTENCE": queue if queue in ("redis", "sqlite") else "none",
+                    "GEARHORN_DURABILITY": durability}
         if self.queue_redis:
-            aof_dirs.append(os.path.join(self.tmp, "queue-redis"))
-        self.syncer = AofSyncer(aof_dirs)
-        self.syncer.start()
+            self.env["GEARHORN_QUEUE_REDIS_URL"] = self.queue_redis.details["url"]
+        self.syncers = [c for r in (self.redis, self.queue_redis) if r for c in r.companions]
         self.gearmand = servers.start_gearmand(
             data_dir=os.path.join(self.tmp, "gearmand"), queue=queue, queue_server=address,
             cpus=cpus)
         self.registry = Registry(redis.Redis.from_url(self.redis.details["url"]), Keys())
         for width in WIDTHS:
             subscribe_many(self.registry, f"bench{width}", width)
-        self.pool = start_pool(self.gearmand, self.redis.details["url"], processes)
+        self.pool = start_pool(self.gearmand, self.redis.details["url"], processes, env=self.env)
         self.bridge = self.start_bridge() if bridge else None
 
     def start_bridge(self) -> subprocess.Popen:
@@ -97,7 +101,7 @@ class GearhornServers:
             [sys.executable, "-m", "gearhorn", "bridge", "--port", str(self.bridge_port),
              "--ws-port", "0", "--gearman", self.gearmand.address,
              "--redis-url", self.redis.details["url"], "--log-level", "WARNING"],
-            preexec_fn=servers.die_with_parent)
+            env={**os.environ, **self.env}, preexec_fn=servers.die_with_parent)
         deadline = time.monotonic() + 60
         while not servers.is_listening("127.0.0.1", self.bridge_port):
             if time.monotonic() > deadline or bridge.poll() is not None:
@@ -108,17 +112,29 @@ class GearhornServers:
     def rate(self, width: int, copies: int) -> float:
         fanouts = max(1, copies // width)
         gearhorn_rate(self.gearmand, f"bench{width}", max(1, fanouts // 10), width)  # warm-up
-        return gearhorn_rate(self.gearmand, f"bench{width}", fanouts, width)
+        return self.counting_fsyncs(lambda: gearhorn_rate(self.gearmand, f"bench{width}",
+                                                          fanouts, width))
 
     def stomp_rate(self, width: int, copies: int) -> float:
-        return stomp_persistent_rate(self.bridge_port, {}, width, copies)
+        return self.counting_fsyncs(lambda: stomp_persistent_rate(self.bridge_port, {}, width,
+                                                                  copies))
+
+    def counting_fsyncs(self, run) -> float:
+        """``run()``'s rate; the fsyncs it took go to ``self.fsyncs``:
+        (fsyncs per second, copies per fsync), summed over both Redis."""
+        rounds = sum(s.rounds for s in self.syncers)
+        start = time.perf_counter()
+        rate = run()
+        elapsed = time.perf_counter() - start
+        made = sum(s.rounds for s in self.syncers) - rounds
+        self.fsyncs = (made / elapsed, rate * elapsed / made if made else 0.0)
+        return rate
 
     def close(self) -> None:
         for process in (self.bridge, self.pool):
             if process is not None:
                 process.send_signal(signal.SIGTERM)
                 process.wait(30)
-        self.syncer.stop()
         for server in (self.gearmand, self.queue_redis, self.mariadb, self.redis):
             if server is not None:
                 server.stop()
@@ -216,33 +232,54 @@ def stomp_persistent_rate(port: int, login: dict, width: int, copies: int) -> fl
     return messages * width / elapsed
 
 
-def bench_modes(processes: int, quick: bool) -> dict[str, dict[int, float]]:
+MODES = ("redis", "redis-written", "redis-unpinned", "sqlite", "mysql", "none")
+
+
+def bench_modes(processes: int, quick: bool,
+                chosen: tuple[str, ...] = MODES) -> dict[str, dict[int, float]]:
     # sqlite syncs every job: a few thousand copies take seconds already.
     durable = 20_000 if quick else 100_000
-    modes = {"redis": ("redis", True, durable), "redis, not pinned": ("redis", False, durable),
-             "sqlite": ("sqlite", False, 2_000 if quick else 5_000),
-             "MySQL (MariaDB)": ("mysql", False, 2_000 if quick else 5_000),
-             "none": ("none", False, durable)}
+    slow = 2_000 if quick else 5_000
+    # name: (gearmand queue, pinned, copies, durability, label)
+    modes = {"redis": ("redis", True, durable, "fsync", "redis (acks after fsync)"),
+             "redis-written": ("redis", True, durable, "written", "redis, acks when written"),
+             "redis-unpinned": ("redis", False, durable, "fsync", "redis, not pinned"),
+             "sqlite": ("sqlite", False, slow, "fsync", "sqlite"),
+             "mysql": ("mysql", False, slow, "fsync", "MySQL (MariaDB)"),
+             "none": ("none", False, durable, "fsync", "none (memory only)")}
     rates: dict[str, dict[int, float]] = {}
-    for mode, (queue, pinned, budget) in modes.items():
+    for mode in chosen:
+        queue, pinned, budget, durability, label = modes[mode]
         if queue == "mysql" and not MariaDB.installed():
             print("  MySQL: not installed (apt-get install mariadb-server); not measured")
             continue
-        through_bridge = mode == "redis"  # the default, also measured as RabbitMQ is
-        running = GearhornServers(queue, processes, pinned, bridge=through_bridge)
+        through_bridge = mode in ("redis", "redis-written")  # also measured as RabbitMQ is
+        running = GearhornServers(queue, processes, pinned, bridge=through_bridge,
+                                  durability=durability)
+        fsyncs = {}
         try:
-            rates[mode] = {width: running.rate(width, budget) for width in WIDTHS}
+            rates[mode] = {}
+            for width in WIDTHS:
+                rates[mode][width] = running.rate(width, budget)
+                fsyncs[width] = running.fsyncs
             if through_bridge:
-                rates["stomp"] = {width: running.stomp_rate(width, budget) for width in WIDTHS}
+                rates[f"{mode} stomp"] = {}
+                for width in WIDTHS:
+                    rates[f"{mode} stomp"][width] = running.stomp_rate(width, budget)
+                    fsyncs[f"stomp {width}"] = running.fsyncs
         finally:
             running.close()
-        show(f"gearmand queue {mode}", rates[mode])
+        show(f"gearmand queue {label}", rates[mode])
         if through_bridge:
-            show("redis queue, STOMP persistent", rates["stomp"])
+            show("  the same, STOMP persistent", rates[f"{mode} stomp"])
+        if durability == "fsync" and queue == "redis":
+            print("    fsyncs/s (both Redis), copies per fsync: " + ", ".join(
+                f"{k if isinstance(k, str) else f'x{k}'} {f:,.0f}/s {c:,.1f}"
+                for k, (f, c) in fsyncs.items()), flush=True)
     if RabbitMQ.installed():
         with RabbitMQ() as rabbit:
             rates["rabbitmq"] = {w: stomp_persistent_rate(rabbit.port, rabbit.login, w,
-                                                  durable) for w in WIDTHS}
+                                                          durable) for w in WIDTHS}
         show("RabbitMQ, STOMP persistent", rates["rabbitmq"])
     else:
         print("  RabbitMQ: not installed (apt-get install rabbitmq-server); no comparison")
@@ -344,6 +381,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--processes", type=int, default=2)
+    parser.add_argument("--modes", default=",".join(MODES),
+                        help=f"comma-separated, of {', '.join(MODES)} (default: all)")
     parser.add_argument("--replay", type=int, metavar="COPIES",
                         help="only measure gearmand's restart with COPIES queued")
     args = parser.parse_args()
@@ -354,17 +393,16 @@ def main() -> None:
     print(f"durable copies/s, 1 topic x {', '.join(map(str, WIDTHS))} subscribers "
           f"({os.cpu_count()} cores, {args.processes} worker processes, data on disk, "
           f"{'quick' if args.quick else 'full'} run)", flush=True)
-    rates = bench_modes(args.processes, args.quick)
+    rates = bench_modes(args.processes, args.quick, tuple(args.modes.split(",")))
+    print("ratios (same run):")
     for width in WIDTHS:
-        line = (f"  x{width}: redis queue / sqlite "
-                f"{rates['redis'][width] / rates['sqlite'][width]:5.1f}"
-                f"   / none {rates['redis'][width] / rates['none'][width]:4.2f}")
-        if "rabbitmq" in rates:
-            line += (f"   / RabbitMQ {rates['redis'][width] / rates['rabbitmq'][width]:5.2f}"
-                     f"   STOMP / RabbitMQ "
-                     f"{rates['stomp'][width] / rates['rabbitmq'][width]:5.2f}")
-        print(line)
-
+        parts = [f"{name} {rates[a][width] / rates[b][width]:5.2f}" for name, a, b in (
+            ("fsync/written", "redis", "redis-written"), ("redis/sqlite", "redis", "sqlite"),
+            ("redis/none", "redis", "none"), ("redis/RabbitMQ", "redis", "rabbitmq"),
+            ("STOMP/RabbitMQ", "redis stomp", "rabbitmq"),
+            ("STOMP written/RabbitMQ", "redis-written stomp", "rabbitmq"))
+            if a in rates and b in rates]
+        print(f"  x{width}: " + "   ".join(parts))
 
 if __name__ == "__main__":
     main()

@@ -120,6 +120,12 @@ class AofSyncer:
     def _serve(self, client: redis.Redis) -> None:
         if self.data_dir is None:
             self.data_dir, self.folder = data_dir_of(client)
+        if not os.path.isdir(self.data_dir):  # an fsync here would cover nothing: never say ok
+            log.error("the Redis at %s keeps its files in %s, which is not on this host: "
+                      "no fsync barrier served (run the syncer where Redis runs)",
+                      self.url, self.data_dir)
+            self._stopping.wait(10)
+            return
         pubsub = client.pubsub()
         try:
             pubsub.subscribe(WAKE)

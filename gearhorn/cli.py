@@ -12,6 +12,7 @@ from gearhorn.commands import (
     cmd_bridge,
     cmd_consume,
     cmd_dlq,
+    cmd_fsyncd,
     cmd_history,
     cmd_ledger,
     cmd_passwd,
@@ -55,7 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gearhorn", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     common = _common()
-    for add in (_add_worker, _add_up, _add_replay, _add_bridge, _add_subscriptions,
+    for add in (_add_worker, _add_up, _add_fsyncd, _add_replay, _add_bridge, _add_subscriptions,
                 _add_publish, _add_consume, _add_ledger, _add_report, _add_passwd, _add_dlq,
                 _add_web, _add_status, _add_presence, _add_history):
         add(sub, common)
@@ -70,6 +71,7 @@ def _add_worker(sub, common) -> None:
     worker = sub.add_parser("worker", parents=[common], help="run the fanout worker pool")
     worker.add_argument("--processes", type=int, metavar="N",
                         help="worker processes (default: number of cores)")
+    _durability(worker)
     worker.set_defaults(func=cmd_worker)
 
 
@@ -84,7 +86,26 @@ def _add_up(sub, common) -> None:
     up.add_argument("--no-persistence", dest="persistence", action="store_const",
                     const="none", help="keep queued jobs in memory only: faster, and a "
                                        "gearmand crash loses them")
+    _durability(up)
     up.set_defaults(func=cmd_up)
+
+
+def _durability(command) -> None:
+    command.add_argument("--durability", choices=("fsync", "written"),
+                         help="fsync (default): acknowledge only after an fsync covering "
+                              "it; written: once Redis wrote it (a power cut loses up to "
+                              "a second)")
+
+
+def _add_fsyncd(sub, common) -> None:
+    fsyncd = sub.add_parser("fsyncd", parents=[common],
+                            help="serve the fsync barrier of a Redis you run yourself "
+                                 "(run it on that Redis's host)")
+    fsyncd.add_argument("--url", metavar="URL",
+                        help="the Redis to serve (default: --redis-url)")
+    fsyncd.add_argument("--dir", metavar="DIR",
+                        help="its data directory (default: asked of Redis, CONFIG GET dir)")
+    fsyncd.set_defaults(func=cmd_fsyncd)
 
 
 def _add_replay(sub, common) -> None:
@@ -110,6 +131,7 @@ def _add_bridge(sub, common) -> None:
     bridge.add_argument("--ws-port", type=int, metavar="PORT", dest="bridge_ws_port",
                         help="STOMP over WebSocket at ws://HOST:PORT/ws (default 15674; "
                              "0: off)")
+    _durability(bridge)
     bridge.set_defaults(func=cmd_bridge)
 
 

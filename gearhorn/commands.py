@@ -42,6 +42,33 @@ def cmd_up(config: Config, args: argparse.Namespace) -> int:
     return Embedded(config).run()
 
 
+def cmd_fsyncd(config: Config, args: argparse.Namespace) -> int:
+    """Serve the fsync barrier of one Redis until SIGTERM or Ctrl-C."""
+    import signal
+    import threading
+
+    from gearhorn.aofsync import AofSyncer
+
+    url = args.url or config.redis_url
+    if args.dir and not os.path.isdir(args.dir):
+        raise CommandError(f"no folder {args.dir}: run fsyncd on the host of the Redis it serves")
+    syncer = AofSyncer(url, args.dir).start()
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    if not syncer.serving.wait(30):
+        syncer.stop()
+        raise CommandError(f"cannot serve the fsync barrier of {url}: is Redis there?")
+    if not os.path.isdir(syncer.data_dir):
+        syncer.stop()
+        raise CommandError(f"Redis keeps its files in {syncer.data_dir}, which is not on this "
+                           "host: run fsyncd where Redis runs")
+    print(f"serving the fsync barrier of {url} (files in {syncer.data_dir})", flush=True)
+    stop.wait()
+    syncer.stop()
+    return 0
+
+
 def cmd_replay(config: Config, args: argparse.Namespace) -> int:
     import redis
 

@@ -37,6 +37,14 @@ _PERSISTENCE_NOTES = {
 }
 
 
+_ACKS = {
+    "fsync": "after an fsync that covers them (one fsync for all waiting): "
+             "a power cut loses nothing acknowledged",
+    "written": "WRITTEN, NOT FSYNCED (--durability written): a power cut loses up to "
+               "a second of acknowledged messages",
+}
+
+
 class Embedded:
     def __init__(self, config: Config) -> None:
         self.config = config
@@ -245,6 +253,7 @@ gearhorn is up.
   redis     {config.redis_url}  ({notes.get('redis', '')})
   gearman   {host}:{port}  ({notes.get('gearman', '')})
   queue     {notes.get('persistence', '')}
+  acks      {_ACKS[config.durability]}
   stomp     {config.bridge_host}:{config.bridge_port}  ({notes.get('stomp', '')})
   websocket {websocket_url(config) or notes.get('websocket', 'off')}
   console   {notes.get('web', 'off')}

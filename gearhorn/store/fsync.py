@@ -256,8 +256,9 @@ class FsyncBarrier:
     """The barrier of one Redis, for every thread of one process."""
 
     def __init__(self, client: redis.Redis, name: str, required: bool = True,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, hint: str = "") -> None:
         self.client, self.name = client, name
+        self.hint = hint  # said when the Redis cannot be reached
         self.required = required  # False: durability = written
         self.watcher = Watcher(client, name)
         self._clock = clock
@@ -373,7 +374,8 @@ def _needed(barrier: FsyncBarrier) -> bool:
     try:
         return barrier.needed()
     except REDIS_ERRORS as exc:
-        raise BarrierUnavailable(f"fsync barrier: cannot ask {barrier.name}: {exc}") from None
+        raise BarrierUnavailable(f"fsync barrier: cannot ask {barrier.name}: {exc}"
+                                 f"{barrier.hint}") from None
 
 
 NO_DURABILITY = Durability()
@@ -393,6 +395,8 @@ def for_config(config: Config, registry: redis.Redis | None = None) -> Durabilit
     if config.persistence == "redis":
         queue = redis.Redis.from_url(config.queue_redis_url, socket_timeout=10,
                                      socket_connect_timeout=5)
-        barriers.append(FsyncBarrier(queue, f"gearmand's queue Redis "
-                                            f"({redisconn.safe(config.queue_redis_url)})"))
+        barriers.append(FsyncBarrier(
+            queue, f"gearmand's queue Redis ({redisconn.safe(config.queue_redis_url)})",
+            hint=" (persistence = redis says gearmand keeps its queue there: set "
+                 "queue_redis_url to that Redis, or persistence to the queue gearmand runs)"))
     return Durability(barriers)

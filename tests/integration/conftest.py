@@ -317,13 +317,56 @@ class LossyDisk:
             self.process.wait()
 
 
+class LazyDisk(LossyDisk):
+    """The same, on LazyFS (dsrhaslab/lazyfs) built by hand: for comparing
+    tests/lossyfs.py with it (``GEARHORN_LAZYFS=<its lazyfs/ folder>``,
+    docs/reliability.rst). Not in CI: its source is not reachable there."""
+
+    def __init__(self, root, lazyfs):
+        self.backing = os.path.join(root, "backing")
+        self.path = os.path.join(root, "mnt")
+        self.fifo, self.done = os.path.join(root, "faults.fifo"), os.path.join(root, "done.fifo")
+        for folder in (self.backing, self.path):
+            os.makedirs(folder)
+        for fifo in (self.fifo, self.done):
+            os.mkfifo(fifo)
+        config = os.path.join(root, "lazyfs.toml")
+        with open(config, "w") as fp:
+            fp.write(f'[faults]\nfifo_path="{self.fifo}"\nfifo_path_completed="{self.done}"\n'
+                     '[cache]\napply_eviction=false\n[cache.simple]\ncustom_size="4gb"\n'
+                     'blocks_per_page=1\n[filesystem]\nlog_all_operations=false\n'
+                     'logfile=""\n')
+        self.process = subprocess.Popen(
+            [os.path.join(lazyfs, "build", "lazyfs"), self.path, "--config-path", config,
+             "-o", "allow_other", "-o", "modules=subdir", "-o", f"subdir={self.backing}", "-f"],
+            stdout=subprocess.DEVNULL, stderr=open(os.path.join(root, "lazyfs.log"), "ab"),  # noqa: SIM115
+            preexec_fn=servers.die_with_parent)
+        wait_for(lambda: self.process.poll() is None and os.path.ismount(self.path), 30,
+                 message="LazyFS mounted")
+
+    def power_cut(self):
+        with open(self.fifo, "w") as fifo:
+            fifo.write("lazyfs::clear-cache\n")
+        with open(self.done) as done:
+            return done.readline().strip()
+
+    def stats(self):
+        return "LazyFS"
+
+
 @pytest.fixture
 def lossy_disk(tmp_path):
     """A folder on a file system that forgets what was not fsynced, on demand."""
     require_binary("fusermount3", "fuse3")
-    require_module("mfusepy")
     if not os.access("/dev/fuse", os.R_OK | os.W_OK):
         missing("/dev/fuse is not usable here: the power-cut tests need FUSE")
+    lazyfs = os.environ.get("GEARHORN_LAZYFS")
+    if lazyfs:
+        disk = LazyDisk(str(tmp_path / "lazy"), lazyfs)
+        yield disk
+        disk.unmount()
+        return
+    require_module("mfusepy")
     disk = LossyDisk(str(tmp_path / "lossy"))
     yield disk
     disk.unmount()

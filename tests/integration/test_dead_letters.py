@@ -5,6 +5,7 @@ act on them."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -36,7 +37,8 @@ def dead_letter(consumer, sender, queue, body, deliveries=5):
 def dlq(gearmand, redis_url, *args):
     out = subprocess.run([sys.executable, "-m", "gearhorn", "dlq", *args, "--redis-url",
                           redis_url, "--gearman", gearmand.address],
-                         capture_output=True, text=True, timeout=60)
+                         capture_output=True, text=True, timeout=60,
+                         env=dict(os.environ, GEARHORN_PERSISTENCE="none"))
     assert out.returncode == 0, out.stderr
     return out.stdout
 

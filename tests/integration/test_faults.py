@@ -11,7 +11,6 @@ docs/reliability.rst promises; the figures are printed. Run alone:
 ``-m faults``.
 """
 
-import contextlib
 import json
 import os
 import re
@@ -26,101 +25,22 @@ from gearhorn import gearman
 from gearhorn.client import Producer
 from tests.conftest import require_binary
 
-from .helpers import PoolProcess, drain_jobs, queue_depth, unique_topic, wait_for
+from .fault_helpers import (
+    MESSAGES,
+    SUBSCRIBERS,
+    UNBOUNDED,
+    SteadyProducer,
+    children,
+    depth,
+    drain,
+    publish_marker,
+    stomp_subscriber,
+)
+from .helpers import PoolProcess, unique_topic, wait_for
 from .spark_helpers import reconcile
-from .stomp_helpers import BridgeProcess, StompClient
+from .stomp_helpers import BridgeProcess
 
 pytestmark = [pytest.mark.integration, pytest.mark.faults, pytest.mark.timeout(420)]
-
-MESSAGES = 10_000
-SUBSCRIBERS = 10
-# The Gearman subscribers here read only after the broadcast: their queues
-# hold every message (the default cap, 10,000 copies, would drop the first).
-UNBOUNDED = {"GEARHORN_QUEUE_MAX_LENGTH": "0", "GEARHORN_QUEUE_MAX_BYTES": "0"}
-
-
-def depth(server, function):
-    try:
-        return queue_depth(server, function)
-    except OSError:
-        return 0  # gearmand is restarting
-
-
-def drain(server, function):
-    return [job.data.decode() for job in drain_jobs(server, function)]
-
-
-@contextlib.contextmanager
-def stomp_subscriber(servers, log_dir, topic):
-    """A bridge and a durable STOMP subscriber of ``topic`` on it."""
-    bridge = BridgeProcess([servers.gearmand], servers.redis_url, str(log_dir),
-                           env=servers.worker_env())
-    client = StompClient(bridge.port, **{"client-id": "faults-stomp"})
-    try:
-        client.subscribe(f"/topic/{topic}", "d", durable="true")
-        yield bridge, client
-    finally:
-        client.close()
-        bridge.stop()
-
-
-def publish_marker(gearmand, topic, marker="end"):
-    """A last message down the same path as the others: a subscriber that
-    got it got everything before it."""
-    with Producer([(gearmand.host, gearmand.port)]) as producer:
-        producer.publish(topic, marker, background=True)
-    return marker.encode()
-
-
-def children(pid):
-    """Process ids whose parent is ``pid``."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as fp:
-                    fields = fp.read().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[1]) == pid:
-                found.append(int(entry))
-    return found
-
-
-class SteadyProducer(threading.Thread):
-    """Submits ``fanout`` jobs (background, each with its own unique key) in
-    batches; a batch that gearmand does not accept is sent again until it is
-    (gearmand coalesces what it already had), as a careful producer does."""
-
-    def __init__(self, servers, topic, count, batch=100, pause=0.1):
-        super().__init__(daemon=True)
-        self.client = gearman.Client(servers)
-        self.jobs = [gearman.Copy("fanout", f"m{i}", json.dumps(
-            {"topic": topic, "payload": f"m{i}", "background": True}).encode())
-            for i in range(count)]
-        self.batch = batch
-        self.pause = pause  # between batches, so the faults strike mid-stream
-        self.retries = 0
-        self.submitted = 0
-        self.error = None
-
-    def run(self):
-        try:
-            for start in range(0, len(self.jobs), self.batch):
-                while True:
-                    try:
-                        self.client.submit_background(self.jobs[start:start + self.batch])
-                        self.submitted = start + self.batch
-                        time.sleep(self.pause)
-                        break
-                    except gearman.GearmanError:
-                        self.retries += 1
-                        time.sleep(0.1)
-        except Exception as exc:  # noqa: BLE001 - reported by the test
-            self.error = exc
-        finally:
-            self.client.close()
-
 
 def test_a_broadcast_survives_a_killed_worker_and_restarts_of_gearmand_and_redis(
         persistent_servers, tmp_path, report):
@@ -255,7 +175,7 @@ def test_while_redis_or_gearmand_is_away_work_is_refused_clearly_then_resumes(
     s = persistent_servers
     pool = PoolProcess([s.gearmand], s.redis_url, processes=1, log_dir=str(tmp_path),
                        env=s.worker_env())
-    bridge = BridgeProcess([s.gearmand], s.redis_url, str(tmp_path))
+    bridge = BridgeProcess([s.gearmand], s.redis_url, str(tmp_path), env=s.worker_env())
     try:
         pool.wait_ready()
         queue, topic = unique_topic("q"), unique_topic()

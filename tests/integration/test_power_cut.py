@@ -173,7 +173,8 @@ def test_a_power_cut_loses_nothing_acknowledged_and_up_restarts_by_itself(
         up.kill_everything()
         cuts.append(lossy_disk.power_cut())
         load.stop()
-        up = ups(tmp_path, ports=up.ports, store=store, env=UNBOUNDED)  # by itself, nobody repairs anything
+        # Started again as an operator would: nobody repairs anything by hand.
+        up = ups(tmp_path, ports=up.ports, store=store, env=UNBOUNDED)
         repairs.append(up.text().count("after repairing its append-only file"))
 
     fanouts, topic_sends, queue_sends, subscriptions = (

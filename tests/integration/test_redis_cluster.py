@@ -26,12 +26,9 @@ from gearhorn.store.ledger import Ledger, entries, rows_from_entries
 from tests import redis_servers
 from tests.conftest import require_binary
 
-from .helpers import GearClient, PoolProcess, unique_topic, wait_for
-
 # Tests of other modules marked cluster_too run on the cluster too, through
-# the redis_url fixture (tests/integration/conftest.py); these are helpers.
-from .spark_helpers import reconcile
-from .test_faults import (
+# the redis_url fixture (tests/integration/conftest.py).
+from .fault_helpers import (
     MESSAGES,
     SUBSCRIBERS,
     UNBOUNDED,
@@ -41,6 +38,8 @@ from .test_faults import (
     publish_marker,
     stomp_subscriber,
 )
+from .helpers import GearClient, PoolProcess, unique_topic, wait_for
+from .spark_helpers import reconcile
 
 pytestmark = [pytest.mark.integration, pytest.mark.cluster, pytest.mark.timeout(240)]
 
