@@ -330,7 +330,9 @@ class LazyDisk(LossyDisk):
             os.makedirs(folder)
         for fifo in (self.fifo, self.done):
             os.mkfifo(fifo)
-        config = os.path.join(root, "lazyfs.toml")
+        # LazyFS takes a config path with "-o" in it (pytest-of-root) for an option.
+        handle, config = tempfile.mkstemp(prefix="lazyfs", suffix=".toml")
+        os.close(handle)
         with open(config, "w") as fp:
             fp.write(f'[faults]\nfifo_path="{self.fifo}"\nfifo_path_completed="{self.done}"\n'
                      '[cache]\napply_eviction=false\n[cache.simple]\ncustom_size="4gb"\n'
