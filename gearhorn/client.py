@@ -134,17 +134,20 @@ class Consumer:
 
     def serve(self, handler: Callable[[bytes], object], count: int | None = None) -> None:
         """Call ``handler`` per copy; the job completes only after it returns,
-        and fails (gearmand's client sees WORK_FAIL) if it raises."""
+        with what it returned as its answer (bytes, or text as UTF-8: a
+        foreground fanout with ``"gather": true`` collects it), and fails
+        (WORK_WARNING with the reason, then WORK_FAIL) if it raises."""
         done = 0
         while count is None or done < count:
             job = self._next_job(None)
             try:
-                handler(job.arguments)
+                answer = handler(job.arguments)
             except Exception as exc:
                 job.sendWorkWarning(str(exc).encode())
                 job.sendWorkFail()
             else:
-                job.sendWorkComplete()
+                job.sendWorkComplete(answer.encode() if isinstance(answer, str)
+                                     else answer if isinstance(answer, bytes) else b"")
             done += 1
 
     def _next_job(self, timeout: float | None) -> gear.WorkerJob | None:

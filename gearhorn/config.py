@@ -116,10 +116,16 @@ class Config:
     # Users, hashed passcodes and per-destination rights (gearhorn/stomp/auth.py);
     # empty: anyone may connect and do anything.
     stomp_credentials_file: str = ""
-    # Deliveries of a message before it is dead-lettered (STOMP queues) or
-    # reported failed (foreground fanout copies, retried with backoff).
+    # Deliveries of a STOMP queue message before it is dead-lettered.
     max_deliveries: int = 5
+    # Tries of a foreground fanout's copy whose receiver failed (WORK_FAIL,
+    # WORK_EXCEPTION): 1 reports the failure at once, as any Gearman client
+    # sees it; a fanout may ask for more ("attempts"), retried with backoff.
+    fanout_attempts: int = 1
     retry_backoff: float = 0.2
+    # Bytes of receivers' answers a foreground fanout with "gather": true
+    # returns at most; answers beyond it are listed without their data.
+    gather_max_bytes: int = 1024 * 1024
     # Seconds a message's headers are kept for its consumers (gearhorn/store/headers.py).
     headers_ttl: float = 7 * 86_400.0
     # Delayed delivery (gearhorn/worker/delayed.py): shard width, the longest

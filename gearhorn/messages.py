@@ -15,11 +15,17 @@ import base64
 import json
 import math
 import re
-import time
 from dataclasses import dataclass, field
-from datetime import datetime
 
 from gearhorn.errors import BadRequest
+from gearhorn.fanoutoptions import (  # noqa: F401 - MAX_DELAY_SECONDS, PRIORITIES re-exported
+    MAX_DELAY_SECONDS,
+    PRIORITIES,
+    Answering,
+    parse_answering,
+    parse_priority,
+    parse_schedule,
+)
 from gearhorn.limits import Limits, limits_from_job
 from gearhorn.naming import (  # noqa: F401 - the naming rules, re-exported
     HEADER_MARK,
@@ -120,6 +126,8 @@ class Fanout:
     # The messages' ids, when the sender named them (the bridge, for what it
     # appended); else they derive from the job's unique key (naming.py).
     message_ids: tuple[str, ...] = ()
+    # Foreground: the tries of a copy, and whether answers are gathered.
+    answering: Answering = Answering()
 
     @property
     def data(self) -> bytes:
@@ -128,8 +136,13 @@ class Fanout:
 
     def ids(self, job_unique: str) -> list[str]:
         """The ids the sender gave the messages, else ids derived from the
-        job's unique key: either way the same when the job runs again."""
-        return list(self.message_ids) or message_ids_for(job_unique, len(self.bodies))
+        JSON ``unique`` (the same message, as Gearman coalesces it), else from
+        the job's unique key: either way the same when the job runs again."""
+        if self.message_ids:
+            return list(self.message_ids)
+        if self.unique:
+            return message_ids_for(f"{self.topic}/{self.unique}", len(self.bodies))
+        return message_ids_for(job_unique, len(self.bodies))
 
 
 def validate_topic(topic: object, *, allow_prefix: bool = False) -> str:
@@ -243,13 +256,14 @@ def parse_fanout(data: bytes, max_payload: int = DEFAULT_MAX_PAYLOAD,
     batches a producer's consecutive SENDs so). ``max_payload`` bounds the
     bytes of all messages of the job together.
     """
-    obj = _load_object(data, limit=max_payload * _RAW_FACTOR + _RAW_SLACK)
+    obj = _load_object(data, limit=max_payload * _RAW_FACTOR + _RAW_SLACK,
+                       payload_limit=max_payload)
     topic = validate_topic(_require(obj, "topic"))
     bodies = _bodies(obj)
     size = sum(len(b) for b in bodies)
     if size > max_payload:
         what = "payload is" if len(bodies) == 1 else f"{len(bodies)} payloads total"
-        raise BadRequest(f"{what} {size} bytes, over the limit of {max_payload} bytes")
+        raise BadRequest(f"{what} {size} bytes, over max_payload_bytes ({max_payload} bytes)")
     unique = _parse_unique(obj.get("unique"))
     headers = parse_headers(obj.get("headers", {}))
     dedup_id = _parse_unique(obj.get("dedup_id", headers.get(DEDUP_HEADER)), "dedup_id",
@@ -257,66 +271,21 @@ def parse_fanout(data: bytes, max_payload: int = DEFAULT_MAX_PAYLOAD,
     for name, given in (("unique", unique), ("dedup_id", dedup_id)):
         if given is not None and len(bodies) > 1:
             raise BadRequest(f"{name} applies to one message: not with payloads")
-    return Fanout(topic, bodies, unique, bool(obj.get("background")),
+    background = bool(obj.get("background"))
+    return Fanout(topic, bodies, unique, background,
                   parse_priority(obj.get("priority", "normal")),
                   parse_schedule(obj.get("deliver_at"), obj.get("delay"), now),
                   headers, dedup_id, obj.get("in_history") is True,
-                  given_message_ids(obj.get("message_ids"), len(bodies)))
+                  given_message_ids(obj.get("message_ids"), len(bodies)),
+                  parse_answering(obj, background, len(bodies)))
 
 
-PRIORITIES = ("high", "normal", "low")
-# How far ahead a message may be scheduled (a typo of a year is not a delay).
-MAX_DELAY_SECONDS = 366 * 86_400
 MAX_HEADERS = 64
 MAX_HEADER_BYTES = 8192
 MAX_HEADER_NAME = 128  # characters
 # Headers a STOMP frame's framing or the bridge owns; a message cannot set them.
 RESERVED_HEADERS = frozenset({"content-length", "destination", "message-id", "subscription",
                               "ack", "redelivered", "delivery-count", "receipt", "transaction"})
-
-
-def parse_priority(value: object) -> str:
-    if value not in PRIORITIES:
-        raise BadRequest(f"invalid priority {shorten(str(value))}: use high, normal or low")
-    return str(value)
-
-
-def parse_schedule(deliver_at: object, delay: object, now: float | None = None) -> float | None:
-    """``deliver_at`` (epoch seconds or RFC 3339) or ``delay`` (seconds from
-    now) -> the epoch second of delivery, or None for "now"."""
-    if deliver_at is not None and delay is not None:
-        raise BadRequest("give deliver_at or delay, not both")
-    if deliver_at is None and delay is None:
-        return None
-    now = time.time() if now is None else now
-    if delay is not None:
-        due = now + _number("delay", delay)
-    elif isinstance(deliver_at, str):
-        due = _rfc3339(deliver_at)
-    else:
-        due = _number("deliver_at", deliver_at)
-    if due > now + MAX_DELAY_SECONDS:
-        raise BadRequest(f"delivery is more than {MAX_DELAY_SECONDS // 86_400} days ahead")
-    return due if due > now else None
-
-
-def _number(key: str, value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) \
-            or not math.isfinite(value) or value < 0:
-        raise BadRequest(f"{key} must be a number of seconds (0 or more), not "
-                         f"{shorten(json.dumps(value))}")
-    return float(value)
-
-
-def _rfc3339(text: str) -> float:
-    try:
-        moment = datetime.fromisoformat(text)
-    except ValueError:
-        moment = None
-    if moment is None or moment.tzinfo is None:
-        raise BadRequest(f"invalid deliver_at {shorten(text)}: use epoch seconds or RFC 3339 "
-                         "with a time zone (2026-11-22T21:00:00Z)")
-    return moment.timestamp()
 
 
 def parse_headers(value: object) -> dict[str, str]:
@@ -395,8 +364,11 @@ def _parse_unique(unique: object, name: str = "unique",
     return unique
 
 
-def _load_object(data: bytes, *, limit: int) -> dict:
+def _load_object(data: bytes, *, limit: int, payload_limit: int | None = None) -> dict:
     if len(data) > limit:
+        if payload_limit is not None:  # one limit a user knows: the payload's
+            raise BadRequest(f"job is {len(data)} bytes: payloads are limited to "
+                             f"max_payload_bytes ({payload_limit} bytes)")
         raise BadRequest(f"job is {len(data)} bytes, over the limit of {limit} bytes")
     try:
         obj = json.loads(data.decode("utf-8"), parse_constant=_no_constant,

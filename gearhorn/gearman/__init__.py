@@ -24,7 +24,7 @@ from gearhorn.gearman.admin import (
     status_rows,
     totals,
 )
-from gearhorn.gearman.client import Client, Placed, _outcome, wait_for_results
+from gearhorn.gearman.client import Client, Placed, wait_for_results
 from gearhorn.gearman.connection import (
     Connection,
     TlsFiles,
@@ -35,6 +35,7 @@ from gearhorn.gearman.packets import (
     MAX_PACKET,
     REQ,
     RES,
+    Answers,
     Copy,
     GearmanError,
     Outcome,
@@ -52,7 +53,7 @@ __all__ = [
     "MAX_PACKET", "REQ", "RES", "Client", "Connection", "Copy", "FunctionStatus", "GearmanError",
     "GrabbedJob", "JobSource", "NoDelayWorker", "Outcome", "P", "Packet", "PacketReader",
     "PartialSubmit",
-    "Placed", "PacketError", "TlsFiles", "Unavailable", "WorkerConnection", "_outcome",
+    "Placed", "PacketError", "TlsFiles", "Unavailable", "WorkerConnection", "Answers",
     "add_server", "admin", "connect", "drop_function", "encode", "status", "status_rows",
     "totals", "wait_for_results",
 ]

@@ -10,11 +10,10 @@ from dataclasses import dataclass
 
 from gearhorn.gearman.connection import Connection, TlsFiles
 from gearhorn.gearman.packets import (
+    Answers,
     Copy,
     GearmanError,
     Outcome,
-    P,
-    Packet,
     PartialSubmit,
     Unavailable,
 )
@@ -32,7 +31,7 @@ def wait_for_results(conn: Connection, handles: Sequence[bytes],
     """
     index = {h: i for i, h in enumerate(handles)}
     outcomes: list[Outcome | None] = [None] * len(handles)
-    warnings: dict[bytes, bytes] = {}
+    answers = Answers()
     left = len(handles)
     deadline = time.monotonic() + timeout
     try:
@@ -43,32 +42,15 @@ def wait_for_results(conn: Connection, handles: Sequence[bytes],
             handle = packet.args[0] if packet.args else b""
             if handle not in index or outcomes[index[handle]] is not None:
                 continue
-            outcome = _outcome(packet, warnings)
+            outcome = answers.heard(packet)
             if outcome is not None:
                 outcomes[index[handle]] = outcome
                 left -= 1
     except GearmanError as exc:
-        lost = Outcome("failed", reason=str(exc))
+        lost = Outcome("lost", reason=str(exc))
         return [o or lost for o in outcomes]
     late = Outcome("timeout", reason=f"no answer within {timeout:.3g}s")
     return [o or late for o in outcomes]
-
-
-def _outcome(packet: Packet, warnings: dict[bytes, bytes]) -> Outcome | None:
-    handle = packet.args[0]
-    if packet.type == P.WORK_COMPLETE:
-        return Outcome("complete", packet.args[1])
-    if packet.type == P.WORK_WARNING:
-        warnings[handle] = packet.args[1]
-    elif packet.type == P.WORK_EXCEPTION:
-        return Outcome("failed", reason=_text(packet.args[1]) or "exception")
-    elif packet.type == P.WORK_FAIL:
-        return Outcome("failed", reason=_text(warnings.pop(handle, b"")) or "job failed")
-    return None
-
-
-def _text(data: bytes) -> str:
-    return data.decode("utf-8", "replace").strip()
 
 
 class Client:
@@ -176,7 +158,7 @@ class Placed:
         outcomes: list[Outcome] = []
         for conn, handles in self.parts:
             if conn is None:
-                lost = Outcome("failed", reason="lost the gearmand connection after submitting")
+                lost = Outcome("lost", reason="lost the gearmand connection after submitting")
                 outcomes += [lost] * handles
             else:
                 outcomes += wait_for_results(conn, handles, max(0.0, deadline - time.monotonic()))

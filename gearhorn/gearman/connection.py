@@ -73,6 +73,14 @@ def connect(host: str, port: int, timeout: float = 5.0,
     return sock
 
 
+def _option_answer(packet: Packet) -> bool:
+    """gearmand's answer to OPTION_REQ: OPTION_RES, or ERROR for a server that
+    does not know the option (it then sends no exceptions; nothing else changes)."""
+    if packet.type == P.OPTION_RES:
+        return True
+    return packet.type == P.ERROR and packet.args[:1] == (b"UNKNOWN_OPTION",)
+
+
 class Connection:
     """One client connection to one gearmand."""
 
@@ -92,7 +100,12 @@ class Connection:
         if self._sock is None:
             try:
                 self._sock = connect(self.host, self.port, self.connect_timeout, self.tls)
+                # Ask for workers' exceptions: without it gearmand 1.1.20 turns a
+                # WORK_EXCEPTION into a bare WORK_FAIL and the reason is lost. The
+                # answer (OPTION_RES) is read with the next reply and skipped.
+                self._sock.sendall(encode(P.OPTION_REQ, b"exceptions"))
             except OSError as exc:
+                self.close()
                 raise GearmanError(f"cannot connect to gearmand {self.host}:{self.port}: "
                                    f"{exc.strerror or exc}") from None
             self._reader = PacketReader()
@@ -149,7 +162,7 @@ class Connection:
             if not chunk:
                 self.close()
                 raise GearmanError(f"gearmand {self.host}:{self.port} closed the connection")
-            self._pending.extend(self._reader.feed(chunk))
+            self._pending.extend(p for p in self._reader.feed(chunk) if not _option_answer(p))
         return self._pending.popleft()
 
     def _recv_until(self, deadline: float) -> bytes | None:

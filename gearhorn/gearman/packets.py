@@ -47,12 +47,18 @@ class P(enum.IntEnum):
     SUBMIT_JOB_LOW_BG = 34
 
 
-# Number of NUL-separated arguments of each packet gearhorn reads.
+# Number of NUL-separated arguments of each packet gearhorn reads, as
+# gearmand 1.1.x sends them (libgearman/command.cc): a handle, then data.
 _ARITY = {
     P.JOB_CREATED: 1, P.WORK_COMPLETE: 2, P.WORK_FAIL: 1, P.WORK_EXCEPTION: 2,
     P.WORK_DATA: 2, P.WORK_WARNING: 2, P.WORK_STATUS: 3, P.ERROR: 2, P.ECHO_RES: 1,
     P.OPTION_RES: 1, P.NOOP: 0, P.NO_JOB: 0, P.JOB_ASSIGN: 3, P.JOB_ASSIGN_UNIQ: 4,
 }
+# Packets that carry a handle and nothing else; gearmand 1.1.20 sends some
+# with a NUL after it (a WORK_FAIL it makes when a worker's WORK_EXCEPTION
+# reaches a client that did not ask for exceptions: "H:host:1\0"), so the
+# handle ends at the first NUL.
+_HANDLE_ONLY = frozenset({P.JOB_CREATED, P.WORK_FAIL})
 
 # (background, precedence) -> submit packet type
 _SUBMIT = {
@@ -105,7 +111,10 @@ class PacketReader:
             body = bytes(self._buf[_HEADER.size:end])
             del self._buf[:end]
             arity = _ARITY.get(ptype, 1)
-            args = tuple(body.split(b"\0", arity - 1)) if arity else ()
+            if ptype in _HANDLE_ONLY:
+                args = (body.split(b"\0", 1)[0],)
+            else:
+                args = tuple(body.split(b"\0", arity - 1)) if arity else ()
             packets.append(Packet(ptype, args))
         return packets
 
@@ -121,15 +130,104 @@ class Copy:
 
 @dataclass(frozen=True, slots=True)
 class Outcome:
-    """How a foreground job ended: ``complete``, ``failed`` or ``timeout``."""
+    """How a foreground job ended, and what its worker said on the way.
+
+    ``status``: ``complete`` (WORK_COMPLETE), ``failed`` (WORK_FAIL),
+    ``exception`` (WORK_EXCEPTION), ``timeout`` (no end in time: the job is
+    still in gearmand) or ``lost`` (the connection to gearmand broke).
+    ``data`` is WORK_COMPLETE's data; ``reason`` the exception's text, or
+    the last WORK_WARNING before a WORK_FAIL; ``warnings``, ``partial``
+    (WORK_DATA, joined in order) and ``progress`` (the last WORK_STATUS)
+    are what came before the end."""
 
     status: str
     data: bytes = b""
     reason: str = ""
+    warnings: tuple[bytes, ...] = ()
+    partial: bytes = b""
+    progress: tuple[int, int] | None = None
 
     @property
     def ok(self) -> bool:
         return self.status == "complete"
+
+
+class Answers:
+    """What the workers of foreground jobs said, packet by packet: ``heard``
+    returns a job's Outcome once it ended. Pure.
+
+    >>> answers = Answers()
+    >>> answers.heard(Packet(P.WORK_DATA, (b"H:1", b"part")))
+    >>> answers.heard(Packet(P.WORK_EXCEPTION, (b"H:1", b"boom"))).reason
+    'boom'
+    """
+
+    def __init__(self) -> None:
+        self._said: dict[bytes, dict] = {}
+
+    def heard(self, packet: Packet) -> Outcome | None:
+        handle = packet.args[0] if packet.args else b""
+        said = self._said.setdefault(handle, {"warnings": [], "partial": [], "progress": None})
+        kind = packet.type
+        if kind == P.WORK_DATA:
+            said["partial"].append(packet.args[1])
+        elif kind == P.WORK_WARNING:
+            said["warnings"].append(packet.args[1])
+        elif kind == P.WORK_STATUS:
+            said["progress"] = _fraction(packet.args[1:])
+        elif kind in (P.WORK_COMPLETE, P.WORK_FAIL, P.WORK_EXCEPTION):
+            del self._said[handle]
+            return _ended(kind, packet.args, said)
+        else:
+            if not any(said.values()):
+                del self._said[handle]
+            return None
+        return None
+
+
+def _ended(kind: int, args: tuple[bytes, ...], said: dict) -> Outcome:
+    warnings = tuple(said["warnings"])
+    common = {"warnings": warnings, "partial": b"".join(said["partial"]),
+              "progress": said["progress"]}
+    if kind == P.WORK_COMPLETE:
+        return Outcome("complete", args[1], **common)
+    if kind == P.WORK_EXCEPTION:
+        return Outcome("exception", args[1], reason=exception_text(args[1]) or "exception",
+                       **common)
+    return Outcome("failed", reason=_text(warnings[-1]) if warnings else "job failed", **common)
+
+
+def _fraction(args: tuple[bytes, ...]) -> tuple[int, int] | None:
+    try:
+        return int(args[0]), int(args[1])
+    except (ValueError, IndexError):
+        return None
+
+
+def _text(data: bytes) -> str:
+    return data.decode("utf-8", "replace").strip()
+
+
+def exception_text(data: bytes) -> str:
+    """A WORK_EXCEPTION's reason as text. Most clients send text (PHP's
+    sendException, Node's sendWorkException, gear); Perl's Gearman::Worker
+    sends its ``die`` message frozen with Storable: its longest printable
+    run is the message.
+
+    >>> exception_text(b"division by zero")
+    'division by zero'
+    >>> exception_text(b"\\x05\\x0b\\x04\\n\\x1bdied at worker.pl line 7.\\n")
+    'died at worker.pl line 7.'
+    """
+    try:
+        text = data.decode("utf-8").strip()
+        if all(c >= " " or c in "\n\r\t" for c in text):
+            return text
+    except UnicodeDecodeError:
+        pass
+    runs = [r for r in bytes(b if 32 <= b < 127 else 0 for b in data).split(b"\0") if r]
+    return max(runs, key=len).decode().strip() if runs else ""
+
 
 class PartialSubmit(GearmanError):
     def __init__(self, accepted: int, reason: str) -> None:

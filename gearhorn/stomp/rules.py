@@ -97,8 +97,8 @@ def sendable(frame: Frame, max_payload_bytes: int) -> Destination:
     """A SEND's destination, once its body fits and it names no wildcard topic."""
     dest = parse_destination(frame.headers["destination"])
     if len(frame.body) > max_payload_bytes:
-        raise ProtocolError(f"message body is {len(frame.body)} bytes, over the limit of "
-                            f"{max_payload_bytes} bytes")
+        raise ProtocolError(f"message body is {len(frame.body)} bytes, over "
+                            f"max_payload_bytes ({max_payload_bytes} bytes)")
     if dest.kind == "topic" and dest.name.endswith("*"):
         raise ProtocolError("cannot send to a wildcard topic", INVALID_DESTINATION)
     return dest

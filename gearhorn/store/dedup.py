@@ -39,6 +39,16 @@ class Deduplicator:
                                px=self.window_ms, get=True)
         return message_id if first is None else text(first)
 
+    def seen_unique(self, topic: str, unique: str, job: str) -> bool:
+        """Did another fanout job (not ``job`` run again) to ``topic`` carry
+        the JSON ``unique`` within the window? Gearman coalesces by unique
+        key: its copies still queued are that fanout's, and the result says so."""
+        if self.window_ms <= 0:
+            return False
+        before = self.redis.set(self.keys.coalesce(topic, unique), job, px=self.window_ms,
+                                get=True)
+        return before is not None and text(before) != job
+
     def release(self, topic: str, dedup_id: str, message_id: str) -> None:
         """The fanout failed before it made its copies: a retry may go."""
         if self.window_ms > 0:

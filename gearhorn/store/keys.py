@@ -16,6 +16,9 @@ Redis the braces are just characters.
 ``<p>history-ids:{T}``          sorted set: the workers' message ids appended to T's
                                 history in the last 2 minutes -> when (ms), so a fanout
                                 run again is appended once
+``<p>unique:{T}:<u>``           string: the job of the last fanout to topic T with the
+                                JSON ``unique`` u, for ``dedup_window``: a second one
+                                is coalesced by gearmand and says so (store/dedup.py)
 ``<p>dedup:{T}:<id>``           string: the message id of the first fanout to topic T
                                 with that dedup id, for ``dedup_window`` (store/dedup.py)
 ``{<p>prefixes}``               set: prefix subscriptions (``news.*``) with subscribers
@@ -132,6 +135,9 @@ class Keys:
 
     def dedup(self, topic: str, dedup_id: str) -> str:
         return f"{self.prefix}dedup:{{{topic}}}:{dedup_id}"
+
+    def coalesce(self, topic: str, unique: str) -> str:
+        return f"{self.prefix}unique:{{{topic}}}:{unique}"
 
     @property
     def prefixes(self) -> str:

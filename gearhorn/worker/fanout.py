@@ -15,7 +15,6 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from gearhorn import gearman
-from gearhorn.background import Backoff
 from gearhorn.config import Config
 from gearhorn.errors import GearhornError
 from gearhorn.limits import FULL
@@ -28,7 +27,7 @@ from gearhorn.messages import (
     parse_presence,
     parse_subscription,
 )
-from gearhorn.naming import delayed_unique
+from gearhorn.naming import delayed_unique, new_message_id
 from gearhorn.observers import FailedCopy, Observer
 from gearhorn.store.dedup import Deduplicator
 from gearhorn.store.headers import HeaderStore
@@ -37,6 +36,7 @@ from gearhorn.store.presence import Presence
 from gearhorn.store.redisconn import REDIS_ERRORS
 from gearhorn.store.registry import Recipient, Registry
 from gearhorn.store.tally import TallyWriter
+from gearhorn.worker import foreground
 from gearhorn.worker.cache import SubscriberCache
 from gearhorn.worker.copies import admit, flat, make_copies
 from gearhorn.worker.delayed import DelayedItem, Scheduler
@@ -300,25 +300,28 @@ class FanoutService:
     def _fanout(self, request: Fanout, job_unique: str, received: float | None) -> bytes:
         message_ids = request.ids(job_unique)
         if request.dedup_id is None:
-            return self._accept(request, message_ids, received)
+            result = self._accept(request, message_ids, received)
+            if request.unique and self.dedup.seen_unique(request.topic, request.unique,
+                                                         job_unique or new_message_id()):
+                result["coalesced"] = True  # gearmand merged its copies still queued
+            return _dumps(result)
         first = self.dedup.claim(request.topic, request.dedup_id, message_ids[0])
         if first != message_ids[0]:
             return _dumps({"topic": request.topic, "copies": 0, "duplicate": True,
                            "background": request.background, **_ids([first])})
         try:
-            return self._accept(request, message_ids, received)
+            return _dumps(self._accept(request, message_ids, received))
         except BadRequest:  # refused before any copy (a full store): a retry may go.
             self.dedup.release(request.topic, request.dedup_id, message_ids[0])
             raise  # An outage is not released: the worker runs this job again.
 
     def _accept(self, request: Fanout, message_ids: list[str],
-                received: float | None) -> bytes:
+                received: float | None) -> dict[str, object]:
         header_ids = self._keep_headers(request, message_ids)
         if request.deliver_at is not None and self._schedule(request, message_ids, header_ids):
-            return _dumps({"topic": request.topic, "copies": 0, "background": True,
-                           "scheduled": True, "deliver_at": request.deliver_at,
-                           **_ids(message_ids)})
-        return _dumps(self.deliver(request, message_ids, header_ids, received))
+            return {"topic": request.topic, "copies": 0, "background": True,
+                    "scheduled": True, "deliver_at": request.deliver_at, **_ids(message_ids)}
+        return self.deliver(request, message_ids, header_ids, received)
 
     def _keep_headers(self, request: Fanout, message_ids: list[str],
                       needed: bool = False) -> list[str] | None:
@@ -375,13 +378,8 @@ class FanoutService:
         else:
             placed = client.start_foreground(copies, request.priority)
             self._sent([made])
-            outcomes, attempts = self._run_copies(copies, request.priority, placed)
-            targets = made.recipients * len(request.bodies)
-            failed = [({"client_id": r.client_id, "queue": r.queue, "status": o.status,
-                        "reason": o.reason, "attempts": n}, c.unique)
-                      for r, o, c, n in zip(targets, outcomes, copies, attempts, strict=True)
-                      if not o.ok]
-            result.update(completed=len(copies) - len(failed), failed=[f for f, _ in failed])
+            result.update(self._answers(request, made, client, placed))
+            failed = result.pop("_failed")
         self._delivered(made, failed, received)
         return result
 
@@ -404,27 +402,23 @@ class FanoutService:
             FailedCopy(f["queue"], unique, f"{f['status']}: {f['reason']}")
             for f, unique in failed], elapsed)
 
-    def _run_copies(self, copies: list[gearman.Copy], priority: str,
-                    placed: gearman.Placed) -> tuple[list[gearman.Outcome], list[int]]:
-        """Foreground copies (``placed``: submitted); a copy whose receiver
-        failed is tried again after a growing pause, up to ``max_deliveries``
-        times in all, within the fanout timeout. A late one is not: it is
-        still queued."""
-        deadline = time.monotonic() + self.config.fanout_timeout
-        outcomes = placed.wait(self.config.fanout_timeout)
-        attempts = [1] * len(copies)
-        backoff = Backoff(self.config.retry_backoff)
-        for attempt in range(2, self.config.max_deliveries + 1):
-            again = [i for i, o in enumerate(outcomes) if o.status == "failed"]
-            left = deadline - time.monotonic()
-            if not again or left <= backoff.pause:
-                break
-            self._sleep(backoff.failed())
-            retried = self.client.submit_foreground(
-                [copies[i] for i in again], deadline - time.monotonic(), priority)
-            for i, outcome in zip(again, retried, strict=True):
-                outcomes[i], attempts[i] = outcome, attempt
-        return outcomes, attempts
+    def _answers(self, request: Fanout, made: _Made, client: gearman.Client,
+                 placed: gearman.Placed) -> dict[str, object]:
+        """A foreground fanout's receivers answered (gearhorn/worker/foreground.py):
+        ``completed``, ``failed`` and, gathered, ``answers``; ``_failed`` for the ledger."""
+        copies, config = made.copies, self.config
+        attempts = request.answering.attempts or config.fanout_attempts
+        outcomes, tries = foreground.run_copies(client, copies, request.priority, placed,
+                                                attempts, config.fanout_timeout,
+                                                config.retry_backoff, self._sleep)
+        targets = made.recipients * len(request.bodies)
+        failed = foreground.failures(targets, outcomes, copies, tries)
+        answers = {"completed": len(copies) - len(failed), "failed": [f for f, _ in failed],
+                   "_failed": failed}
+        if request.answering.gather:
+            answers.update(foreground.gathered(targets, outcomes, tries,
+                                               config.gather_max_bytes))
+        return answers
 
     def record_rejection(self, function: str, reason: str) -> None:
         self.observer.refused(function, reason)
@@ -438,7 +432,7 @@ def _full(refused: tuple[Recipient, ...]) -> dict[str, object]:
 def _plain(request: Fanout) -> bool:
     """A fanout that needs nothing but its copies queued."""
     return (request.background and request.deliver_at is None and not request.headers
-            and request.dedup_id is None)
+            and request.dedup_id is None and request.unique is None)
 
 
 def _ids(message_ids: list[str]) -> dict[str, object]:

@@ -63,8 +63,8 @@ def test_foreground_fanout_reports_failures_per_subscriber(registry):
     call(svc, "subscribe_fanout", topic="news", client_id="bob")
     result = call(svc, "fanout", topic="news", payload="hi")
     assert result["copies"] == 2 and result["completed"] == 1
-    assert result["failed"] == [{"client_id": "bob", "queue": "news_bob",
-                                 "status": "timeout", "reason": "no answer", "attempts": 1}]
+    assert result["failed"] == [{"client_id": "bob", "queue": "news_bob", "status": "timeout",
+                                 "reason": "no answer", "attempts": 1, "queued": True}]
 
 
 def test_unsubscribed_client_gets_nothing(service):
@@ -138,35 +138,42 @@ def test_headers_are_stored_once_and_every_copy_points_at_them(service, fake_red
     assert 0 < fake_redis.ttl(f"t:headers:{mid}") <= Config().headers_ttl
 
 
-def test_a_failed_copy_is_retried_with_backoff_then_succeeds(registry):
+def test_a_receivers_failure_is_its_answer_unless_the_fanout_asks_for_more_attempts(registry):
+    """Gearman's way: a WORK_FAIL or WORK_EXCEPTION reaches the producer at
+    once; "attempts" asks for retries, with a growing pause."""
     failed = gearman.Outcome("failed", reason="receiver crashed")
-    client = RecordingClient({"news_bob": [failed, failed, gearman.Outcome("complete")]})
+    client = RecordingClient({"news_bob": [failed]})
     pauses = []
     svc = FanoutService(Config(retry_backoff=0.01), registry, SubscriberCache(registry), client,
                         sleep=pauses.append)
     call(svc, "subscribe_fanout", topic="news", client_id="alice")
     call(svc, "subscribe_fanout", topic="news", client_id="bob")
-    result = call(svc, "fanout", topic="news", payload="hi")
+    once = call(svc, "fanout", topic="news", payload="hi")
+    assert once["failed"] == [{"client_id": "bob", "queue": "news_bob", "status": "failed",
+                               "reason": "receiver crashed", "attempts": 1}]
+    client.foreground.clear()
+    client.answers["news_bob"] = [failed, failed, gearman.Outcome("complete")]
+    result = call(svc, "fanout", topic="news", payload="hi", attempts=5)
     assert result["completed"] == 2 and result["failed"] == []
     assert sorted(c.function for c in client.foreground) == [
         "news_alice", "news_bob", "news_bob", "news_bob"]  # bob's tried 3 times
     assert pauses == [0.01, 0.02]
 
 
-def test_a_copy_that_keeps_failing_is_reported_after_max_deliveries(registry):
-    client = RecordingClient({"news_bob": gearman.Outcome("failed", reason="bad input")})
-    svc = FanoutService(Config(max_deliveries=3, retry_backoff=0.01), registry,
+def test_a_copy_that_keeps_failing_is_reported_after_its_attempts(registry):
+    client = RecordingClient({"news_bob": gearman.Outcome("exception", reason="bad input")})
+    svc = FanoutService(Config(fanout_attempts=3, retry_backoff=0.01), registry,
                         SubscriberCache(registry), client, sleep=lambda s: None)
     call(svc, "subscribe_fanout", topic="news", client_id="bob")
     result = call(svc, "fanout", topic="news", payload="hi")
-    assert result["failed"] == [{"client_id": "bob", "queue": "news_bob", "status": "failed",
+    assert result["failed"] == [{"client_id": "bob", "queue": "news_bob", "status": "exception",
                                  "reason": "bad input", "attempts": 3}]
     assert len(client.foreground) == 3
 
 
 def test_a_late_copy_is_not_retried(registry):
     client = RecordingClient({"news_bob": gearman.Outcome("timeout", reason="late")})
-    svc = FanoutService(Config(), registry, SubscriberCache(registry), client,
+    svc = FanoutService(Config(fanout_attempts=5), registry, SubscriberCache(registry), client,
                         sleep=lambda s: None)
     call(svc, "subscribe_fanout", topic="news", client_id="bob")
     call(svc, "fanout", topic="news", payload="hi")
@@ -246,3 +253,64 @@ def test_fanouts_are_counted_with_their_copies_and_latency(registry):
     counters = read(registry.redis, registry.keys, top=10)
     assert (counters.copies, counters.fanouts) == ({"news": 6.0}, {"news": 2.0})
     assert counters.latency_count == 1
+
+
+def test_gather_returns_every_receivers_answer_by_client_id(registry):
+    client = RecordingClient({
+        "news_alice": gearman.Outcome("complete", b"cache: 12 entries", partial=b"warming",
+                                      progress=(1, 1)),
+        "news_bob": gearman.Outcome("exception", b"boom", reason="boom"),
+        "news_carol": gearman.Outcome("complete", b"\xff\x00"),
+    })
+    svc = FanoutService(Config(), registry, SubscriberCache(registry), client)
+    for who in ("alice", "bob", "carol"):
+        call(svc, "subscribe_fanout", topic="news", client_id=who)
+    result = call(svc, "fanout", topic="news", payload="size?", gather=True)
+    assert result["answers"] == {
+        "alice": {"status": "complete", "attempts": 1, "data": "cache: 12 entries",
+                  "partial": "warming", "progress": [1, 1]},
+        "bob": {"status": "exception", "attempts": 1, "reason": "boom"},
+        "carol": {"status": "complete", "attempts": 1, "data_base64": "/wA="},
+    }
+    assert [f["client_id"] for f in result["failed"]] == ["bob"]
+
+
+def test_gathered_answers_beyond_the_bound_come_without_their_data(registry):
+    client = RecordingClient({"news_a": gearman.Outcome("complete", b"x" * 60),
+                              "news_b": gearman.Outcome("complete", b"y" * 60)})
+    svc = FanoutService(Config(gather_max_bytes=100), registry, SubscriberCache(registry),
+                        client)
+    for who in ("a", "b"):
+        call(svc, "subscribe_fanout", topic="news", client_id=who)
+    result = call(svc, "fanout", topic="news", payload="?", gather=True)
+    (cut,) = result["answers_truncated"]  # whichever came second
+    (kept,) = {"a", "b"} - {cut}
+    assert result["answers"][kept]["data"] == {"a": "x", "b": "y"}[kept] * 60
+    assert result["answers"][cut] == {"status": "complete", "attempts": 1, "truncated": True}
+
+
+@pytest.mark.parametrize("options, reason", [
+    ({"gather": True, "background": True}, "gather is for a foreground fanout"),
+    ({"attempts": 3, "background": True}, "attempts is for a foreground fanout"),
+    ({"gather": "yes"}, "gather must be true or false"),
+    ({"attempts": 0}, "attempts must be a whole number from 1 to 10"),
+    ({"attempts": 2.5}, "attempts must be a whole number"),
+    ({"gather": True, "payloads": ["a", "b"], "payload": None}, "gather takes one message"),
+])
+def test_answer_options_that_cannot_be_kept_are_refused(service, options, reason):
+    svc, client = service
+    job = {"topic": "news", "payload": "hi", **options}
+    job = {k: v for k, v in job.items() if v is not None}
+    with pytest.raises(BadRequest, match=reason):
+        svc.handle("fanout", json.dumps(job).encode())
+    assert client.background == client.foreground == []
+
+
+def test_the_same_unique_again_is_the_same_message_and_says_it_was_coalesced(service):
+    svc, client = service
+    call(svc, "subscribe_fanout", topic="news", client_id="alice")
+    first = call(svc, "fanout", topic="news", payload="hi", unique="order-7", background=True)
+    again = call(svc, "fanout", topic="news", payload="hi", unique="order-7", background=True)
+    assert "coalesced" not in first and again["coalesced"] is True
+    assert again["message_id"] == first["message_id"]
+    assert {c.unique for c in client.background} == {"order-7:alice"}  # gearmand merges them

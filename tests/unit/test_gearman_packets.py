@@ -47,11 +47,43 @@ def test_reader_rejects_garbage(wire):
 
 
 def test_outcomes_carry_the_warning_as_reason():
-    warnings = {}
-    assert g._outcome(g.Packet(g.P.WORK_WARNING, (b"h", b"bad topic")), warnings) is None
-    fail = g._outcome(g.Packet(g.P.WORK_FAIL, (b"h",)), warnings)
-    assert (fail.status, fail.reason) == ("failed", "bad topic")
-    assert g._outcome(g.Packet(g.P.WORK_COMPLETE, (b"h", b"ok")), warnings).ok
+    answers = g.Answers()
+    assert answers.heard(g.Packet(g.P.WORK_WARNING, (b"h", b"bad topic"))) is None
+    fail = answers.heard(g.Packet(g.P.WORK_FAIL, (b"h",)))
+    assert (fail.status, fail.reason, fail.warnings) == ("failed", "bad topic", (b"bad topic",))
+    assert answers.heard(g.Packet(g.P.WORK_COMPLETE, (b"h", b"ok"))).ok
+
+
+def test_everything_a_worker_says_before_the_end_is_kept_with_it():
+    answers = g.Answers()
+    for packet in (g.Packet(g.P.WORK_DATA, (b"h", b"pa")), g.Packet(g.P.WORK_STATUS,
+                   (b"h", b"1", b"4")), g.Packet(g.P.WORK_DATA, (b"h", b"rt")),
+                   g.Packet(g.P.WORK_DATA, (b"other", b"x"))):
+        assert answers.heard(packet) is None
+    done = answers.heard(g.Packet(g.P.WORK_COMPLETE, (b"h", b"result")))
+    assert (done.data, done.partial, done.progress) == (b"result", b"part", (1, 4))
+
+
+@pytest.mark.parametrize("wire, status, reason", [
+    # gearmand 1.1.20 to a client that did not ask for exceptions: a NUL after the handle
+    (b"H:vm:7\0", "failed", "job failed"),
+    (b"H:vm:7", "failed", "job failed"),
+])
+def test_a_work_fail_with_or_without_a_trailing_nul_ends_its_job(wire, status, reason):
+    (packet,) = g.PacketReader().feed(b"\0RES" + int(g.P.WORK_FAIL).to_bytes(4, "big")
+                                      + len(wire).to_bytes(4, "big") + wire)
+    assert packet.args == (b"H:vm:7",)
+    outcome = g.Answers().heard(packet)
+    assert (outcome.status, outcome.reason) == (status, reason)
+
+
+@pytest.mark.parametrize("data, reason", [
+    (b"division by zero", "division by zero"),  # PHP's sendException, Node, gear
+    (b"\x05\x0b\x04\n\x1fJob died at worker.pl line 12.\n", "Job died at worker.pl line 12."),
+])
+def test_an_exception_ends_its_job_with_its_text(data, reason):
+    outcome = g.Answers().heard(g.Packet(g.P.WORK_EXCEPTION, (b"h", data)))
+    assert (outcome.status, outcome.reason, outcome.data) == ("exception", reason, data)
 
 
 class FakeGearmand:

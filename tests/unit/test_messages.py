@@ -125,13 +125,15 @@ def test_payload_limit_counts_the_bytes_sent():
     at_limit = json.dumps({"topic": "t", "payload": "x" * 100}).encode()
     assert len(m.parse_fanout(at_limit, max_payload=100).data) == 100
     over = json.dumps({"topic": "t", "payload": "x" * 101}).encode()
-    with pytest.raises(m.BadRequest, match="payload is 101 bytes, over the limit of 100"):
+    with pytest.raises(m.BadRequest,
+                       match=r"payload is 101 bytes, over max_payload_bytes \(100 bytes\)"):
         m.parse_fanout(over, max_payload=100)
 
 
 def test_huge_job_is_refused_before_parsing():
     huge = b'{"topic": "t", "payload": "' + b"x" * 20000 + b'"}'
-    with pytest.raises(m.BadRequest, match="job is .* bytes, over the limit"):
+    limit = r"job is .* bytes: payloads are limited to max_payload_bytes \(1000 bytes\)"
+    with pytest.raises(m.BadRequest, match=limit):
         m.parse_fanout(huge, max_payload=1000)
 
 
@@ -169,7 +171,7 @@ def test_base64_and_batched_payloads():
     (b'{"topic": "t", "payloads": ["a", "b"], "unique": "u"}', 100,
      "unique applies to one message"),
     (b'{"topic": "t", "payloads": ["aaaa", "bbbb"]}', 7,
-     "2 payloads total 8 bytes, over the limit of 7"),
+     r"2 payloads total 8 bytes, over max_payload_bytes \(7 bytes\)"),
 ])
 def test_bad_base64_and_batched_payloads(data, limit, reason):
     with pytest.raises(m.BadRequest, match=reason):

@@ -79,7 +79,7 @@ def test_send_routes_by_destination_with_receipts(session):
     ({"destination": "/queue/has space"}, b"", "invalid queue name"),
     ({"destination": "/elsewhere"}, b"", "unknown destination"),
     ({}, b"", "SEND needs a destination header"),
-    ({"destination": "/queue/a"}, b"x" * 101, "over the limit of 100 bytes"),
+    ({"destination": "/queue/a"}, b"x" * 101, "over max_payload_bytes (100 bytes)"),
     ({"destination": "/queue/a", "transaction": "nope"}, b"", "was not begun"),
 ])
 def test_bad_sends_get_an_error_and_nothing_is_sent(session, headers, body, reason):
