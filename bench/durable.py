@@ -3,6 +3,7 @@
     python bench/durable.py            # all of it (about 8 minutes on 2 cores)
     python bench/durable.py --quick    # smaller counts, for a smoke run
     python bench/durable.py --replay 1000000   # gearmand's restart with that many copies queued
+    python bench/durable.py --latency 2000     # what the fsync barrier adds to one fanout
     python bench/durable.py --modes redis,redis-written   # the fsync barrier against
                                                           # acknowledging when written
 
@@ -31,6 +32,7 @@ bridge RECEIPT, too, comes once every copy is in gearmand's persistent queue.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import signal
@@ -286,6 +288,39 @@ def bench_modes(processes: int, quick: bool,
     return rates
 
 
+def bench_latency(count: int, processes: int) -> None:
+    """One producer, one foreground fanout (``"background": true``) to 10
+    subscribers at a time: the latency an answer after fsync adds, against
+    answers when written, in the same run (the servers of each mode fresh)."""
+    results = {}
+    for durability in ("written", "fsync", "written", "fsync"):  # alternating: noise shows
+        running = GearhornServers("redis", processes, durability=durability)
+        try:
+            client = gearman.Client([(running.gearmand.host, running.gearmand.port)])
+            times = []
+            for i in range(count):
+                job = json.dumps({"topic": "bench10", "payload": f"m{i}",
+                                  "background": True}).encode()
+                start = time.perf_counter()
+                outcome = client.call("fanout", job, timeout=60)
+                times.append(time.perf_counter() - start)
+                if not outcome.ok:
+                    raise SystemExit(f"fanout failed: {outcome.reason}")
+            client.close()
+        finally:
+            running.close()
+        times.sort()
+        results.setdefault(durability, []).append(
+            (times[len(times) // 2] * 1000, times[int(len(times) * 0.99)] * 1000))
+        p50, p99 = results[durability][-1]
+        print(f"  {durability:8} p50 {p50:6.2f} ms   p99 {p99:6.2f} ms  ({count} fanouts x10)",
+              flush=True)
+    for name, index in (("p50", 0), ("p99", 1)):
+        added = [f - w for (f, w) in zip((r[index] for r in results["fsync"]),
+                                         (r[index] for r in results["written"]), strict=True)]
+        print(f"  added by the fsync barrier, {name}: " + ", ".join(f"{a:+.2f} ms" for a in added))
+
+
 def show(name: str, rates: dict[int, float]) -> None:
     print(f"  {name:32}  " + "   ".join(f"x{w}: {rates[w]:>8,.0f}" for w in WIDTHS)
           + "  copies/s", flush=True)
@@ -383,9 +418,15 @@ def main() -> None:
     parser.add_argument("--processes", type=int, default=2)
     parser.add_argument("--modes", default=",".join(MODES),
                         help=f"comma-separated, of {', '.join(MODES)} (default: all)")
+    parser.add_argument("--latency", type=int, metavar="FANOUTS",
+                        help="only measure the latency of single fanouts, fsync against written")
     parser.add_argument("--replay", type=int, metavar="COPIES",
                         help="only measure gearmand's restart with COPIES queued")
     args = parser.parse_args()
+    if args.latency:
+        print(f"latency of one foreground fanout at a time ({os.cpu_count()} cores)", flush=True)
+        bench_latency(args.latency, args.processes)
+        return
     if args.replay:
         print(f"gearmand -q redis replay ({os.cpu_count()} cores)", flush=True)
         bench_replay(args.replay)

@@ -77,6 +77,16 @@ class BarrierUnavailable(GearhornError):
     the connection to it broke (its writes may not be on disk). An outage:
     the caller keeps the work and tries again."""
 
+    lost = False  # True: the connection broke since the writes; redo them
+
+
+class RedisLost(BarrierUnavailable):
+    """The connection to a Redis broke after the writes an acknowledgement
+    covers: Redis may have restarted without them (its host lost power).
+    The work is done again, not acknowledged."""
+
+    lost = True
+
 
 class FsyncFailed(GearhornError):
     """The syncer's fsync failed: what the acknowledgement covers may never
@@ -305,6 +315,11 @@ class FsyncBarrier:
                 f"durability = written, which acknowledges before the disk)")
         return int(ticket), epoch
 
+    def mark(self) -> int:
+        """Taken before writes: :meth:`Durability.wait` with it fails if the
+        connection broke after them."""
+        return self.watcher.epoch
+
     def wait(self, ticket: int, epoch: int) -> None:
         """Return once ``ticket`` is on disk; raises FsyncFailed or
         BarrierUnavailable. A slow disk makes this wait, never lie."""
@@ -313,8 +328,8 @@ class FsyncBarrier:
         with watcher.changed:
             while True:
                 if watcher.epoch != epoch:
-                    raise BarrierUnavailable(f"connection to {self.name} lost while waiting "
-                                             "for its fsync")
+                    raise RedisLost(f"connection to {self.name} lost while waiting for "
+                                    "its fsync")
                 outcome = watcher.progress.outcome(ticket)
                 if outcome == "":
                     return
@@ -352,15 +367,24 @@ class Durability:
         self.barriers = list(barriers)
         self.waits = 0  # acknowledgements that waited for a disk (tests, metrics)
 
-    def wait(self) -> None:
-        """Raises BarrierUnavailable (an outage) or FsyncFailed."""
+    def marks(self) -> tuple[int, ...]:
+        """Before the writes an acknowledgement will cover (see :meth:`wait`)."""
+        return tuple(b.mark() for b in self.barriers)
+
+    def wait(self, marks: tuple[int, ...] | None = None) -> None:
+        """Raises BarrierUnavailable (an outage; RedisLost when a connection
+        broke since ``marks`` were taken) or FsyncFailed."""
         needed = [b for b in self.barriers if _needed(b)]
         if not needed:
             return
         try:
             tickets = [(b, *b.ticket()) for b in needed]  # every syncer woken first
         except REDIS_ERRORS as exc:
-            raise BarrierUnavailable(f"fsync barrier: {exc}") from None
+            raise RedisLost(f"fsync barrier: {exc}") from None
+        if marks is not None:
+            for barrier, mark in zip(self.barriers, marks, strict=True):
+                if barrier in needed and barrier.mark() != mark:
+                    raise RedisLost(f"connection to {barrier.name} lost since the writes")
         for barrier, ticket, epoch in tickets:
             barrier.wait(ticket, epoch)
         self.waits += 1

@@ -29,6 +29,7 @@ from gearhorn.store.stats import Stats
 from gearhorn.store.tally import TallyWriter
 from gearhorn.worker.announce import announce_changes
 from gearhorn.worker.cache import InvalidationListener, SubscriberCache
+from gearhorn.worker.commits import Committer, Group
 from gearhorn.worker.delayed import DelayedItem, Releaser
 from gearhorn.worker.fanout import (
     FUNCTIONS,
@@ -59,6 +60,16 @@ def _queue_store(config: Config):
     client = redis.Redis.from_url(config.queue_redis_url, socket_timeout=2,
                                   socket_connect_timeout=1)
     return lambda: client
+
+
+def _warnings(pending: list[tuple[gearman.WorkerConnection, gearman.GrabbedJob, Job]],
+              text: bytes) -> Group:
+    """WORK_WARNING to each job's client (a foreground one sees it)."""
+    def answer(_: str) -> set[gearman.WorkerConnection]:
+        for worker, grabbed, _ in pending:
+            worker.warn(grabbed.handle, text)
+        return {worker for worker, _, _ in pending}
+    return Group(answer, durable=False, size=0)
 
 
 def _jobs_named(taken: list[tuple[object, gearman.GrabbedJob, Job]]) -> str:
@@ -96,7 +107,8 @@ class WorkerProcess:
         self.service = FanoutService(config, self.registry, self.cache, self.client,
                                      observer, tally=self.tally, pressure=pressure)
         self.flusher = Flusher(*(b for b in (self.ledger, self.stats, self.tally) if b))
-        # Answers wait for an fsync that covers them (gearhorn/store/fsync.py).
+        # Answers wait for an fsync that covers them (gearhorn/store/fsync.py),
+        # in a thread of their own while this one takes the next jobs.
         self.durability = fsync.for_config(config, self.redis)
         self.warden = Warden(config, self.redis, observer, self.stats, self.worker_id,
                              queue_store=_queue_store(config))
@@ -120,7 +132,7 @@ class WorkerProcess:
         self.presence_events = announce_changes(config, self.registry, self.warden.registry)
         self.jobs = gearman.JobSource(config.gearman_servers, FUNCTIONS, self.worker_id, tls,
                                       most=config.worker_batch)
-        self.jobs_done = 0
+        self.committer = Committer(self.durability, self._flush, self.jobs.wake)
         self.started = time.time()
         self._draining = threading.Event()
 
@@ -128,6 +140,7 @@ class WorkerProcess:
         """Serve jobs until :meth:`drain` is called (see :meth:`serve` for
         what happens to the jobs in hand)."""
         self.listener.start()
+        self.committer.start()
         self.flusher.start()
         self.releaser.start()
         threading.Thread(target=self._heartbeats, name="gearhorn-heartbeat", daemon=True).start()
@@ -138,7 +151,8 @@ class WorkerProcess:
                  ", ".join(f"{h}:{p}" for h, p in self.config.gearman_servers))
         try:
             while not self._draining.is_set():
-                taken = self.jobs.take(timeout=1.0)
+                taken = [t for group in self.committer.take_redo() for t in group]
+                taken = taken or self.jobs.take(timeout=1.0)
                 if taken:
                     self.serve(taken)
                     self.flusher.poke()  # their counts and tallies
@@ -157,9 +171,10 @@ class WorkerProcess:
         backoff, warned, since = Backoff(0.2), False, time.monotonic()
         while pending:
             try:
+                marks = self.durability.marks()  # before the writes the answers cover
                 for outcomes in self.service.run([job for _, _, job in pending]):
                     done = pending[:len(outcomes)]
-                    self._answer(done, outcomes)
+                    self._answer(done, outcomes, marks)
                     pending = pending[len(outcomes):]
                     if self._draining.is_set():
                         return  # the jobs not started go back to gearmand as we leave
@@ -175,68 +190,60 @@ class WorkerProcess:
                     return
                 if not warned:
                     log.warning("%s waits: %s; retrying with backoff", _jobs_named(pending), exc)
-                    for worker, grabbed, _ in pending:
-                        worker.warn(grabbed.handle, f"{exc}; retrying".encode())
-                    self._flush({worker for worker, _, _ in pending})
+                    self.committer.put(_warnings(pending, f"{exc}; retrying".encode()))
                     warned = True
                 self._draining.wait(backoff.failed())
             except Exception as exc:  # a bug must not kill the worker
                 # Refuse the first job not answered (the culprit, or one of
                 # its group: the others then go the same way) and run the rest.
-                (worker, grabbed, job), pending = pending[0], pending[1:]
-                log.exception("job %s on %s failed", grabbed.handle, job.function)
-                self._refuse(worker, grabbed, job, f"internal error: {type(exc).__name__}: {exc}")
-                self._flush({worker})
-                self.jobs_done += 1
+                culprit, pending = pending[:1], pending[1:]
+                log.exception("job %s on %s failed", culprit[0][1].handle, culprit[0][2].function)
+                self._refuse_all(culprit, f"internal error: {type(exc).__name__}: {exc}")
         if warned:
             log.info("jobs done after %.1fs of outage", time.monotonic() - since)
 
     def _answer(self, done: list[tuple[gearman.WorkerConnection, gearman.GrabbedJob, Job]],
-                outcomes: list[Answer]) -> None:
-        """Answer a group of jobs. Raises ServiceUnavailable, with none of
-        them answered, when no fsync can cover them now."""
+                outcomes: list[Answer], marks: tuple[int, ...]) -> None:
+        """Hand a group's answers to the committer, which sends them once an
+        fsync covers what they acknowledge (gearhorn/worker/commits.py)."""
         # The group's ledger entries are in Redis before its jobs are answered
         # (one round trip a group): a worker killed after answering takes no
         # entry with it, so the reconciliation knows every copy it made.
         self.ledger.flush()
-        failed = self._on_disk(outcomes)
-        for (worker, grabbed, job), outcome in zip(done, outcomes, strict=True):
-            if isinstance(outcome, BadRequest) or failed:
-                reason = str(outcome) if isinstance(outcome, BadRequest) else failed
-                self._refuse(worker, grabbed, job, reason)
-                self.service.record_rejection(job.function, reason)
-            else:
-                worker.complete(grabbed.handle, outcome)
-        self._flush({worker for worker, _, _ in done})
-        self.jobs_done += len(done)
+        for (_, _, job), outcome in zip(done, outcomes, strict=True):
+            if isinstance(outcome, BadRequest):
+                self.service.record_rejection(job.function, str(outcome))
 
-    def _on_disk(self, outcomes: list[Answer]) -> str:
-        """Wait until an fsync covers what these answers acknowledge (the
-        copies in gearmand's queue Redis, the subscriptions and ledger in the
-        registry's): "" once it did, the reason when the fsync failed."""
-        if all(isinstance(outcome, BadRequest) for outcome in outcomes):
-            return ""
-        try:
-            self.durability.wait()
-        except fsync.BarrierUnavailable as exc:
-            raise ServiceUnavailable(str(exc)) from None
-        except fsync.FsyncFailed as exc:
-            log.error("%s", exc)
-            return str(exc)
-        return ""
+        def answer(failed: str) -> set[gearman.WorkerConnection]:
+            for (worker, grabbed, job), outcome in zip(done, outcomes, strict=True):
+                if isinstance(outcome, BadRequest):
+                    self._refuse(worker, grabbed, job, str(outcome))
+                elif failed:  # the fsync covering it failed: the promise cannot be kept
+                    self._refuse(worker, grabbed, job, failed)
+                    self.service.record_rejection(job.function, failed)
+                else:
+                    worker.complete(grabbed.handle, outcome)
+            return {worker for worker, _, _ in done}
+
+        durable = not all(isinstance(outcome, BadRequest) for outcome in outcomes)
+        self.committer.put(Group(answer, durable, marks, [(w, g) for w, g, _ in done],
+                                 len(done)))
 
     def _refuse_all(self, pending: list[tuple[gearman.WorkerConnection, gearman.GrabbedJob, Job]],
                     reason: str) -> None:
-        """Fail every job in hand with ``reason``: the queue store stays full
-        (a fanout must fail within ``fanout_timeout``, not hang). Copies of
-        it gearmand already took stay queued."""
+        """Fail every job in ``pending`` with ``reason`` (the queue store stays
+        full: a fanout must fail within ``fanout_timeout``, not hang; or a
+        bug). Copies of it gearmand already took stay queued."""
         log.warning("%s refused: %s", _jobs_named(pending), reason)
-        for worker, grabbed, job in pending:
-            self._refuse(worker, grabbed, job, reason)
+        for _, _, job in pending:
             self.service.record_rejection(job.function, reason)
         self.ledger.flush()
-        self._flush({worker for worker, _, _ in pending})
-        self.jobs_done += len(pending)
+
+        def answer(_: str) -> set[gearman.WorkerConnection]:
+            for worker, grabbed, job in pending:
+                self._refuse(worker, grabbed, job, reason)
+            return {worker for worker, _, _ in pending}
+        self.committer.put(Group(answer, durable=False, size=len(pending)))
 
     def _store_full_reason(self, exc: Exception) -> str:
         over = self.service.pressure.current()[1] if self.service.pressure else ""
@@ -278,7 +285,7 @@ class WorkerProcess:
         while not self._draining.is_set():
             try:
                 self.registry.heartbeat(self.worker_id, self.config.worker_ttl,
-                                        {**info, "jobs": self.jobs_done})
+                                        {**info, "jobs": self.committer.done})
                 self.janitor.sweep()  # after bridges that died without a word
                 outage.succeeded()
             except REDIS_ERRORS as exc:
@@ -306,6 +313,9 @@ class WorkerProcess:
         self.releaser.stop()
         self.releaser.join(timeout=10)
         self.flusher.stop()
+        if not self.committer.wait_idle(10):  # answers waiting for a disk that never came
+            log.warning("leaving with answers unsent: gearmand gives their jobs to another worker")
+        self.committer.stop()
         self.jobs.close()
         self.durability.close()
         self.client.close()
@@ -316,4 +326,4 @@ class WorkerProcess:
             self.registry.retire(self.worker_id)
         except REDIS_ERRORS as exc:
             log.warning("could not retire %s: %s", self.worker_id, exc)
-        log.info("worker %s stopped after %d jobs", self.worker_id, self.jobs_done)
+        log.info("worker %s stopped after %d jobs", self.worker_id, self.committer.done)
