@@ -147,12 +147,26 @@ def negotiate_version(accept_version: str) -> str | None:
 
 
 def version_error() -> bytes:
-    """The ERROR for a CONNECT with no version in common (the spec's own words)."""
+    """The ERROR for a CONNECT with no version in common: the ``version``
+    header the spec asks for, and RabbitMQ's words in the body (its own
+    STOMP test suite checks them; the spec gives its wording as an example)."""
     return encode("ERROR", {"version": ",".join(SUPPORTED_VERSIONS),
                             "content-type": "text/plain",
                             "message": "no STOMP version in common"},
-                  f"Supported protocol versions are {' '.join(SUPPORTED_VERSIONS)}".encode(),
+                  f"Supported versions are {','.join(SUPPORTED_VERSIONS)}\n".encode(),
                   "1.0")
+
+
+# Headers the broker sets on a MESSAGE, which a SEND may not carry
+# (RabbitMQ refuses these before it looks at the destination).
+NOT_ON_SEND = ("message-id",)
+
+
+def refuse_broker_headers(frame: Frame) -> None:
+    """ERROR ``Invalid header`` for a SEND carrying a header only a MESSAGE has."""
+    for name in NOT_ON_SEND:
+        if name in frame.headers:
+            raise ProtocolError(f"'{name}' is not allowed on 'SEND'.\n", INVALID_HEADER)
 
 
 def settle_target(frame: Frame, version: str) -> str:

@@ -22,6 +22,7 @@ from gearhorn.stomp.rules import (
     Transactions,
     options_of,
     parse_destination,
+    refuse_broker_headers,
     require,
     sendable,
 )
@@ -62,6 +63,8 @@ class Sends:
         """Consecutive SENDs to one destination, as one batch."""
         s = self.session
         try:
+            for frame in batch:
+                refuse_broker_headers(frame)
             dest = parse_destination(batch[0].headers["destination"])
             self.check(dest)
             bodies = [f.body for f in batch]
@@ -79,6 +82,7 @@ class Sends:
             s.receipt(frame)
 
     def on_send(self, frame: Frame) -> None:
+        refuse_broker_headers(frame)
         require(frame, "destination")
         if self.session.transactions.hold(frame):
             return

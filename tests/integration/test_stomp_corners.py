@@ -93,7 +93,7 @@ def test_no_version_in_common_gets_the_list_of_versions(raw_clients):
     client.frame("CONNECT", {"accept-version": "2.0,2.1", "host": "x"})
     error = client.expect("ERROR")
     assert error.headers["version"] == "1.0,1.1,1.2"
-    assert error.body == b"Supported protocol versions are 1.0 1.1 1.2"
+    assert error.body == b"Supported versions are 1.0,1.1,1.2\n"  # RabbitMQ's words
     assert closed(client)
 
 

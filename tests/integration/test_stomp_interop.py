@@ -223,6 +223,34 @@ def test_errors_use_the_words_people_grep_for(bridge, command, headers, message,
         raw.close()
 
 
+def test_rabbitmqs_unsupported_version_case(bridge):
+    """RabbitMQ's STOMP suite (connect_options.py, test_unsupported_version):
+    a CONNECT with no version in common gets its words in the ERROR's body."""
+    raw = RawClient(bridge.port, version="1.0")
+    try:
+        raw.frame("CONNECT", {"accept-version": "100.1", "host": "/", "login": "guest",
+                              "passcode": "guest"})
+        error = raw.expect("ERROR")
+        assert error.body == b"Supported versions are 1.0,1.1,1.2\n"
+        assert error.headers["version"] == "1.0,1.1,1.2"
+    finally:
+        raw.close()
+
+
+@pytest.mark.parametrize("destination", ["a", "/queue/q"])
+def test_rabbitmqs_bad_header_on_send_case(bridge, destination):
+    """RabbitMQ's STOMP suite (parsing.py, test_bad_header_on_send): a SEND
+    carrying ``message-id`` is refused before its destination is looked at."""
+    raw = RawClient(bridge.port)
+    raw.connect()
+    try:
+        message, detail = error_of(raw, "SEND", {"destination": destination, "message-id": "1"})
+        assert message == "Invalid header"
+        assert detail == "'message-id' is not allowed on 'SEND'.\n"
+    finally:
+        raw.close()
+
+
 def test_a_duplicated_subscription_id_and_a_frame_before_connect_are_named_as_elsewhere(
         bridge):
     raw = RawClient(bridge.port)
