@@ -12,10 +12,12 @@ if ($mode === 'call') {
     $client = new GearmanClient();
     $client->addServer($host, (int)$port);
     $client->setTimeout(60000);
+    $started = microtime(true);
     $result = $client->doNormal($function, $arg);
     $code = $client->returnCode();
     echo json_encode(['status' => $code === GEARMAN_SUCCESS ? 'complete' : 'failed',
-                      'code' => $code, 'data' => $result, 'error' => $client->error()]), "\n";
+                      'code' => $code, 'data' => $result, 'error' => $client->error(),
+                      'seconds' => microtime(true) - $started]), "\n";
 } elseif ($mode === 'background') {
     $client = new GearmanClient();
     $client->addServer($host, (int)$port);

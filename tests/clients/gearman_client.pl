@@ -10,6 +10,7 @@ use Digest::SHA qw(sha256_hex);
 use Gearman::Client;
 use Gearman::Worker;
 use JSON::PP;
+use Time::HiRes qw(time);
 
 $| = 1;
 my ($mode, $host, $port, $function, $arg) = @ARGV;
@@ -18,11 +19,12 @@ my $json = JSON::PP->new->canonical;
 if ($mode eq 'call') {
     my $client = Gearman::Client->new(job_servers => ["$host:$port"]);
     my $failed;
+    my $started = time;
     my $result = $client->do_task($function, $arg,
                                   {timeout => 60, on_fail => sub { $failed = shift }});
     print $json->encode({status => defined $result ? 'complete' : 'failed',
                          data => defined $result ? $$result : undef,
-                         error => $failed}), "\n";
+                         error => $failed, seconds => time - $started}), "\n";
 } elsif ($mode eq 'background') {
     my $client = Gearman::Client->new(job_servers => ["$host:$port"]);
     my $handle = $client->dispatch_background($function, $arg, {});

@@ -25,12 +25,14 @@ def connected(cls, host, port):
 def call(host, port, function, data):
     client = connected(gear.Client, host, port)
     job = gear.Job(function, data.encode(), unique=None)
+    started = time.monotonic()
     client.submitJob(job, timeout=60)
     deadline = time.monotonic() + 90
     while not job.complete and time.monotonic() < deadline:
-        time.sleep(0.01)
+        time.sleep(0.001)
     status = "exception" if job.exception else "failed" if job.failure else "complete"
-    say({"status": status, "data": b"".join(job.data).decode("utf-8", "replace")})
+    say({"status": status, "data": b"".join(job.data).decode("utf-8", "replace"),
+         "seconds": time.monotonic() - started})
 
 
 def background(host, port, function, data):

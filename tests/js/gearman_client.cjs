@@ -12,14 +12,20 @@ const sha256 = (data) => crypto.createHash('sha256').update(data).digest('hex')
 const say = (obj) => process.stdout.write(JSON.stringify(obj) + '\n')
 
 if (mode === 'call') {
+  let started = 0
   const end = (status) => (job) => {
-    say({status, data: job.payload ? job.payload.toString('utf8') : null})
+    say({status, data: job.payload ? job.payload.toString('utf8') : null,
+         seconds: (Date.now() - started) / 1000})
     conn.close()
   }
   conn.on('WORK_COMPLETE', end('complete'))
   conn.on('WORK_FAIL', end('failed'))
   conn.on('WORK_EXCEPTION', end('exception'))
-  conn.connect(() => { conn.setOption('exceptions'); conn.submitJob(func, Buffer.from(arg)) })
+  conn.connect(() => {
+    conn.setOption('exceptions')
+    started = Date.now()
+    conn.submitJob(func, Buffer.from(arg))
+  })
 } else if (mode === 'background') {
   conn.on('JOB_CREATED', (handle) => { say({handle}); conn.close() })
   conn.connect(() => conn.submitJob(func, Buffer.from(arg), {background: true}))
