@@ -54,6 +54,10 @@ class Verdict:
     depth: int
     size: int  # payload bytes queued (estimated for a partly consumed entry)
     oldest_ms: int | None  # when the oldest queued copy was queued
+    # reject-publish: the copies and payload bytes it may still take (None:
+    # that kind is not limited; both None for drop-head queues)
+    room: int | None = None
+    room_bytes: int | None = None
 
     @property
     def takes(self) -> int:
@@ -137,7 +141,12 @@ def judge(tallied: Tallied, depth: int, running: int, limits: Limits, now_ms: in
     expire = max(0, min(expire - running, waiting))
     drop = max(0, min(drop, waiting - expire))
     oldest = queued[0].at_ms if queued and queued[0].at_ms >= 0 else None
-    return Verdict(consumed, expire, drop, reason, full, depth, size, oldest)
+    room = room_bytes = None
+    if limits.overflow != DROP_HEAD:
+        room = limits.max_length - length if limits.max_length else 1 << 60  # bytes only
+        room_bytes = limits.max_bytes - left_size if limits.max_bytes else None
+    return Verdict(consumed, expire, drop, reason, full, depth, size, oldest, room, room_bytes)
+
 
 
 def _head_size(queued: list[_Queued], copies: int) -> int:

@@ -16,6 +16,8 @@ Redis the braces are just characters.
 ``<p>history-ids:{T}``          sorted set: the workers' message ids appended to T's
                                 history in the last 2 minutes -> when (ms), so a fanout
                                 run again is appended once
+``<p>room``                     hash: the room of each ``reject-publish`` queue, and what
+                                workers claimed of it (gearhorn/store/room.py)
 ``<p>unique:{T}:<u>``           string: the job of the last fanout to topic T with the
                                 JSON ``unique`` u, for ``dedup_window``: a second one
                                 is coalesced by gearmand and says so (store/dedup.py)
@@ -135,6 +137,10 @@ class Keys:
 
     def dedup(self, topic: str, dedup_id: str) -> str:
         return f"{self.prefix}dedup:{{{topic}}}:{dedup_id}"
+
+    @property
+    def room(self) -> str:
+        return f"{self.prefix}room"
 
     def coalesce(self, topic: str, unique: str) -> str:
         return f"{self.prefix}unique:{{{topic}}}:{unique}"

@@ -14,13 +14,14 @@ from dataclasses import dataclass
 
 import redis
 
-from gearhorn.limits import Limits, limits_from_json
+from gearhorn.limits import REJECT_PUBLISH, Limits, limits_from_json
 from gearhorn.messages import PREFIX_WILDCARD, Subscription, queue_name
 from gearhorn.naming import is_stream_client, process_id
 from gearhorn.store.directcalls import DirectCalls
 from gearhorn.store.keys import Keys
 from gearhorn.store.liveness import Liveness
 from gearhorn.store.redisutil import ScriptCall, script, text
+from gearhorn.store.room import open_room
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,7 +117,13 @@ class Registry:
             limits = self.subscription(queue)[1]
         entry = {"topic": sub.topic, "client_id": sub.client_id, "since": time.time(),
                  "limits": limits.said(), "bridge": sub.bridge, "durable": sub.durable}
-        self.redis.hset(self.keys.subscriptions, queue, json.dumps(entry))
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.hset(self.keys.subscriptions, queue, json.dumps(entry))
+        if limits.overflow == REJECT_PUBLISH:
+            # Room from the first copy on, not from the warden's first round
+            # (store/room.py): a new queue is empty; a known one keeps its room.
+            open_room(pipe, self.keys, queue, limits.max_length, limits.max_bytes)
+        pipe.execute()
 
     def bound_queue(self, queue: str, limits: Limits) -> None:
         """A plain queue (a STOMP ``/queue/``) bounded like a subscriber's:

@@ -1,11 +1,20 @@
 """Which subscribers get a fanout's copies, and the copies themselves, each
-with its unique key: pure, no I/O."""
+with its unique key: pure, but for the room a reject-publish queue is asked
+for (:func:`claim_room`, through the store)."""
 
 from __future__ import annotations
 
 from gearhorn import gearman
 from gearhorn.messages import Fanout, copy_unique
 from gearhorn.store.registry import Recipient
+from gearhorn.store.room import RoomKeeper
+
+
+def plain(request: Fanout) -> bool:
+    """A fanout that needs nothing but its copies queued (a worker runs a
+    series of them as one group)."""
+    return (request.background and request.deliver_at is None and not request.headers
+            and request.dedup_id is None and request.unique is None)
 
 
 def admit(recipients: tuple[Recipient, ...], full: frozenset[str]
@@ -15,6 +24,37 @@ def admit(recipients: tuple[Recipient, ...], full: frozenset[str]
         return recipients, ()
     return (tuple(r for r in recipients if r.queue not in full),
             tuple(r for r in recipients if r.queue in full))
+
+
+def claim_room(room: RoomKeeper, bounded: frozenset[str], request: Fanout,
+               kept: tuple[Recipient, ...], refused: tuple[Recipient, ...]
+               ) -> tuple[tuple[Recipient, ...], tuple[Recipient, ...], dict[str, int]]:
+    """Claim room in the reject-publish queues among ``kept`` (one Redis
+    call, only when there are some): those with room for none of the
+    messages join ``refused``; ``cut`` maps a queue with room for some to
+    how many (the first ones) it takes (gearhorn/store/room.py)."""
+    claims = [r for r in kept if r.queue in bounded]
+    if not claims:
+        return kept, refused, {}
+    taken = dict(zip((r.queue for r in claims),
+                     room.claim([r.queue for r in claims], [len(b) for b in request.bodies]),
+                     strict=True))
+    none = {q for q, k in taken.items() if k == 0}
+    cut = {q: k for q, k in taken.items() if 0 < k < len(request.bodies)}
+    return (tuple(r for r in kept if r.queue not in none),
+            refused + tuple(r for r in kept if r.queue in none), cut)
+
+
+def cut_copies(per: list[list[gearman.Copy]], cut: dict[str, int]
+               ) -> tuple[list[list[gearman.Copy]], list[tuple[int, gearman.Copy]]]:
+    """The copies each queue of ``cut`` has room for (its first messages),
+    and the others, each with the index of its message."""
+    if not cut:
+        return per, []
+    kept = [[c for c in copies if cut.get(c.function, i + 1) > i] for i, copies in enumerate(per)]
+    left = [(i, c) for i, copies in enumerate(per) for c in copies
+            if cut.get(c.function, i + 1) <= i]
+    return kept, left
 
 
 def make_copies(request: Fanout, message_ids: list[str], recipients: tuple[Recipient, ...],

@@ -35,10 +35,11 @@ from gearhorn.store.history import Entry, History
 from gearhorn.store.presence import Presence
 from gearhorn.store.redisconn import REDIS_ERRORS
 from gearhorn.store.registry import Recipient, Registry
+from gearhorn.store.room import RoomKeeper
 from gearhorn.store.tally import TallyWriter
 from gearhorn.worker import foreground
 from gearhorn.worker.cache import SubscriberCache
-from gearhorn.worker.copies import admit, flat, make_copies
+from gearhorn.worker.copies import admit, claim_room, cut_copies, flat, make_copies, plain
 from gearhorn.worker.delayed import DelayedItem, Scheduler
 from gearhorn.worker.pressure import Pressure
 
@@ -130,6 +131,7 @@ class FanoutService:
         self.headers = HeaderStore(registry.redis, registry.keys, config.headers_ttl)
         self.dedup = Deduplicator(registry.redis, registry.keys, config.dedup_window)
         self.history = History(registry.redis, registry.keys, config.history_policy)
+        self.room = RoomKeeper(registry.redis, registry.keys)
         self.scheduler = Scheduler(registry.redis, registry.keys, config.delay_shard_seconds,
                                    config.delay_lease, config.delay_lanes)
         self._sleep = sleep  # between retries of failed copies
@@ -203,11 +205,11 @@ class FanoutService:
                     request = parse_fanout(job.data, self.config.max_payload_bytes)
                 except BadRequest as exc:
                     refused = exc
-            plain = request is not None and _plain(request)
-            if run and not (plain and request.priority == run[0][1].priority):
+            grouped = request is not None and plain(request)
+            if run and not (grouped and request.priority == run[0][1].priority):
                 yield run
                 run = []
-            if plain:
+            if grouped:
                 run.append((job, request))
             else:
                 yield job, request, refused
@@ -244,9 +246,17 @@ class FanoutService:
         """A fanout's copies for the subscribers the look-up ``resolved``,
         but the full reject-publish ones (recorded as not made)."""
         kept, refused = admit(resolved, full)
-        per = self._copies(request, message_ids, kept, header_ids)
+        cut: dict[str, int] = {}
+        if self.pressure is not None:
+            kept, refused, cut = claim_room(self.room, self.pressure.bounded, request, kept,
+                                            refused)
+        per, left = cut_copies(self._copies(request, message_ids, kept, header_ids), cut)
         self._refused(request, message_ids, refused, header_ids)
-        return _Made(request, message_ids, per, kept, refused, len(resolved))
+        if left:  # reject-publish queues with room for the first messages only
+            self.observer.not_made(FULL, request.topic, [
+                (message_ids[i], copy.function, copy.unique) for i, copy in left])
+        partly = tuple(r for r in kept if r.queue in cut)
+        return _Made(request, message_ids, per, kept, refused + partly, len(resolved))
 
     def _pressure(self) -> tuple[frozenset[str], str]:
         return self.pressure.current() if self.pressure else (frozenset(), "")
@@ -411,7 +421,8 @@ class FanoutService:
         outcomes, tries = foreground.run_copies(client, copies, request.priority, placed,
                                                 attempts, config.fanout_timeout,
                                                 config.retry_backoff, self._sleep)
-        targets = made.recipients * len(request.bodies)
+        by_queue = {r.queue: r for r in made.recipients}
+        targets = [by_queue[c.function] for c in copies]
         failed = foreground.failures(targets, outcomes, copies, tries)
         answers = {"completed": len(copies) - len(failed), "failed": [f for f, _ in failed],
                    "_failed": failed}
@@ -427,12 +438,6 @@ class FanoutService:
 def _full(refused: tuple[Recipient, ...]) -> dict[str, object]:
     """The result's ``full``: subscribers whose queue took no copy."""
     return {"full": [r.client_id for r in refused]} if refused else {}
-
-
-def _plain(request: Fanout) -> bool:
-    """A fanout that needs nothing but its copies queued."""
-    return (request.background and request.deliver_at is None and not request.headers
-            and request.dedup_id is None and request.unique is None)
 
 
 def _ids(message_ids: list[str]) -> dict[str, object]:

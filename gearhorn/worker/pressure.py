@@ -30,6 +30,8 @@ class Pressure:
         self.clock = clock
         self.full: frozenset[str] = frozenset()
         self.over = ""  # why the queue store takes no more, or empty
+        # reject-publish queues whose room a fanout claims first (store/room.py)
+        self.bounded: frozenset[str] = frozenset()
         self._read_at: float | None = None
 
     def current(self) -> tuple[frozenset[str], str]:
@@ -40,12 +42,14 @@ class Pressure:
             pipe = self.redis.pipeline(transaction=False)
             pipe.smembers(self.keys.full)
             pipe.hget(self.keys.store, "over")
+            pipe.hkeys(self.keys.room)
             try:
-                full, over = pipe.execute()
+                full, over, room = pipe.execute()
             except REDIS_ERRORS:
                 return self.full, self.over
             self.full = frozenset(text(q) for q in full)
             self.over = text(over or b"")
+            self.bounded = frozenset(text(f) for f in room if b" " not in f)
         return self.full, self.over
 
     def announced(self, data: bytes | str) -> None:

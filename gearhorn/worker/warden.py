@@ -52,6 +52,7 @@ from gearhorn.store.keys import Keys
 from gearhorn.store.redisconn import REDIS_ERRORS
 from gearhorn.store.redisutil import text
 from gearhorn.store.registry import Registry
+from gearhorn.store.room import RoomKeeper
 from gearhorn.store.stats import Stats
 from gearhorn.store.tally import TallyReader
 
@@ -216,6 +217,8 @@ class Warden:
         self.reaper = Reaper(config.gearman_servers, headers,
                              DeadLetterIndex(client, self.keys, stats), config.gearman_tls)
         self.queue_store = queue_store
+        self.room = RoomKeeper(client, self.keys)  # reject-publish: room claimed at copy time
+        self._claimed_before: dict[str, tuple[int, int]] | None = None
         self._full: set[str] = set()
         self._over = ""
 
@@ -237,6 +240,10 @@ class Warden:
         subscriptions = {queue: sub for queue, sub in self.registry.subscriptions().items()
                          if not is_stream_client(sub[0].get("client_id", ""))}
         sums = self.tally.sums(list(subscriptions))
+        # What workers claimed up to the last round: copies claimed since may
+        # not be in gearmand's count yet, so they are taken off the room too.
+        claimed_now = self.room.claimed()
+        claimed_before = claimed_now if self._claimed_before is None else self._claimed_before
         loads = gearmand_loads(self.config.gearman_servers, self.config.gearman_tls)
         active = {q: s for q, s in sums.items() if s[0] or q in loads}
         tallies = self.tally.read(active)
@@ -260,6 +267,9 @@ class Warden:
                                         load.depth, verdict.size, age, load.workers,
                                         limits.describe()))
         self._mark_full(full)
+        self.room.set([(q, v.room, v.room_bytes) for q, v in verdicts.items()
+                       if v.room is not None], claimed_before)
+        self._claimed_before = claimed_now
         self._publish(backlogs, now)
         return verdicts
 

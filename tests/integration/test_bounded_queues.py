@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import threading
 import time
 
 import pytest
@@ -145,6 +146,42 @@ def test_reject_publish_lists_the_full_subscriber_and_leaves_the_others_alone(
     assert foreground["full"] == ["capped"] and foreground["failed"] == []
     assert bodies_of(drain_jobs(gearmand, capped)) == [f"a{i}" for i in range(5)] + early
     assert sorted(reason for reason, _ in dropped(redis_url, capped)) == ["full"] * 3
+
+
+@pytest.mark.cluster_too
+def test_a_burst_never_takes_a_reject_publish_queue_past_its_limit(
+        gearmand, start_pool, gc, redis_url):
+    """Three fanouts of 100 messages at once, from two workers, to a
+    max_length 5 reject-publish subscriber: it takes the first 5, as
+    RabbitMQ's x-overflow reject-publish does, and never more (before the
+    room was claimed at copy time, it held all 300 until the warden's next
+    round)."""
+    start_pool([gearmand], processes=2, env=BRISK)
+    topic = unique_topic("burst")
+    subscribe(gc, topic, "capped", max_length=5, overflow="reject-publish")
+    subscribe(gc, topic, "other")
+    clients = [GearClient(gearmand) for _ in range(3)]
+    results = [None] * 3
+
+    def send(n):
+        results[n] = publish(clients[n], topic, [f"{n}-{i}" for i in range(100)])
+    senders = [threading.Thread(target=send, args=(n,)) for n in range(3)]
+    try:
+        for sender in senders:
+            sender.start()
+        for sender in senders:
+            sender.join(60)
+    finally:
+        for client in clients:
+            client.close()
+    assert all(r is not None for r in results), results
+    capped = bodies_of(drain_jobs(gearmand, f"{topic}_capped"))
+    assert len(capped) == 5, capped
+    assert len(bodies_of(drain_jobs(gearmand, f"{topic}_other"))) == 300
+    assert sum(r["copies"] for r in results) == 305
+    assert sum(r.get("full", []) == ["capped"] for r in results) >= 2  # said so
+    wait_for(lambda: len(dropped(redis_url, f"{topic}_capped")) == 295, timeout=30,
+             message="every copy not made in the ledger")
 
 
 def consume_one(gearmand, queue, out, timeout_ms):

@@ -18,6 +18,8 @@ pytestmark = pytest.mark.timeout(10)
 class Over:
     """A queue store over its guard, until told otherwise."""
 
+    bounded = frozenset()  # no reject-publish queue here
+
     def __init__(self):
         self.reason = "queue store full: 95 MiB of 100 MiB used"
 

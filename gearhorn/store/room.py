@@ -1,0 +1,72 @@
+"""Room in ``reject-publish`` queues, claimed before copies are made, so a
+burst of fanouts cannot pass a queue's limit between two warden rounds
+(RabbitMQ's ``x-overflow: reject-publish`` never does).
+
+The warden sets each such queue's room every round from gearmand's count,
+less what workers claimed meanwhile (``lua/room_set.lua``); a worker claims
+room for a fanout's copies in one call (``lua/room_claim.lua``) and makes
+no copy for a queue that may be full. The room shrinks with every copy
+made and grows only at the warden's next round, when gearmand says what
+was consumed: a queue may refuse copies it had room for until then, never
+take one it had no room for. One hash, ``<p>room``, holds only
+reject-publish queues, so a fanout to other queues costs nothing more.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+import redis
+
+from gearhorn.store.keys import Keys
+from gearhorn.store.redisutil import script, text
+
+# The room of a queue limited by bytes only, in copies.
+UNLIMITED = 1 << 60
+
+Room = tuple[str, int, int | None]  # queue, copies it may take, bytes (None: no limit)
+
+
+def open_room(pipe: redis.client.Pipeline, keys: Keys, queue: str, max_length: int | None,
+              max_bytes: int | None) -> None:
+    """A new reject-publish subscription's room, unless it has one already."""
+    pipe.hsetnx(keys.room, queue, max_length or UNLIMITED)
+    if max_bytes:
+        pipe.hsetnx(keys.room, f"{queue} bytes", max_bytes)
+
+
+class RoomKeeper:
+    def __init__(self, client: redis.Redis, keys: Keys) -> None:
+        self.redis, self.key = client, keys.room
+        self._claim = script(client, "room_claim.lua")
+        self._set = script(client, "room_set.lua")
+
+    def bounded(self) -> frozenset[str]:
+        """The reject-publish queues the warden knows (their claims matter)."""
+        return frozenset(text(f) for f in self.redis.hkeys(self.key) if b" " not in f)
+
+    def claim(self, queues: Sequence[str], sizes: Sequence[int]) -> list[int]:
+        """How many of a fanout's messages (of ``sizes`` bytes, in order)
+        each queue takes: the first ones that fit its room."""
+        if not queues:
+            return []
+        args = [len(sizes), *sizes, *queues]
+        return [int(k) for k in self._claim(keys=[self.key], args=args)]
+
+    def claimed(self) -> dict[str, tuple[int, int]]:
+        """What workers claimed ever, per queue (the warden's round starts here)."""
+        found: dict[str, list[int]] = {}
+        for field, value in self.redis.hgetall(self.key).items():
+            queue, _, kind = text(field).partition(" ")
+            if kind in ("claimed", "claimed-bytes"):
+                found.setdefault(queue, [0, 0])[kind == "claimed-bytes"] = int(value)
+        return {q: (c, b) for q, (c, b) in found.items()}
+
+    def set(self, rooms: Iterable[Room], at_start: dict[str, tuple[int, int]]) -> None:
+        """Each reject-publish queue's room after a round; the others forgotten."""
+        args: list[object] = []
+        for queue, room, room_bytes in rooms:
+            claimed, claimed_bytes = at_start.get(queue, (0, 0))
+            args += [queue, room, "" if room_bytes is None else room_bytes, claimed,
+                     claimed_bytes]
+        self._set(keys=[self.key], args=args)
