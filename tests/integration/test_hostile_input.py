@@ -113,7 +113,7 @@ def test_a_flood_of_connections_is_refused_beyond_the_limit(gearmand, start_pool
     # Over max_payload_bytes, set to 1 MB below: the gearman tool takes 35 s to
     # read 7 MB from stdin (gearhorn's own client sends it in 0.9 s), and the
     # check before parsing is the same at any limit.
-    (b'{"topic": "t", "payload": "' + b"x" * 1_200_000 + b'"}', "over the limit"),
+    (b'{"topic": "t", "payload": "' + b"x" * 1_200_000 + b'"}', "over max_payload_bytes"),
     (b"\xff\xfe{}", "job is not UTF-8"),
 ])
 def test_json_bombs_and_bad_names_fail_the_job_and_the_pool_serves_on(
