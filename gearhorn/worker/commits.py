@@ -48,10 +48,14 @@ class Group:
 
 class Committer(threading.Thread):
     def __init__(self, durability: Durability, flush: Callable[[set], None],
-                 wake: Callable[[], None], most: int = 8) -> None:
+                 wake: Callable[[], None], most: int = 8,
+                 leaving: threading.Event | None = None) -> None:
         super().__init__(name="gearhorn-commit", daemon=True)
         self.durability, self._flush, self._wake = durability, flush, wake
         self.most = most
+        # Set when the worker leaves: a group that cannot be queued then is
+        # dropped unanswered (gearmand gives its jobs to another worker).
+        self.leaving = leaving or threading.Event()
         self.done = 0  # jobs answered
         self._waiting: deque[Group] = deque()
         self._redo: list[object] = []
@@ -60,9 +64,13 @@ class Committer(threading.Thread):
         self._stopping = False
 
     def put(self, group: Group) -> None:
-        """Queue a group's answers (waits while ``most`` groups wait)."""
+        """Queue a group's answers (waits while ``most`` groups wait: the
+        worker takes no more jobs than the disk keeps up with)."""
         with self._changed:
-            self._changed.wait_for(lambda: len(self._waiting) < self.most or self._stopping)
+            while len(self._waiting) >= self.most and not self._stopping:
+                if self.leaving.is_set():
+                    return
+                self._changed.wait(0.5)
             self._waiting.append(group)
             self._changed.notify_all()
 

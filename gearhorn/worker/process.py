@@ -132,9 +132,10 @@ class WorkerProcess:
         self.presence_events = announce_changes(config, self.registry, self.warden.registry)
         self.jobs = gearman.JobSource(config.gearman_servers, FUNCTIONS, self.worker_id, tls,
                                       most=config.worker_batch)
-        self.committer = Committer(self.durability, self._flush, self.jobs.wake)
-        self.started = time.time()
         self._draining = threading.Event()
+        self.committer = Committer(self.durability, self._flush, self.jobs.wake,
+                                   leaving=self._draining)
+        self.started = time.time()
 
     def run(self) -> None:
         """Serve jobs until :meth:`drain` is called (see :meth:`serve` for

@@ -96,3 +96,24 @@ def test_a_redis_lost_after_the_writes_sends_the_group_back_to_run_again(committ
     assert woken.wait(10) and c.wait_idle(10)
     assert log == [] and c.take_redo() == ["a"] and c.take_redo() == []
     assert disk.waits == [(3,)]
+
+
+def test_a_worker_leaving_while_answers_wait_for_the_disk_is_not_held_back():
+    """With every slot waiting for a disk that does not come, a group that
+    cannot be queued is dropped once the worker leaves: gearmand gives its
+    jobs to another worker."""
+    disk, leaving = Disk(), threading.Event()
+    c = Committer(disk, lambda workers: None, lambda: None, most=1, leaving=leaving)
+    c.start()
+    log = []
+    try:
+        c.put(group("a", log))  # waits for the disk
+        while not disk.waits:
+            threading.Event().wait(0.001)
+        c.put(group("b", log))  # queued behind it: the slot is full now
+        leaving.set()
+        c.put(group("c", log))  # returns, dropped
+    finally:
+        disk.open.set()
+        c.stop()
+    assert ("c", "") not in log
