@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import contextlib
+import os
+import pathlib
 import shutil
 
-from tests.conftest import missing, require_module
+from tests.conftest import missing, require_binary, require_module
+
+JS_DIR = os.path.join(os.path.dirname(__file__), "..", "js")
 
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update",
@@ -77,3 +81,16 @@ def static_site(folder, files):
     finally:
         web.shutdown()
         web.server_close()
+
+
+def node_modules():
+    """tests/js/node_modules (tools/ensure-env --test runs npm ci there)."""
+    require_binary("node", "nodejs")
+    folder = os.path.join(JS_DIR, "node_modules", "@stomp", "stompjs")
+    if not os.path.isdir(folder):
+        missing("tests/js/node_modules is missing: run tools/ensure-env --test")
+    return os.path.join(JS_DIR, "node_modules")
+
+
+def stompjs_bundle():
+    return pathlib.Path(node_modules(), "@stomp", "stompjs", "bundles", "stomp.umd.min.js")

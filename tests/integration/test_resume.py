@@ -12,7 +12,7 @@ import redis
 from gearhorn.client import Consumer, Producer
 from gearhorn.store.keys import Keys
 
-from .browser import browser, static_site, stomp_page
+from .browser import browser, static_site, stomp_page, stompjs_bundle
 from .helpers import unique_topic, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
@@ -203,8 +203,6 @@ client.activate();
 
 def test_a_browser_resumes_after_its_websocket_is_cut(gearmand, start_pool, start_bridge,
                                                       tmp_path):
-    from .test_websocket import stompjs_bundle
-
     start_pool([gearmand], processes=2, env=HISTORY)
     bridge = start_bridge([gearmand], env=HISTORY, websocket=True)
     topic = unique_topic("resume.")

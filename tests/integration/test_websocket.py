@@ -6,21 +6,17 @@ in headless Chromium."""
 import contextlib
 import json
 import os
-import pathlib
 import subprocess
 
 import pytest
 from wsproto.events import Message
 
-from tests.conftest import missing, require_binary
-
-from .browser import browser, static_site, stomp_page
+from .browser import JS_DIR, browser, node_modules, static_site, stomp_page, stompjs_bundle
 from .helpers import gearman_cli, self_signed_certificate, unique_topic, wait_for
 from .stomp_helpers import WsClient, error_detail
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
-JS_DIR = os.path.join(os.path.dirname(__file__), "..", "js")
 CONNECT = b"CONNECT\naccept-version:1.0,1.1,1.2\nhost:x\n\n\0"
 
 
@@ -155,15 +151,6 @@ def test_wss_with_the_bridge_certificate(gearmand, start_pool, start_bridge, ws_
 # -- real JavaScript clients ------------------------------------------------------------
 
 
-def node_modules():
-    """tests/js/node_modules (tools/ensure-env --test runs npm ci there)."""
-    require_binary("node", "nodejs")
-    folder = os.path.join(JS_DIR, "node_modules", "@stomp", "stompjs")
-    if not os.path.isdir(folder):
-        missing("tests/js/node_modules is missing: run tools/ensure-env --test")
-    return os.path.join(JS_DIR, "node_modules")
-
-
 def test_stompjs_under_node_subscribes_and_publishes(gearmand, stack, gearman_cli_tool):
     node_modules()
     topic, queue = unique_topic(), unique_topic("q")
@@ -240,7 +227,3 @@ def test_a_browser_page_gets_a_fanout_and_publishes_to_a_queue(gearmand, stack, 
             out = gearman_cli(gearmand, "-w", "-c", "1", "-f", queue)
             assert out.stdout == b"from-the-browser"
             assert not page.locator("#log li:text-matches('^error')").count()
-
-
-def stompjs_bundle():
-    return pathlib.Path(node_modules(), "@stomp", "stompjs", "bundles", "stomp.umd.min.js")
