@@ -43,7 +43,10 @@ def start_pool(gm: servers.Managed, redis_url: str, processes: int,
     pool = subprocess.Popen(
         [sys.executable, "-m", "gearhorn", "worker", "--processes", str(processes),
          "--gearman", gm.address, "--redis-url", redis_url, "--log-level", "WARNING"],
-        env={**os.environ, "GEARHORN_LEDGER_ENABLED": str(ledger).lower(), **(env or {})},
+        # gearmand here keeps no queue (start_gearmand's default): no queue
+        # Redis for the acknowledgements to wait for (gearhorn/store/fsync.py).
+        env={**os.environ, "GEARHORN_PERSISTENCE": "none",
+             "GEARHORN_LEDGER_ENABLED": str(ledger).lower(), **(env or {})},
         preexec_fn=servers.die_with_parent)
     registry = Registry(redisconn.connect(redis_url), Keys())
     deadline = time.monotonic() + 60

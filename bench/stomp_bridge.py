@@ -170,7 +170,9 @@ class Gearhorn:
         # Queues unbounded, as RabbitMQ's are by default: with its default
         # bound (10,000, drop-head) a producer that outruns its subscribers
         # loses the oldest copies, and a run would count them forever.
-        env = {"GEARHORN_QUEUE_MAX_LENGTH": "0", **os.environ,
+        # gearmand here keeps no queue: persistence none, so acknowledgements
+        # wait for no queue Redis (gearhorn/store/fsync.py).
+        env = {"GEARHORN_QUEUE_MAX_LENGTH": "0", "GEARHORN_PERSISTENCE": "none", **os.environ,
                "GEARHORN_LOG_LEVEL": os.environ.get("BENCH_LOG_LEVEL", "WARNING")}
         common = ["--gearman", self.gearmand.address, "--redis-url", self.redis.details["url"]]
         self.pool = subprocess.Popen([sys.executable, "-m", "gearhorn", "worker",

@@ -14,7 +14,7 @@ from gearhorn.client import Producer
 from .helpers import drain_jobs, queue_depth
 from .stomp_helpers import BridgeProcess, StompClient
 
-MESSAGES = 10_000
+MESSAGES = 5_000
 SUBSCRIBERS = 10
 # The Gearman subscribers here read only after the broadcast: their queues
 # hold every message (the default cap, 10,000 copies, would drop the first).
