@@ -3,6 +3,8 @@
     python bench/fanout.py            # everything (about 2 minutes on 2 cores)
     python bench/fanout.py --quick    # smaller counts, for a smoke run
     python bench/fanout.py --ledger-cost   # throughput with the delivery ledger on vs off
+    python bench/fanout.py --setting-cost GEARHORN_REALTIME_HISTORY_SIZE=0 --turns 4
+                                           # the defaults against one setting, in turns
 
 Starts its own redis-server and gearmand on free loopback ports (they stop
 with this process) and a ``gearhorn worker`` pool, then measures:
@@ -165,6 +167,44 @@ def bench_ledger_cost(gm, registry, redis_url, processes: int, quick: bool) -> N
               f"off {off:>9,.0f} copies/s   cost {100 * (1 - on / off):5.1f}%", flush=True)
 
 
+def bench_setting_cost(gm, redis_url, processes: int, quick: bool, setting: str,
+                       turns: int) -> None:
+    """The same fanouts with the pool on its defaults and with ``setting``
+    (NAME=VALUE, an environment variable), in alternating turns (A B, B A,
+    ...); the medians, and each turn's figures to read the spread by."""
+    import statistics
+
+    name, _, value = setting.partition("=")
+    budget = 20_000 if quick else 100_000
+    rates: dict[str, list[list[float]]] = {"defaults": [], setting: []}
+    for turn in range(turns):
+        order = ["defaults", setting] if turn % 2 == 0 else [setting, "defaults"]
+        for label in order:
+            env = {name: value} if label == setting else {}
+            pool = start_pool(gm, redis_url, processes, env=env)
+            try:
+                run = []
+                for width in (10, 100, 1000):
+                    topic = f"bench{width}"
+                    fanouts = max(1, budget // width)
+                    gearhorn_rate(gm, topic, max(1, fanouts // 10), width)
+                    run.append(gearhorn_rate(gm, topic, fanouts, width))
+                    restart_gearmand_queue(gm)
+                rates[label].append(run)
+            finally:
+                pool.send_signal(signal.SIGTERM)
+                pool.wait(30)
+        print(f"  turn {turn + 1}: " + "   ".join(
+            f"x{w} {rates['defaults'][-1][i]:,.0f} / {rates[setting][-1][i]:,.0f}"
+            for i, w in enumerate((10, 100, 1000))), flush=True)
+    for i, width in enumerate((10, 100, 1000)):
+        ours = statistics.median(r[i] for r in rates["defaults"])
+        other = statistics.median(r[i] for r in rates[setting])
+        print(f"  1 topic x {width:>5} subscribers: defaults {ours:>9,.0f} copies/s   "
+              f"{setting} {other:>9,.0f} copies/s   defaults / it {ours / other:5.2f}",
+              flush=True)
+
+
 def bench_worker_memory(gm, registry, pool, total: int) -> list[tuple[int, int]]:
     topic = "benchmem"
     subscribe_many(registry, topic, 1000)
@@ -217,6 +257,10 @@ def main() -> None:
     parser.add_argument("--processes", type=int, default=2)
     parser.add_argument("--ledger-cost", action="store_true",
                         help="only compare throughput with the delivery ledger on and off")
+    parser.add_argument("--setting-cost", metavar="NAME=VALUE",
+                        help="only compare throughput on the defaults and with this "
+                             "environment setting, e.g. GEARHORN_REALTIME_HISTORY_SIZE=0")
+    parser.add_argument("--turns", type=int, default=3, help="of --setting-cost")
     args = parser.parse_args()
     print(f"gearhorn fanout benchmark ({os.cpu_count()} cores, {args.processes} worker "
           f"processes, {'quick' if args.quick else 'full'} run)", flush=True)
@@ -228,6 +272,14 @@ def main() -> None:
         registry = Registry(redis.Redis.from_url(redis_url), Keys())
         for width in (10, 100, 1000):
             subscribe_many(registry, f"bench{width}", width)
+        if args.setting_cost:
+            print(f"the defaults against {args.setting_cost}, {args.turns} alternating "
+                  "turns (each: defaults / with it, copies/s):")
+            bench_setting_cost(gm, redis_url, args.processes, args.quick, args.setting_cost,
+                               args.turns)
+            gm.stop()
+            r_server.stop()
+            return
         if args.ledger_cost:
             print("delivery ledger cost (ledger on: mean of a run before and after off):")
             bench_ledger_cost(gm, registry, redis_url, args.processes, args.quick)

@@ -152,8 +152,17 @@ class Config:
     history_ttl: float = 3600.0
     # Per topic or prefix: "chat.*=1000/600,news=50" (PATTERN=SIZE[/TTL];
     # the longest pattern that matches wins; gearhorn/historypolicy.py).
-    # A STOMP subscription resumes (x-stream-offset) only on such a topic.
     history_topics: str = ""
+    # Real-time topics (docs/design.rst "Real-time by default"): a topic with
+    # no history above keeps its last realtime_history_size messages, none
+    # older than realtime_history_ttl seconds, while it has STOMP stream
+    # readers (a plain, non-durable SUBSCRIBE is one: served by the bridge,
+    # no gearmand queue of its own), and realtime_history_ttl seconds after
+    # the last one left, so a reader resumes from its last offset; a reader
+    # falls behind by as much before it is told it lost some. 0: off (a
+    # plain subscriber gets a gearmand queue of its own).
+    realtime_history_size: int = 10_000
+    realtime_history_ttl: float = 300.0
     # Presence events (gearhorn/worker/announce.py): every subscription made or
     # removed is broadcast as JSON on the topic <presence_topic_prefix><topic>.
     presence_events: bool = False
@@ -200,7 +209,8 @@ class Config:
 
     @property
     def history_policy(self) -> HistoryPolicy:
-        return _history_policy(self.history_topics, self.history_size, self.history_ttl)
+        return _history_policy(self.history_topics, self.history_size, self.history_ttl,
+                               self.realtime_history_size, self.realtime_history_ttl)
 
     @property
     def gearman_tls(self) -> TlsFiles | None:
@@ -210,8 +220,9 @@ class Config:
 
 
 @functools.cache
-def _history_policy(topics: str, size: int, ttl: float) -> HistoryPolicy:
-    return HistoryPolicy.parse(topics, size, ttl)
+def _history_policy(topics: str, size: int, ttl: float, realtime_size: int,
+                    realtime_ttl: float) -> HistoryPolicy:
+    return HistoryPolicy.parse(topics, size, ttl, (realtime_size, realtime_ttl))
 
 
 @functools.cache
@@ -279,7 +290,7 @@ def _convert(name: str, raw: str, source: str) -> object:
 _ZERO_MEANS_OFF = frozenset({"bridge_ws_port", "web_port", "queue_max_length",
                              "queue_max_bytes", "queue_message_ttl", "queue_expires",
                              "queue_maxmemory", "retention_interval", "dedup_window",
-                             "history_size"})
+                             "history_size", "realtime_history_size"})
 
 
 _TRUE = {"1", "true", "yes", "on"}

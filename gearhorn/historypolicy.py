@@ -10,6 +10,18 @@ match wins, as a Centrifugo namespace's options do)::
     ((1000, 600), (0, 3600), (0, 3600))
     >>> policy.enabled
     True
+
+Real-time topics (``realtime_history_size`` > 0, the default): a topic with
+no history of its own keeps a short one while it has stream readers (a
+plain STOMP SUBSCRIBE is one), and ``realtime_history_ttl`` seconds after
+the last left, so a reader that lost its connection resumes from its last
+offset (docs/design.rst "Real-time by default")::
+
+    >>> policy = HistoryPolicy.parse("news=0", 0, 3600, realtime=(100, 300))
+    >>> policy.mode("chat"), policy.mode("news")
+    (Mode(size=100, ttl=300, while_read=True), Mode(size=0, ttl=3600, while_read=False))
+    >>> policy.readable("chat"), policy.keeps("chat"), policy.readable("news")
+    (True, False, False)
 """
 
 from __future__ import annotations
@@ -24,34 +36,64 @@ class HistoryPolicyError(ValueError):
 
 
 @dataclass(frozen=True, slots=True)
+class Mode:
+    """How one topic's history is kept."""
+
+    size: int  # messages kept (about: trimmed with ~); 0: none
+    ttl: int  # seconds: after the last message; while_read: after the last reader left
+    while_read: bool = False  # kept only while it has readers (and ttl after)
+
+
+@dataclass(frozen=True, slots=True)
 class HistoryPolicy:
     size: int  # messages kept per topic (about: trimmed with ~); 0: none
     ttl: int  # seconds kept after the topic's last message
     overrides: tuple[tuple[str, int, int], ...] = ()  # (pattern, size, ttl), longest first
+    realtime: tuple[int, int] = (0, 300)  # (size, ttl) of a topic's history while read
 
     @classmethod
-    def parse(cls, text: str, size: int, ttl: float) -> HistoryPolicy:
+    def parse(cls, text: str, size: int, ttl: float,
+              realtime: tuple[int, float] = (0, 300)) -> HistoryPolicy:
         default_ttl = max(1, int(ttl))
         overrides = [_item(part.strip(), default_ttl) for part in text.split(",")
                      if part.strip()]
         overrides.sort(key=lambda item: len(item[0]), reverse=True)
-        return cls(size, default_ttl, tuple(overrides))
+        return cls(size, default_ttl, tuple(overrides),
+                   (max(0, realtime[0]), max(1, int(realtime[1]))))
 
     @property
     def enabled(self) -> bool:
-        """Whether any topic keeps a history."""
-        return self.size > 0 or any(size > 0 for _, size, _ in self.overrides)
+        """Whether any topic may keep a history."""
+        return (self.size > 0 or self.realtime[0] > 0
+                or any(size > 0 for _, size, _ in self.overrides))
 
     def of(self, topic: str) -> tuple[int, int]:
-        """(size, ttl) for ``topic``."""
+        """(size, ttl) configured for ``topic`` (history_size, history_topics)."""
+        return self._configured(topic) or (self.size, self.ttl)
+
+    def mode(self, topic: str) -> Mode:
+        """How ``topic``'s history is kept: as configured; else, with real-time
+        topics on, while it has readers."""
+        configured = self._configured(topic)
+        if configured is not None or self.size > 0 or self.realtime[0] == 0:
+            return Mode(*(configured or (self.size, self.ttl)))
+        return Mode(*self.realtime, while_read=True)
+
+    def keeps(self, topic: str) -> bool:
+        """Whether ``topic`` keeps a history whether or not anyone reads it."""
+        mode = self.mode(topic)
+        return mode.size > 0 and not mode.while_read
+
+    def readable(self, topic: str) -> bool:
+        """Whether a STOMP subscription may read ``topic``'s history."""
+        return self.mode(topic).size > 0
+
+    def _configured(self, topic: str) -> tuple[int, int] | None:
         for pattern, size, ttl in self.overrides:
             if (topic.startswith(pattern[:-1]) if pattern.endswith(PREFIX_WILDCARD)
                     else topic == pattern):
                 return size, ttl
-        return self.size, self.ttl
-
-    def keeps(self, topic: str) -> bool:
-        return self.of(topic)[0] > 0
+        return None
 
 
 def _item(text: str, default_ttl: int) -> tuple[str, int, int]:

@@ -194,7 +194,7 @@ class FakeBroker:
     def bound_queue(self, function, limits):
         self.topics.append(("bound", function, limits))
 
-    def subscribe_topic(self, pattern, client_id, durable=False, limits=None):
+    def subscribe_topic(self, pattern, client_id, durable=False, limits=None, linger=None):
         self.topics.append(("+", pattern, client_id))
 
     def temp_queue_opened(self, function):
@@ -218,13 +218,19 @@ class FakeBroker:
     def keeps_history(self, topic):
         return topic in self.histories
 
+    def always_kept(self, topic):  # configured: a plain SUBSCRIBE to it is a live reader
+        return topic in self.histories
+
+    def linger(self, topic):
+        return 300
+
     def kept(self, topic):
         return self.histories[topic]
 
     def offset_at(self, topic, at):
         return 5
 
-    def read_stream(self, topic, consumer, after, epoch, recovered, live=False):
+    def read_stream(self, topic, consumer, after, epoch, recovered, live=False, last=None):
         self.streams = getattr(self, "streams", []) + [(topic, after, epoch, recovered, live)]
         return FakeReader(consumer)
 

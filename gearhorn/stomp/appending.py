@@ -20,7 +20,7 @@ from gearhorn.messages import DEDUP_HEADER
 from gearhorn.naming import new_message_id
 from gearhorn.observers import Observer
 from gearhorn.stomp.sending import SendOptions, TopicSend
-from gearhorn.store.history import Entry, History, appended_at
+from gearhorn.store.history import Entry, History
 from gearhorn.worker.cache import SubscriberCache
 
 
@@ -57,7 +57,7 @@ class HistoryFirst:
     def takes(self, topic: str, options: SendOptions) -> bool:
         """Whether the bridge appends this SEND: not a delayed or
         deduplicated one (those are the worker's to decide on)."""
-        return (self.history.policy.keeps(topic) and options.delay is None
+        return (self.history.policy.readable(topic) and options.delay is None
                 and DEDUP_HEADER not in options.headers)
 
     def append(self, topic: str, bodies: Sequence[bytes], options: SendOptions) -> TopicSend:
@@ -84,9 +84,9 @@ class HistoryFirst:
             if self.cache is None:
                 (where,) = self.history.append([(topic, messages)])
             else:
-                recipients, replies = self.cache.recipients_with(
-                    [topic], self.history.calls([(topic, messages)]))
-                where, needs_job = appended_at(replies[0]), bool(recipients[topic])
+                plan = self.history.plan([(topic, messages)])
+                recipients, replies = self.cache.recipients_with([topic], plan.calls)
+                (where,), needs_job = plan.settle(replies), bool(recipients[topic])
         except BaseException:
             if self.readers is not None:
                 self.readers.not_appended(topic, messages)
@@ -107,7 +107,7 @@ class HistoryFirst:
 
     def appended_by_worker(self, topic: str) -> None:
         """A SEND to ``topic`` it did not take was appended by its fanout job."""
-        if self.readers is not None and self.history.policy.keeps(topic):
+        if self.readers is not None and self.history.policy.readable(topic):
             self.readers.worker_appended(topic)
 
 

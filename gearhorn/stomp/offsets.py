@@ -92,23 +92,29 @@ class Resume:
     after: int
     epoch: str | None
     recovered: bool
+    last: int | None = None  # the topic's last offset when it was read (None: unknown)
 
     def receipt_headers(self) -> dict[str, str]:
         return {"x-stream-offset": str(self.after + 1), "x-stream-epoch": self.epoch or "",
                 "x-recovered": "true" if self.recovered else "false"}
 
 
-def resume_point(streams, topic: str, headers: dict[str, str]) -> Resume:
+def resume_point(streams, topic: str, headers: dict[str, str],
+                 check_only: bool = False) -> Resume | None:
     """A SUBSCRIBE's start in ``topic``'s history (``streams``: what the
-    bridge knows of histories, gearhorn/stomp/backend.py's ServesStreams)."""
+    bridge knows of histories, gearhorn/stomp/backend.py's ServesStreams);
+    with ``check_only``, None once its headers are found good."""
     start = parse_stream_offset(headers["x-stream-offset"])
     if topic.endswith("*"):
         raise ProtocolError(f"x-stream-offset needs one topic, not the pattern {topic!r}",
                             INVALID_HEADER)
     if not streams.keeps_history(topic):
         raise ProtocolError(f"topic {topic!r} keeps no history to resume from (set "
-                            "history_size, or history_topics for it)", INVALID_HEADER)
+                            "realtime_history_size, history_size, or history_topics for "
+                            "it)", INVALID_HEADER)
+    if check_only:
+        return None
     kept = streams.kept(topic)
     at = streams.offset_at(topic, start.value) if start.kind == "timestamp" else None
     after, recovered = start_after(start, kept, headers.get("x-stream-epoch") or None, at)
-    return Resume(after, kept.epoch, recovered)
+    return Resume(after, kept.epoch, recovered, kept.last)

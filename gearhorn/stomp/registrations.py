@@ -37,12 +37,14 @@ class Registrations:
         self._heart: gevent.Greenlet | None = None
 
     def subscribe_topic(self, pattern: str, client_id: str, durable: bool = False,
-                        limits: Limits | None = None) -> None:
+                        limits: Limits | None = None, linger: int | None = None) -> None:
+        """``linger``: for a stream reader, seconds its topic's history is kept
+        after the last reader left (gearhorn/store/registry.py)."""
         subscription = Subscription(validate_topic(pattern, allow_prefix=True), client_id,
                                     limits, bridge=self.bridge_id, durable=durable)
         if not durable:  # listed first, so a crash right after leaves nothing unlisted
             self.liveness.holds(topic_entry(pattern, client_id), subscription)
-        self.registry.subscribe(subscription)
+        self.registry.subscribe(subscription, linger)
 
     def unsubscribe_topic(self, pattern: str, client_id: str) -> None:
         entry = topic_entry(pattern, client_id)

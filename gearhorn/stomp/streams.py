@@ -4,7 +4,7 @@ instead of a gearmand queue of its own.
 
 Each subscription has a :class:`StreamReader`, its position in the
 topic's history. It starts by reading history from its start a page at a
-time (catching up), then joins the topic's :class:`TopicFeed`, the one
+time (catching up), then joins the topic's ``TopicFeed`` (gearhorn/stomp/feed.py), the one
 blocking XREAD per topic and bridge that hands each new message to every
 reader live on it. The seam is exact: a reader joins only once its
 position has reached the feed's, and takes no offset at or below its own,
@@ -29,8 +29,8 @@ feed first).
 
 from __future__ import annotations
 
+import collections
 import logging
-import time
 from collections.abc import Callable, Iterable
 from functools import partial
 from typing import Protocol, TypeVar
@@ -38,7 +38,7 @@ from typing import Protocol, TypeVar
 import gevent
 import gevent.event
 
-from gearhorn.background import Backoff, Fault, Outage
+from gearhorn.background import Backoff, Outage
 from gearhorn.stomp.spans import Spans
 from gearhorn.store.history import Entry, History, Stored
 from gearhorn.store.redisconn import REDIS_ERRORS
@@ -50,6 +50,13 @@ BLOCK_MS = 1000  # a feed's XREAD waits this long, then checks the topic's epoch
 # A SEND taken early whose append the feed has not seen after this long
 # was lost with its history (Redis wiped): its readers stop waiting for it.
 IN_FLIGHT_SECONDS = 60.0
+# A reader that cannot take more (no credit: its client reads slower than
+# messages come) stays on the feed, the messages it is behind by held here
+# (shared with the other readers: references), up to these bounds (a
+# subscriber queue's defaults, queue_max_length and queue_max_bytes); then
+# it leaves the feed and catches up from history, told what was trimmed.
+LAG_MESSAGES = 10_000
+LAG_BYTES = 16 * 1024 * 1024
 T = TypeVar("T")
 
 
@@ -72,6 +79,18 @@ class RedisCalls:
         self.outage.succeeded()
         self.backoff.succeeded()
         return result
+
+
+class Feed(Protocol):
+    """What a reader needs of its topic's feed (gearhorn/stomp/feed.py)."""
+
+    topic: str
+    history: History
+    live: list[StreamReader]
+
+    def join(self, reader: StreamReader) -> bool: ...
+
+    def leave(self, reader: StreamReader) -> None: ...
 
 
 class StreamConsumer(Protocol):
@@ -118,7 +137,7 @@ class StreamDelivery:
 class StreamReader:
     """One subscription's position in its topic's history."""
 
-    def __init__(self, feed: TopicFeed, consumer: StreamConsumer, after: int,
+    def __init__(self, feed: Feed, consumer: StreamConsumer, after: int,
                  epoch: str | None, recovered: bool, spans: Spans | None = None,
                  live: bool = False) -> None:
         self.feed = feed
@@ -132,8 +151,11 @@ class StreamReader:
         # the feed; and those sent here that it must get from the feed first.
         self.early: set[str] | None = set() if live else None
         self.owed: set[str] = set()
+        self.lagging: collections.deque[Stored] = collections.deque()  # behind, on the feed
+        self._lag_bytes = 0
         self._wake = gevent.event.Event()
         self._catching_up: gevent.Greenlet | None = None
+        self._draining: gevent.Greenlet | None = None
 
     @property
     def consumers(self) -> list[StreamConsumer]:
@@ -169,6 +191,7 @@ class StreamReader:
         if self.closed:
             return
         self.closed = True
+        self._drop_lag()
         self._wake.set()
         if not (self.early and self in self.feed.live):
             self._end()
@@ -189,7 +212,8 @@ class StreamReader:
         assert self.early is not None
         took = False
         for message_id, body, headers in messages:
-            if hold or self.owed or self.closed or self.consumer.credit() <= 0:
+            if (hold or self.owed or self.lagging or self.closed
+                    or self.consumer.credit() <= 0):
                 self.owed.add(message_id)
                 continue
             self.early.add(message_id)
@@ -218,6 +242,9 @@ class StreamReader:
         if stored[0] <= self.position:  # read while catching up, ahead of the feed
             self.owed.discard(stored[1])
             return
+        if self.lagging and not self.closed:  # behind: in order, after those
+            self._lag(stored)
+            return
         if self.early and stored[1] in self.early:
             self._take(stored)
             if self.closed and not self.early:
@@ -226,10 +253,42 @@ class StreamReader:
         if self.closed:
             return
         if self.consumer.credit() <= 0:
-            self.feed.leave(self)  # it catches up from history when it can take more
-            self._catch_up_later()
+            self._lag(stored)
             return
         self._take(stored)
+
+    def _lag(self, stored: Stored) -> None:
+        """``stored`` waits here for credit; too far behind, the reader leaves
+        the feed and catches up from history when it can take more."""
+        if len(self.lagging) >= LAG_MESSAGES or self._lag_bytes >= LAG_BYTES:
+            self._drop_lag()
+            self.feed.leave(self)
+            self._catch_up_later()
+            return
+        self.lagging.append(stored)
+        self._lag_bytes += len(stored[2])
+        if self._draining is None:
+            self._draining = gevent.spawn(self._drain)
+
+    def _drop_lag(self) -> None:
+        self.lagging.clear()
+        self._lag_bytes = 0
+
+    def _drain(self) -> None:
+        """Hand what it is behind by to the reader as credit comes back."""
+        try:
+            while self.lagging and not self.closed:
+                if self.consumer.credit() <= 0:
+                    self._wake.clear()
+                    self._wake.wait(5)
+                    continue
+                stored = self.lagging.popleft()
+                self._lag_bytes -= len(stored[2])
+                self._take(stored)
+        except Exception:  # noqa: BLE001 - this reader's fault, told to its client
+            self.failed()
+        finally:
+            self._draining = None
 
     def epoch_changed(self, epoch: str) -> None:
         """The topic's history was lost (Redis wiped, or expired): offsets
@@ -304,129 +363,3 @@ class StreamReader:
             headers = {**headers, **dict(line.decode().split(":", 1)
                                          for line in extra.splitlines())}
         self.consumer.deliver(StreamDelivery(self, body, headers, message_id, extra))
-
-
-class TopicFeed:
-    """One blocking read of a topic's history per bridge, handing each new
-    message to the readers live on it."""
-
-    def __init__(self, history: History, topic: str, on_idle: Callable[[TopicFeed], None]
-                 ) -> None:
-        self.history = history
-        self.topic = topic
-        self.live: list[StreamReader] = []
-        self.readers = 0  # live or catching up
-        self.last: int | None = None  # the last offset read; None until known
-        self.epoch: str | None = None
-        # SENDs of this bridge its live readers may have taken early, not
-        # yet passed here (message id -> when sent), in the order sent.
-        self.in_flight: dict[str, float] = {}
-        self.hold_until = 0  # no SEND is taken early before this offset is passed
-        self._on_idle = on_idle
-        self.stopped = False
-        gevent.spawn(self._run)
-
-    def added(self) -> None:
-        self.readers += 1
-
-    def join(self, reader: StreamReader) -> bool:
-        """Make ``reader`` live if it has caught up with the feed."""
-        if reader.closed or self.last is None or reader.position < self.last:
-            return False
-        if reader.epoch != self.epoch:
-            if self.epoch is None:
-                return False
-            reader.epoch_changed(self.epoch)
-            return False
-        if reader not in self.live:
-            reader.joined(self.in_flight)
-            self.live.append(reader)
-        return True
-
-    def sending(self, messages: list[Entry]) -> bool:
-        """SENDs of this bridge about to be appended: to its live readers
-        now; whether any took some."""
-        now = time.monotonic()
-        for message_id, _, _ in messages:
-            self.in_flight[message_id] = now
-        hold = self.last is None or self.last < self.hold_until
-        took = False
-        for reader in list(self.live):
-            if reader.early is not None:
-                try:
-                    took = reader.take_early(messages, hold) or took
-                except Exception:  # noqa: BLE001 - one subscription's fault, not the topic's
-                    reader.failed()
-        return took
-
-    def forget(self, message_ids: list[str]) -> None:
-        """SENDs taken early that will not be passed here (never appended)."""
-        for message_id in message_ids:
-            self.in_flight.pop(message_id, None)
-        for reader in list(self.live):
-            reader.forget(message_ids)
-
-    def leave(self, reader: StreamReader) -> None:
-        if reader in self.live:
-            self.live.remove(reader)
-        if reader.closed:
-            self.readers -= 1
-            if self.readers <= 0:
-                # Not killed: a greenlet killed inside a Redis call would
-                # hand its connection back with the reply still unread.
-                self.stopped = True
-                self._on_idle(self)
-
-    def _run(self) -> None:
-        redis_calls = RedisCalls(f"feed of {self.topic}")
-        fault = Fault(log, f"feed of {self.topic}")
-        while not self.stopped:
-            try:
-                found = redis_calls.attempt(self._read)
-                fault.succeeded()
-            except Exception as exc:  # noqa: BLE001 - not a Redis error: log it, go on
-                fault.failed(exc)
-                gevent.sleep(redis_calls.backoff.failed())
-                continue
-            for stored in found or ():
-                if stored[0] > self.last:  # not handed over already (appended)
-                    self.hand_over(stored)
-
-    def _read(self) -> list[Stored]:
-        """What follows the feed's last offset (waiting up to BLOCK_MS)."""
-        if self.last is None:
-            self.epoch, _, self.last = self.history.position(self.topic)
-        found = self.history.wait(self.topic, self.last, BLOCK_MS, PAGE)
-        if not found or self.epoch is None:
-            self._check_epoch()
-        self._forget_stale()
-        return found
-
-    def _forget_stale(self) -> None:
-        stale = time.monotonic() - IN_FLIGHT_SECONDS
-        gone = []
-        for message_id, sent in self.in_flight.items():  # oldest first
-            if sent > stale:
-                break
-            gone.append(message_id)
-        if gone:
-            self.forget(gone)
-
-    def hand_over(self, stored: Stored) -> None:
-        self.last = stored[0]
-        if self.in_flight:
-            self.in_flight.pop(stored[1], None)
-        for reader in list(self.live):
-            try:
-                reader.offer(stored)
-            except Exception:  # noqa: BLE001 - one subscription's fault, not the topic's
-                reader.failed()
-
-    def _check_epoch(self) -> None:
-        epoch, _, last = self.history.position(self.topic)
-        if epoch is not None and epoch != self.epoch:
-            lost = self.epoch is not None
-            self.epoch, self.last = epoch, 0 if lost else self.last
-            for reader in list(self.live):
-                reader.epoch_changed(epoch)
-            log.info("topic %s: history epoch %s", self.topic, epoch)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import uuid
 
+from gearhorn.limits import STOMP_HEADERS
 from gearhorn.messages import queue_name
 from gearhorn.naming import durable_client_id, stream_client_id
 from gearhorn.stomp.backend import Backend
@@ -18,12 +19,20 @@ from gearhorn.stomp.subscription import StompSubscription
 def reads_history(backend: Backend, pattern: str, frame: Frame) -> bool:
     """Whether a SUBSCRIBE to ``pattern`` reads the topic's history: when it
     asks to (``x-stream-offset``), or when it is a plain, non-durable one to a
-    topic that keeps a history (a live reader, from the next message: no
-    queue of its own to fill)."""
+    topic whose history it may read (every topic with real-time topics on,
+    the default: no queue of its own to fill). Prefix subscriptions keep a
+    queue: an offset counts one topic's messages (docs/design.rst)."""
     if "x-stream-offset" in frame.headers:
         return True
     return (not pattern.endswith("*") and durable_name(frame, "") is None
-            and backend.streams.keeps_history(pattern))
+            and not asks_for_a_queue(frame) and backend.streams.keeps_history(pattern))
+
+
+def asks_for_a_queue(frame: Frame) -> bool:
+    """A SUBSCRIBE that sets a queue's limits (RabbitMQ's queue arguments:
+    x-max-length and the rest) gets a queue, as it asks."""
+    return any(header in frame.headers for header in STOMP_HEADERS) or any(
+        header.startswith("x-dead-letter") for header in frame.headers)
 
 
 def subscribe_queue(backend: Backend, sub: StompSubscription, pattern: str, frame: Frame,
@@ -42,19 +51,24 @@ def subscribe_queue(backend: Backend, sub: StompSubscription, pattern: str, fram
 
 def subscribe_stream(backend: Backend, sub: StompSubscription, topic: str,
                      frame: Frame) -> dict[str, str]:
-    """``sub`` reads ``topic``'s history from x-stream-offset on, then live
-    (gearhorn/stomp/streams.py); listed for presence, with no queue. The
-    RECEIPT's headers say where it starts. Without x-stream-offset (a plain
-    SUBSCRIBE) it is a live reader from the next message: this bridge's
-    SENDs reach it before they are appended, and no MESSAGE (or RECEIPT)
-    carries an offset."""
-    live = "x-stream-offset" not in frame.headers
-    start = resume_point(backend.streams, topic, {"x-stream-offset": "next", **frame.headers})
+    """``sub`` reads ``topic``'s history from x-stream-offset on (a plain
+    SUBSCRIBE: from the next message), then live (gearhorn/stomp/streams.py);
+    listed for presence, with no queue. Registered before its start is
+    read: a real-time topic's history is kept from then on. The RECEIPT's
+    headers say where it starts. A plain SUBSCRIBE to a topic that keeps a
+    history of its own (history_size, history_topics) is a live reader:
+    this bridge's SENDs reach it before they are appended, and no MESSAGE
+    (or RECEIPT) carries an offset."""
+    streams = backend.streams
+    live = "x-stream-offset" not in frame.headers and streams.always_kept(topic)
+    headers = {"x-stream-offset": "next", **frame.headers}
+    resume_point(streams, topic, headers, check_only=True)  # a bad header registers nothing
     sub.stream, sub.pattern, sub.client_id = True, topic, stream_client_id()
     sub.function = queue_name(topic, sub.client_id)
-    backend.registrations.subscribe_topic(topic, sub.client_id)
-    sub.dispatcher = backend.streams.read_stream(topic, sub, start.after, start.epoch,
-                                                 start.recovered, live)
+    backend.registrations.subscribe_topic(topic, sub.client_id, linger=streams.linger(topic))
+    start = resume_point(streams, topic, headers)
+    sub.dispatcher = streams.read_stream(topic, sub, start.after, start.epoch,
+                                         start.recovered, live, start.last)
     return {} if live else start.receipt_headers()
 
 

@@ -6,9 +6,10 @@ SENDs: gearhorn/stomp/appending.py)."""
 from __future__ import annotations
 
 from gearhorn.observers import Observer
+from gearhorn.stomp.feed import TopicFeed
 from gearhorn.stomp.offsets import Kept
 from gearhorn.stomp.spans import Spans
-from gearhorn.stomp.streams import StreamConsumer, StreamReader, TopicFeed
+from gearhorn.stomp.streams import StreamConsumer, StreamReader
 from gearhorn.store.history import Entry, History
 
 
@@ -21,7 +22,16 @@ class TopicStreams:
         self.feeds: dict[str, TopicFeed] = {}
 
     def keeps_history(self, topic: str) -> bool:
+        """Whether a subscription may read ``topic``'s history (a real-time
+        topic's is kept while it is read: gearhorn/historypolicy.py)."""
+        return self.history.policy.readable(topic)
+
+    def always_kept(self, topic: str) -> bool:
+        """Whether ``topic`` keeps its history read or not (configured)."""
         return self.history.policy.keeps(topic)
+
+    def linger(self, topic: str) -> int:
+        return self.history.linger(topic)
 
     def kept(self, topic: str) -> Kept:
         return Kept(*self.history.position(topic))
@@ -30,17 +40,20 @@ class TopicStreams:
         return self.history.offset_at(topic, at)
 
     def read_stream(self, topic: str, consumer: StreamConsumer, after: int,
-                    epoch: str | None, recovered: bool, live: bool = False) -> StreamReader:
+                    epoch: str | None, recovered: bool, live: bool = False,
+                    last: int | None = None) -> StreamReader:
+        """``last``: the topic's last offset, read with ``epoch``."""
         feed = self.feeds.get(topic)
         if feed is None:
-            feed = self.feeds[topic] = TopicFeed(self.history, topic, self._idle)
+            feed = self.feeds[topic] = TopicFeed(self.history, topic, self._idle, epoch, last)
         feed.added()
         spans = None
         if self.observer is not None:
             observer, queue = self.observer, consumer.function
             spans = Spans(lambda span: observer.streamed(queue, span))
         reader = StreamReader(feed, consumer, after, epoch, recovered, spans, live)
-        reader.start()
+        if not feed.join(reader):  # behind the feed (a resume): from history first
+            reader.start()
         return reader
 
     def sending(self, topic: str, messages: list[Entry]) -> bool:

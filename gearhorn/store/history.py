@@ -21,7 +21,7 @@ from collections.abc import Sequence
 
 import redis
 
-from gearhorn.historypolicy import HistoryPolicy
+from gearhorn.historypolicy import HistoryPolicy, Mode
 from gearhorn.store.directcalls import DirectCalls
 from gearhorn.store.keys import Keys
 from gearhorn.store.redisutil import ScriptCall, script, text
@@ -43,6 +43,11 @@ class History:
         # everyone else's through the client's pool.
         self.direct = direct or DirectCalls.pooled(client)
         self._append = script(client, "history_append.lua")
+        self._is_live = script(client, "history_live.lua")
+        # Real-time topics found kept (True) or not (False) by this process's
+        # last call: one it believes unread gets the one-key question, not
+        # the append with every payload (:class:`Plan`).
+        self.live: dict[str, bool] = {}
 
     @property
     def enabled(self) -> bool:
@@ -54,9 +59,15 @@ class History:
         one round trip: one script call per topic that keeps a history (a
         group of fanouts to one topic is one call), in the order given.
         Returns (epoch, first offset, last offset) of each call."""
-        calls = self.calls(fanouts, once_each)
-        replies = self.direct.run_scripts(calls) if calls else []
-        return [appended_at(reply) for reply in replies]
+        plan = self.plan(fanouts, once_each)
+        return plan.settle(self.direct.run_scripts(plan.calls) if plan.calls else [])
+
+    def plan(self, fanouts: Sequence[tuple[str, Sequence[Entry]]],
+             once_each: bool = False) -> Plan:
+        """What :meth:`append` runs, for a caller that runs it with other
+        scripts in one round trip (the look-ups of the workers and the
+        bridge), then hands the replies to :meth:`Plan.settle`."""
+        return Plan(self, fanouts, once_each)
 
     def calls(self, fanouts: Sequence[tuple[str, Sequence[Entry]]],
               once_each: bool = False) -> list[ScriptCall]:
@@ -68,7 +79,7 @@ class History:
         fanouts run again)."""
         by_topic: dict[str, list[object]] = {}
         for topic, messages in fanouts:
-            if not self.policy.keeps(topic):
+            if not self.policy.readable(topic):
                 continue
             args = by_topic.setdefault(topic, [])
             for message_id, payload, headers in messages:
@@ -77,9 +88,13 @@ class History:
         window = str(int(REPEAT_WINDOW * 1000)) if once_each else "0"
         return [(self._append, [self.keys.history(topic), self.keys.history_meta(topic),
                                 self.keys.history_ids(topic)],
-                 [*self.policy.of(topic), uuid.uuid4().hex[:12], now, window, REPEAT_IDS,
-                  *args])
+                 [*_size_ttl(mode := self.policy.mode(topic)), uuid.uuid4().hex[:12], now,
+                  window, REPEAT_IDS, "1" if mode.while_read else "0", *args])
                 for topic, args in by_topic.items()]
+
+    def linger(self, topic: str) -> int:
+        """Seconds ``topic``'s history is kept after its last reader left."""
+        return self.policy.mode(topic).ttl
 
     def read(self, topic: str, since: int = 0, limit: int = 100,
              epoch: str | None = None) -> dict[str, object]:
@@ -174,6 +189,57 @@ def _message(entry_id: bytes | str, fields: dict) -> dict[str, object]:
     except UnicodeDecodeError:
         message["payload_base64"] = base64.b64encode(payload).decode()
     return message
+
+
+class Plan:
+    """The history calls of a group of fanouts. A real-time topic this
+    process believes unread is asked whether it is kept (one key, no
+    payload); when it is, its append is made after, in a round trip of its
+    own (:meth:`settle`): a topic only Gearman subscribers read costs one
+    tiny script call per group, not its payloads."""
+
+    def __init__(self, history: History, fanouts: Sequence[tuple[str, Sequence[Entry]]],
+                 once_each: bool) -> None:
+        self.history, self.once_each = history, once_each
+        by_topic: dict[str, list[Entry]] = {}
+        for topic, messages in fanouts:
+            if history.policy.readable(topic):
+                by_topic.setdefault(topic, []).extend(messages)
+        self.asked = [topic for topic in by_topic if history.policy.mode(topic).while_read
+                      and not history.live.get(topic, False)]
+        self.appended = [(topic, messages) for topic, messages in by_topic.items()
+                         if topic not in self.asked]
+        self.later = {topic: by_topic[topic] for topic in self.asked}
+        self.topics = list(by_topic)
+        self.calls: list[ScriptCall] = history.calls(self.appended, once_each) + [
+            (history._is_live, [history.keys.history_meta(topic)], []) for topic in self.asked]
+
+    def settle(self, replies: Sequence[object]) -> list[tuple[str, int, int]]:
+        """(epoch, first, last) of each topic of the group with a history, in
+        order (('', 0, 0): not kept); appends the topics the questions found
+        kept. ``replies``: those of :attr:`calls`, in order."""
+        history, live = self.history, self.history.live
+        if len(live) > 100_000:
+            live.clear()  # a belief, not a record: asking again is always right
+        where = {}
+        for (topic, _), reply in zip(self.appended, replies, strict=False):
+            where[topic] = appended_at(reply)
+            if history.policy.mode(topic).while_read:
+                live[topic] = bool(where[topic][0])
+        found = [topic for topic, reply in zip(self.asked, replies[len(self.appended):],
+                                               strict=True) if int(reply)]
+        for topic in self.asked:
+            live[topic] = topic in found
+        if found:
+            calls = history.calls([(topic, self.later[topic]) for topic in found],
+                                  self.once_each)
+            for topic, reply in zip(found, history.direct.run_scripts(calls), strict=True):
+                where[topic] = appended_at(reply)
+        return [where.get(topic, ("", 0, 0)) for topic in self.topics]
+
+
+def _size_ttl(mode: Mode) -> tuple[int, int]:
+    return mode.size, mode.ttl
 
 
 def appended_at(reply: list) -> tuple[str, int, int]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import time
+import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -59,6 +60,7 @@ class Registry:
         # Look-ups past the pool (the bridge's, once per SEND: directcalls.py).
         self.direct = direct or DirectCalls.pooled(client)
         self._subscribe = script(client, "subscribe.lua")
+        self._readers = script(client, "history_readers.lua")
         self._topic_members = script(client, "topic_members.lua")
         self._prefix_members = script(client, "prefix_members.lua")
         self.workers = Liveness(client, self.keys.workers, self.keys.worker)
@@ -71,15 +73,18 @@ class Registry:
 
     # -- subscriptions -------------------------------------------------------
 
-    def subscribe(self, sub: Subscription) -> int:
-        """Add ``sub``; returns the number of subscribers of its topic or prefix."""
-        return self._change(sub, subscribe=True)
+    def subscribe(self, sub: Subscription, linger: int | None = None) -> int:
+        """Add ``sub``; returns the number of subscribers of its topic or prefix.
+        A stream reader (a STOMP subscription served from the topic's
+        history) keeps a real-time topic's history, and ``linger`` seconds
+        after the last one left (lua/history_readers.lua)."""
+        return self._change(sub, subscribe=True, linger=linger)
 
     def unsubscribe(self, sub: Subscription) -> int:
         """Remove ``sub``; returns the number of subscribers left."""
         return self._change(sub, subscribe=False)
 
-    def _change(self, sub: Subscription, *, subscribe: bool) -> int:
+    def _change(self, sub: Subscription, *, subscribe: bool, linger: int | None = None) -> int:
         # The queue's record first: a copy never lands in a queue the warden
         # does not know the limits of (a removed one may linger: harmless).
         if subscribe:
@@ -96,11 +101,19 @@ class Registry:
             count, changed = (int(n) for n in self._subscribe(keys=keys, args=args))
             if changed:
                 self._index_topic(sub.topic, count)
+                if is_stream_client(sub.client_id):
+                    self._count_reader(sub.topic, subscribe, linger)
         if not subscribe:
             self._forget(queue_name(sub.topic, sub.client_id))
         if changed and self.changed is not None:
             self.changed(sub, subscribe)
         return count
+
+    def _count_reader(self, topic: str, came: bool, linger: int | None) -> None:
+        self._readers(keys=[self.keys.history_meta(topic), self.keys.history(topic),
+                            self.keys.history_ids(topic)],
+                      args=["1" if came else "0", "" if linger is None else str(linger),
+                            uuid.uuid4().hex[:12]])
 
     def _as_recorded(self, sub: Subscription) -> Subscription:
         """``sub`` with where its record says it was made (before it goes)."""

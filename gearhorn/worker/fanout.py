@@ -224,11 +224,12 @@ class FanoutService:
         # One round trip for every topic, after every job of the run was
         # taken, with the messages' history appends riding along (run again,
         # in any company, a message is appended once: lua/history_append.lua).
-        recipients = self.cache.recipients_of(
-            {request.topic: None for _, request in run},
-            also=self.history.calls([_entries(request, message_ids)
-                                     for (_, request), message_ids in zip(run, ids, strict=True)
-                                     if not request.in_history], once_each=True))
+        plan = self.history.plan([_entries(request, message_ids)
+                                  for (_, request), message_ids in zip(run, ids, strict=True)
+                                  if not request.in_history], once_each=True)
+        recipients, replies = self.cache.recipients_with(
+            {request.topic: None for _, request in run}, plan.calls)
+        plan.settle(replies)
         made = [self._make(request, message_ids, recipients[request.topic], full)
                 for (_, request), message_ids in zip(run, ids, strict=True)]
         copies = [c for m in made for c in m.copies]

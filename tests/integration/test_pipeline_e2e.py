@@ -62,7 +62,9 @@ def test_traffic_reconciles_and_a_planted_loss_is_found(gearmand, redis_url, sta
     durable = stomp_clients(bridge.port, **{"client-id": "ledger-test"})
     durable.subscribe(f"/topic/{topic}", "d", durable="true")
     plain = stomp_clients(bridge.port)
-    plain.subscribe(f"/topic/{topic}", "p")
+    # A queue of its own (a limit asks for one): its deliveries and acks are
+    # ledger rows (a real-time reader's runs of offsets: test_realtime_default.py).
+    plain.subscribe(f"/topic/{topic}", "p", **{"x-max-length": "10000"})
     gear = GearClient(gearmand)
     gear.call("subscribe_fanout", {"topic": topic, "client_id": "gearmanonly"})
 

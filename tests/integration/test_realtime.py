@@ -6,7 +6,9 @@ append) and half stream (x-stream-offset), get every message of every
 producer in the order it was sent, and
 the ledger of the run reconciles clean, stream subscribers included. A
 killed bridge loses its stream subscribers only the gap their resume
-covers, and a durable subscription on the same topic nothing."""
+covers, and a durable subscription on the same topic nothing. Each runs
+twice: with the topics' history configured, and on the defaults (issue
+51), where a plain SUBSCRIBE is a stream reader of the real-time topic."""
 
 import collections
 import itertools
@@ -23,10 +25,30 @@ HISTORY = {"GEARHORN_HISTORY_TOPICS": "live.*=100000"}
 MESSAGES = 4_000
 
 
+def start_bridges(gearmand, start_pool, start_bridge, env):
+    start_pool([gearmand], processes=2, env=env)
+    return [start_bridge([gearmand], env=env, websocket=True) for _ in range(2)]
+
+
+@pytest.fixture(params=["configured", "default"])
+def setting(request):
+    """``configured``: the topics keep a history of their own (history_topics),
+    so a plain SUBSCRIBE is a live reader: no offsets, its bridge's SENDs
+    before they are appended. ``default``: no history setting at all, so
+    a plain SUBSCRIBE reads the real-time topic's short history, offsets
+    and all (docs/design.rst "Real-time by default")."""
+    return request.param
+
+
 @pytest.fixture
-def bridges(gearmand, start_pool, start_bridge):
-    start_pool([gearmand], processes=2, env=HISTORY)
-    return [start_bridge([gearmand], env=HISTORY, websocket=True) for _ in range(2)]
+def bridges(gearmand, start_pool, start_bridge, setting):
+    return start_bridges(gearmand, start_pool, start_bridge,
+                         HISTORY if setting == "configured" else {})
+
+
+@pytest.fixture
+def configured_bridges(gearmand, start_pool, start_bridge):
+    return start_bridges(gearmand, start_pool, start_bridge, HISTORY)
 
 
 def connect(stomp_clients, bridge, websocket, **headers):
@@ -78,18 +100,22 @@ def given_in_ledger(rows):
 
 
 def test_each_producers_order_holds_for_twenty_subscribers_on_two_bridges(
-        gearmand, bridges, stomp_clients, redis_url, tmp_path, report):
+        gearmand, bridges, setting, stomp_clients, redis_url, tmp_path, report):
     topic = unique_topic("live.")
     subscribers = []
-    streams = []  # subscribed with x-stream-offset; the others are plain (live)
+    # Subscribed with x-stream-offset; the others are plain: live readers
+    # (configured), or stream readers from the next message (default).
+    streams = []
+    plain_offsets = setting == "default"
     for i in range(20):  # half on each bridge; TCP and WebSocket, live and stream on each
         client = connect(stomp_clients, bridges[i % 2], websocket=i % 4 >= 2)
         if (i // 4) % 2:
             receipt = client.subscribe(f"/topic/{topic}", "s", **{"x-stream-offset": "next"})
             assert receipt.headers["x-stream-offset"] == "1"  # from the next message
             streams.append(client)
-        else:  # a live reader: its bridge's SENDs reach it before they are appended
-            assert "x-stream-offset" not in client.subscribe(f"/topic/{topic}", "s").headers
+        else:
+            receipt = client.subscribe(f"/topic/{topic}", "s")
+            assert ("x-stream-offset" in receipt.headers) == plain_offsets
         subscribers.append(client)
     durable = connect(stomp_clients, bridges[1], websocket=False, **{"client-id": "rt"})
     # Room for all: by default a queue keeps 10,000 (drop-head), and this one
@@ -113,7 +139,7 @@ def test_each_producers_order_holds_for_twenty_subscribers_on_two_bridges(
         assert len(got) == total, f"subscriber {n}: {len(got)} of {total}"
         assert {name: numbers == list(range(MESSAGES))
                 for name, numbers in per_producer(got).items()} == dict.fromkeys(producers, True)
-        if client in streams:
+        if client in streams or plain_offsets:
             assert [int(m.headers["x-stream-offset"]) for m in got] == list(
                 range(1, total + 1))
         else:
@@ -136,8 +162,9 @@ def test_each_producers_order_holds_for_twenty_subscribers_on_two_bridges(
              message="every subscriber's messages in the ledger")
     problems, _ = reconcile(redis_url, tmp_path, gearmand)
     assert problems == []
-    report(f"{len(producers)} producers x {MESSAGES:,} messages (TCP and WebSocket, two "
-           f"bridges) to 20 subscribers (10 live, 10 stream) and a durable one: each "
+    report(f"{setting}: {len(producers)} producers x {MESSAGES:,} messages (TCP and "
+           f"WebSocket, two bridges) to 20 subscribers (10 plain, 10 stream) and a durable "
+           "one: each "
            f"producer's order held for all; the ledger has {sum(given.values()):,} "
            "stream offsets given, and the reconciliation is clean")
 
@@ -259,7 +286,7 @@ def test_a_topic_only_streams_read_needs_no_fanout_job_until_a_queue_subscriber_
 
 
 def test_a_live_subscriber_has_its_bridges_sends_before_redis_stores_them(
-        bridges, stomp_clients, redis_url, report):
+        configured_bridges, stomp_clients, redis_url, report):
     """With Redis taking no writes (CLIENT PAUSE WRITE) no SEND can be
     appended, yet a live (plain) subscriber on the producer's bridge gets
     it; the stream subscriber beside it, which needs the offset, gets it
@@ -267,7 +294,7 @@ def test_a_live_subscriber_has_its_bridges_sends_before_redis_stores_them(
     the other bridge. Nobody gets anything twice."""
     import redis
 
-    here, there = bridges
+    here, there = configured_bridges
     topic = unique_topic("live.")
     live, stream, far = (stomp_clients(bridge.port) for bridge in (here, here, there))
     live.subscribe(f"/topic/{topic}", "l")

@@ -17,7 +17,7 @@ from .helpers import unique_topic, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
-HISTORY = {"GEARHORN_HISTORY_TOPICS": "resume.*=1000,small.*=5"}
+HISTORY = {"GEARHORN_HISTORY_TOPICS": "resume.*=1000,small.*=5,nohistory.*=0"}
 
 
 @pytest.fixture
@@ -183,11 +183,16 @@ let last = null, epoch = null, connects = 0;
 const client = new StompJs.Client({brokerURL: params.get("url"), reconnectDelay: 0});
 client.onConnect = () => {
   const receipt = "sub" + (++connects);
-  const headers = {receipt, "x-stream-offset": last === null ? "next" : String(last + 1)};
+  const headers = {receipt};
+  // "plain": the first SUBSCRIBE has no header of gearhorn's (the defaults
+  // make it a real-time reader with offsets); a resume says where from.
+  if (last !== null || params.get("plain") !== "1")
+    headers["x-stream-offset"] = last === null ? "next" : String(last + 1);
   if (epoch) headers["x-stream-epoch"] = epoch;
   client.watchForReceipt(receipt, () => log("ready" + connects));
   client.subscribe("/topic/" + params.get("topic"), (m) => {
     if (m.headers["x-recovered"] === "false") log("not-recovered");
+    if (!("x-stream-offset" in m.headers)) log("no-offset");
     last = Number(m.headers["x-stream-offset"]);
     epoch = m.headers["x-stream-epoch"];
     log("got:" + m.body);
@@ -201,18 +206,23 @@ client.activate();
 """)
 
 
+@pytest.mark.parametrize("setting", ["configured", "default"])
 def test_a_browser_resumes_after_its_websocket_is_cut(gearmand, start_pool, start_bridge,
-                                                      tmp_path):
-    start_pool([gearmand], processes=2, env=HISTORY)
-    bridge = start_bridge([gearmand], env=HISTORY, websocket=True)
+                                                      tmp_path, setting):
+    """``default``: no history setting, and a plain first SUBSCRIBE."""
+    env = HISTORY if setting == "configured" else {}
+    start_pool([gearmand], processes=2, env=env)
+    bridge = start_bridge([gearmand], env=env, websocket=True)
     topic = unique_topic("resume.")
+    plain = "&plain=1" if setting == "default" else ""
     before, during, after = ([f"{kind}{i}" for i in range(n)]
                              for kind, n in (("before", 10), ("during", 100), ("after", 10)))
     with static_site(tmp_path / "site", {"index.html": RESUMING_PAGE,
                                          "stomp.umd.min.js": stompjs_bundle()}) as site, \
             browser() as chromium:
         page = chromium.new_page()
-        page.goto(f"{site}/index.html?url=ws://127.0.0.1:{bridge.ws_port}/ws&topic={topic}")
+        page.goto(f"{site}/index.html?url=ws://127.0.0.1:{bridge.ws_port}/ws&topic={topic}"
+                  f"{plain}")
         page.wait_for_selector("#log li:text('ready1')", timeout=60_000)
         publish(gearmand, topic, before)
         page.wait_for_selector("#log li:text('got:before9')", timeout=60_000)
@@ -226,7 +236,8 @@ def test_a_browser_resumes_after_its_websocket_is_cut(gearmand, start_pool, star
         lines = page.locator("#log li").all_text_contents()
     got = [line[4:] for line in lines if line.startswith("got:")]
     assert got == before + during + after, lines
-    assert not [line for line in lines if line.startswith(("error", "not-recovered"))]
+    assert not [line for line in lines
+                if line.startswith(("error", "not-recovered", "no-offset"))]
 
 
 def test_stomp_sends_reach_stream_readers_on_every_bridge_once_and_in_order(

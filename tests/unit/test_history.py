@@ -297,3 +297,65 @@ def test_a_send_whose_append_fails_is_taken_back_from_the_readers_told_of_it(his
         first.append("news", [b"a"], PLAIN)
     (sending, taken_back) = readers.told
     assert sending[0] == "sending" and taken_back == ("not appended", "news", sending[2])
+
+
+# -- real-time topics: a history kept only while read ---------------------------------
+
+
+@pytest.fixture
+def realtime(registry):
+    return History(registry.redis, registry.keys, HistoryPolicy(0, 3600, realtime=(5, 300)))
+
+
+def read_by(registry, topic):
+    """A stream reader registered as the bridge registers one."""
+    reader = Subscription(topic, stream_client_id())
+    registry.subscribe(reader, 300)
+    return reader
+
+
+def test_a_realtime_topic_nobody_reads_keeps_nothing(realtime, registry):
+    assert realtime.append([("rt", [("m1", b"a", None)])]) == [("", 0, 0)]
+    assert not registry.redis.exists(registry.keys.history("rt"))
+    assert not registry.redis.exists(registry.keys.history_meta("rt"))
+    assert realtime.live == {"rt": False}
+
+
+def test_a_reader_keeps_it_and_the_first_append_after_it_is_made_on_the_answer(
+        realtime, registry):
+    realtime.append([("rt", [("m1", b"a", None)])])  # believed unread from here on
+    read_by(registry, "rt")
+    epoch, first, last = realtime.append([("rt", [("m2", b"b", None)])])[0]
+    assert (first, last) == (1, 1) and epoch == realtime.position("rt")[0]
+    assert realtime.live == {"rt": True}  # the next one goes straight in
+    assert realtime.plan([("rt", [("m3", b"c", None)])]).asked == []
+    assert registry.redis.ttl(registry.keys.history_meta("rt")) == -1  # kept while read
+
+
+def test_the_last_reader_leaving_keeps_it_the_ttl_then_a_new_epoch(realtime, registry):
+    reader = read_by(registry, "rt")
+    epoch = realtime.append([("rt", [("m1", b"a", None)])])[0][0]
+    registry.unsubscribe(reader)
+    meta = registry.keys.history_meta("rt")
+    assert 0 < registry.redis.ttl(meta) <= 300  # it lingers for a resume
+    assert realtime.append([("rt", [("m2", b"b", None)])])[0][1:] == (2, 2)  # still kept
+    registry.redis.delete(meta)  # the ttl is up
+    assert realtime.append([("rt", [("m3", b"c", None)])]) == [("", 0, 0)]  # not kept
+    read_by(registry, "rt")  # a reader comes back: a new epoch, nothing of the old
+    new = realtime.position("rt")
+    assert new[0] != epoch and new[1:] == (1, 0)
+
+
+def test_a_realtime_history_keeps_its_size_exactly_and_nothing_older_than_its_ttl(
+        registry, monkeypatch):
+    import time as time_module
+
+    short = History(registry.redis, registry.keys, HistoryPolicy(0, 3600, realtime=(5, 60)))
+    read_by(registry, "rt")
+    short.append([("rt", [(f"m{i}", b"x", None) for i in range(8)])])
+    found = short.read("rt")
+    assert (found["first"], found["last"]) == (4, 8)  # 5 kept, exactly
+    now = time_module.time()
+    monkeypatch.setattr(time_module, "time", lambda: now + 61)  # the five are old now
+    short.append([("rt", [("late", b"y", None)])])
+    assert [m["message_id"] for m in short.read("rt")["messages"]] == ["late"]

@@ -113,7 +113,7 @@ class FailingConsumer(Consumer):
 
 
 def test_a_reader_whose_delivery_fails_ends_told_and_the_feed_goes_on(history, caplog):
-    from gearhorn.stomp.streams import TopicFeed
+    from gearhorn.stomp.feed import TopicFeed
 
     feed = TopicFeed(history, "news", on_idle=lambda feed: None)
     feed.stopped = True  # its XREAD loop is not what this test drives
@@ -159,7 +159,7 @@ class LiveConsumer(Consumer):
 
 def stopped_feed(history):
     """A feed whose XREAD loop is not running: the test hands over itself."""
-    from gearhorn.stomp.streams import TopicFeed
+    from gearhorn.stomp.feed import TopicFeed
 
     feed = TopicFeed(history, "news", on_idle=lambda feed: None)
     feed.stopped = True
@@ -277,3 +277,38 @@ def test_what_a_reader_read_ahead_of_the_feed_is_not_owed_once_the_feed_passes_i
     assert reader.owed == set() and ahead.got == []
     feed.sending(entries("b"))
     assert ahead.bodies() == [b"b"]
+
+
+# -- a reader behind the feed ------------------------------------------------------
+
+
+def test_a_reader_without_credit_stays_on_the_feed_and_gets_all_in_order(history):
+    import gevent
+
+    feed, consumer = stopped_feed(history), LiveConsumer(credit=0)
+    reader = live_reader(feed, consumer, live=False)
+    for offset in range(1, 6):
+        feed.hand_over((offset, f"m{offset}", b"%d" % offset, {}))
+    assert consumer.got == [] and reader in feed.live  # held here, not dropped
+    assert len(reader.lagging) == 5
+    consumer.room = 100
+    reader.settled()  # credit back
+    gevent.sleep(0)  # the drain runs
+    feed.hand_over((6, "m6", b"6", {}))  # after the held ones, never before
+    gevent.wait([reader._draining] if reader._draining else [], timeout=5)
+    assert consumer.bodies() == [b"1", b"2", b"3", b"4", b"5", b"6"]
+    assert reader.position == 6 and not reader.lagging
+
+
+def test_a_reader_too_far_behind_leaves_the_feed_to_catch_up_from_history(
+        history, monkeypatch):
+    from gearhorn.stomp import streams
+
+    monkeypatch.setattr(streams, "LAG_MESSAGES", 3)
+    feed, consumer = stopped_feed(history), LiveConsumer(credit=0)
+    reader = live_reader(feed, consumer, live=False)
+    for offset in range(1, 5):
+        feed.hand_over((offset, f"m{offset}", b"x", {}))
+    assert reader not in feed.live and not reader.lagging  # off the feed, nothing held
+    assert reader.position == 0 and reader._catching_up is not None  # from history
+    reader.close()

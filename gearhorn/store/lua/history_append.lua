@@ -6,7 +6,9 @@
 -- ARGV[1] history_size (MAXLEN ~), ARGV[2] history_ttl (seconds),
 -- ARGV[3] an epoch to take if the topic has none, ARGV[4] now (ms),
 -- ARGV[5] '0': the call as a whole once; else each message once within
--- that many ms, ARGV[6] ids kept at most,
+-- that many ms, ARGV[6] ids kept at most, ARGV[7] '1': a real-time topic's
+-- history, kept only while it has readers (lua/history_readers.lua): with
+-- no epoch (none read it lately) nothing is appended,
 -- then message id, payload and headers (JSON, or "" for none), triples,
 -- in order.
 -- An entry's stream id is "<offset>-1": offsets count per topic from 1, so
@@ -21,11 +23,14 @@
 --   can come again (the look-up it rode with failed); the hash keeps the
 --   first message id of the last call, 'mid'.
 -- Returns {epoch, first offset appended, last offset appended} ({epoch, 0,
--- 0} when nothing was).
-local FIRST = 7
+-- 0} when nothing was; {'', 0, 0} for a real-time topic nobody reads).
+local FIRST = 8
 local epoch = redis.call('HGET', KEYS[2], 'epoch')
 local window = tonumber(ARGV[5])
-if not epoch then
+local while_read = ARGV[7] == '1'
+if not epoch and while_read then
+  return {'', 0, 0}
+elseif not epoch then
   epoch = ARGV[3]
   redis.call('DEL', KEYS[1], KEYS[3])
   redis.call('HSET', KEYS[2], 'epoch', epoch)
@@ -74,9 +79,31 @@ for i, at in ipairs(new) do
     redis.call('ZADD', KEYS[3], now, ARGV[at])
   end
 end
-redis.call('XTRIM', KEYS[1], 'MAXLEN', '~', ARGV[1])
+if while_read then
+  -- Exact, so the memory a real-time topic may take is bounded; and what
+  -- is older than its ttl goes too, a few of the oldest per call (each
+  -- goes once), so a slow topic keeps minutes, not its size.
+  redis.call('XTRIM', KEYS[1], 'MAXLEN', ARGV[1])
+  local cutoff = tonumber(ARGV[4]) - tonumber(ARGV[2]) * 1000
+  for _ = 1, 16 do
+    local oldest = redis.call('XRANGE', KEYS[1], '-', '+', 'COUNT', 1)[1]
+    if not oldest then break end
+    local fields, at = oldest[2], nil
+    for i = 1, #fields, 2 do
+      if fields[i] == 't' then at = tonumber(fields[i + 1]) end
+    end
+    if not at or at >= cutoff then break end
+    redis.call('XDEL', KEYS[1], oldest[1])
+  end
+else
+  redis.call('XTRIM', KEYS[1], 'MAXLEN', '~', ARGV[1])
+end
 redis.call('EXPIRE', KEYS[1], ARGV[2])
-redis.call('EXPIRE', KEYS[2], ARGV[2])
+if tonumber(redis.call('HGET', KEYS[2], 'readers') or '0') > 0 then
+  redis.call('PERSIST', KEYS[2])  -- kept while read (lua/history_readers.lua)
+elseif not while_read then
+  redis.call('EXPIRE', KEYS[2], ARGV[2])
+end  -- else it lingers for what history_readers.lua set when the last left
 if window > 0 then
   redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now - window)
   redis.call('ZREMRANGEBYRANK', KEYS[3], 0, -tonumber(ARGV[6]) - 1)

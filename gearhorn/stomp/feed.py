@@ -1,0 +1,152 @@
+"""A topic's feed on one bridge (runs under gevent): one blocking XREAD of
+its history per topic and bridge, handing each new message to the stream
+readers live on it (gearhorn/stomp/streams.py), and the SENDs of this
+bridge its live readers may take before their append."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import gevent
+
+from gearhorn.background import Fault
+from gearhorn.stomp.streams import BLOCK_MS, IN_FLIGHT_SECONDS, PAGE, RedisCalls
+from gearhorn.store.history import Entry, History, Stored
+
+if TYPE_CHECKING:
+    from gearhorn.stomp.streams import StreamReader
+
+log = logging.getLogger(__name__)
+
+
+class TopicFeed:
+    """One blocking read of a topic's history per bridge, handing each new
+    message to the readers live on it."""
+
+    def __init__(self, history: History, topic: str, on_idle: Callable[[TopicFeed], None],
+                 epoch: str | None = None, last: int | None = None) -> None:
+        """``epoch`` and ``last``: where the topic's history stood when the
+        first reader read it (one read), so that reader joins at once and a
+        burst sent right after its RECEIPT reaches it from here, not from a
+        history that may have trimmed it meanwhile."""
+        self.history = history
+        self.topic = topic
+        self.live: list[StreamReader] = []
+        self.readers = 0  # live or catching up
+        self.last: int | None = last  # the last offset read; None until known
+        self.epoch: str | None = epoch if last is not None else None
+        # SENDs of this bridge its live readers may have taken early, not
+        # yet passed here (message id -> when sent), in the order sent.
+        self.in_flight: dict[str, float] = {}
+        self.hold_until = 0  # no SEND is taken early before this offset is passed
+        self._on_idle = on_idle
+        self.stopped = False
+        gevent.spawn(self._run)
+
+    def added(self) -> None:
+        self.readers += 1
+
+    def join(self, reader: StreamReader) -> bool:
+        """Make ``reader`` live if it has caught up with the feed."""
+        if reader.closed or self.last is None or reader.position < self.last:
+            return False
+        if reader.epoch != self.epoch:
+            if self.epoch is None:
+                return False
+            reader.epoch_changed(self.epoch)
+            return False
+        if reader not in self.live:
+            reader.joined(self.in_flight)
+            self.live.append(reader)
+        return True
+
+    def sending(self, messages: list[Entry]) -> bool:
+        """SENDs of this bridge about to be appended: to its live readers
+        now; whether any took some."""
+        now = time.monotonic()
+        for message_id, _, _ in messages:
+            self.in_flight[message_id] = now
+        hold = self.last is None or self.last < self.hold_until
+        took = False
+        for reader in list(self.live):
+            if reader.early is not None:
+                try:
+                    took = reader.take_early(messages, hold) or took
+                except Exception:  # noqa: BLE001 - one subscription's fault, not the topic's
+                    reader.failed()
+        return took
+
+    def forget(self, message_ids: list[str]) -> None:
+        """SENDs taken early that will not be passed here (never appended)."""
+        for message_id in message_ids:
+            self.in_flight.pop(message_id, None)
+        for reader in list(self.live):
+            reader.forget(message_ids)
+
+    def leave(self, reader: StreamReader) -> None:
+        if reader in self.live:
+            self.live.remove(reader)
+        if reader.closed:
+            self.readers -= 1
+            if self.readers <= 0:
+                # Not killed: a greenlet killed inside a Redis call would
+                # hand its connection back with the reply still unread.
+                self.stopped = True
+                self._on_idle(self)
+
+    def _run(self) -> None:
+        redis_calls = RedisCalls(f"feed of {self.topic}")
+        fault = Fault(log, f"feed of {self.topic}")
+        while not self.stopped:
+            try:
+                found = redis_calls.attempt(self._read)
+                fault.succeeded()
+            except Exception as exc:  # noqa: BLE001 - not a Redis error: log it, go on
+                fault.failed(exc)
+                gevent.sleep(redis_calls.backoff.failed())
+                continue
+            for stored in found or ():
+                if stored[0] > self.last:  # not handed over already (appended)
+                    self.hand_over(stored)
+
+    def _read(self) -> list[Stored]:
+        """What follows the feed's last offset (waiting up to BLOCK_MS)."""
+        if self.last is None:
+            self.epoch, _, self.last = self.history.position(self.topic)
+        found = self.history.wait(self.topic, self.last, BLOCK_MS, PAGE)
+        if not found or self.epoch is None:
+            self._check_epoch()
+        self._forget_stale()
+        return found
+
+    def _forget_stale(self) -> None:
+        stale = time.monotonic() - IN_FLIGHT_SECONDS
+        gone = []
+        for message_id, sent in self.in_flight.items():  # oldest first
+            if sent > stale:
+                break
+            gone.append(message_id)
+        if gone:
+            self.forget(gone)
+
+    def hand_over(self, stored: Stored) -> None:
+        self.last = stored[0]
+        if self.in_flight:
+            self.in_flight.pop(stored[1], None)
+        for reader in list(self.live):
+            try:
+                reader.offer(stored)
+            except Exception:  # noqa: BLE001 - one subscription's fault, not the topic's
+                reader.failed()
+
+    def _check_epoch(self) -> None:
+        epoch, _, last = self.history.position(self.topic)
+        if epoch is not None and epoch != self.epoch:
+            lost = self.epoch is not None
+            self.epoch, self.last = epoch, 0 if lost else self.last
+            for reader in list(self.live):
+                reader.epoch_changed(epoch)
+            log.info("topic %s: history epoch %s", self.topic, epoch)

@@ -1,0 +1,154 @@
+"""Real-time topics with no settings (issue 51): on the default
+configuration a plain STOMP SUBSCRIBE to ``/topic/T`` is served by the
+bridge from T's short history, with an ``x-stream-offset`` on every
+MESSAGE and no gearmand queue of its own; it resumes after a cut
+connection with nothing missing or twice, is told ``x-recovered:false``
+when it comes back after the history went, and the reconciliation checks
+its offsets like any stream subscriber's."""
+
+import socket
+
+import pytest
+
+from gearhorn import gearman
+from gearhorn.client import Producer
+from gearhorn.store import redisconn
+from gearhorn.store.keys import Keys
+from gearhorn.store.ledger import Ledger
+
+from .helpers import unique_topic, wait_for
+from .spark_helpers import export_ledger, reconcile
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
+
+
+@pytest.fixture
+def stack(gearmand, start_pool, start_bridge):
+    start_pool([gearmand], processes=2)  # the defaults: no history setting anywhere
+    return gearmand, start_bridge([gearmand])
+
+
+def offsets(messages):
+    return [int(m.headers["x-stream-offset"]) for m in messages]
+
+
+def bodies(messages):
+    return [m.body.decode() for m in messages]
+
+
+def publish(gearmand, topic, names):
+    with Producer([(gearmand.host, gearmand.port)]) as producer:
+        for name in names:
+            producer.publish(topic, name, background=False)
+
+
+def queues_of(gearmand, topic):
+    return [f.name for f in gearman.status(gearmand.host, gearmand.port)
+            if f.name.startswith(f"{topic}_")]
+
+
+def cut(client):
+    """The connection dropped, no DISCONNECT (a network cut, a closed laptop)."""
+    client.conn.transport.socket.shutdown(socket.SHUT_RDWR)
+    client.wait(lambda: not client.conn.is_connected(), 20, "the cut seen by the client")
+
+
+@pytest.mark.cluster_too
+def test_a_plain_subscriber_gets_offsets_no_queue_and_resumes_after_a_cut(
+        stack, stomp_clients, redis_url):
+    gearmand, bridge = stack
+    topic = unique_topic("plain.")
+    reader = stomp_clients(bridge.port)
+    receipt = reader.subscribe(f"/topic/{topic}", "s")  # no header of gearhorn's own
+    assert receipt.headers["x-stream-offset"] == "1"
+    producer = stomp_clients(bridge.port)
+    for i in range(30):
+        producer.send(f"/topic/{topic}", f"a{i}")
+    publish(gearmand, topic, [f"g{i}" for i in range(10)])  # Gearman producers too
+    got = reader.messages(40, timeout=60)
+    assert bodies(got) == [f"a{i}" for i in range(30)] + [f"g{i}" for i in range(10)]
+    assert offsets(got) == list(range(1, 41))
+    epoch = got[0].headers["x-stream-epoch"]
+    assert epoch and {m.headers["x-stream-epoch"] for m in got} == {epoch}
+    assert queues_of(gearmand, topic) == []  # no gearmand queue was made for it
+
+    cut(reader)
+    # Its bridge saw the cut when its registration is gone: then it is away.
+    client = redisconn.connect(redis_url)
+    wait_for(lambda: not {m for m in client.smembers(Keys().topic(topic))}, 60,
+             message="the cut subscription removed")
+    for i in range(20):  # while it is away: the history keeps them
+        producer.send(f"/topic/{topic}", f"b{i}")
+    publish(gearmand, topic, [f"h{i}" for i in range(5)])
+
+    again = stomp_clients(bridge.port)
+    receipt = again.subscribe(f"/topic/{topic}", "s", **{
+        "x-stream-offset": str(offsets(got)[-1] + 1), "x-stream-epoch": epoch})
+    assert receipt.headers["x-recovered"] == "true"
+    for i in range(5):
+        producer.send(f"/topic/{topic}", f"c{i}")
+    producer.send(f"/topic/{topic}", "end")
+    resumed = again.until(b"end", timeout=60)
+    assert bodies(resumed) == ([f"b{i}" for i in range(20)] + [f"h{i}" for i in range(5)]
+                               + [f"c{i}" for i in range(5)])
+    assert offsets(resumed) == list(range(41, 71))  # no gap, none twice at the seam
+    assert all("x-recovered" not in m.headers for m in resumed)
+    assert queues_of(gearmand, topic) == []
+
+
+def test_a_reader_back_after_the_history_went_is_told_not_recovered(
+        gearmand, start_pool, start_bridge, stomp_clients, redis_url):
+    """The history of a topic nobody reads goes ``realtime_history_ttl``
+    after the last reader left; one that comes back later gets what is
+    there from then on, and its first MESSAGE says x-recovered:false."""
+    short = {"GEARHORN_REALTIME_HISTORY_TTL": "1"}
+    start_pool([gearmand], processes=1, env=short)
+    bridge = start_bridge([gearmand], env=short)
+    topic = unique_topic("gone.")
+    reader = stomp_clients(bridge.port)
+    reader.subscribe(f"/topic/{topic}", "s")
+    publish(gearmand, topic, ["a0", "a1"])
+    got = reader.messages(2, timeout=30)
+    epoch = got[0].headers["x-stream-epoch"]
+    reader.close()
+    client = redisconn.connect(redis_url)
+    wait_for(lambda: not client.exists(Keys().history_meta(topic)), 60,
+             message="the topic's history gone, a second after its last reader left")
+    publish(gearmand, topic, ["lost"])  # nobody reads it: kept nowhere
+    again = stomp_clients(bridge.port)
+    receipt = again.subscribe(f"/topic/{topic}", "s", **{
+        "x-stream-offset": "3", "x-stream-epoch": epoch})
+    assert receipt.headers["x-recovered"] == "false"
+    assert receipt.headers["x-stream-epoch"] != epoch
+    publish(gearmand, topic, ["b0"])
+    (first,) = again.messages(1, timeout=30)
+    assert first.body == b"b0" and first.headers["x-recovered"] == "false"
+
+
+def test_the_reconciliation_checks_a_default_subscribers_offsets(
+        stack, stomp_clients, redis_url, tmp_path):
+    gearmand, bridge = stack
+    topic = unique_topic("ledger.")
+    reader = stomp_clients(bridge.port)
+    reader.subscribe(f"/topic/{topic}", "s")
+    producer = stomp_clients(bridge.port)
+    for i in range(25):
+        producer.send(f"/topic/{topic}", f"m{i}")
+    got = reader.messages(25, timeout=60)
+    reader.close()  # an ended subscription records its last run of offsets
+    rows = []
+
+    def streamed_rows():
+        rows[:] = [row for row in export_ledger(redis_url, tmp_path / "poll", gearmand)
+                   if row["event"] == "streamed" and row["subscriber"].startswith(f"{topic}_")]
+        return rows
+    wait_for(streamed_rows, timeout=60, interval=0.5, message="the reader's runs of offsets")
+    problems, _ = reconcile(redis_url, tmp_path / "clean", gearmand)
+    assert [p for p in problems if p[1] == rows[0]["subscriber"]] == []
+    # Planted: the reader given 27-28, so 26 was skipped.
+    epoch = got[0].headers["x-stream-epoch"]
+    planted = Ledger(redisconn.connect(redis_url), Keys(), source="planted")
+    planted.record("streamed", rows[0]["subscriber"], f"{epoch}:27-28")
+    planted.flush()
+    problems, _ = reconcile(redis_url, tmp_path / "planted", gearmand)
+    assert ("stream_gap", rows[0]["subscriber"]) in problems
