@@ -438,6 +438,10 @@ def use_client_options(args: argparse.Namespace) -> None:
         stream_subscriptions()
     if args.live:
         live_subscriptions()
+    if not (args.stream or args.live):
+        # The defaults: plain subscribers read the real-time topics' history
+        # (docs/stomp.rst); as deep as a run sends, for the reason above.
+        os.environ.setdefault("GEARHORN_REALTIME_HISTORY_SIZE", LOAD_HISTORY.split("=")[1])
     if args.websocket:  # the spawned processes read it too
         os.environ["STOMP_LOAD_WEBSOCKET"] = "1"
     if args.broker_cpus:  # the brokers this process starts inherit it
