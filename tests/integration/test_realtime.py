@@ -1,5 +1,5 @@
 """Real-time topics on real servers (issue 27): several producers on two
-bridges, over TCP and WebSocket (stomp.py both ways), each sending 4,000
+bridges, over TCP and WebSocket (stomp.py both ways), each sending 2,000
 messages without waiting for receipts; 20 subscribers, half on each
 bridge, half live (plain SUBSCRIBEs, given their bridge's SENDs before the
 append) and half stream (x-stream-offset), get every message of every
@@ -22,7 +22,7 @@ from .spark_helpers import export_ledger, reconcile
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
 HISTORY = {"GEARHORN_HISTORY_TOPICS": "live.*=100000"}
-MESSAGES = 4_000
+MESSAGES = 2_000
 
 
 def start_bridges(gearmand, start_pool, start_bridge, env):
