@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import random
+import shutil
 import socket
 import subprocess
 import tempfile
@@ -19,6 +20,8 @@ class RedisClusterServers:
     """The nodes of a Redis Cluster started by :func:`start_redis_cluster`."""
 
     nodes: list[Managed]
+    # A folder made for it (no data_dir given): removed when it stops.
+    own_dir: str | None = None
 
     @property
     def url(self) -> str:
@@ -28,6 +31,8 @@ class RedisClusterServers:
     def stop(self) -> None:
         for node in self.nodes:
             node.stop()
+        if self.own_dir is not None:
+            shutil.rmtree(self.own_dir, ignore_errors=True)
 
 
 def start_redis_cluster(masters: int = 3, replicas: int = 0, data_dir: str | None = None,
@@ -38,7 +43,8 @@ def start_redis_cluster(masters: int = 3, replicas: int = 0, data_dir: str | Non
     cli = find_binary("redis-cli")
     if cli is None:
         raise ServerError("redis-cli not found: apt-get install redis-tools")
-    data_dir = data_dir or tempfile.mkdtemp(prefix="gearhorn-cluster-")
+    own_dir = None if data_dir else tempfile.mkdtemp(prefix="gearhorn-cluster-")
+    data_dir = data_dir or own_dir
     nodes = []
     try:
         for index in range(masters * (1 + replicas)):
@@ -54,12 +60,14 @@ def start_redis_cluster(masters: int = 3, replicas: int = 0, data_dir: str | Non
         if created.returncode != 0:
             raise ServerError(f"redis-cli --cluster create failed:\n{created.stdout}"
                               f"{created.stderr}")
-        cluster = RedisClusterServers(nodes)
+        cluster = RedisClusterServers(nodes, own_dir)
         wait_for_cluster(cluster, masters * (1 + replicas), timeout)
         return cluster
     except BaseException:
         for node in nodes:
             node.stop()
+        if own_dir is not None:
+            shutil.rmtree(own_dir, ignore_errors=True)
         raise
 
 
