@@ -142,24 +142,31 @@ def restart_gearmand_queue(gm: servers.Managed) -> None:
             gearman.admin(gm.host, gm.port, f"drop function {f.name}")
 
 
+def pool_rates(gm, redis_url, processes: int, quick: bool, ledger: bool = True,
+               env: dict[str, str] | None = None) -> list[float]:
+    """Copies/s of a fresh pool at widths 10, 100 and 1,000 (after a warm-up each)."""
+    budget = 20_000 if quick else 100_000
+    pool = start_pool(gm, redis_url, processes, ledger=ledger, env=env)
+    try:
+        run = []
+        for width in (10, 100, 1000):
+            topic = f"bench{width}"
+            fanouts = max(1, budget // width)
+            gearhorn_rate(gm, topic, max(1, fanouts // 10), width)
+            run.append(gearhorn_rate(gm, topic, fanouts, width))
+            restart_gearmand_queue(gm)
+        return run
+    finally:
+        pool.send_signal(signal.SIGTERM)
+        pool.wait(30)
+
+
 def bench_ledger_cost(gm, registry, redis_url, processes: int, quick: bool) -> None:
     """The same fanouts with the delivery ledger on and off."""
-    budget = 20_000 if quick else 100_000
-    rates: dict[bool, list[float]] = {}
+    rates: dict[bool, list[list[float]]] = {}
     for enabled in (True, False, True):
-        pool = start_pool(gm, redis_url, processes, ledger=enabled)
-        try:
-            run = []
-            for width in (10, 100, 1000):
-                topic = f"bench{width}"
-                fanouts = max(1, budget // width)
-                gearhorn_rate(gm, topic, max(1, fanouts // 10), width)
-                run.append(gearhorn_rate(gm, topic, fanouts, width))
-                restart_gearmand_queue(gm)
-            rates.setdefault(enabled, []).append(run)
-        finally:
-            pool.send_signal(signal.SIGTERM)
-            pool.wait(30)
+        rates.setdefault(enabled, []).append(
+            pool_rates(gm, redis_url, processes, quick, ledger=enabled))
     for i, width in enumerate((10, 100, 1000)):
         on = sum(r[i] for r in rates[True]) / len(rates[True])
         off = rates[False][0][i]
@@ -175,25 +182,12 @@ def bench_setting_cost(gm, redis_url, processes: int, quick: bool, setting: str,
     import statistics
 
     name, _, value = setting.partition("=")
-    budget = 20_000 if quick else 100_000
     rates: dict[str, list[list[float]]] = {"defaults": [], setting: []}
     for turn in range(turns):
         order = ["defaults", setting] if turn % 2 == 0 else [setting, "defaults"]
         for label in order:
             env = {name: value} if label == setting else {}
-            pool = start_pool(gm, redis_url, processes, env=env)
-            try:
-                run = []
-                for width in (10, 100, 1000):
-                    topic = f"bench{width}"
-                    fanouts = max(1, budget // width)
-                    gearhorn_rate(gm, topic, max(1, fanouts // 10), width)
-                    run.append(gearhorn_rate(gm, topic, fanouts, width))
-                    restart_gearmand_queue(gm)
-                rates[label].append(run)
-            finally:
-                pool.send_signal(signal.SIGTERM)
-                pool.wait(30)
+            rates[label].append(pool_rates(gm, redis_url, processes, quick, env=env))
         print(f"  turn {turn + 1}: " + "   ".join(
             f"x{w} {rates['defaults'][-1][i]:,.0f} / {rates[setting][-1][i]:,.0f}"
             for i, w in enumerate((10, 100, 1000))), flush=True)

@@ -8,16 +8,12 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 import gevent
 
 from gearhorn.background import Fault
-from gearhorn.stomp.streams import BLOCK_MS, IN_FLIGHT_SECONDS, PAGE, RedisCalls
+from gearhorn.stomp.streams import BLOCK_MS, IN_FLIGHT_SECONDS, PAGE, RedisCalls, StreamReader
 from gearhorn.store.history import Entry, History, Stored
-
-if TYPE_CHECKING:
-    from gearhorn.stomp.streams import StreamReader
 
 log = logging.getLogger(__name__)
 

@@ -92,6 +92,10 @@ class History:
                   window, REPEAT_IDS, "1" if mode.while_read else "0", *args])
                 for topic, args in by_topic.items()]
 
+    def questions(self, topics: Sequence[str]) -> list[ScriptCall]:
+        """Whether each real-time topic's history is kept now (read lately)."""
+        return [(self._is_live, [self.keys.history_meta(topic)], []) for topic in topics]
+
     def linger(self, topic: str) -> int:
         """Seconds ``topic``'s history is kept after its last reader left."""
         return self.policy.mode(topic).ttl
@@ -211,8 +215,8 @@ class Plan:
                          if topic not in self.asked]
         self.later = {topic: by_topic[topic] for topic in self.asked}
         self.topics = list(by_topic)
-        self.calls: list[ScriptCall] = history.calls(self.appended, once_each) + [
-            (history._is_live, [history.keys.history_meta(topic)], []) for topic in self.asked]
+        self.calls: list[ScriptCall] = (history.calls(self.appended, once_each)
+                                        + history.questions(self.asked))
 
     def settle(self, replies: Sequence[object]) -> list[tuple[str, int, int]]:
         """(epoch, first, last) of each topic of the group with a history, in
@@ -222,7 +226,8 @@ class Plan:
         if len(live) > 100_000:
             live.clear()  # a belief, not a record: asking again is always right
         where = {}
-        for (topic, _), reply in zip(self.appended, replies, strict=False):
+        for (topic, _), reply in zip(self.appended, replies[:len(self.appended)],
+                                     strict=True):
             where[topic] = appended_at(reply)
             if history.policy.mode(topic).while_read:
                 live[topic] = bool(where[topic][0])

@@ -382,3 +382,24 @@ class Up:
             except subprocess.TimeoutExpired:
                 os.killpg(self.process.pid, signal.SIGKILL)
                 self.process.wait()
+
+
+# -- topic histories (stream subscribers) ---------------------------------------------
+
+
+def offsets(messages):
+    """The x-stream-offset of each STOMP MESSAGE."""
+    return [int(m.headers["x-stream-offset"]) for m in messages]
+
+
+def bodies(messages):
+    return [m.body.decode() for m in messages]
+
+
+def publish(gearmand, topic, names):
+    """Foreground fanouts from a Gearman producer, one after the other."""
+    from gearhorn.client import Producer
+
+    with Producer([(gearmand.host, gearmand.port)]) as producer:
+        for name in names:
+            producer.publish(topic, name, background=False)

@@ -11,13 +11,12 @@ import socket
 import pytest
 
 from gearhorn import gearman
-from gearhorn.client import Producer
 from gearhorn.config import Config
 from gearhorn.store import redisconn
 from gearhorn.store.keys import Keys
 from gearhorn.store.ledger import Ledger
 
-from .helpers import unique_topic, wait_for
+from .helpers import bodies, offsets, publish, unique_topic, wait_for
 from .spark_helpers import reconcile
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
@@ -27,20 +26,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 def stack(gearmand, start_pool, start_bridge):
     start_pool([gearmand], processes=2)  # the defaults: no history setting anywhere
     return gearmand, start_bridge([gearmand])
-
-
-def offsets(messages):
-    return [int(m.headers["x-stream-offset"]) for m in messages]
-
-
-def bodies(messages):
-    return [m.body.decode() for m in messages]
-
-
-def publish(gearmand, topic, names):
-    with Producer([(gearmand.host, gearmand.port)]) as producer:
-        for name in names:
-            producer.publish(topic, name, background=False)
 
 
 def queues_of(gearmand, topic):
@@ -158,3 +143,23 @@ def test_the_reconciliation_checks_a_default_subscribers_offsets(
     planted.flush()
     problems, _ = reconcile(redis_url, tmp_path / "planted", gearmand)
     assert [kind for kind, subscriber in problems if subscriber == queue] == ["stream_gap"]
+
+
+def test_gearhorn_up_serves_a_plain_subscriber_in_real_time_with_receipts_after_the_disk(
+        ups, tmp_path, stomp_clients):
+    """What a new user runs (README): ``gearhorn up`` with every default,
+    the fsync barrier included. A plain subscriber gets offsets and no
+    queue; the producer's receipted SENDs (no job: the reader alone reads
+    the topic) are answered, and a Gearman fanout reaches it too."""
+    up = ups(tmp_path)
+    topic = unique_topic("up.")
+    reader = stomp_clients(up.ports["stomp"])
+    assert reader.subscribe(f"/topic/{topic}", "s").headers["x-stream-offset"] == "1"
+    producer = stomp_clients(up.ports["stomp"])
+    for i in range(5):
+        producer.send(f"/topic/{topic}", f"m{i}")  # each waits for its RECEIPT
+    publish(up.gearmand, topic, ["g0"])
+    got = reader.messages(6, timeout=60)
+    assert bodies(got) == ["m0", "m1", "m2", "m3", "m4", "g0"]
+    assert offsets(got) == list(range(1, 7))
+    assert queues_of(up.gearmand, topic) == []

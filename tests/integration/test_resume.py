@@ -13,7 +13,7 @@ from gearhorn.client import Consumer, Producer
 from gearhorn.store.keys import Keys
 
 from .browser import browser, static_site, stomp_page, stompjs_bundle
-from .helpers import unique_topic, wait_for
+from .helpers import bodies, offsets, publish, unique_topic, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
@@ -25,20 +25,6 @@ def stack(gearmand, start_pool, start_bridge):
     start_pool([gearmand], processes=2, env=HISTORY)
     bridge = start_bridge([gearmand], env=HISTORY)
     return gearmand, bridge
-
-
-def offsets(messages):
-    return [int(m.headers["x-stream-offset"]) for m in messages]
-
-
-def bodies(messages):
-    return [m.body.decode() for m in messages]
-
-
-def publish(gearmand, topic, names):
-    with Producer([(gearmand.host, gearmand.port)]) as producer:
-        for name in names:
-            producer.publish(topic, name, background=False)
 
 
 @pytest.mark.cluster_too
