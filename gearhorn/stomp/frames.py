@@ -75,7 +75,10 @@ class FrameParser:
 
     def _skip_heartbeats(self) -> bool:
         buf, i = self._buf, self._pos
-        while i < len(buf) and buf[i] in (EOL, CR):
+        while i < len(buf) and buf[i] in (EOL, CR, 0):
+            if buf[i] == 0:  # a stray NUL between frames: RabbitMQ skips it too
+                i += 1
+                continue
             if buf[i] == CR:
                 if i + 1 == len(buf):
                     break

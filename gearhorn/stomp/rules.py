@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from gearhorn.limits import Limits, limits_from_headers
 from gearhorn.messages import DEFAULT_MAX_PAYLOAD, BadRequest, validate_queue, validate_topic
 from gearhorn.naming import TEMP_FUNCTION_PREFIX
+from gearhorn.stomp.exchanges import ExchangeError, exchange_topic
 from gearhorn.stomp.frames import Frame, encode
 from gearhorn.stomp.sending import SendOptions, send_options
 
@@ -24,6 +25,9 @@ SERVER_NAME = "gearhorn/0.1.0"
 # plugin uses (what people grep their logs for); the detail goes in the body.
 # docs/stomp.rst has the table.
 MISSING_HEADER = "Missing header"
+MISSING_DESTINATION = "Missing destination"
+# RabbitMQ's capital H for a durable SUBSCRIBE without an id (its suite checks it).
+MISSING_ID_FOR_DURABLE = "Missing Header"
 INVALID_HEADER = "Invalid header"
 INVALID_DESTINATION = "Invalid destination"
 UNKNOWN_DESTINATION = "Unknown destination"
@@ -70,8 +74,16 @@ class Destination:
 
 
 def parse_destination(text: str) -> Destination:
-    """``/queue/Q``, ``/topic/T``, ``/control/count-msgs/queue/Q`` and the like."""
+    """``/queue/Q``, ``/topic/T``, ``/control/count-msgs/queue/Q`` and the like;
+    RabbitMQ's ``/exchange/amq.topic/K`` and kin name topics (exchanges.py)."""
+    if text == "/exchange" or text.startswith("/exchange/"):
+        try:
+            text = "/topic/" + exchange_topic(text[len("/exchange"):])
+        except ExchangeError as exc:
+            raise ProtocolError(str(exc), exc.title) from None
     for kind in ("queue", "topic"):
+        if text in (f"/{kind}", f"/{kind}/"):  # RabbitMQ's words for a missing name
+            raise ProtocolError(f"'' is not a valid {kind} destination\n", INVALID_DESTINATION)
         prefix = f"/{kind}/"
         if text.startswith(prefix):
             name = text[len(prefix):]
@@ -122,7 +134,8 @@ def plain(frame: Frame) -> bool:
 def require(frame: Frame, header: str) -> str:
     value = frame.get(header)
     if value is None:
-        raise ProtocolError(f"{frame.command} needs a {header} header", MISSING_HEADER)
+        title = MISSING_DESTINATION if header == "destination" else MISSING_HEADER
+        raise ProtocolError(f"{frame.command} needs a {header} header", title)
     return value
 
 
@@ -237,9 +250,16 @@ def durable_name(frame: Frame, sub_id: str) -> str | None:
     ActiveMQ's ``activemq.subscriptionName``, or RabbitMQ's ``durable`` (or
     ``persistent``) ``true``, which names it by its id."""
     name = frame.get("activemq.subscriptionName")
-    if name is None and (boolean(frame, "durable", False) or boolean(frame, "persistent", False)):
+    if name is None and durable_flag(frame):
+        if "id" not in frame.headers:  # STOMP 1.0's fallback id would name it by destination
+            raise ProtocolError("a durable subscription needs an id header", MISSING_ID_FOR_DURABLE)
         return sub_id
     return name
+
+
+def durable_flag(frame: Frame) -> bool:
+    """RabbitMQ's ``durable: true`` or its older spelling ``persistent: true``."""
+    return boolean(frame, "durable", False) or boolean(frame, "persistent", False)
 
 
 def ack_mode(frame: Frame) -> str:

@@ -21,6 +21,7 @@ from gearhorn.stomp.auth import OPEN
 from gearhorn.stomp.backend import Backend, FanoutFailed, Transport
 from gearhorn.stomp.batching import send_batches
 from gearhorn.stomp.bounds import QueueFull
+from gearhorn.stomp.exchanges import TOPIC_EXCHANGE, canonical
 from gearhorn.stomp.frames import Frame, encode
 from gearhorn.stomp.outbox import Outbox
 from gearhorn.stomp.queues import Delivery
@@ -32,12 +33,14 @@ from gearhorn.stomp.rules import (
     ILLEGAL_COMMAND,
     NO_SUBSCRIPTION,
     SERVER_NAME,
+    SUPPORTED_VERSIONS,
     ProtocolError,
     SessionSettings,
     Transactions,
     ack_mode,
     ack_timeout,
     boolean,
+    durable_flag,
     heartbeats,
     negotiate_version,
     prefetch,
@@ -112,10 +115,12 @@ class Session:
         """Process one frame from the client."""
         if self.closed:
             return
+        _name_topics_as_topics(frame)
         try:
             handler = self._handlers.get(frame.command)
             if handler is None:
-                raise ProtocolError(f"unknown command {frame.command}", BAD_COMMAND)
+                raise ProtocolError(f'Could not interpret command "{frame.command[:40]}"\n',
+                                    BAD_COMMAND)
             if not self.connected and handler != self.on_connect:
                 raise ProtocolError(f"{frame.command} before CONNECT", ILLEGAL_COMMAND)
             if frame.command not in _BESIDE_SENDS and not self.flushed():
@@ -140,6 +145,8 @@ class Session:
     def handle_frames(self, frames: list[Frame]) -> None:
         """Process frames read together; consecutive SENDs to one destination
         go to Gearman as one batch (gearhorn/stomp/batching.py)."""
+        for frame in frames:
+            _name_topics_as_topics(frame)
         for group in send_batches(frames, self.settings.max_payload_bytes):
             if self.closed:
                 return
@@ -154,6 +161,8 @@ class Session:
         if self.closed:
             return
         headers = {"message": message.replace("\n", " ")[:1000], "content-type": "text/plain"}
+        if message == BAD_COMMAND:  # as RabbitMQ: maybe a newer protocol's command
+            headers["version"] = ",".join(SUPPORTED_VERSIONS)
         if frame is not None and "receipt" in frame.headers:
             headers["receipt-id"] = frame.headers["receipt"]
         body = (detail or message).encode()
@@ -195,16 +204,20 @@ class Session:
         self.version = version
         principal = self.backend.logins.authenticate(frame.get("login"), frame.get("passcode"))
         if principal is None:
-            # Never the passcode, in the ERROR or the log.
-            raise ProtocolError("access refused: unknown login, wrong passcode, or no "
-                                "login where anonymous access is not allowed", BAD_CONNECT)
+            # RabbitMQ's words; never the passcode, nor which of the two was wrong.
+            login = frame.get("login")
+            raise ProtocolError(f"Access refused for user '{login[:100]}'" if login else
+                                "Access refused: this bridge allows no anonymous login",
+                                BAD_CONNECT)
         self.principal = principal
         sx, sy = self.settings.heartbeat_send_ms, self.settings.heartbeat_receive_ms
         self.heartbeat = heartbeats(frame.get("heart-beat", "0,0"), sx, sy)
         self.client_name = frame.get("client-id", "")
-        headers = {"session": self.id, "server": SERVER_NAME}
-        if self.version != "1.0":
-            headers.update({"version": self.version, "heart-beat": f"{sx},{sy}"})
+        # STOMP 1.0 has no heart-beating: "0,0" says so (and RabbitMQ sends
+        # both headers on every version; clients of 1.0 ignore them).
+        beats = f"{sx},{sy}" if self.version != "1.0" else "0,0"
+        headers = {"session": self.id, "server": SERVER_NAME, "version": self.version,
+                   "heart-beat": beats}
         self.connected = True
         self.transport.send(encode("CONNECTED", headers, b"", self.version))
 
@@ -244,7 +257,7 @@ class Session:
         destination = require(frame, "destination")
         sub_id = subscription_id(frame, self.version)
         if sub_id in self.subscriptions:
-            raise ProtocolError(f"subscription id {sub_id!r} is already in use",
+            raise ProtocolError(f"A subscription identified by '{sub_id}' already exists.",
                                 DUPLICATED_SUBSCRIPTION)
         self._room_for_one_more()
         dest = subscribable(destination)
@@ -282,7 +295,7 @@ class Session:
         sub = self.subscriptions.pop(sub_id, None)
         if sub is None:
             raise ProtocolError(f"no subscription with id {sub_id!r}", NO_SUBSCRIPTION)
-        remove = boolean(frame, "durable", False) or "activemq.subscriptionName" in frame.headers
+        remove = durable_flag(frame) or "activemq.subscriptionName" in frame.headers
         end_subscription(self.backend, sub, self.acks, remove=remove or not sub.durable)
         if sub.durable and remove:
             self.sends.on_disk([frame])
@@ -371,3 +384,10 @@ class Session:
             headers = {"receipt-id": receipt, **(extra or {})}
             self.transport.send(encode("RECEIPT", headers, b"", self.version))
 
+
+def _name_topics_as_topics(frame: Frame) -> None:
+    """RabbitMQ's ``/exchange/amq.topic/K`` is ``/topic/K``: batched with
+    it, and named so on the MESSAGE frames (exchanges.py)."""
+    destination = frame.headers.get("destination")
+    if destination is not None and destination.startswith(TOPIC_EXCHANGE):
+        frame.headers["destination"] = canonical(destination)

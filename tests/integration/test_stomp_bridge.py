@@ -117,22 +117,23 @@ def test_a_killed_consumer_gives_its_messages_back(stack, stomp_clients):
 
 
 @pytest.mark.cluster_too
-def test_durable_topic_subscription_keeps_its_backlog(stack, stomp_clients):
+@pytest.mark.parametrize("flag", ["durable", "persistent"])  # RabbitMQ's older spelling
+def test_durable_topic_subscription_keeps_its_backlog(stack, stomp_clients, flag):
     topic = unique_topic()
     first = stomp_clients(stack.port, **{"client-id": "app1"})
-    first.subscribe(f"/topic/{topic}", "dur", ack="client", durable="true",
-                    **{"auto-delete": "false"})
+    first.subscribe(f"/topic/{topic}", "dur", ack="client",
+                    **{flag: "true", "auto-delete": "false"})
     first.close()
     producer = stomp_clients(stack.port)
     for i in range(5):
         producer.send(f"/topic/{topic}", f"m{i}".encode())
     assert control(producer, f"count-subscribers/topic/{topic}")["num-subscribers"] == "1"
     back = stomp_clients(stack.port, **{"client-id": "app1"})
-    back.subscribe(f"/topic/{topic}", "dur", ack="auto", durable="true")
+    back.subscribe(f"/topic/{topic}", "dur", ack="auto", **{flag: "true"})
     assert [m.body for m in back.messages(5)] == [f"m{i}".encode() for i in range(5)]
-    # UNSUBSCRIBE with durable:true ends it for good.
+    # UNSUBSCRIBE with the same flag ends it for good.
     rid = back.receipt()
-    back.conn.unsubscribe("dur", headers={"durable": "true", "receipt": rid})
+    back.conn.unsubscribe("dur", headers={flag: "true", "receipt": rid})
     back.await_receipt(rid)
     assert control(producer, f"count-subscribers/topic/{topic}")["num-subscribers"] == "0"
 

@@ -200,18 +200,25 @@ def error_of(raw, command, headers, body=b""):
 
 @pytest.mark.parametrize("command, headers, message, detail", [
     ("ACK", {}, "Missing header", "ACK needs an id header (STOMP 1.2)"),
-    ("SEND", {}, "Missing header", "SEND needs a destination header"),
+    ("SEND", {}, "Missing destination", "SEND needs a destination header"),
+    ("SUBSCRIBE", {"id": "1"}, "Missing destination", "SUBSCRIBE needs a destination header"),
+    ("SEND", {"destination": "/queue"}, "Invalid destination",
+     "'' is not a valid queue destination\n"),
+    ("SUBSCRIBE", {"destination": "/topic/", "id": "1"}, "Invalid destination",
+     "'' is not a valid topic destination\n"),
     ("SEND", {"destination": "/queue/q", "priority": "urgent"}, "Invalid header",
      "invalid priority 'urgent'"),
-    ("SEND", {"destination": "/exchange/amq.topic"}, "Unknown destination",
-     "unknown destination '/exchange/amq.topic'"),
+    ("SEND", {"destination": "/something/interesting"}, "Unknown destination",
+     "unknown destination '/something/interesting'"),
+    ("SUBSCRIBE", {"destination": "/exchange/does.not.exist", "id": "1"}, "not_found",
+     "no exchange 'does.not.exist' in vhost '/'"),
     ("SEND", {"destination": "/queue/has space"}, "Invalid destination", "invalid queue name"),
     ("SUBSCRIBE", {"destination": "/queue/q", "id": "1", "prefetch-count": "lots"},
      "Invalid header", "invalid prefetch 'lots'"),
     ("UNSUBSCRIBE", {"id": "nope"}, "No subscription found", "no subscription with id 'nope'"),
     ("NACK", {"id": "m1", "requeue": "maybe"}, "Invalid header", "invalid requeue header"),
     ("COMMIT", {"transaction": "t9"}, "Bad transaction", "transaction 't9' was not begun"),
-    ("FLY", {}, "Bad command", "unknown command FLY"),
+    ("FLY", {}, "Bad command", 'Could not interpret command "FLY"\n'),
 ])
 def test_errors_use_the_words_people_grep_for(bridge, command, headers, message, detail):
     raw = RawClient(bridge.port)
@@ -251,13 +258,56 @@ def test_rabbitmqs_bad_header_on_send_case(bridge, destination):
         raw.close()
 
 
+@pytest.mark.parametrize("destination, named", [
+    ("/exchange/amq.fanout", "/exchange/amq.fanout"),
+    ("/exchange/amq.direct/route", "/exchange/amq.direct/route"),
+    ("/exchange/amq.topic/route", "/topic/route"),  # one topic, two names, as in RabbitMQ
+])
+def test_a_client_written_for_rabbitmqs_exchanges_works_unchanged(bridge, destination, named):
+    raw = RawClient(bridge.port, version="1.0")
+    raw.connect()
+    try:
+        raw.frame("SUBSCRIBE", {"destination": destination, "receipt": "r"})
+        raw.expect("RECEIPT")
+        raw.send(b"\0SEND\ndestination:" + destination.encode() + b"\n\nhello\n\0")
+        message = raw.expect("MESSAGE")
+        assert (message.headers["destination"], message.body) == (named, b"hello\n")
+    finally:
+        raw.close()
+
+
+def test_a_stomp_1_0_connected_names_its_version_and_no_heartbeat(bridge):
+    """RabbitMQ's STOMP suite (parsing.py) reads ``version`` and
+    ``heart-beat`` on a 1.0 CONNECTED; 1.0 clients ignore them."""
+    raw = RawClient(bridge.port, version="1.0")
+    try:
+        raw.frame("CONNECT", {"login": "guest", "passcode": "guest"})
+        connected = raw.expect("CONNECTED")
+        assert (connected.headers["version"], connected.headers["heart-beat"]) == ("1.0", "0,0")
+    finally:
+        raw.close()
+
+
+@pytest.mark.parametrize("flag", ["durable", "persistent"])
+def test_a_stomp_1_0_durable_subscription_needs_its_own_id(bridge, flag):
+    """STOMP 1.0 would name a subscription without ``id`` by its destination;
+    a durable one must be named (RabbitMQ's suite, destinations.py)."""
+    raw = RawClient(bridge.port, version="1.0")
+    raw.connect()
+    try:
+        assert error_of(raw, "SUBSCRIBE", {"destination": "/topic/t", flag: "true"}) == \
+            ("Missing Header", "a durable subscription needs an id header")
+    finally:
+        raw.close()
+
+
 def test_a_duplicated_subscription_id_and_a_frame_before_connect_are_named_as_elsewhere(
         bridge):
     raw = RawClient(bridge.port)
     raw.connect()
     raw.frame("SUBSCRIBE", {"destination": "/queue/q", "id": "1"})
-    assert error_of(raw, "SUBSCRIBE", {"destination": "/queue/r", "id": "1"})[0] == \
-        "Duplicated subscription identifier"
+    assert error_of(raw, "SUBSCRIBE", {"destination": "/queue/r", "id": "1"}) == \
+        ("Duplicated subscription identifier", "A subscription identified by '1' already exists.")
     raw.close()
     raw = RawClient(bridge.port)
     assert error_of(raw, "SEND", {"destination": "/queue/q"})[0] == "Illegal command"

@@ -26,6 +26,15 @@ def test_simple_frames_and_heartbeats_between_them():
                       Frame("SEND", {"destination": "/queue/a"}, b"hello")]
 
 
+def test_a_stray_nul_between_frames_is_skipped_not_a_heartbeat():
+    """RabbitMQ's suite (parsing.py) sends ``\\n\\0SUBSCRIBE``; RabbitMQ skips it."""
+    wire = b"\n\0SEND\ndestination:/queue/a\n\nx\0\n\0\0SEND\ndestination:/queue/b\n\ny\0"
+    assert [f.headers["destination"] for f in parse_all(wire)] == ["/queue/a", "/queue/b"]
+    parser = FrameParser()
+    parser.feed(b"\0\0\n")
+    assert parser.heartbeats == 1
+
+
 def test_content_length_body_keeps_nul_bytes():
     body = b"a\0b\0\0c\n\n"
     wire = b"SEND\ndestination:/queue/a\ncontent-length:%d\n\n%s\0" % (len(body), body)
