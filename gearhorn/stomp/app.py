@@ -27,7 +27,7 @@ from gearhorn.stomp.bounds import QueueBounds
 from gearhorn.stomp.counts import QueueCounts
 from gearhorn.stomp.deadletter import DeadLetterer
 from gearhorn.stomp.flusher import LedgerFlusher
-from gearhorn.stomp.frames import Limits
+from gearhorn.stomp.frames import FrameLimits
 from gearhorn.stomp.giveback import GiveBack
 from gearhorn.stomp.logins import Logins
 from gearhorn.stomp.publisher import Publisher
@@ -149,7 +149,7 @@ def build_bridge(config: Config) -> Bridge:
 
 
 def _server(config: Config, backend: Backend) -> BridgeServer:
-    limits = Limits(config.stomp_max_frame_bytes, config.stomp_max_headers,
+    limits = FrameLimits(config.stomp_max_frame_bytes, config.stomp_max_headers,
                     config.stomp_max_header_length)
     settings = SessionSettings(heartbeat_send_ms=config.stomp_heartbeat_ms,
                                heartbeat_receive_ms=config.stomp_heartbeat_ms,

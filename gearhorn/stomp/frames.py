@@ -36,7 +36,7 @@ class Frame:
 
 
 @dataclass(frozen=True, slots=True)
-class Limits:
+class FrameLimits:
     max_frame: int = 1024 * 1024 + 64 * 1024  # body limit plus room for headers
     max_headers: int = 64
     max_header_length: int = 8192
@@ -49,8 +49,8 @@ class FrameParser:
     sets it after CONNECT. ``heartbeats`` counts EOLs received between frames.
     """
 
-    def __init__(self, limits: Limits | None = None) -> None:
-        self.limits = limits or Limits()
+    def __init__(self, limits: FrameLimits | None = None) -> None:
+        self.limits = limits or FrameLimits()
         self.version = "1.0"
         self.heartbeats = 0
         self._buf = bytearray()

@@ -24,7 +24,7 @@ from gevent.server import StreamServer
 from gearhorn.ports import BRIDGE_PORT, BRIDGE_WS_PORT, listen
 from gearhorn.stomp import websocket
 from gearhorn.stomp.backend import Backend
-from gearhorn.stomp.frames import HEARTBEAT, FrameError, FrameParser, Limits, encode
+from gearhorn.stomp.frames import HEARTBEAT, FrameError, FrameLimits, FrameParser, encode
 from gearhorn.stomp.loopwrites import LoopWrites
 from gearhorn.stomp.rules import SessionSettings
 from gearhorn.stomp.session import Session
@@ -40,7 +40,7 @@ class ClientConnection:
     """One client socket: the session's transport."""
 
     def __init__(self, sock: socket.socket | websocket.WebSocketStream, address: tuple,
-                 backend: Backend, limits: Limits, settings: SessionSettings,
+                 backend: Backend, limits: FrameLimits, settings: SessionSettings,
                  connect_timeout: float, frame_timeout: float = 30.0) -> None:
         self.sock = sock
         self.frame_timeout = frame_timeout
@@ -301,7 +301,7 @@ class BridgeServer:
     """Accepts STOMP connections on ``host:port``, and STOMP over WebSocket
     on ``host:ws_port`` when given (TLS on both when a cert is given)."""
 
-    def __init__(self, backend: Backend, host: str, port: int, *, limits: Limits,
+    def __init__(self, backend: Backend, host: str, port: int, *, limits: FrameLimits,
                  settings: SessionSettings, max_connections: int = 10_000,
                  connect_timeout: float = 10.0, frame_timeout: float = 30.0,
                  certfile: str | None = None, keyfile: str | None = None,

@@ -7,7 +7,7 @@ import os
 import pathlib
 import shutil
 
-from tests.conftest import missing, require_binary, require_module
+from tests.needs import missing, require_binary, require_module
 
 JS_DIR = os.path.join(os.path.dirname(__file__), "..", "js")
 

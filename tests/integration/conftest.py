@@ -11,7 +11,7 @@ from gearhorn import servers
 from gearhorn.store.keys import Keys
 from gearhorn.worker import replay
 from tests import lossyfs, redis_servers
-from tests.conftest import missing, require_binary, require_module
+from tests.needs import missing, require_binary, require_module
 
 from .helpers import PoolProcess, Up, wait_for
 

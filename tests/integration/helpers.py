@@ -258,7 +258,7 @@ def queue_depth(server, function):
 def self_signed_certificate(folder, name):
     """A throwaway certificate for 127.0.0.1 (PEM cert and key paths), made
     with the openssl tool; it is its own CA."""
-    from tests.conftest import require_binary
+    from tests.needs import require_binary
     require_binary("openssl", "openssl")
     cert, key = os.path.join(folder, f"{name}.pem"), os.path.join(folder, f"{name}.key")
     subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",

@@ -10,7 +10,7 @@ import sys
 import urllib.request
 
 from gearhorn import servers
-from tests.conftest import require_module
+from tests.needs import require_module
 
 from .helpers import wait_for
 

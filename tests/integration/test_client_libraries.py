@@ -25,7 +25,7 @@ import sys
 import pytest
 
 from gearhorn import gearman
-from tests.conftest import require_binary
+from tests.needs import require_binary
 
 from .helpers import unique_topic, wait_for
 
@@ -40,7 +40,7 @@ def php_argv():
     probe = subprocess.run(["php", "-r", "exit(class_exists('GearmanClient') ? 0 : 1);"],
                            capture_output=True, timeout=60)
     if probe.returncode:
-        from tests.conftest import missing
+        from tests.needs import missing
         missing("PHP's gearman extension is not installed (apt-get install php-gearman)")
     return ["php", os.path.join(ROOT, "tests", "clients", "gearman_client.php")]
 
@@ -50,7 +50,7 @@ def perl_argv():
     probe = subprocess.run(["perl", "-MGearman::Client", "-e", "1"], capture_output=True,
                            timeout=60)
     if probe.returncode:
-        from tests.conftest import missing
+        from tests.needs import missing
         missing("Perl's Gearman::Client is not installed (apt-get install "
                 "libgearman-client-perl)")
     return ["perl", os.path.join(ROOT, "tests", "clients", "gearman_client.pl")]
@@ -60,7 +60,7 @@ def node_argv():
     require_binary("node", "nodejs")
     script = os.path.join(ROOT, "tests", "js", "gearman_client.cjs")
     if not os.path.isdir(os.path.join(ROOT, "tests", "js", "node_modules", "gearman")):
-        from tests.conftest import missing
+        from tests.needs import missing
         missing("npm's gearman is not installed: run tools/ensure-env --test")
     return ["node", script]
 

@@ -109,7 +109,8 @@ def test_a_delayed_stomp_message_is_invisible_until_due_then_on_time(stack, stom
 
 def test_a_delayed_fanout_reaches_a_sleeping_gearman_worker_on_time(gearmand, stack,
                                                                      gearman_cli_tool):
-    # gearmand's own epoch jobs never wake a sleeping `gearman -w` (docs/delayed.rst).
+    # gearmand's own epoch jobs never wake a sleeping `gearman -w`
+    # (docs/delivery.rst, "Delayed delivery").
     topic = unique_topic()
     subscribe(gearmand, topic, "cli")
     worker = subprocess.Popen(["gearman", "-h", gearmand.host, "-p", str(gearmand.port), "-w",

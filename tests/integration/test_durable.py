@@ -17,7 +17,7 @@ from gearhorn import gearman, servers
 from gearhorn.client import JobFailed, Producer
 from gearhorn.store.keys import Keys
 from gearhorn.worker import replay
-from tests.conftest import require_binary
+from tests.needs import require_binary
 
 from .helpers import drain_jobs, queue_depth, wait_for
 from .stomp_helpers import StompClient

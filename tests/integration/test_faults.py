@@ -23,7 +23,7 @@ import pytest
 
 from gearhorn import gearman
 from gearhorn.client import Producer
-from tests.conftest import require_binary
+from tests.needs import require_binary
 
 from .fault_helpers import (
     MESSAGES,

@@ -13,7 +13,7 @@ import redis
 from gearhorn import gearman
 from gearhorn.store import redisconn
 from gearhorn.store.keys import Keys
-from tests.conftest import require_binary
+from tests.needs import require_binary
 
 from .helpers import GearClient, drain_jobs, queue_depth, unique_topic, wait_for
 from .spark_helpers import SparkCluster

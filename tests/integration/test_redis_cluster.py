@@ -24,7 +24,7 @@ from gearhorn.store import redisconn
 from gearhorn.store.keys import Keys
 from gearhorn.store.ledger import Ledger, entries, rows_from_entries
 from tests import redis_servers
-from tests.conftest import require_binary
+from tests.needs import require_binary
 
 # Tests of other modules marked cluster_too run on the cluster too, through
 # the redis_url fixture (tests/integration/conftest.py).

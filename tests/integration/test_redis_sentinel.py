@@ -10,7 +10,7 @@ import redis
 from gearhorn import servers
 from gearhorn.store import redisconn
 from tests import redis_servers
-from tests.conftest import require_binary
+from tests.needs import require_binary
 
 from .helpers import GearClient, PoolProcess, drain_queue, unique_topic, wait_for
 

@@ -15,7 +15,7 @@ import pytest
 
 from gearhorn import servers
 from gearhorn.client import Consumer, Producer
-from tests.conftest import require_binary
+from tests.needs import require_binary
 
 from .helpers import queue_depth, unique_topic, wait_for
 

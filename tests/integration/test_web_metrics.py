@@ -15,7 +15,7 @@ from gearhorn import servers
 from gearhorn.config import Config
 from gearhorn.store.keys import Keys
 from gearhorn.store.ledger import entries, rows_from_entries
-from tests.conftest import require_binary
+from tests.needs import require_binary
 
 from .helpers import GearClient, PoolProcess, unique_topic, wait_for
 

@@ -6,7 +6,7 @@ import pytest
 from gearhorn.events import ROW_FIELDS, copy_key
 from gearhorn.store import ledger as L
 from gearhorn.store.keys import Keys
-from tests.conftest import require_module
+from tests.needs import require_module
 
 
 @pytest.fixture

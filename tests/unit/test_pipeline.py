@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from tests.conftest import IN_CI, require_binary
+from tests.needs import IN_CI, require_binary
 
 try:
     from pyspark.sql import SparkSession

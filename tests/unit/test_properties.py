@@ -6,7 +6,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gearhorn import messages
-from gearhorn.stomp.frames import Frame, FrameError, FrameParser, Limits, encode
+from gearhorn.stomp.frames import Frame, FrameError, FrameLimits, FrameParser, encode
 from gearhorn.stomp.sending import send_options
 
 SETTINGS = settings(max_examples=300, deadline=None,
@@ -47,7 +47,7 @@ def test_encoded_frames_parse_back_in_any_chunking(sent, version, cuts):
     assert parser.pending == 0
 
 
-LIMITS = Limits(max_frame=4096, max_headers=8, max_header_length=64)
+LIMITS = FrameLimits(max_frame=4096, max_headers=8, max_header_length=64)
 
 
 @SETTINGS

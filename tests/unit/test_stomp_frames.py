@@ -1,7 +1,7 @@
 
 import pytest
 
-from gearhorn.stomp.frames import Frame, FrameError, FrameParser, Limits, encode
+from gearhorn.stomp.frames import Frame, FrameError, FrameLimits, FrameParser, encode
 from tests.fakes import chunkings
 
 
@@ -107,7 +107,7 @@ def test_malformed_frames_raise_in_every_chunking(wire, reason):
 
 
 def test_limits_are_enforced_before_the_frame_ends():
-    limits = Limits(max_frame=100, max_headers=3, max_header_length=20)
+    limits = FrameLimits(max_frame=100, max_headers=3, max_header_length=20)
     parser = FrameParser(limits)
     with pytest.raises(FrameError, match="larger than 100"):
         parser.feed(b"SEND\n\n" + b"x" * 200)  # no NUL yet: refused while arriving

@@ -10,7 +10,7 @@ import gevent.event
 import gevent.socket
 import pytest
 
-from gearhorn.stomp.frames import Limits
+from gearhorn.stomp.frames import FrameLimits
 from gearhorn.stomp.rules import SessionSettings
 from gearhorn.stomp.server import _WRITES, ClientConnection
 from tests.fakes import FakeBroker
@@ -21,7 +21,7 @@ pytestmark = pytest.mark.timeout(30)
 @pytest.fixture
 def pair():
     ours, theirs = gevent.socket.socketpair()
-    connection = ClientConnection(ours, ("test", 0), FakeBroker().backend(), Limits(),
+    connection = ClientConnection(ours, ("test", 0), FakeBroker().backend(), FrameLimits(),
                                   SessionSettings(), connect_timeout=10)
     yield connection, theirs
     connection.close()

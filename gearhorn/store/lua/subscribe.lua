@@ -7,7 +7,7 @@
 -- ARGV[3] client id
 -- ARGV[4] matchmaking channel
 -- Every key shares one hash slot (the topic's, or the prefixes'). Topics are
--- indexed (<p>topics, another slot) by the caller, gearhorn/registry.py.
+-- indexed (<p>topics, another slot) by the caller, gearhorn/store/registry.py.
 -- Publishes {"op", "topic", "client_id", "version"} on the channel (JSON made
 -- here with cjson, so no name can be mistaken for a placeholder).
 -- Returns {subscribers after the change, 1 if it changed anything else 0}.
