@@ -31,18 +31,49 @@ def export_ledger(redis_url, out, gearmand):
 
 
 def reconcile(redis_url, folder, gearmand):
-    """``gearhorn ledger export`` and ``gearhorn report``: (kind, subscriber)
-    of every problem in the reconciliation, and the copies of each untracked
-    (plain Gearman) subscriber that gearmand no longer held at the export."""
-    import pyarrow.parquet as pq
+    """``gearhorn ledger export``, then the report job's reconciliation and
+    untracked tables (``job.reconcile``, ``T.untracked``: what ``gearhorn
+    report`` writes): (kind, subscriber) of every problem, and the copies of
+    each untracked (plain Gearman) subscriber that gearmand no longer held
+    at the export.
 
-    ledger, out = folder / "ledger", folder / "report"
+    In this process, so one local Spark serves every reconciliation of a
+    test worker instead of a JVM started per test (it ends with the worker:
+    Spark's gateway exits when its parent does), and without the report's
+    other tables. test_pipeline_e2e.py runs ``gearhorn report`` itself, on a
+    standalone cluster."""
+    from gearhorn.pipeline import job
+    from gearhorn.pipeline import transforms as T
+
+    ledger = str(folder / "ledger")
     export_ledger(redis_url, ledger, gearmand)
-    gearhorn_command("report", "--ledger", str(ledger), "--out", str(out))
-    table = pq.read_table(f"{out}/tables/reconciliation").to_pylist()
-    untracked = pq.read_table(f"{out}/tables/untracked").to_pylist()
-    return (sorted((row["kind"], row["subscriber"]) for row in table),
-            {row["subscriber"]: row["unaccounted"] for row in untracked})
+    spark = local_spark()
+    events, _ = job.load_events(spark, job.Options(ledger, str(folder / "report")))
+    problems = job.reconcile(events)
+    untracked = T.untracked(T.copies(events), events, job.queue_snapshot(spark, ledger))
+    try:
+        return (sorted((row["kind"], row["subscriber"]) for row in problems.collect()),
+                {row["subscriber"]: row["unaccounted"] for row in untracked.collect()})
+    finally:
+        problems.unpersist()
+
+
+def local_spark():
+    """This process's Spark, on loopback only and without its web UI."""
+    from pyspark.sql import SparkSession
+
+    from gearhorn.pipeline import job
+
+    session = (SparkSession.builder.master("local[2]").appName("gearhorn-tests")
+               .config("spark.driver.bindAddress", "127.0.0.1")
+               .config("spark.driver.host", "127.0.0.1")
+               .config("spark.ui.enabled", "false")
+               .config("spark.sql.shuffle.partitions", "2")  # tests' ledgers are small
+               .config("spark.sql.session.timeZone", "UTC")
+               .config("spark.driver.extraJavaOptions", job.LOCAL_JAVA_OPTIONS)
+               .getOrCreate())
+    session.sparkContext.setLogLevel("ERROR")
+    return session
 
 
 def spark_class():

@@ -113,6 +113,8 @@ class Collector(stomp.ConnectionListener):
 
     def on_disconnected(self):
         self.disconnected.set()
+        with self.lock:  # a wait on the connection's state wakes too
+            self.lock.notify_all()
 
 
 class StompClient:

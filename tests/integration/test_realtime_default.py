@@ -36,7 +36,9 @@ def queues_of(gearmand, topic):
 def cut(client):
     """The connection dropped, no DISCONNECT (a network cut, a closed laptop)."""
     client.conn.transport.socket.shutdown(socket.SHUT_RDWR)
-    client.wait(lambda: not client.conn.is_connected(), 20, "the cut seen by the client")
+    # Polled: no listener callback announces it (a wait on the listener's
+    # lock slept its whole deadline, 20 s a test).
+    wait_for(lambda: not client.conn.is_connected(), 20, message="the cut seen by the client")
 
 
 @pytest.mark.cluster_too

@@ -25,6 +25,8 @@ def spark():
     require_binary("java", "default-jre-headless")
     session = (SparkSession.builder.master("local[2]").appName("gearhorn-tests")
                .config("spark.sql.shuffle.partitions", "2")
+               .config("spark.driver.bindAddress", "127.0.0.1")
+               .config("spark.driver.host", "127.0.0.1")
                .config("spark.ui.enabled", "false")
                .config("spark.sql.session.timeZone", "UTC")
                .getOrCreate())
