@@ -224,7 +224,7 @@ def _queued_now(config: Config) -> dict[str, int] | None:
 def cmd_passwd(config: Config, args: argparse.Namespace) -> int:
     import getpass
 
-    from gearhorn.stomp import auth
+    from gearhorn import auth
 
     if sys.stdin.isatty():
         passcode = getpass.getpass(f"passcode for {args.user}: ")

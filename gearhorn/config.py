@@ -113,7 +113,7 @@ class Config:
     stomp_max_backlog_bytes: int = 1024 * 1024
     stomp_tls_cert: str = ""
     stomp_tls_key: str = ""
-    # Users, hashed passcodes and per-destination rights (gearhorn/stomp/auth.py);
+    # Users, hashed passcodes and per-destination rights (gearhorn/auth.py);
     # empty: anyone may connect and do anything.
     stomp_credentials_file: str = ""
     # Deliveries of a STOMP queue message before it is dead-lettered.
@@ -128,7 +128,7 @@ class Config:
     gather_max_bytes: int = 1024 * 1024
     # Seconds a message's headers are kept for its consumers (gearhorn/store/headers.py).
     headers_ttl: float = 7 * 86_400.0
-    # Delayed delivery (gearhorn/worker/delayed.py): shard width, the longest
+    # Delayed delivery (gearhorn/store/delayed.py): shard width, the longest
     # a worker sleeps between looks for due messages (it wakes at the first due
     # time it knows of, and when told of an earlier one; half a shard at most),
     # and how long one may take to send them.
@@ -163,7 +163,7 @@ class Config:
     # plain subscriber gets a gearmand queue of its own).
     realtime_history_size: int = 10_000
     realtime_history_ttl: float = 300.0
-    # Presence events (gearhorn/worker/announce.py): every subscription made or
+    # Presence events (gearhorn/presenceevents.py): every subscription made or
     # removed is broadcast as JSON on the topic <presence_topic_prefix><topic>.
     presence_events: bool = False
     presence_topic_prefix: str = "gearhorn.presence."

@@ -13,13 +13,13 @@ import time
 import gevent
 import gevent.event
 
-from gearhorn import collector
+from gearhorn import auth, collector
 from gearhorn.background import Backoff
 from gearhorn.config import Config, to_env
 from gearhorn.naming import process_id
 from gearhorn.observers import LedgerObserver, Observers, StatsObserver
+from gearhorn.presenceevents import announce_changes
 from gearhorn.servers import die_with_parent
-from gearhorn.stomp import auth
 from gearhorn.stomp.appending import HistoryFirst
 from gearhorn.stomp.attachments import Attachments
 from gearhorn.stomp.backend import Backend
@@ -37,7 +37,9 @@ from gearhorn.stomp.rules import SessionSettings
 from gearhorn.stomp.server import BridgeServer
 from gearhorn.stomp.topicstreams import TopicStreams
 from gearhorn.store import fsync, redisconn
+from gearhorn.store.dashed import DashedFunctions
 from gearhorn.store.deadletters import DeadLetterIndex
+from gearhorn.store.delayed import Scheduler
 from gearhorn.store.directcalls import DirectCalls
 from gearhorn.store.handouts import Handouts
 from gearhorn.store.headers import HeaderStore
@@ -46,10 +48,7 @@ from gearhorn.store.keys import Keys
 from gearhorn.store.ledger import Ledger
 from gearhorn.store.registry import Registry
 from gearhorn.store.stats import Stats
-from gearhorn.worker.announce import announce_changes
-from gearhorn.worker.cache import SubscriberCache
-from gearhorn.worker.delayed import Scheduler
-from gearhorn.worker.replay import DashedFunctions
+from gearhorn.store.subscribers import SubscriberCache
 
 log = logging.getLogger(__name__)
 

@@ -21,7 +21,7 @@ from gearhorn.naming import new_message_id
 from gearhorn.observers import Observer
 from gearhorn.stomp.sending import SendOptions, TopicSend
 from gearhorn.store.history import Entry, History
-from gearhorn.worker.cache import SubscriberCache
+from gearhorn.store.subscribers import SubscriberCache
 
 
 class Readers(Protocol):

@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from gearhorn import gearman
+from gearhorn.auth import Principal
 from gearhorn.errors import GearhornError
 from gearhorn.limits import Limits
-from gearhorn.stomp.auth import Principal
 from gearhorn.stomp.offsets import Kept
 from gearhorn.stomp.queues import QueueConsumer, QueueDispatcher
 from gearhorn.stomp.rules import Destination

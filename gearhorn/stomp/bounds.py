@@ -16,10 +16,10 @@ from collections.abc import Callable, Sequence
 from gearhorn import gearman
 from gearhorn.errors import GearhornError
 from gearhorn.limits import Limits
+from gearhorn.store.pressure import Pressure
 from gearhorn.store.redisconn import REDIS_ERRORS
 from gearhorn.store.registry import Registry
 from gearhorn.store.tally import TallyWriter
-from gearhorn.worker.pressure import Pressure
 
 RECHECK_SECONDS = 1.0
 

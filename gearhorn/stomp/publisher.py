@@ -17,8 +17,8 @@ from gearhorn.stomp.appending import HistoryFirst
 from gearhorn.stomp.backend import FanoutFailed
 from gearhorn.stomp.bounds import QueueBounds
 from gearhorn.stomp.sending import PLAIN, SendOptions, TopicSend
+from gearhorn.store.delayed import DelayedItem, Scheduler
 from gearhorn.store.headers import HeaderStore
-from gearhorn.worker.delayed import DelayedItem, Scheduler
 
 
 class Publisher:

@@ -16,9 +16,9 @@ import gevent
 from gearhorn.background import Fault, Outage
 from gearhorn.limits import Limits
 from gearhorn.messages import Subscription, validate_topic
+from gearhorn.store.bridges import BridgeLiveness, queue_entry, topic_entry
 from gearhorn.store.redisconn import REDIS_ERRORS
 from gearhorn.store.registry import Registry
-from gearhorn.worker.janitor import BridgeLiveness, queue_entry, topic_entry
 
 log = logging.getLogger(__name__)
 

@@ -14,10 +14,10 @@ import uuid
 from collections.abc import Callable
 
 from gearhorn import gearman
+from gearhorn.auth import OPEN
 from gearhorn.messages import BadRequest, validate_queue
 from gearhorn.naming import temp_queue
 from gearhorn.stomp.acks import observer_for, settle
-from gearhorn.stomp.auth import OPEN
 from gearhorn.stomp.backend import Backend, FanoutFailed, Transport
 from gearhorn.stomp.batching import send_batches
 from gearhorn.stomp.bounds import QueueFull

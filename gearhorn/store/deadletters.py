@@ -30,11 +30,11 @@ from gearhorn import gearman
 from gearhorn.messages import header_id_of
 from gearhorn.naming import dead_letter_queue, queue_copy_unique, stomp_unique
 from gearhorn.store import fsync
+from gearhorn.store.dashed import DashedFunctions
 from gearhorn.store.headers import HeaderStore
 from gearhorn.store.keys import Keys
 from gearhorn.store.redisutil import text
 from gearhorn.store.stats import Stats
-from gearhorn.worker.replay import DashedFunctions
 
 PREVIEW_BYTES = 200
 DLQ_HEADER_PREFIX = "dlq-"

@@ -1,5 +1,5 @@
 """How delayed messages are laid out in Redis: the width of a time shard
-and the number of lanes (gearhorn/worker/delayed.py).
+and the number of lanes (gearhorn/store/delayed.py).
 
 Both are numbers in the keys (``{<p>due:<lane>}:<shard>``) and in each
 lane's cursor, so every bridge and worker must use the same ones, and they

@@ -34,7 +34,7 @@ Redis the braces are just characters.
 ``{<p>due:<L>}:<n>``            sorted set: delayed messages of lane L (of
                                 ``delay_lanes``) due in the ``n``-th time shard of
                                 ``delay_shard_seconds``, scored by due time in ms
-                                (gearhorn/worker/delayed.py)
+                                (gearhorn/store/delayed.py)
 ``{<p>due:<L>}:cursor``         string: the oldest shard of lane L that may hold
                                 messages
 ``<p>due-layout``               string: JSON ``{"width_ms", "lanes"}``, the shard width
@@ -98,7 +98,7 @@ N being the new change counter of the topic (or of all prefix subscriptions,
 for a pattern) as a string; ``{"op": "pressure"}`` when the warden changed
 ``<p>full`` or the store's state (workers read them again); and
 ``{"op": "due", "in_ms": N}`` when a delayed message is the first of its time
-shard, due in N ms (sleeping workers wake for it: gearhorn/worker/delayed.py).
+shard, due in N ms (sleeping workers wake for it: gearhorn/store/delayed.py).
 """
 
 from __future__ import annotations

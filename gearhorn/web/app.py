@@ -36,13 +36,12 @@ import redis
 from gevent.pywsgi import WSGIServer
 from prometheus_client import CollectorRegistry, make_wsgi_app
 
-from gearhorn import gearman
+from gearhorn import auth, gearman
 from gearhorn.background import Fault
 from gearhorn.config import Config
 from gearhorn.messages import BadRequest, PresenceQuery, validate_queue, validate_topic
 from gearhorn.naming import dead_letter_queue
 from gearhorn.ports import WEB_PORT, listen
-from gearhorn.stomp import auth
 from gearhorn.store import deadletters, fsync, redisconn
 from gearhorn.store.keys import Keys
 from gearhorn.store.presence import Presence

@@ -20,12 +20,12 @@ from gearhorn import gearman
 from gearhorn.messages import PREFIX_WILDCARD
 from gearhorn.naming import dead_letter_queue
 from gearhorn.store import stats
+from gearhorn.store.delayed import Scheduler
 from gearhorn.store.keys import Keys
 from gearhorn.store.liveness import Liveness
 from gearhorn.store.redisconn import REDIS_ERRORS
 from gearhorn.store.redisutil import text
 from gearhorn.store.registry import Registry
-from gearhorn.worker.delayed import Scheduler
 
 DLQ_SUFFIX = dead_letter_queue("")
 

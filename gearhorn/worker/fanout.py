@@ -30,18 +30,18 @@ from gearhorn.messages import (
 from gearhorn.naming import delayed_unique, new_message_id
 from gearhorn.observers import FailedCopy, Observer
 from gearhorn.store.dedup import Deduplicator
+from gearhorn.store.delayed import DelayedItem, Scheduler
 from gearhorn.store.headers import HeaderStore
 from gearhorn.store.history import Entry, History
 from gearhorn.store.presence import Presence
+from gearhorn.store.pressure import Pressure
 from gearhorn.store.redisconn import REDIS_ERRORS
 from gearhorn.store.registry import Recipient, Registry
 from gearhorn.store.room import RoomKeeper
+from gearhorn.store.subscribers import SubscriberCache
 from gearhorn.store.tally import TallyWriter
 from gearhorn.worker import foreground
-from gearhorn.worker.cache import SubscriberCache
 from gearhorn.worker.copies import admit, claim_room, cut_copies, flat, make_copies, plain
-from gearhorn.worker.delayed import DelayedItem, Scheduler
-from gearhorn.worker.pressure import Pressure
 
 log = logging.getLogger(__name__)
 
@@ -123,7 +123,7 @@ class FanoutService:
                  pressure: Pressure | None = None) -> None:
         self.config = config
         self.tally = tally  # when each queue's copies were queued (gearhorn/store/tally.py)
-        self.pressure = pressure  # full queues, a full store (gearhorn/worker/pressure.py)
+        self.pressure = pressure  # full queues, a full store (gearhorn/store/pressure.py)
         self.registry = registry
         self.cache = cache
         self.client = client

@@ -20,17 +20,19 @@ from gearhorn.background import Backoff, Fault, Outage
 from gearhorn.config import Config
 from gearhorn.messages import BadRequest
 from gearhorn.observers import LedgerObserver, Observers, StatsObserver
+from gearhorn.presenceevents import announce_changes
 from gearhorn.store import fsync, redisconn
+from gearhorn.store.dashed import DashedFunctions
+from gearhorn.store.delayed import DelayedItem, Releaser
 from gearhorn.store.keys import Keys
 from gearhorn.store.ledger import Flusher, Ledger
+from gearhorn.store.pressure import Pressure
 from gearhorn.store.redisconn import REDIS_ERRORS
 from gearhorn.store.registry import Registry, new_worker_id
 from gearhorn.store.stats import Stats
+from gearhorn.store.subscribers import InvalidationListener, SubscriberCache
 from gearhorn.store.tally import TallyWriter
-from gearhorn.worker.announce import announce_changes
-from gearhorn.worker.cache import InvalidationListener, SubscriberCache
 from gearhorn.worker.commits import Committer, Group
-from gearhorn.worker.delayed import DelayedItem, Releaser
 from gearhorn.worker.fanout import (
     FUNCTIONS,
     Answer,
@@ -39,8 +41,6 @@ from gearhorn.worker.fanout import (
     ServiceUnavailable,
 )
 from gearhorn.worker.janitor import Janitor
-from gearhorn.worker.pressure import Pressure
-from gearhorn.worker.replay import DashedFunctions
 from gearhorn.worker.warden import Warden
 
 log = logging.getLogger(__name__)

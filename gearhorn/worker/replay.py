@@ -29,13 +29,14 @@ a background job to one (:class:`DashedFunctions`).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Collection, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass
 
 import redis
 
 from gearhorn import gearman
 from gearhorn.servers import Managed
+from gearhorn.store.dashed import DashedFunctions
 from gearhorn.store.keys import Keys
 
 log = logging.getLogger(__name__)
@@ -91,27 +92,6 @@ def split_key(key: bytes, dashed: Collection[bytes],
 def replayed_wrong(job: QueuedJob, data_has_nul: bool) -> bool:
     """Whether gearmand 1.1.20 would replay ``job`` as something else."""
     return b"-" in job.function or b"*" in job.unique or data_has_nul
-
-
-class DashedFunctions:
-    """The registry's set of function names with a ``-`` that gearhorn
-    submitted background jobs to; each process adds a name once."""
-
-    def __init__(self, client: redis.Redis, keys: Keys) -> None:
-        self.client = client
-        self.key = keys.dashed_functions
-        self._known: set[str] = set()
-
-    def record(self, functions: Iterable[str]) -> None:
-        """Add the new names among ``functions`` before any job is submitted
-        to them (called by :class:`gearman.Client` for background jobs)."""
-        new = {f for f in functions if "-" in f and f not in self._known}
-        if new:
-            self.client.sadd(self.key, *new)
-            self._known |= new
-
-    def load(self) -> set[bytes]:
-        return set(self.client.smembers(self.key))
 
 
 def hold(queue: redis.Redis, dashed: Collection[bytes], keys: Keys,

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from gearhorn.stomp import auth
+from gearhorn import auth
 
 from .helpers import queue_depth, unique_topic, wait_for
 

@@ -1,7 +1,7 @@
 import json
 
 from gearhorn.messages import Subscription
-from gearhorn.worker.cache import SubscriberCache
+from gearhorn.store.subscribers import SubscriberCache
 
 
 def names(recipients):
@@ -54,7 +54,7 @@ def test_cache_is_bounded(registry):
 def test_listener_drops_entries_announced_on_the_channel(registry, fake_redis):
     import time
 
-    from gearhorn.worker.cache import InvalidationListener
+    from gearhorn.store.subscribers import InvalidationListener
 
     cache = SubscriberCache(registry)
     listener = InvalidationListener(fake_redis, "chan", cache)
@@ -76,10 +76,10 @@ def test_listener_drops_entries_announced_on_the_channel(registry, fake_redis):
 
 def test_listener_tells_of_every_resubscription(registry, fake_redis):
     # After one the releaser looks for due messages again: announcements
-    # made while the channel was away are lost (gearhorn/worker/delayed.py).
+    # made while the channel was away are lost (gearhorn/store/delayed.py).
     import time
 
-    from gearhorn.worker.cache import InvalidationListener
+    from gearhorn.store.subscribers import InvalidationListener
 
     subscriptions = []
     listener = InvalidationListener(fake_redis, "chan", SubscriberCache(registry),

@@ -8,7 +8,7 @@ import pytest
 from gearhorn.config import Config
 from gearhorn.messages import DEDUP_HEADER, BadRequest, parse_fanout
 from gearhorn.stomp.frames import Frame
-from gearhorn.worker.cache import SubscriberCache
+from gearhorn.store.subscribers import SubscriberCache
 from gearhorn.worker.fanout import FanoutService
 from tests.fakes import FakeBroker, FakeTransport, RecordingClient, session_without_sockets
 

@@ -5,8 +5,8 @@ import time
 
 import pytest
 
+from gearhorn.store.delayed import DelayedItem, Releaser, Scheduler
 from gearhorn.store.keys import Keys
-from gearhorn.worker.delayed import DelayedItem, Releaser, Scheduler
 
 
 @pytest.fixture

@@ -7,9 +7,9 @@ import time
 
 import pytest
 
+from gearhorn.store.delayed import DelayedItem, Releaser, Scheduler
 from gearhorn.store.delaylayout import Layout
 from gearhorn.store.keys import Keys
-from gearhorn.worker.delayed import DelayedItem, Releaser, Scheduler
 
 KEYS = Keys("t:")
 

@@ -9,7 +9,7 @@ import pytest
 from gearhorn import gearman
 from gearhorn.config import Config
 from gearhorn.messages import BadRequest, message_ids_for
-from gearhorn.worker.cache import SubscriberCache
+from gearhorn.store.subscribers import SubscriberCache
 from gearhorn.worker.fanout import FanoutService, Job, ServiceUnavailable
 from tests.fakes import RecordingClient
 

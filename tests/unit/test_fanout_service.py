@@ -7,7 +7,7 @@ import redis
 from gearhorn import gearman
 from gearhorn.config import Config
 from gearhorn.messages import BadRequest
-from gearhorn.worker.cache import SubscriberCache
+from gearhorn.store.subscribers import SubscriberCache
 from gearhorn.worker.fanout import FanoutService, ServiceUnavailable
 from tests.fakes import RecordingClient
 

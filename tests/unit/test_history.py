@@ -10,7 +10,7 @@ from gearhorn.historypolicy import HistoryPolicy, HistoryPolicyError
 from gearhorn.messages import BadRequest, Subscription, parse_history
 from gearhorn.naming import stream_client_id
 from gearhorn.store.history import History
-from gearhorn.worker.cache import SubscriberCache
+from gearhorn.store.subscribers import SubscriberCache
 from gearhorn.worker.fanout import FanoutService
 from tests.fakes import RecordingClient
 

@@ -1,6 +1,7 @@
 from gearhorn.limits import Limits
 from gearhorn.messages import Subscription
-from gearhorn.worker.janitor import BridgeLiveness, Janitor, queue_entry, topic_entry
+from gearhorn.store.bridges import BridgeLiveness, queue_entry, topic_entry
+from gearhorn.worker.janitor import Janitor
 
 
 def test_what_a_dead_bridge_held_is_removed_once(registry):

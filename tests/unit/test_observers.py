@@ -8,7 +8,7 @@ from gearhorn import gearman
 from gearhorn.config import Config
 from gearhorn.observers import FailedCopy, LedgerObserver, Observer, Observers
 from gearhorn.store import ledger as L
-from gearhorn.worker.cache import SubscriberCache
+from gearhorn.store.subscribers import SubscriberCache
 from gearhorn.worker.fanout import FanoutService
 from tests.fakes import RecordingClient
 

@@ -2,9 +2,10 @@
 
 import pytest
 
+from gearhorn.store.dashed import DashedFunctions
 from gearhorn.store.keys import Keys
 from gearhorn.worker import replay
-from gearhorn.worker.replay import DashedFunctions, QueuedJob, replayed_wrong, split_key
+from gearhorn.worker.replay import QueuedJob, replayed_wrong, split_key
 
 KEYS = Keys("t:", "chan")
 

@@ -1,6 +1,6 @@
 import pytest
 
-from gearhorn.stomp import auth
+from gearhorn import auth
 
 FAST = 1000  # iterations: the tests check behaviour, not cost
 

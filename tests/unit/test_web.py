@@ -10,8 +10,8 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from gearhorn import auth
 from gearhorn.messages import Subscription
-from gearhorn.stomp import auth
 from gearhorn.store import stats
 from gearhorn.store.keys import Keys
 from gearhorn.web import access

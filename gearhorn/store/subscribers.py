@@ -86,7 +86,7 @@ class SubscriberCache:
         try:
             message = json.loads(data)
             if message.get("op") in ("pressure", "due"):
-                return  # the warden's (worker/pressure.py) and the scheduler's (worker/delayed.py)
+                return  # the warden's (store/pressure.py) and the scheduler's (store/delayed.py)
             topic = message["topic"]
         except (ValueError, KeyError, TypeError, AttributeError):
             log.warning("ignoring malformed matchmaking message %r", data[:200])
@@ -109,7 +109,7 @@ class InvalidationListener(StoppableThread):
         self.client = client
         self.channel = channel
         self.cache = cache
-        self.also = also  # told every message too (worker/pressure.py, worker/delayed.py)
+        self.also = also  # told every message too (store/pressure.py, store/delayed.py)
         # Told of every (re)subscription, after which nothing is missed:
         # the releaser looks again for what was announced before it.
         self.on_subscribed = on_subscribed
