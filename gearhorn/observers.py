@@ -9,12 +9,15 @@ no-op until overridden), and :class:`Observers` tells several at once.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from gearhorn.events import Event
 from gearhorn.store.ledger import Ledger
 from gearhorn.store.stats import Stats
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,50 +70,61 @@ class Observer:
 
 
 class Observers(Observer):
-    """Tells each of ``observers`` everything, in order."""
+    """Tells each of ``observers`` everything, in order.
+
+    One failing observer does not keep the others from hearing, nor fail
+    the fanout or delivery it was told of (dramatiq isolates its middleware
+    the same way): its exception is logged. ``flush`` is the exception: it
+    tells every observer, then raises the first failure, because a caller
+    that flushes before it answers (the ledger before an acknowledgement)
+    must not answer as if it had been written."""
 
     def __init__(self, *observers: Observer) -> None:
         self.observers = observers
 
+    def _tell(self, hook: str, *args: object) -> None:
+        for observer in self.observers:
+            try:
+                getattr(observer, hook)(*args)
+            except Exception:
+                log.exception("observer %s failed in %s", type(observer).__name__, hook)
+
     def fanned_out(self, topic, per_message, width, failed=(), seconds=None) -> None:
-        for o in self.observers:
-            o.fanned_out(topic, per_message, width, failed, seconds)
+        self._tell("fanned_out", topic, per_message, width, failed, seconds)
 
     def not_made(self, reason, topic, copies) -> None:
-        for o in self.observers:
-            o.not_made(reason, topic, copies)
+        self._tell("not_made", reason, topic, copies)
 
     def dropped(self, reason, topic, queue, uniques) -> None:
-        for o in self.observers:
-            o.dropped(reason, topic, queue, uniques)
+        self._tell("dropped", reason, topic, queue, uniques)
 
     def refused(self, function, reason) -> None:
-        for o in self.observers:
-            o.refused(function, reason)
+        self._tell("refused", function, reason)
 
     def dead_lettered(self, queue, unique, reason) -> None:
-        for o in self.observers:
-            o.dead_lettered(queue, unique, reason)
+        self._tell("dead_lettered", queue, unique, reason)
 
     def attached(self, queue) -> None:
-        for o in self.observers:
-            o.attached(queue)
+        self._tell("attached", queue)
 
     def delivered(self, queue, unique, redelivered) -> None:
-        for o in self.observers:
-            o.delivered(queue, unique, redelivered)
+        self._tell("delivered", queue, unique, redelivered)
 
     def streamed(self, queue, span) -> None:
-        for o in self.observers:
-            o.streamed(queue, span)
+        self._tell("streamed", queue, span)
 
     def acked(self, queue, unique) -> None:
-        for o in self.observers:
-            o.acked(queue, unique)
+        self._tell("acked", queue, unique)
 
     def flush(self) -> None:
-        for o in self.observers:
-            o.flush()
+        first: Exception | None = None
+        for observer in self.observers:
+            try:
+                observer.flush()
+            except Exception as exc:
+                first = first or exc
+        if first is not None:
+            raise first
 
 
 class LedgerObserver(Observer):

@@ -45,6 +45,34 @@ def test_observers_tell_each_in_order_and_unheard_hooks_do_nothing():
                    ("a", "refused", "fanout", "bad json"), ("b", "refused", "fanout", "bad json")]
 
 
+class Broken(Observer):
+    def acked(self, queue, unique):
+        raise RuntimeError("ledger bug")
+
+    def flush(self):
+        raise ConnectionError("redis went away")
+
+
+def test_a_failing_observer_is_logged_and_the_others_still_hear(caplog):
+    log = []
+    both = Observers(Broken(), Heard("b", log))
+    both.acked("news_a", "u1")  # no exception reaches the fanout or the delivery
+    assert log == [("b", "acked", "news_a", "u1")]
+    assert "observer Broken failed in acked" in caplog.text
+
+
+def test_a_failed_flush_is_raised_after_every_observer_flushed():
+    flushed = []
+
+    class Counting(Observer):
+        def flush(self):
+            flushed.append(True)
+
+    with pytest.raises(ConnectionError, match="redis went away"):
+        Observers(Broken(), Counting()).flush()
+    assert flushed == [True]  # an answer waiting on the flush is not given as written
+
+
 def test_a_fanout_is_heard_once_with_its_copies_width_and_failures(registry):
     log = []
     client = RecordingClient({"news_bob": gearman.Outcome("failed", reason="bad input")})
