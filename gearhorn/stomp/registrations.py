@@ -84,8 +84,7 @@ class Registrations:
         while True:
             try:
                 self.liveness.heartbeat()
-                self.liveness.liveness.tell(self.bridge_id, {**info, **self.describe()},
-                                            self.liveness.ttl)
+                self.liveness.tell({**info, **self.describe()})
                 outage.succeeded()
                 fault.succeeded()
             except REDIS_ERRORS as exc:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 
 from gearhorn.messages import Subscription
-from gearhorn.store.liveness import Liveness
+from gearhorn.store.liveness import of_bridges
 from gearhorn.store.registry import Registry
 
 log = logging.getLogger(__name__)
@@ -36,8 +36,12 @@ class BridgeLiveness:
         # What this bridge holds now; a topic entry with its subscription
         # (limits, bridge), to register it again as it was (_restore).
         self.entries: dict[str, Subscription | None] = {}
-        self.liveness = Liveness(self.redis, self.keys.bridges, self.keys.bridge_info)
+        self.liveness = of_bridges(self.redis, self.keys)
         self._beating = False
+
+    def tell(self, info: dict[str, object]) -> None:
+        """What this bridge says about itself (pid, host, connections...)."""
+        self.liveness.tell(self.bridge_id, info, self.ttl)
 
     def heartbeat(self, now: float | None = None) -> None:
         """Renew; if the janitor swept this bridge anyway (its heartbeats were

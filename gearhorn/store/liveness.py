@@ -13,6 +13,7 @@ from collections.abc import Callable
 
 import redis
 
+from gearhorn.store.keys import Keys
 from gearhorn.store.redisutil import text
 
 
@@ -81,3 +82,12 @@ class Liveness:
         now = time.time() if now is None else now
         return (pipe or self.redis).zremrangebyscore(self.key, "-inf", now)
 
+
+def of_bridges(client: redis.Redis, keys: Keys) -> Liveness:
+    """The bridges' heartbeats and what each says about itself."""
+    return Liveness(client, keys.bridges, keys.bridge_info)
+
+
+def of_workers(client: redis.Redis, keys: Keys) -> Liveness:
+    """The worker processes' heartbeats and what each says about itself."""
+    return Liveness(client, keys.workers, keys.worker)

@@ -20,7 +20,7 @@ from gearhorn.messages import PREFIX_WILDCARD, Subscription, queue_name
 from gearhorn.naming import is_stream_client, process_id
 from gearhorn.store.directcalls import DirectCalls
 from gearhorn.store.keys import Keys
-from gearhorn.store.liveness import Liveness
+from gearhorn.store.liveness import of_workers
 from gearhorn.store.redisutil import ScriptCall, script, text
 from gearhorn.store.room import open_room
 
@@ -63,7 +63,7 @@ class Registry:
         self._readers = script(client, "history_readers.lua")
         self._topic_members = script(client, "topic_members.lua")
         self._prefix_members = script(client, "prefix_members.lua")
-        self.workers = Liveness(client, self.keys.workers, self.keys.worker)
+        self.workers = of_workers(client, self.keys)
         # Told of every subscription made or removed (presence events), with
         # where it was made; a no-op subscribe or unsubscribe is not told.
         self.changed: Callable[[Subscription, bool], None] | None = None

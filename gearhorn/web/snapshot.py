@@ -22,7 +22,7 @@ from gearhorn.naming import dead_letter_queue
 from gearhorn.store import stats
 from gearhorn.store.delayed import Scheduler
 from gearhorn.store.keys import Keys
-from gearhorn.store.liveness import Liveness
+from gearhorn.store.liveness import of_bridges
 from gearhorn.store.redisconn import REDIS_ERRORS
 from gearhorn.store.redisutil import text
 from gearhorn.store.registry import Registry
@@ -115,7 +115,7 @@ class Collector:
         return [{"id": wid, **info} for wid, info in sorted(self.registry.live_workers().items())]
 
     def _bridges(self) -> list[dict]:
-        live = Liveness(self.redis, self.keys.bridges, self.keys.bridge_info).alive_with_info()
+        live = of_bridges(self.redis, self.keys).alive_with_info()
         return [{"id": bridge_id, **info} for bridge_id, info in live.items()]
 
     def _gearmand(self) -> dict:

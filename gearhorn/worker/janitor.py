@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 from gearhorn.messages import Subscription, queue_name
 from gearhorn.store.bridges import QUEUE, TOPIC
-from gearhorn.store.liveness import Liveness
+from gearhorn.store.liveness import of_bridges
 from gearhorn.store.redisconn import REDIS_ERRORS
 from gearhorn.store.redisutil import text
 from gearhorn.store.registry import Registry
@@ -32,7 +32,7 @@ class Janitor:
         self.redis = registry.redis
         self.keys = registry.keys
         self.drop_queue = drop_queue
-        self.bridges = Liveness(self.redis, self.keys.bridges, self.keys.bridge_info)
+        self.bridges = of_bridges(self.redis, self.keys)
 
     def sweep(self, now: float | None = None) -> int:
         """Clean up after every bridge whose heartbeat expired; returns how many."""

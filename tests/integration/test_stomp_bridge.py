@@ -438,12 +438,12 @@ def test_bridge_processes_share_the_port_and_topics_stay_right(gearmand, start_p
     import redis as redis_client
 
     from gearhorn.store.keys import Keys
-    from gearhorn.store.liveness import Liveness
+    from gearhorn.store.liveness import of_bridges
 
     start_pool([gearmand])
     bridge = start_bridge([gearmand], env={"GEARHORN_BRIDGE_PROCESSES": "2"})
     client, keys = redis_client.Redis.from_url(redis_url, decode_responses=True), Keys()
-    bridges = Liveness(client, keys.bridges)
+    bridges = of_bridges(client, keys)
     wait_for(lambda: len(bridges.alive()) == 2, timeout=60, message="two bridge processes")
     topic = unique_topic()
     subscribers = [stomp_clients(bridge.port) for _ in range(20)]
