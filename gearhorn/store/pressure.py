@@ -52,6 +52,12 @@ class Pressure:
             self.bounded = frozenset(text(f) for f in room if b" " not in f)
         return self.full, self.over
 
+    def read_again(self) -> frozenset[str]:
+        """Read now (a look-up found new subscribers: one may be a
+        reject-publish queue made a moment ago); the full queues."""
+        self._read_at = None
+        return self.current()[0]
+
     def announced(self, data: bytes | str) -> None:
         """A matchmaking message: after the warden's, read again."""
         if b'"pressure"' in (data if isinstance(data, bytes) else data.encode()):

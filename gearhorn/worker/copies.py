@@ -4,6 +4,8 @@ for (:func:`claim_room`, through the store)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from gearhorn import gearman
 from gearhorn.messages import Fanout, copy_unique
 from gearhorn.store.registry import Recipient
@@ -80,3 +82,36 @@ def make_copies(request: Fanout, message_ids: list[str], recipients: tuple[Recip
 def flat(per_message: list[list[gearman.Copy]]) -> list[gearman.Copy]:
     """Every message's copies in one list, in order: one write to gearmand."""
     return [copy for copies in per_message for copy in copies]
+
+
+@dataclass(frozen=True, slots=True)
+class Made:
+    """One fanout's copies, a list per message; the subscribers they are
+    for, the full ones left out, and how many the look-up resolved."""
+
+    request: Fanout
+    message_ids: list[str]
+    per: list[list[gearman.Copy]]
+    recipients: tuple[Recipient, ...]
+    refused: tuple[Recipient, ...]
+    width: int
+
+    @property
+    def copies(self) -> list[gearman.Copy]:
+        return flat(self.per)
+
+    def result(self) -> dict[str, object]:
+        return {"topic": self.request.topic, "copies": len(self.copies),
+                "background": self.request.background, **result_ids(self.message_ids),
+                **result_full(self.refused)}
+
+
+def result_full(refused: tuple[Recipient, ...]) -> dict[str, object]:
+    """The result's ``full``: subscribers whose queue took no copy."""
+    return {"full": [r.client_id for r in refused]} if refused else {}
+
+
+def result_ids(message_ids: list[str]) -> dict[str, object]:
+    if len(message_ids) == 1:
+        return {"message_id": message_ids[0]}
+    return {"message_ids": message_ids}

@@ -41,7 +41,15 @@ from gearhorn.store.room import RoomKeeper
 from gearhorn.store.subscribers import SubscriberCache
 from gearhorn.store.tally import TallyWriter
 from gearhorn.worker import foreground
-from gearhorn.worker.copies import admit, claim_room, cut_copies, flat, make_copies, plain
+from gearhorn.worker.copies import (
+    Made,
+    admit,
+    claim_room,
+    cut_copies,
+    make_copies,
+    plain,
+    result_ids,
+)
 
 log = logging.getLogger(__name__)
 
@@ -74,28 +82,6 @@ class Job:
 
 
 Answer = bytes | BadRequest  # a job's result, or why it was refused
-
-
-@dataclass(frozen=True, slots=True)
-class _Made:
-    """One fanout's copies, a list per message; the subscribers they are
-    for, the full ones left out, and how many the look-up resolved."""
-
-    request: Fanout
-    message_ids: list[str]
-    per: list[list[gearman.Copy]]
-    recipients: tuple[Recipient, ...]
-    refused: tuple[Recipient, ...]
-    width: int
-
-    @property
-    def copies(self) -> list[gearman.Copy]:
-        return flat(self.per)
-
-    def result(self) -> dict[str, object]:
-        return {"topic": self.request.topic, "copies": len(self.copies),
-                "background": self.request.background, **_ids(self.message_ids),
-                **_full(self.refused)}
 
 
 def _entries(request: Fanout, message_ids: list[str]) -> tuple[str, list[Entry]]:
@@ -227,9 +213,11 @@ class FanoutService:
         plan = self.history.plan([_entries(request, message_ids)
                                   for (_, request), message_ids in zip(run, ids, strict=True)
                                   if not request.in_history], once_each=True)
+        misses = self.cache.misses
         recipients, replies = self.cache.recipients_with(
             {request.topic: None for _, request in run}, plan.calls)
         plan.settle(replies)
+        full = self._after_lookup(misses, full)
         made = [self._make(request, message_ids, recipients[request.topic], full)
                 for (_, request), message_ids in zip(run, ids, strict=True)]
         copies = [c for m in made for c in m.copies]
@@ -243,7 +231,7 @@ class FanoutService:
 
     def _make(self, request: Fanout, message_ids: list[str],
               resolved: tuple[Recipient, ...], full: frozenset[str],
-              header_ids: list[str] | None = None) -> _Made:
+              header_ids: list[str] | None = None) -> Made:
         """A fanout's copies for the subscribers the look-up ``resolved``,
         but the full reject-publish ones (recorded as not made)."""
         kept, refused = admit(resolved, full)
@@ -257,12 +245,21 @@ class FanoutService:
             self.observer.not_made(FULL, request.topic, [
                 (message_ids[i], copy.function, copy.unique) for i, copy in left])
         partly = tuple(r for r in kept if r.queue in cut)
-        return _Made(request, message_ids, per, kept, refused + partly, len(resolved))
+        return Made(request, message_ids, per, kept, refused + partly, len(resolved))
 
     def _pressure(self) -> tuple[frozenset[str], str]:
         return self.pressure.current() if self.pressure else (frozenset(), "")
 
-    def _sent(self, made: Sequence[_Made], remember: bool = True) -> None:
+    def _after_lookup(self, misses: int, full: frozenset[str]) -> frozenset[str]:
+        """``full``, or read again when the look-up found members the cache
+        did not have: a reject-publish subscription made since the last
+        read is then bounded from its first copy, not from the warden's
+        next round (its room is written before its member: store/registry.py)."""
+        if self.pressure is None or self.cache.misses == misses:
+            return full
+        return self.pressure.read_again()
+
+    def _sent(self, made: Sequence[Made], remember: bool = True) -> None:
         """Gearmand has these fanouts' copies: their tally (bounded queues)
         and (unless written already) their messages in the topics' history."""
         if self.tally is not None:
@@ -298,7 +295,7 @@ class FanoutService:
         query = parse_history(data)
         return _dumps(self.history.read(query.topic, query.since, query.limit, query.epoch))
 
-    def _remember(self, made: Sequence[_Made]) -> None:
+    def _remember(self, made: Sequence[Made]) -> None:
         """The messages of these fanouts in their topics' history (if on)."""
         if self.history.enabled:
             self.history.append([_entries(m.request, m.message_ids) for m in made
@@ -319,7 +316,7 @@ class FanoutService:
         first = self.dedup.claim(request.topic, request.dedup_id, message_ids[0])
         if first != message_ids[0]:
             return _dumps({"topic": request.topic, "copies": 0, "duplicate": True,
-                           "background": request.background, **_ids([first])})
+                           "background": request.background, **result_ids([first])})
         try:
             return _dumps(self._accept(request, message_ids, received))
         except BadRequest:  # refused before any copy (a full store): a retry may go.
@@ -331,7 +328,7 @@ class FanoutService:
         header_ids = self._keep_headers(request, message_ids)
         if request.deliver_at is not None and self._schedule(request, message_ids, header_ids):
             return {"topic": request.topic, "copies": 0, "background": True,
-                    "scheduled": True, "deliver_at": request.deliver_at, **_ids(message_ids)}
+                    "scheduled": True, "deliver_at": request.deliver_at, **result_ids(message_ids)}
         return self.deliver(request, message_ids, header_ids, received)
 
     def _keep_headers(self, request: Fanout, message_ids: list[str],
@@ -378,7 +375,9 @@ class FanoutService:
         full, over = self._pressure()
         if over:
             raise BadRequest(over)
+        misses = self.cache.misses
         resolved = self.cache.recipients_of([request.topic])[request.topic]
+        full = self._after_lookup(misses, full)
         made = self._make(request, message_ids, resolved, full, header_ids)
         copies = made.copies
         result = made.result()
@@ -403,7 +402,7 @@ class FanoutService:
             header_ids = self._keep_headers(request, message_ids, needed=True)
         return make_copies(request, message_ids, recipients, header_ids)
 
-    def _delivered(self, made: _Made, failed: list[tuple[dict, str]],
+    def _delivered(self, made: Made, failed: list[tuple[dict, str]],
                    received: float | None) -> None:
         """Ledger and metrics of a fanout, before its job is answered."""
         elapsed = None if received is None else time.monotonic() - received
@@ -413,7 +412,7 @@ class FanoutService:
             FailedCopy(f["queue"], unique, f"{f['status']}: {f['reason']}")
             for f, unique in failed], elapsed)
 
-    def _answers(self, request: Fanout, made: _Made, client: gearman.Client,
+    def _answers(self, request: Fanout, made: Made, client: gearman.Client,
                  placed: gearman.Placed) -> dict[str, object]:
         """A foreground fanout's receivers answered (gearhorn/worker/foreground.py):
         ``completed``, ``failed`` and, gathered, ``answers``; ``_failed`` for the ledger."""
@@ -434,14 +433,3 @@ class FanoutService:
 
     def record_rejection(self, function: str, reason: str) -> None:
         self.observer.refused(function, reason)
-
-
-def _full(refused: tuple[Recipient, ...]) -> dict[str, object]:
-    """The result's ``full``: subscribers whose queue took no copy."""
-    return {"full": [r.client_id for r in refused]} if refused else {}
-
-
-def _ids(message_ids: list[str]) -> dict[str, object]:
-    if len(message_ids) == 1:
-        return {"message_id": message_ids[0]}
-    return {"message_ids": message_ids}

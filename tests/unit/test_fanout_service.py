@@ -314,3 +314,25 @@ def test_the_same_unique_again_is_the_same_message_and_says_it_was_coalesced(ser
     assert "coalesced" not in first and again["coalesced"] is True
     assert again["message_id"] == first["message_id"]
     assert {c.unique for c in client.background} == {"order-7:alice"}  # gearmand merges them
+
+
+def test_a_reject_publish_subscriber_is_bounded_from_its_first_copy(registry):
+    """The worker read the warden's pressure before the subscription (and its
+    clock says not to read again): the look-up finds a member it did not
+    have, so it reads again and claims room (issue 49: a burst right after
+    the subscription took all its copies, past the limit)."""
+    from gearhorn.store.pressure import Pressure
+
+    client = RecordingClient()
+    frozen = Pressure(registry.redis, registry.keys, refresh=3600, clock=lambda: 0.0)
+    svc = FanoutService(Config(), registry, SubscriberCache(registry), client,
+                        pressure=frozen)
+    call(svc, "subscribe_fanout", topic="news", client_id="other")
+    call(svc, "fanout", topic="news", payload="before", background=True)  # pressure read
+    call(svc, "subscribe_fanout", topic="news", client_id="capped", max_length=5,
+         overflow="reject-publish")
+    results = [call(svc, "fanout", topic="news", payloads=[f"{n}-{i}" for i in range(100)],
+                    background=True) for n in range(3)]
+    capped = [c.data for c in client.background if c.function == "news_capped"]
+    assert capped == [f"0-{i}".encode() for i in range(5)]
+    assert [r.get("full") for r in results] == [["capped"]] * 3
