@@ -30,7 +30,13 @@ import gear
 
 from gearhorn import gearman
 from gearhorn.errors import GearhornError
-from gearhorn.messages import queue_name, validate_client_id, validate_topic
+from gearhorn.messages import (
+    encode_payload,
+    fanout_job,
+    queue_name,
+    validate_client_id,
+    validate_topic,
+)
 
 Servers = Sequence[tuple[str, int]]
 
@@ -64,11 +70,9 @@ class Producer:
         ``headers`` reach STOMP subscribers (Gearman ones get the payload);
         ``dedup_id``: the same again on the topic within ``dedup_window`` is
         answered ``"duplicate": true`` with no copies (safe to retry)."""
-        job: dict[str, object] = {"topic": topic, "payload": payload, "background": background}
-        options = {"unique": unique, "delay": delay, "deliver_at": deliver_at,
-                   "headers": headers, "dedup_id": dedup_id,
-                   "priority": None if priority == "normal" else priority}
-        job.update({k: v for k, v in options.items() if v is not None})
+        job = fanout_job(topic, [encode_payload(payload)], background=background,
+                         priority=priority, delay=delay, deliver_at=deliver_at,
+                         headers=headers, unique=unique, dedup_id=dedup_id)
         return self._call("fanout", job)
 
     def presence(self, topic: str, limit: int = 1000, cursor: int = 0) -> dict:
@@ -96,8 +100,9 @@ class Producer:
             raise JobFailed(f"{function}: {outcome.reason}")
         return outcome.data
 
-    def _call(self, function: str, job: dict) -> dict:
-        outcome = self.client.call(function, json.dumps(job).encode(), self.timeout)
+    def _call(self, function: str, job: dict | bytes) -> dict:
+        data = job if isinstance(job, bytes) else json.dumps(job).encode()
+        outcome = self.client.call(function, data, self.timeout)
         if not outcome.ok:
             raise JobFailed(f"{function}: {outcome.reason}")
         return json.loads(outcome.data)

@@ -15,6 +15,7 @@ import base64
 import json
 import math
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from gearhorn.errors import BadRequest
@@ -236,8 +237,32 @@ def presence_event(prefix: str, sub: Subscription, joined: bool, at: float) -> b
     event = {"event": "join" if joined else "leave", "topic": sub.topic,
              "client_id": sub.client_id, "via": "stomp" if sub.bridge else "gearman",
              "bridge": sub.bridge, "durable": sub.durable, "at": at}
-    return json.dumps({"topic": topic, "payload": json.dumps(event, separators=(",", ":")),
-                       "background": True}).encode()
+    return fanout_job(topic, [encode_payload(event)])
+
+
+def fanout_job(topic: str, bodies: Sequence[bytes], *, background: bool = True,
+               priority: str = "normal", delay: float | None = None,
+               deliver_at: float | str | None = None, headers: dict[str, str] | None = None,
+               unique: str | None = None, dedup_id: str | None = None,
+               message_ids: Sequence[str] | None = None) -> bytes:
+    """A ``fanout`` job as :func:`parse_fanout` reads it: the one encoder (the
+    bridge, the Python client, presence events). Text bodies travel as they
+    are, others in base64; several as a list; ``message_ids``: the bridge
+    appended them to the topic's history already."""
+    job: dict[str, object] = {"topic": topic, "background": background}
+    try:
+        texts = [body.decode("utf-8") for body in bodies]
+        job.update({"payload": texts[0]} if len(texts) == 1 else {"payloads": texts})
+    except UnicodeDecodeError:
+        coded = [base64.b64encode(body).decode() for body in bodies]
+        job.update({"payload_base64": coded[0]} if len(coded) == 1 else {"payloads_base64": coded})
+    optional = {"priority": None if priority == "normal" else priority, "delay": delay,
+                "deliver_at": deliver_at, "headers": headers or None, "unique": unique,
+                "dedup_id": dedup_id}
+    job.update({k: v for k, v in optional.items() if v is not None})
+    if message_ids is not None:
+        job.update(in_history=True, message_ids=list(message_ids))
+    return json.dumps(job).encode()
 
 
 def parse_fanout(data: bytes, max_payload: int = DEFAULT_MAX_PAYLOAD,

@@ -4,14 +4,13 @@ own messages (replies, dead letters)."""
 
 from __future__ import annotations
 
-import base64
 import json
 import time
 from collections.abc import Callable, Iterable, Sequence
 
 import gevent.lock
 
-from gearhorn import gearman
+from gearhorn import gearman, messages
 from gearhorn.naming import call_unique, new_message_id, queue_copy_unique, stomp_unique
 from gearhorn.stomp.appending import HistoryFirst
 from gearhorn.stomp.backend import FanoutFailed
@@ -135,23 +134,8 @@ class Pending:
 
 
 def fanout_job(send: TopicSend) -> bytes:
-    """The ``fanout`` job of SENDs to ``/topic/<topic>``: text bodies as
-    they are, others in base64."""
-    topic, bodies, options = send.topic, send.bodies, send.options
-    job: dict[str, object] = {"topic": topic, "background": True}
-    if send.message_ids is not None:  # the bridge appended them to the history
-        job.update(in_history=True, message_ids=send.message_ids)
-    try:
-        texts = [body.decode("utf-8") for body in bodies]
-        job.update({"payload": texts[0]} if len(texts) == 1 else {"payloads": texts})
-    except UnicodeDecodeError:
-        encoded = [base64.b64encode(body).decode() for body in bodies]
-        job.update({"payload_base64": encoded[0]} if len(encoded) == 1
-                   else {"payloads_base64": encoded})
-    if options.priority != "normal":
-        job["priority"] = options.priority
-    if options.delay is not None:
-        job["delay"] = options.delay
-    if options.headers:
-        job["headers"] = options.headers
-    return json.dumps(job).encode()
+    """The ``fanout`` job of SENDs to ``/topic/<topic>`` (messages.fanout_job)."""
+    options = send.options
+    return messages.fanout_job(send.topic, send.bodies, priority=options.priority,
+                               delay=options.delay, headers=options.headers or None,
+                               message_ids=send.message_ids)

@@ -26,6 +26,9 @@ class Over:
     def current(self):
         return frozenset(), self.reason
 
+    def read_again(self):
+        return self.current()[0]
+
 
 def fanout(svc, unique="", **job):
     return json.loads(svc.handle("fanout", json.dumps({"topic": "news", **job}).encode(),

@@ -263,3 +263,27 @@ def test_only_background_jobs_gearhorn_made_may_be_given_back(function, unique, 
     from gearhorn.naming import returnable
 
     assert returnable(function, unique) is expected
+
+
+@pytest.mark.parametrize("bodies, options", [
+    ([b"hello"], {}),
+    ([b"\xff\x00binary"], {"priority": "high", "headers": {"k": "v"}}),
+    ([b"a", b"b", b"c"], {"message_ids": ["1" * 32, "2" * 32, "3" * 32]}),
+    ([b"x", b"\xfe"], {"delay": 30.0, "background": False}),
+    ([b"once"], {"unique": "order-7", "dedup_id": "d-1", "deliver_at": 5_000.0}),
+])
+def test_the_one_fanout_job_encoder_is_read_back_as_it_was_meant(bodies, options):
+    """What the bridge, the Python client and presence events send is what
+    the worker reads (messages.fanout_job is the format's one writer)."""
+    request = m.parse_fanout(m.fanout_job("news", bodies, **options), now=1_000.0)
+    assert request.topic == "news" and list(request.bodies) == bodies
+    assert request.background is options.get("background", True)
+    assert request.priority == options.get("priority", "normal")
+    assert request.headers == options.get("headers", {})
+    assert (request.unique, request.dedup_id) == (options.get("unique"), options.get("dedup_id"))
+    assert request.in_history is ("message_ids" in options)
+    if "message_ids" in options:
+        assert request.message_ids == tuple(options["message_ids"])
+    due = options.get("deliver_at") or (1_000.0 + options["delay"] if "delay" in options
+                                        else None)
+    assert request.deliver_at == due
