@@ -137,5 +137,5 @@ def fanout_job(send: TopicSend) -> bytes:
     """The ``fanout`` job of SENDs to ``/topic/<topic>`` (messages.fanout_job)."""
     options = send.options
     return messages.fanout_job(send.topic, send.bodies, priority=options.priority,
-                               delay=options.delay, headers=options.headers or None,
+                               delay=options.delay, headers=options.headers,
                                message_ids=send.message_ids)
