@@ -15,13 +15,51 @@ from __future__ import annotations
 import base64
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 from gearhorn import gearman
 from gearhorn.background import Backoff
+from gearhorn.config import Config
+from gearhorn.messages import Fanout
 from gearhorn.store.registry import Recipient
 
 # A receiver's end that another try may change; a timeout is still queued.
 RETRIED = frozenset({"failed", "exception", "lost"})
+
+
+@dataclass(frozen=True, slots=True)
+class ForegroundSettings:
+    """What a foreground fanout reads of the configuration."""
+
+    attempts: int = 1  # tries of a copy, unless the fanout says
+    timeout: float = 30.0  # for all the receivers' answers
+    retry_backoff: float = 0.5
+    gather_max_bytes: int = 1 << 20
+
+    @classmethod
+    def of(cls, config: Config) -> ForegroundSettings:
+        return cls(config.fanout_attempts, config.fanout_timeout, config.retry_backoff,
+                   config.gather_max_bytes)
+
+
+def answers(client: gearman.Client, copies: Sequence[gearman.Copy],
+            recipients: Sequence[Recipient], request: Fanout, placed: gearman.Placed,
+            settings: ForegroundSettings,
+            sleep: Callable[[float], None] = time.sleep) -> dict[str, object]:
+    """What a foreground fanout's receivers answered: ``completed``,
+    ``failed`` and, gathered, ``answers``; ``_failed`` (each failure with
+    its copy's unique key) for the ledger."""
+    attempts = request.answering.attempts or settings.attempts
+    outcomes, tries = run_copies(client, copies, request.priority, placed, attempts,
+                                 settings.timeout, settings.retry_backoff, sleep)
+    by_queue = {r.queue: r for r in recipients}
+    targets = [by_queue[c.function] for c in copies]
+    failed = failures(targets, outcomes, copies, tries)
+    result: dict[str, object] = {"completed": len(copies) - len(failed),
+                                 "failed": [f for f, _ in failed], "_failed": failed}
+    if request.answering.gather:
+        result.update(gathered(targets, outcomes, tries, settings.gather_max_bytes))
+    return result
 
 
 def run_copies(client: gearman.Client, copies: Sequence[gearman.Copy], priority: str,

@@ -13,35 +13,15 @@ import socket
 import threading
 import time
 
-import redis
-
 from gearhorn import gearman
 from gearhorn.background import Backoff, Fault, Outage
 from gearhorn.config import Config
 from gearhorn.messages import BadRequest
-from gearhorn.observers import LedgerObserver, Observers, StatsObserver
-from gearhorn.presenceevents import announce_changes
-from gearhorn.store import fsync, redisconn
-from gearhorn.store.dashed import DashedFunctions
-from gearhorn.store.delayed import DelayedItem, Releaser
-from gearhorn.store.keys import Keys
-from gearhorn.store.ledger import Flusher, Ledger
-from gearhorn.store.pressure import Pressure
 from gearhorn.store.redisconn import REDIS_ERRORS
-from gearhorn.store.registry import Registry, new_worker_id
-from gearhorn.store.stats import Stats
-from gearhorn.store.subscribers import InvalidationListener, SubscriberCache
-from gearhorn.store.tally import TallyWriter
+from gearhorn.store.registry import new_worker_id
 from gearhorn.worker.commits import Committer, Group
-from gearhorn.worker.fanout import (
-    FUNCTIONS,
-    Answer,
-    FanoutService,
-    Job,
-    ServiceUnavailable,
-)
-from gearhorn.worker.janitor import Janitor
-from gearhorn.worker.warden import Warden
+from gearhorn.worker.jobs import FUNCTIONS, Answer, Job, ServiceUnavailable
+from gearhorn.worker.wiring import build_worker
 
 log = logging.getLogger(__name__)
 
@@ -50,16 +30,6 @@ def _store_full(exc: Exception) -> bool:
     """gearmand's answer when its persistent queue refuses a job (the queue
     Redis at maxmemory, say)."""
     return "QUEUE_ERROR" in str(exc)
-
-
-def _queue_store(config: Config):
-    """A client of gearmand's queue Redis for the warden's memory check
-    (None when gearmand keeps its queue elsewhere)."""
-    if config.persistence != "redis":
-        return lambda: None
-    client = redis.Redis.from_url(config.queue_redis_url, socket_timeout=2,
-                                  socket_connect_timeout=1)
-    return lambda: client
 
 
 def _warnings(pending: list[tuple[gearman.WorkerConnection, gearman.GrabbedJob, Job]],
@@ -85,54 +55,13 @@ class WorkerProcess:
     def __init__(self, config: Config) -> None:
         self.config = config
         self.worker_id = new_worker_id()
-        self.redis = redisconn.for_config(config, socket_timeout=10, socket_connect_timeout=5,
-                                          health_check_interval=30)
-        keys = Keys.for_config(config)
-        self.registry = Registry(self.redis, keys)
-        self.cache = SubscriberCache(self.registry, config.cache_size)
-        dashed = DashedFunctions(self.redis, keys)
-        tls = config.gearman_tls
-        self.client = gearman.Client(config.gearman_servers, batch=config.submit_batch,
-                                     before_background=dashed.record, tls=tls)
-        self.ledger = Ledger(self.redis, keys, config.ledger_maxlen, config.ledger_enabled,
-                             source=self.worker_id, shards=config.ledger_shards)
-        self.stats = Stats(self.redis, keys, config.metrics_enabled,
-                           buffered=not config.metrics_write_through)
-        # Bounded queues (gearhorn/worker/warden.py); retention_interval 0: off.
-        bounded = config.retention_interval > 0
-        self.tally = TallyWriter(self.redis, keys) if bounded else None
-        pressure = Pressure(self.redis, keys) if bounded else None
-        # The ledger and the metrics hear of every step through one observer.
-        observer = Observers(LedgerObserver(self.ledger), StatsObserver(self.stats))
-        self.service = FanoutService(config, self.registry, self.cache, self.client,
-                                     observer, tally=self.tally, pressure=pressure)
-        self.flusher = Flusher(*(b for b in (self.ledger, self.stats, self.tally) if b))
-        # Answers wait for an fsync that covers them (gearhorn/store/fsync.py),
-        # in a thread of their own while this one takes the next jobs.
-        self.durability = fsync.for_config(config, self.redis)
-        self.warden = Warden(config, self.redis, observer, self.stats, self.worker_id,
-                             queue_store=_queue_store(config))
-        # Due delayed messages go out from a thread of their own, with their
-        # own Gearman connection (a Client is not shared between threads).
-        self.release_client = gearman.Client(config.gearman_servers, batch=config.submit_batch,
-                                             before_background=dashed.record, tls=tls)
-        self.releaser = Releaser(self.service.scheduler, self._release,
-                                 config.delay_poll_interval)
-        hearers = [self.releaser.announced, *([pressure.announced] if pressure else [])]
-
-        def announced(data: bytes | str) -> None:
-            for hear in hearers:
-                hear(data)
-
-        self.listener = InvalidationListener(self.redis, keys.channel, self.cache, also=announced,
-                                             on_subscribed=self.releaser.look_now)
-        self.janitor = Janitor(self.registry, lambda function: gearman.drop_function(
-            config.gearman_servers, function, tls))
-        # Subscriptions change here through the service, the janitor and the warden.
-        self.presence_events = announce_changes(config, self.registry, self.warden.registry)
-        self.jobs = gearman.JobSource(config.gearman_servers, FUNCTIONS, self.worker_id, tls,
-                                      most=config.worker_batch)
+        parts = build_worker(config, self.worker_id, FUNCTIONS)  # gearhorn/worker/wiring.py
+        self.parts = parts
+        self.registry, self.ledger, self.service = parts.registry, parts.ledger, parts.service
+        self.flusher, self.durability, self.jobs = parts.flusher, parts.durability, parts.jobs
         self._draining = threading.Event()
+        # Answers wait for an fsync that covers them, in a thread of their
+        # own while this one takes the next jobs.
         self.committer = Committer(self.durability, self._flush, self.jobs.wake,
                                    leaving=self._draining)
         self.started = time.time()
@@ -140,12 +69,12 @@ class WorkerProcess:
     def run(self) -> None:
         """Serve jobs until :meth:`drain` is called (see :meth:`serve` for
         what happens to the jobs in hand)."""
-        self.listener.start()
+        self.parts.listener.start()
         self.committer.start()
         self.flusher.start()
-        self.releaser.start()
+        self.parts.releaser.start()
         threading.Thread(target=self._heartbeats, name="gearhorn-heartbeat", daemon=True).start()
-        if self.config.retention_interval > 0:
+        if self.parts.warden is not None:
             threading.Thread(target=self._guard_queues, name="gearhorn-warden",
                              daemon=True).start()
         log.info("worker %s serving %s on %s", self.worker_id, ", ".join(FUNCTIONS),
@@ -247,10 +176,11 @@ class WorkerProcess:
         self.committer.put(Group(answer, durable=False, size=len(pending)))
 
     def _store_full_reason(self, exc: Exception) -> str:
-        over = self.service.pressure.current()[1] if self.service.pressure else ""
+        pressure = self.parts.pressure
+        over = pressure.current()[1] if pressure else ""
         if over:
             return over
-        largest = self.service.pressure.largest_backlogs() if self.service.pressure else "?"
+        largest = pressure.largest_backlogs() if pressure else "?"
         return f"queue store full: gearmand cannot store the copies ({exc}); " \
                f"largest backlogs: {largest}"
 
@@ -276,10 +206,6 @@ class WorkerProcess:
         self._draining.set()
         self.jobs.wake()
 
-    def _release(self, item: DelayedItem) -> None:
-        self.service.release(item, self.release_client)
-        self.flusher.poke()
-
     def _heartbeats(self) -> None:
         info = {"pid": os.getpid(), "host": socket.gethostname(), "started": self.started}
         outage = Outage(log, "redis (heartbeat)")
@@ -287,7 +213,7 @@ class WorkerProcess:
             try:
                 self.registry.heartbeat(self.worker_id, self.config.worker_ttl,
                                         {**info, "jobs": self.committer.done})
-                self.janitor.sweep()  # after bridges that died without a word
+                self.parts.janitor.sweep()  # after bridges that died without a word
                 outage.succeeded()
             except REDIS_ERRORS as exc:
                 outage.failed(exc)
@@ -296,10 +222,11 @@ class WorkerProcess:
     def _guard_queues(self) -> None:
         """The warden's rounds, while this process holds its lease."""
         outage, fault = Outage(log, "warden"), Fault(log, "warden round")
+        warden = self.parts.warden
         while not self._draining.is_set():
             try:
-                if self.warden.lead():
-                    self.warden.round()
+                if warden.lead():
+                    warden.round()
                     self.flusher.poke()
                 outage.succeeded()
                 fault.succeeded()
@@ -310,19 +237,20 @@ class WorkerProcess:
             self._draining.wait(self.config.retention_interval)
 
     def _shutdown(self) -> None:
-        self.listener.stop()
-        self.releaser.stop()
-        self.releaser.join(timeout=10)
+        parts = self.parts
+        parts.listener.stop()
+        parts.releaser.stop()
+        parts.releaser.join(timeout=10)
         self.flusher.stop()
         if not self.committer.wait_idle(10):  # answers waiting for a disk that never came
             log.warning("leaving with answers unsent: gearmand gives their jobs to another worker")
         self.committer.stop()
         self.jobs.close()
         self.durability.close()
-        self.client.close()
-        self.release_client.close()
-        if self.presence_events is not None:
-            self.presence_events.close()
+        parts.client.close()
+        parts.release_client.close()
+        if parts.presence_events is not None:
+            parts.presence_events.close()
         try:
             self.registry.retire(self.worker_id)
         except REDIS_ERRORS as exc:

@@ -29,8 +29,8 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import redis
 
@@ -38,148 +38,39 @@ from gearhorn import gearman
 from gearhorn.config import Config
 from gearhorn.limits import EXPIRED, REMOVED, Limits
 from gearhorn.messages import Subscription
-from gearhorn.naming import (
-    FOREGROUND_MARK,
-    dead_letter_queue,
-    is_stream_client,
-    queue_copy_unique,
-)
+from gearhorn.naming import is_stream_client
 from gearhorn.observers import Observer
 from gearhorn.retention import Tallied, Verdict, judge
-from gearhorn.store.deadletters import DeadLetterIndex
-from gearhorn.store.headers import HeaderStore
 from gearhorn.store.keys import Keys
 from gearhorn.store.redisconn import REDIS_ERRORS
 from gearhorn.store.redisutil import text
 from gearhorn.store.registry import Registry
 from gearhorn.store.room import RoomKeeper
-from gearhorn.store.stats import Stats
 from gearhorn.store.tally import TallyReader
+from gearhorn.worker.reaper import Load, Reaper, Server, gearmand_loads
 
 log = logging.getLogger(__name__)
 
-GRAB_BATCH = 100
 BACKLOGS_KEPT = 20  # largest backlogs in <p>backlogs
-Server = tuple[str, int]
 
 
-def default_limits(config: Config) -> Limits:
-    """The config's ``queue_*`` settings: what a subscription does not say."""
-    return Limits(config.queue_max_length, config.queue_max_bytes, config.queue_message_ttl,
-                  config.queue_expires, config.queue_overflow, config.queue_dead_letter)
+@dataclass(frozen=True, slots=True)
+class WardenSettings:
+    """What the warden reads of the configuration."""
 
+    servers: tuple[Server, ...]
+    tls: object = None  # gearhorn.gearman's TLS settings, or None
+    interval: float = 1.0  # between rounds; the lease lasts three
+    defaults: Limits = Limits()  # what a subscription does not say
+    store_guard: float = 0.9  # of the queue store's maxmemory
 
-@dataclass
-class Load:
-    """A queue in gearmand, over every server: jobs (with the ones running),
-    running, and workers; ``waiting`` per server for the reaper."""
-
-    depth: int = 0
-    running: int = 0
-    workers: int = 0
-    waiting: dict[Server, int] = field(default_factory=dict)
-
-
-def gearmand_loads(servers: Sequence[Server], tls=None) -> dict[str, Load]:
-    loads: dict[str, Load] = {}
-    for server in servers:
-        for name, queued, running, workers in gearman.status_rows(*server, tls=tls):
-            load = loads.setdefault(name, Load())
-            load.depth += queued
-            load.running += running
-            load.workers += workers
-            load.waiting[server] = queued - running
-    return loads
-
-
-class Reaper:
-    """Takes copies from the head of a queue, on each gearmand in proportion
-    to what it holds; dead-letters them first when asked."""
-
-    def __init__(self, servers: Sequence[Server], headers: HeaderStore,
-                 index: DeadLetterIndex, tls=None) -> None:
-        self.servers = tuple(servers)
-        self.headers = headers
-        self.index = index
-        self.tls = tls
-
-    def take(self, queue: str, count: int, waiting: dict[Server, int],
-             dead_letter_reason: str | None) -> list[str]:
-        """Up to ``count`` copies off ``queue``'s head; their unique keys."""
-        taken: list[str] = []
-        for server, share in _shares(count, waiting):
-            taken += self._take_from(server, queue, share, dead_letter_reason)
-        return taken
-
-    def _take_from(self, server: Server, queue: str, count: int,
-                   dead_letter_reason: str | None) -> list[str]:
-        worker = gearman.WorkerConnection(*server, [queue], client_id="gearhorn-warden",
-                                          tls=self.tls)
-        worker.open()
-        uniques: list[str] = []
-        try:
-            while len(uniques) < count:
-                jobs = worker.grab(min(GRAB_BATCH, count - len(uniques)))
-                if not jobs:
-                    break
-                if dead_letter_reason:
-                    self._dead_letter(queue, jobs, dead_letter_reason)
-                for job in jobs:
-                    if job.unique.startswith(FOREGROUND_MARK):
-                        worker.warn(job.handle, f"dropped by the queue's limits "
-                                                f"({dead_letter_reason or 'policy'})".encode())
-                        worker.fail(job.handle)
-                    else:
-                        worker.complete(job.handle)
-                uniques += [job.unique for job in jobs]
-            _echo(worker)  # gearmand has taken every answer before we hang up
-        finally:
-            worker.close()
-        return uniques
-
-    def _dead_letter(self, queue: str, jobs: list[gearman.GrabbedJob], reason: str) -> None:
-        """Each job to ``<queue>.dlq`` with ``dlq-reason``, before it is completed
-        (a crash in between leaves a duplicate, not a loss)."""
-        found = self.headers.for_uniques(j.unique for j in jobs)
-        dlq = dead_letter_queue(queue)
-        copies = []
-        for job in jobs:
-            message_id = uuid.uuid4().hex
-            kept = {k: v for k, v in found.get(job.unique, {}).items() if k != "destination"}
-            self.headers.put(message_id, {**kept, "dlq-reason": reason,
-                                          "dlq-original-destination": f"/queue/{queue}"})
-            copies.append(gearman.Copy(dlq, queue_copy_unique(message_id), job.data))
-            try:
-                self.index.record(queue, message_id, reason, 0, job.data)
-            except REDIS_ERRORS as exc:
-                log.warning("%s: dead letter %s not indexed: %s", queue, message_id, exc)
-        client = gearman.Client(self.servers, tls=self.tls)
-        try:
-            client.submit_background(copies)
-        finally:
-            client.close()
-
-
-def _echo(worker: gearman.WorkerConnection) -> None:
-    from gearhorn.gearman.packets import P, encode
-
-    worker.conn.send(encode(P.ECHO_REQ, b"warden"))
-    while worker.conn.read().type != P.ECHO_RES:
-        pass
-
-
-def _shares(count: int, waiting: dict[Server, int]) -> list[tuple[Server, int]]:
-    """``count`` spread over the servers by what each has waiting, largest first."""
-    total = sum(max(0, n) for n in waiting.values())
-    if total <= 0 or count <= 0:
-        return []
-    shares, left = [], count
-    for server, n in sorted(waiting.items(), key=lambda item: -item[1]):
-        share = min(max(0, n), left, -(-count * max(0, n) // total))
-        if share:
-            shares.append((server, share))
-            left -= share
-    return shares
+    @classmethod
+    def of(cls, config: Config) -> WardenSettings:
+        defaults = Limits(config.queue_max_length, config.queue_max_bytes,
+                          config.queue_message_ttl, config.queue_expires, config.queue_overflow,
+                          config.queue_dead_letter)
+        return cls(tuple(config.gearman_servers), config.gearman_tls, config.retention_interval,
+                   defaults, config.queue_store_guard)
 
 
 @dataclass(frozen=True)
@@ -202,29 +93,26 @@ class Backlog:
 class Warden:
     """One round at a time; the pool's processes take turns holding the lease."""
 
-    def __init__(self, config: Config, client: redis.Redis, observer: Observer | None = None,
-                 stats: Stats | None = None, owner: str = "",
+    def __init__(self, settings: WardenSettings, registry: Registry, reaper: Reaper,
+                 observer: Observer | None = None, owner: str = "",
                  queue_store: Callable[[], redis.Redis | None] | None = None) -> None:
-        self.config = config
-        self.redis = client
-        self.keys = Keys.for_config(config)
-        self.registry = Registry(client, self.keys)
-        self.tally = TallyReader(client, self.keys)
+        self.settings = settings
+        self.registry = registry
+        self.redis: redis.Redis = registry.redis
+        self.keys: Keys = registry.keys
+        self.tally = TallyReader(self.redis, self.keys)
+        self.reaper = reaper
         self.observer = observer or Observer()  # the ledger and the metrics
         self.owner = owner or uuid.uuid4().hex
-        self.defaults = default_limits(config)
-        headers = HeaderStore(client, self.keys, config.headers_ttl)
-        self.reaper = Reaper(config.gearman_servers, headers,
-                             DeadLetterIndex(client, self.keys, stats), config.gearman_tls)
         self.queue_store = queue_store
-        self.room = RoomKeeper(client, self.keys)  # reject-publish: room claimed at copy time
+        self.room = RoomKeeper(self.redis, self.keys)  # reject-publish: claimed at copy time
         self._claimed_before: dict[str, tuple[int, int]] | None = None
         self._full: set[str] = set()
         self._over = ""
 
     def lead(self) -> bool:
         """Hold the lease for three intervals; True while this process holds it."""
-        ttl = max(1000, int(self.config.retention_interval * 3000))
+        ttl = max(1000, int(self.settings.interval * 3000))
         key = self.keys.warden
         if self.redis.set(key, self.owner, nx=True, px=ttl):
             return True
@@ -244,12 +132,12 @@ class Warden:
         # not be in gearmand's count yet, so they are taken off the room too.
         claimed_now = self.room.claimed()
         claimed_before = claimed_now if self._claimed_before is None else self._claimed_before
-        loads = gearmand_loads(self.config.gearman_servers, self.config.gearman_tls)
+        loads = gearmand_loads(self.settings.servers, self.settings.tls)
         active = {q: s for q, s in sums.items() if s[0] or q in loads}
         tallies = self.tally.read(active)
         verdicts, backlogs, full = {}, [], set()
         for queue, (entry, given) in subscriptions.items():
-            limits = given.over(self.defaults)
+            limits = given.over(self.settings.defaults)
             load = loads.get(queue, Load())
             tallied = tallies.get(queue, Tallied(0, 0, ()))
             verdict = judge(tallied, load.depth, load.running, limits, int(now * 1000))
@@ -308,7 +196,7 @@ class Warden:
         else:  # a bounded /queue/: no subscription, only its record
             self.registry.unbound_queue(queue)
         emptied = self._drop(queue, entry, load.depth, REMOVED, load, limits.dead_letter)
-        gearman.drop_function(self.config.gearman_servers, queue, self.config.gearman_tls)
+        gearman.drop_function(self.settings.servers, queue, self.settings.tls)
         log.info("%s: subscription expired after %.0fs without a consumer; %d copies removed",
                  queue, now - last, emptied)
         return True
@@ -352,7 +240,7 @@ class Warden:
         except REDIS_ERRORS as exc:
             return {"used": 0, "max": 0, "guard": 0, "over": "", "error": str(exc)}
         used, most = int(memory.get("used_memory", 0)), int(memory.get("maxmemory", 0))
-        guard = int(most * self.config.queue_store_guard) if most else 0
+        guard = int(most * self.settings.store_guard) if most else 0
         over = ""
         if guard and used >= guard:
             largest = ", ".join(f"{b.queue} ({b.depth:,} copies)" for b in backlogs[:3])

@@ -9,7 +9,7 @@ from gearhorn.config import Config
 from gearhorn.messages import DEDUP_HEADER, BadRequest, parse_fanout
 from gearhorn.stomp.frames import Frame
 from gearhorn.store.subscribers import SubscriberCache
-from gearhorn.worker.fanout import FanoutService
+from gearhorn.worker.wiring import build_service
 from tests.fakes import FakeBroker, FakeTransport, RecordingClient, session_without_sockets
 
 pytestmark = pytest.mark.timeout(10)
@@ -38,7 +38,7 @@ def fanout(svc, unique="", **job):
 @pytest.fixture
 def service(registry):
     client = RecordingClient()
-    svc = FanoutService(Config(dedup_window=120), registry, SubscriberCache(registry), client)
+    svc = build_service(Config(dedup_window=120), registry, SubscriberCache(registry), client)
     svc.handle("subscribe_fanout", b'{"topic": "news", "client_id": "alice"}')
     return svc, client
 
@@ -93,16 +93,16 @@ def test_ids_are_per_topic_and_the_same_job_run_again_goes_on(service):
 
 def test_a_fanout_refused_before_any_copy_frees_its_id(service):
     svc, client = service
-    svc.pressure = Over()
+    svc.fanouts.pressure = Over()
     with pytest.raises(BadRequest, match="queue store full"):
         fanout(svc, payload="a", background=True, dedup_id="d")
-    svc.pressure.reason = ""
+    svc.fanouts.pressure.reason = ""
     assert fanout(svc, payload="a", background=True, dedup_id="d")["copies"] == 1
 
 
 def test_a_window_of_zero_turns_deduplication_off(registry):
     client = RecordingClient()
-    svc = FanoutService(Config(dedup_window=0), registry, SubscriberCache(registry), client)
+    svc = build_service(Config(dedup_window=0), registry, SubscriberCache(registry), client)
     svc.handle("subscribe_fanout", b'{"topic": "news", "client_id": "alice"}')
     for _ in range(2):
         assert fanout(svc, payload="a", background=True, dedup_id="d")["copies"] == 1

@@ -10,7 +10,8 @@ from gearhorn import gearman
 from gearhorn.config import Config
 from gearhorn.messages import BadRequest, message_ids_for
 from gearhorn.store.subscribers import SubscriberCache
-from gearhorn.worker.fanout import FanoutService, Job, ServiceUnavailable
+from gearhorn.worker.jobs import Job, ServiceUnavailable
+from gearhorn.worker.wiring import build_service
 from tests.fakes import RecordingClient
 
 
@@ -26,7 +27,7 @@ def subscribe(topic, who):
 @pytest.fixture
 def service(registry, monkeypatch):
     client = RecordingClient()
-    svc = FanoutService(Config(max_payload_bytes=1000), registry, SubscriberCache(registry),
+    svc = build_service(Config(max_payload_bytes=1000), registry, SubscriberCache(registry),
                         client)
     looked_up = []  # the topics of each round trip
     members_with = registry.members_with

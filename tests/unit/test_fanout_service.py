@@ -8,14 +8,15 @@ from gearhorn import gearman
 from gearhorn.config import Config
 from gearhorn.messages import BadRequest
 from gearhorn.store.subscribers import SubscriberCache
-from gearhorn.worker.fanout import FanoutService, ServiceUnavailable
+from gearhorn.worker.jobs import ServiceUnavailable
+from gearhorn.worker.wiring import build_service
 from tests.fakes import RecordingClient
 
 
 @pytest.fixture
 def service(registry):
     client = RecordingClient()
-    svc = FanoutService(Config(max_payload_bytes=1000), registry,
+    svc = build_service(Config(max_payload_bytes=1000), registry,
                         SubscriberCache(registry), client)
     return svc, client
 
@@ -58,7 +59,7 @@ def test_payloads_reach_every_subscriber_in_order(service):
 
 def test_foreground_fanout_reports_failures_per_subscriber(registry):
     client = RecordingClient({"news_bob": gearman.Outcome("timeout", reason="no answer")})
-    svc = FanoutService(Config(), registry, SubscriberCache(registry), client)
+    svc = build_service(Config(), registry, SubscriberCache(registry), client)
     call(svc, "subscribe_fanout", topic="news", client_id="alice")
     call(svc, "subscribe_fanout", topic="news", client_id="bob")
     result = call(svc, "fanout", topic="news", payload="hi")
@@ -99,13 +100,13 @@ def test_a_key_error_inside_a_handler_is_a_bug_not_an_unknown_function(service, 
     def broken(data):
         return {}["missing"]
 
-    monkeypatch.setitem(svc._handlers, "subscribe_fanout", broken)
+    monkeypatch.setitem(svc._queries, "subscribe_fanout", broken)
     with pytest.raises(KeyError, match="missing"):
         svc.handle("subscribe_fanout", b"{}")
 
 
 def test_redis_down_is_reported_as_unavailable(registry, monkeypatch):
-    svc = FanoutService(Config(), registry, SubscriberCache(registry), RecordingClient())
+    svc = build_service(Config(), registry, SubscriberCache(registry), RecordingClient())
 
     def down(*args, **kwargs):
         raise redis.ConnectionError("Connection refused")
@@ -132,7 +133,7 @@ def test_headers_are_stored_once_and_every_copy_points_at_them(service, fake_red
                   headers={"correlation-id": "c-1", "x-team": "ops"})
     mid = result["message_id"]
     assert sorted(c.unique for c in client.background) == [f"@{mid}:alice", f"@{mid}:bob"]
-    found = svc.headers.for_uniques(c.unique for c in client.background)
+    found = svc.fanouts.stores.headers.for_uniques(c.unique for c in client.background)
     assert found == {c.unique: {"correlation-id": "c-1", "x-team": "ops",
                                 "destination": "/topic/news"} for c in client.background}
     assert 0 < fake_redis.ttl(f"t:headers:{mid}") <= Config().headers_ttl
@@ -144,7 +145,7 @@ def test_a_receivers_failure_is_its_answer_unless_the_fanout_asks_for_more_attem
     failed = gearman.Outcome("failed", reason="receiver crashed")
     client = RecordingClient({"news_bob": [failed]})
     pauses = []
-    svc = FanoutService(Config(retry_backoff=0.01), registry, SubscriberCache(registry), client,
+    svc = build_service(Config(retry_backoff=0.01), registry, SubscriberCache(registry), client,
                         sleep=pauses.append)
     call(svc, "subscribe_fanout", topic="news", client_id="alice")
     call(svc, "subscribe_fanout", topic="news", client_id="bob")
@@ -162,7 +163,7 @@ def test_a_receivers_failure_is_its_answer_unless_the_fanout_asks_for_more_attem
 
 def test_a_copy_that_keeps_failing_is_reported_after_its_attempts(registry):
     client = RecordingClient({"news_bob": gearman.Outcome("exception", reason="bad input")})
-    svc = FanoutService(Config(fanout_attempts=3, retry_backoff=0.01), registry,
+    svc = build_service(Config(fanout_attempts=3, retry_backoff=0.01), registry,
                         SubscriberCache(registry), client, sleep=lambda s: None)
     call(svc, "subscribe_fanout", topic="news", client_id="bob")
     result = call(svc, "fanout", topic="news", payload="hi")
@@ -173,7 +174,7 @@ def test_a_copy_that_keeps_failing_is_reported_after_its_attempts(registry):
 
 def test_a_late_copy_is_not_retried(registry):
     client = RecordingClient({"news_bob": gearman.Outcome("timeout", reason="late")})
-    svc = FanoutService(Config(fanout_attempts=5), registry, SubscriberCache(registry), client,
+    svc = build_service(Config(fanout_attempts=5), registry, SubscriberCache(registry), client,
                         sleep=lambda s: None)
     call(svc, "subscribe_fanout", topic="news", client_id="bob")
     call(svc, "fanout", topic="news", payload="hi")
@@ -187,18 +188,18 @@ def test_a_delayed_fanout_is_kept_then_released_with_its_ids(service):
     result = call(svc, "fanout", topic="news", payload="later", deliver_at=due,
                   priority="low", headers={"k": "v"})
     assert result["scheduled"] is True and result["copies"] == 0
-    assert client.background == [] and svc.scheduler.pending() == 1
+    assert client.background == [] and svc.fanouts.stores.scheduler.pending() == 1
     taken = []
     while not taken:  # polls Redis (bounded by the test timeout)
-        taken = svc.scheduler.take()
+        taken = svc.fanouts.stores.scheduler.take()
     assert time.time() >= due - 0.01  # never before its time
-    assert svc.scheduler.take() == []  # leased to one taker
-    svc.release(taken[0][1])
-    svc.scheduler.done(taken)
+    assert svc.fanouts.stores.scheduler.take() == []  # leased to one taker
+    svc.fanouts.release(taken[0][1])
+    svc.fanouts.stores.scheduler.done(taken)
     mid = result["message_id"]
     assert [(c.function, c.unique, c.data) for c in client.background] == [
         ("news_alice", f"@{mid}:alice", b"later")]
-    assert client.precedences == ["low"] and svc.scheduler.pending() == 0
+    assert client.precedences == ["low"] and svc.fanouts.stores.scheduler.pending() == 0
 
 
 def test_a_fanout_due_already_goes_out_now(service):
@@ -228,7 +229,7 @@ def test_prefix_subscribers_learn_the_topic_a_message_was_published_to(service):
     result = call(svc, "fanout", topic="news.eu", payload="hi", background=True)
     mid = result["message_id"]
     assert all(c.unique.startswith(f"@{mid}:") for c in client.background)
-    found = svc.headers.for_uniques(c.unique for c in client.background)
+    found = svc.fanouts.stores.headers.for_uniques(c.unique for c in client.background)
     assert {h["destination"] for h in found.values()} == {"/topic/news.eu"}
     client.background.clear()
     call(svc, "fanout", topic="other", payload="x", background=True)  # no prefix: no headers
@@ -242,7 +243,7 @@ def test_fanouts_are_counted_with_their_copies_and_latency(registry):
     from gearhorn.store.stats import Stats, read
 
     counts = Stats(registry.redis, registry.keys)  # write-through
-    svc = FanoutService(Config(), registry, SubscriberCache(registry), RecordingClient(),
+    svc = build_service(Config(), registry, SubscriberCache(registry), RecordingClient(),
                         observer=StatsObserver(counts))
     for who in ("a", "b", "c"):
         call(svc, "subscribe_fanout", topic="news", client_id=who)
@@ -262,7 +263,7 @@ def test_gather_returns_every_receivers_answer_by_client_id(registry):
         "news_bob": gearman.Outcome("exception", b"boom", reason="boom"),
         "news_carol": gearman.Outcome("complete", b"\xff\x00"),
     })
-    svc = FanoutService(Config(), registry, SubscriberCache(registry), client)
+    svc = build_service(Config(), registry, SubscriberCache(registry), client)
     for who in ("alice", "bob", "carol"):
         call(svc, "subscribe_fanout", topic="news", client_id=who)
     result = call(svc, "fanout", topic="news", payload="size?", gather=True)
@@ -278,7 +279,7 @@ def test_gather_returns_every_receivers_answer_by_client_id(registry):
 def test_gathered_answers_beyond_the_bound_come_without_their_data(registry):
     client = RecordingClient({"news_a": gearman.Outcome("complete", b"x" * 60),
                               "news_b": gearman.Outcome("complete", b"y" * 60)})
-    svc = FanoutService(Config(gather_max_bytes=100), registry, SubscriberCache(registry),
+    svc = build_service(Config(gather_max_bytes=100), registry, SubscriberCache(registry),
                         client)
     for who in ("a", "b"):
         call(svc, "subscribe_fanout", topic="news", client_id=who)
@@ -325,7 +326,7 @@ def test_a_reject_publish_subscriber_is_bounded_from_its_first_copy(registry):
 
     client = RecordingClient()
     frozen = Pressure(registry.redis, registry.keys, refresh=3600, clock=lambda: 0.0)
-    svc = FanoutService(Config(), registry, SubscriberCache(registry), client,
+    svc = build_service(Config(), registry, SubscriberCache(registry), client,
                         pressure=frozen)
     call(svc, "subscribe_fanout", topic="news", client_id="other")
     call(svc, "fanout", topic="news", payload="before", background=True)  # pressure read

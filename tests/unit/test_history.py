@@ -11,7 +11,7 @@ from gearhorn.messages import BadRequest, Subscription, parse_history
 from gearhorn.naming import stream_client_id
 from gearhorn.store.history import History
 from gearhorn.store.subscribers import SubscriberCache
-from gearhorn.worker.fanout import FanoutService
+from gearhorn.worker.wiring import build_service
 from tests.fakes import RecordingClient
 
 pytestmark = pytest.mark.timeout(10)
@@ -61,7 +61,7 @@ def test_trimmed_or_lost_history_is_not_recovered(registry):
 
 def test_every_fanout_path_writes_its_messages_in_order(registry):
     client = RecordingClient()
-    svc = FanoutService(Config(history_size=100), registry, SubscriberCache(registry), client)
+    svc = build_service(Config(history_size=100), registry, SubscriberCache(registry), client)
     svc.handle("subscribe_fanout", b'{"topic": "news", "client_id": "a"}')
     jobs = [json.dumps({"topic": "news", "payloads": ["1", "2"], "background": True}),
             json.dumps({"topic": "news", "payload": "3"}),
@@ -75,7 +75,7 @@ def test_every_fanout_path_writes_its_messages_in_order(registry):
 
 
 def test_history_off_writes_nothing(registry):
-    svc = FanoutService(Config(), registry, SubscriberCache(registry), RecordingClient())
+    svc = build_service(Config(), registry, SubscriberCache(registry), RecordingClient())
     svc.handle("fanout", b'{"topic": "news", "payload": "1", "background": true}')
     assert not registry.redis.exists(registry.keys.history("news"))
 
@@ -126,7 +126,7 @@ def test_headers_position_and_offset_at_a_time(history, monkeypatch):
 
 def test_stream_subscribers_are_listed_but_get_no_copies(registry):
     client = RecordingClient()
-    svc = FanoutService(Config(history_size=10), registry, SubscriberCache(registry), client)
+    svc = build_service(Config(history_size=10), registry, SubscriberCache(registry), client)
     svc.handle("subscribe_fanout", b'{"topic": "news", "client_id": "a"}')
     registry.subscribe(Subscription("news", stream_client_id(), bridge="b1"))
     found = json.loads(svc.handle("fanout", b'{"topic": "news", "payload": "1"}'))
@@ -139,9 +139,9 @@ def test_stream_subscribers_are_listed_but_get_no_copies(registry):
 def news_fanouts(registry, client, count):
     """A fanout service keeping history, one subscriber of "news", and
     ``count`` background fanout jobs to it (payloads "0", "1", ...)."""
-    from gearhorn.worker.fanout import Job
+    from gearhorn.worker.jobs import Job
 
-    svc = FanoutService(Config(history_size=100), registry, SubscriberCache(registry), client)
+    svc = build_service(Config(history_size=100), registry, SubscriberCache(registry), client)
     svc.handle("subscribe_fanout", b'{"topic": "news", "client_id": "a"}')
     return svc, [Job("fanout", json.dumps({"topic": "news", "payload": str(n),
                                            "background": True}).encode(), f"u{n}")
@@ -150,7 +150,7 @@ def news_fanouts(registry, client, count):
 
 def test_a_group_run_again_after_gearmand_failed_is_in_history_once(registry):
     from gearhorn import gearman
-    from gearhorn.worker.fanout import ServiceUnavailable
+    from gearhorn.worker.jobs import ServiceUnavailable
 
     class FailsOnce(RecordingClient):
         failed = False

@@ -9,7 +9,7 @@ from gearhorn.config import Config
 from gearhorn.observers import FailedCopy, LedgerObserver, Observer, Observers
 from gearhorn.store import ledger as L
 from gearhorn.store.subscribers import SubscriberCache
-from gearhorn.worker.fanout import FanoutService
+from gearhorn.worker.wiring import build_service
 from tests.fakes import RecordingClient
 
 pytestmark = pytest.mark.timeout(10)
@@ -76,7 +76,7 @@ def test_a_failed_flush_is_raised_after_every_observer_flushed():
 def test_a_fanout_is_heard_once_with_its_copies_width_and_failures(registry):
     log = []
     client = RecordingClient({"news_bob": gearman.Outcome("failed", reason="bad input")})
-    svc = FanoutService(Config(max_deliveries=1), registry, SubscriberCache(registry), client,
+    svc = build_service(Config(max_deliveries=1), registry, SubscriberCache(registry), client,
                         observer=Heard("o", log))
     for who in ("alice", "bob"):
         svc.handle("subscribe_fanout", json.dumps({"topic": "news", "client_id": who}).encode())
