@@ -96,7 +96,7 @@ def bench_scrape(topics: int) -> None:
         cpu_before, wall_before = cpu_seconds(web.pid), time.monotonic()
         time.sleep(10)  # the console's sampling alone, nobody scraping
         busy = (cpu_seconds(web.pid) - cpu_before) / (time.monotonic() - wall_before)
-        collector = Collector(redis.Redis.from_url(red.details["url"]), Keys(),
+        collector = Collector(Registry(redis.Redis.from_url(red.details["url"]), Keys()),
                               [(gm.host, gm.port)])
         sample = timed(collector.collect, rounds=5)
         status = timed(lambda: gearman.admin(gm.host, gm.port, "status", timeout=60))

@@ -6,6 +6,7 @@ from __future__ import annotations
 from gearhorn.config import Config
 from gearhorn.store import redisconn
 from gearhorn.store.keys import Keys
+from gearhorn.store.registry import Registry
 from gearhorn.web.snapshot import Collector
 
 # Topics and queues listed at most (the largest first); totals are exact.
@@ -14,8 +15,8 @@ STATUS_TOP = 1000
 
 def collect(config: Config) -> dict:
     """The snapshot; an unreachable server is reported, not raised."""
-    collector = Collector(redisconn.for_config(config, socket_timeout=5),
-                          Keys.for_config(config), config.gearman_servers, top=STATUS_TOP,
+    registry = Registry(redisconn.for_config(config, socket_timeout=5), Keys.for_config(config))
+    collector = Collector(registry, config.gearman_servers, top=STATUS_TOP,
                           tls=config.gearman_tls)
     snapshot = collector.collect()
     snapshot["redis"]["url"] = config.redis_url

@@ -130,8 +130,7 @@ def build_bridge(config: Config) -> Bridge:
     registrations = Registrations(registry, bridge_id, 5 * config.worker_ttl,
                                   config.heartbeat_interval)
     handouts = Handouts(client, keys, config.headers_ttl, direct)
-    dead_letterer = DeadLetterer(publisher, DeadLetterIndex(
-        client, keys, Stats(client, keys, config.metrics_enabled)), observer)
+    dead_letterer = DeadLetterer(publisher, DeadLetterIndex(client, keys, stats), observer)
     attachments = Attachments(servers, tls, bridge_id, headers_of=headers.for_uniques,
                               dead_letter=dead_letterer,
                               max_deliveries=config.max_deliveries, handouts=handouts,

@@ -32,7 +32,6 @@ from urllib.parse import parse_qs
 
 import gevent
 import gevent.event
-import redis
 from gevent.pywsgi import WSGIServer
 from prometheus_client import CollectorRegistry, make_wsgi_app
 
@@ -131,16 +130,15 @@ def _event(name: str, data: object) -> bytes:
 
 
 class WebApp:
-    def __init__(self, config: Config, client: redis.Redis,
+    def __init__(self, config: Config, registry: Registry,
                  credentials: auth.Credentials) -> None:
         self.config = config
         self.credentials = credentials
-        self.collector = Collector(client, Keys.for_config(config),
-                                   config.gearman_servers, config.metrics_top,
+        self.collector = Collector(registry, config.gearman_servers, config.metrics_top,
                                    config.gearman_tls)
         self.console = Console(self.collector)
-        self.index, self.mover = deadletters.for_config(config, client)
-        self.presence = Presence(Registry(client, Keys.for_config(config)))
+        self.index, self.mover = deadletters.for_config(config, registry.redis)
+        self.presence = Presence(registry)
         registry = CollectorRegistry(auto_describe=False)
         registry.register(SnapshotCollector(self.console.fresh))
         self.metrics = make_wsgi_app(registry)
@@ -282,8 +280,9 @@ def _static(start: Start, name: str) -> list[bytes]:
 def build_app(config: Config) -> WebApp:
     credentials = (auth.load(config.stomp_credentials_file) if config.stomp_credentials_file
                    else auth.Credentials.open())
+    """The console's composition root: one Redis client and one registry."""
     client = redisconn.for_config(config, socket_timeout=5, socket_connect_timeout=2)
-    return WebApp(config, client, credentials)
+    return WebApp(config, Registry(client, Keys.for_config(config)), credentials)
 
 
 def run_web(config: Config) -> int:

@@ -31,14 +31,14 @@ DLQ_SUFFIX = dead_letter_queue("")
 
 
 class Collector:
-    def __init__(self, client: redis.Redis, keys: Keys, servers: Sequence[tuple[str, int]],
+    def __init__(self, registry: Registry, servers: Sequence[tuple[str, int]],
                  top: int = 100, tls: gearman.TlsFiles | None = None) -> None:
-        self.redis = client
-        self.keys = keys
+        self.registry = registry
+        self.redis: redis.Redis = registry.redis
+        self.keys: Keys = registry.keys
         self.servers = tuple(servers)
         self.top = top
         self.tls = tls
-        self.registry = Registry(client, keys)
 
     def collect(self) -> dict:
         snap: dict = {"at": time.time(), "redis": {"up": True}}

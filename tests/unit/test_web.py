@@ -14,6 +14,7 @@ from gearhorn import auth
 from gearhorn.messages import Subscription
 from gearhorn.store import stats
 from gearhorn.store.keys import Keys
+from gearhorn.store.registry import Registry
 from gearhorn.web import access
 from gearhorn.web.history import RateHistory
 from gearhorn.web.metrics import SnapshotCollector
@@ -101,18 +102,18 @@ def test_the_snapshot_lists_top_topics_then_subscribed_ones(fake_redis, registry
     for topic, who in (("news", "a"), ("news", "b"), ("quiet", "a"), ("news.*", "c")):
         registry.subscribe(Subscription(topic, who))
     stats.Stats(fake_redis, registry.keys).fanout("news", 1, 2, 0.01)
-    snap = Collector(fake_redis, registry.keys, servers=(), top=10).collect()
+    snap = Collector(registry, servers=(), top=10).collect()
     topics = {t["topic"]: (t["subscribers"], t["copies"]) for t in snap["topics"]}
     assert topics == {"news": (2, 2.0), "quiet": (1, 0.0), "news.*": (1, 0.0)}
     assert next(iter(topics)) == "news"  # by copies first
     assert (snap["topic_count"], snap["pattern_count"]) == (2, 1)
-    assert Collector(fake_redis, registry.keys, servers=(), top=1).collect()["topics"] == [
+    assert Collector(registry, servers=(), top=1).collect()["topics"] == [
         {"topic": "news", "subscribers": 2, "copies": 2.0, "fanouts": 1.0}]
 
 
 def test_metrics_are_written_by_prometheus_client_and_parse_back(fake_redis):
     stats.Stats(fake_redis, KEYS).fanout("news", 1, 3, 0.004)
-    collector = Collector(fake_redis, KEYS, servers=(), top=10)
+    collector = Collector(Registry(fake_redis, KEYS), servers=(), top=10)
     registry = CollectorRegistry(auto_describe=False)
     registry.register(SnapshotCollector(lambda: snapshot(collector)))
     samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
@@ -128,14 +129,14 @@ def test_metrics_are_written_by_prometheus_client_and_parse_back(fake_redis):
 
 def test_without_redis_the_scrape_says_so_and_still_answers(fake_redis):
     fake_redis.connection_pool.connection_kwargs["server"].connected = False
-    snap = Collector(fake_redis, KEYS, servers=(), top=10).collect()
+    snap = Collector(Registry(fake_redis, KEYS), servers=(), top=10).collect()
     assert snap["redis"]["up"] is False
     names = {f.name for f in SnapshotCollector(lambda: snap).collect()}
     assert "gearhorn_redis_up" in names and "gearhorn_copies" not in names
 
 
 def test_readiness_gives_reasons(fake_redis):
-    ready = Collector(fake_redis, KEYS, servers=()).readiness()
+    ready = Collector(Registry(fake_redis, KEYS), servers=()).readiness()
     assert ready == {"ready": False, "reasons": ["no live worker"], "workers": 0}
 
 
@@ -196,7 +197,7 @@ def test_the_grafana_dashboard_and_alerts_use_only_metrics_that_exist(fake_redis
     fake_redis.hset(KEYS.store, mapping={"used": 10, "max": 100, "guard": 90, "over": ""})
     fake_redis.sadd(KEYS.topics, "news")
     fake_redis.sadd(KEYS.topic("news"), "a")
-    collector = Collector(fake_redis, KEYS, servers=(), top=10)
+    collector = Collector(Registry(fake_redis, KEYS), servers=(), top=10)
 
     def with_a_queue():
         snap = snapshot(collector)
@@ -220,7 +221,7 @@ def test_the_grafana_dashboard_and_alerts_use_only_metrics_that_exist(fake_redis
 def test_readyz_and_status_say_when_the_queue_store_is_over_its_guard(fake_redis):
     from gearhorn.status import render
 
-    collector = Collector(fake_redis, KEYS, servers=(), top=10)
+    collector = Collector(Registry(fake_redis, KEYS), servers=(), top=10)
     fake_redis.hset(KEYS.store, mapping={"used": 95, "max": 100, "guard": 90, "over": ""})
     assert "queue store full" not in " ".join(collector.readiness()["reasons"])
     over = "queue store full: 95 MiB of 100 MiB used; largest backlogs: news_a (3 copies)"
@@ -240,7 +241,7 @@ def test_status_renders_the_consoles_snapshot(fake_redis):
 
     fake_redis.sadd(KEYS.topics, "news")
     fake_redis.sadd(KEYS.topic("news"), "alice", "bob")
-    snap = Collector(fake_redis, KEYS, servers=(), top=10).collect()
+    snap = Collector(Registry(fake_redis, KEYS), servers=(), top=10).collect()
     snap["redis"]["url"] = "redis://here"
     snap["gearmand"] = [
         {"server": "a:1", "up": True, "functions": [
