@@ -8,58 +8,38 @@ ends in an ERROR frame with a ``message`` header, then the connection closes.
 
 from __future__ import annotations
 
-import itertools
 import logging
 import uuid
 from collections.abc import Callable
 
 from gearhorn import gearman
 from gearhorn.auth import OPEN
-from gearhorn.messages import BadRequest, validate_queue
-from gearhorn.naming import temp_queue
-from gearhorn.stomp.acks import observer_for, settle
+from gearhorn.messages import BadRequest
 from gearhorn.stomp.backend import Backend, FanoutFailed, Transport
 from gearhorn.stomp.batching import send_batches
 from gearhorn.stomp.bounds import QueueFull
 from gearhorn.stomp.exchanges import TOPIC_EXCHANGE, canonical
 from gearhorn.stomp.frames import Frame, encode
 from gearhorn.stomp.outbox import Outbox
-from gearhorn.stomp.queues import Delivery
 from gearhorn.stomp.rules import (
     ACCESS_REFUSED,
     BAD_COMMAND,
     BAD_CONNECT,
-    DUPLICATED_SUBSCRIPTION,
     ILLEGAL_COMMAND,
-    NO_SUBSCRIPTION,
     SERVER_NAME,
     SUPPORTED_VERSIONS,
     ProtocolError,
     SessionSettings,
     Transactions,
-    ack_mode,
-    ack_timeout,
     boolean,
-    durable_flag,
     heartbeats,
     negotiate_version,
-    prefetch,
-    queue_limits,
     require,
     settle_target,
-    subscribable,
-    subscription_id,
     version_error,
 )
-from gearhorn.stomp.sending import TEMP_QUEUE
 from gearhorn.stomp.sends import Sends
-from gearhorn.stomp.subscription import StompSubscription
-from gearhorn.stomp.topics import (
-    end_subscription,
-    reads_history,
-    subscribe_queue,
-    subscribe_stream,
-)
+from gearhorn.stomp.subscribing import Subscriptions
 from gearhorn.store.fsync import BarrierUnavailable, FsyncFailed
 from gearhorn.store.redisconn import REDIS_ERRORS
 
@@ -72,7 +52,9 @@ _REFUSALS = (ProtocolError, BadRequest, FanoutFailed, QueueFull, FsyncFailed,
 _BESIDE_SENDS = frozenset({"SEND", "ACK", "NACK"})
 
 class Session:
-    """Protocol state of one STOMP connection."""
+    """Protocol state of one STOMP connection: the frames in, CONNECT,
+    transactions and RECEIPTs; its SENDs (gearhorn/stomp/sends.py) and its
+    subscriptions (gearhorn/stomp/subscribing.py) are collaborators."""
 
     def __init__(self, backend: Backend, transport: Transport,
                  settings: SessionSettings | None = None) -> None:
@@ -86,10 +68,10 @@ class Session:
         self.heartbeat = (0, 0)  # (we send every ms, we expect every ms)
         self.client_name = ""
         self.principal = OPEN
-        self.subscriptions: dict[str, StompSubscription] = {}
-        self.acks: dict[str, StompSubscription] = {}
         self.transactions = Transactions(self.settings.max_transaction_frames)
-        self._counter = itertools.count(1)
+        self.subs = Subscriptions(self)  # SUBSCRIBE, UNSUBSCRIBE, deliveries, acks
+        self.subscriptions = self.subs.by_id
+        self.acks = self.subs.acks
         self._gearman: gearman.Client | None = None
         self.sends = Sends(self)
         self.outbox = Outbox(backend.publisher, lambda: self.gearman,
@@ -97,7 +79,7 @@ class Session:
                              self.refused, self.settings.max_payload_bytes)
         self._handlers = {
             "CONNECT": self.on_connect, "STOMP": self.on_connect, "SEND": self.sends.on_send,
-            "SUBSCRIBE": self.on_subscribe, "UNSUBSCRIBE": self.on_unsubscribe,
+            "SUBSCRIBE": self.subs.subscribe, "UNSUBSCRIBE": self.subs.unsubscribe,
             # NACK is not in STOMP 1.0, but RabbitMQ and ActiveMQ take it there too.
             "ACK": self._settle, "NACK": self._settle, "BEGIN": self.on_begin,
             "COMMIT": self.on_commit, "ABORT": self.on_abort, "DISCONNECT": self.on_disconnect,
@@ -181,12 +163,7 @@ class Session:
     def connection_lost(self) -> None:
         """The socket is gone: give back every unacked message, end subscriptions."""
         self.closed = True
-        for sub in list(self.subscriptions.values()):
-            try:
-                end_subscription(self.backend, sub, self.acks, remove=False)
-            except (*REDIS_ERRORS, gearman.GearmanError) as exc:
-                log.warning("session %s: cleanup of %s failed: %s", self.id, sub.id, exc)
-        self.subscriptions.clear()
+        self.subs.end_all()
         self.outbox.flush()  # what was read before the socket went still goes out
         if self._gearman is not None:
             self._gearman.close()
@@ -234,106 +211,6 @@ class Session:
             raise ProtocolError(f"access refused: {self.principal.name} may not {what} "
                                 f"{destination}", ACCESS_REFUSED)
 
-    def temp_queue(self, name: str) -> str:
-        """The Gearman function behind this connection's ``/temp-queue/NAME``,
-        made (with its implicit auto-ack subscription) on first use. RabbitMQ's
-        convention: the subscription id is ``/temp-queue/NAME``."""
-        sub_id = TEMP_QUEUE + name
-        sub = self.subscriptions.get(sub_id)
-        if sub is None:
-            self._room_for_one_more()
-            function = validate_queue(temp_queue(self.id, name))
-            sub = StompSubscription(self, sub_id, f"/queue/{function}", "auto",
-                                    self.settings.auto_ack_window, None)
-            sub.function, sub.temporary = function, True
-            self.backend.registrations.temp_queue_opened(function)
-            self.subscriptions[sub_id] = sub
-            sub.dispatcher = self.backend.queues.attach(function, sub, shared=False)
-        return sub.function
-
-    # -- SUBSCRIBE / UNSUBSCRIBE -------------------------------------------------
-
-    def on_subscribe(self, frame: Frame) -> None:
-        destination = require(frame, "destination")
-        sub_id = subscription_id(frame, self.version)
-        if sub_id in self.subscriptions:
-            raise ProtocolError(f"A subscription identified by '{sub_id}' already exists.",
-                                DUPLICATED_SUBSCRIPTION)
-        self._room_for_one_more()
-        dest = subscribable(destination)
-        self.check(self.principal.may_read, f"/{dest.kind}/{dest.name}", "subscribe to")
-        ack = ack_mode(frame)
-        sub = StompSubscription(self, sub_id, destination, ack, prefetch(frame, ack, self.settings),
-                                ack_timeout(frame))
-        if dest.kind == "topic" and reads_history(self.backend, dest.name, frame):
-            self.subscriptions[sub_id] = sub  # before its first message
-            self.receipt(frame, subscribe_stream(self.backend, sub, dest.name, frame))
-            return
-        if dest.kind == "topic":
-            subscribe_queue(self.backend, sub, dest.name, frame, self.client_name)
-            kept = sub.durable
-        else:
-            sub.function = dest.name
-            limits = queue_limits(frame)
-            if limits is not None:
-                self.backend.queues.bound_queue(sub.function, limits)
-            kept = limits is not None
-        if kept:  # a registration that outlives the connection: on disk before the RECEIPT
-            self.sends.on_disk([frame])
-        self.subscriptions[sub_id] = sub
-        sub.dispatcher = self.backend.queues.attach(sub.function, sub, sub.shared)
-        self.backend.observer.attached(sub.function)
-        self.receipt(frame)
-
-    def _room_for_one_more(self) -> None:
-        if len(self.subscriptions) >= self.settings.max_subscriptions:
-            raise ProtocolError(f"more than {self.settings.max_subscriptions} subscriptions "
-                                "on one connection")
-
-    def on_unsubscribe(self, frame: Frame) -> None:
-        sub_id = subscription_id(frame, self.version)
-        sub = self.subscriptions.pop(sub_id, None)
-        if sub is None:
-            raise ProtocolError(f"no subscription with id {sub_id!r}", NO_SUBSCRIPTION)
-        remove = durable_flag(frame) or "activemq.subscriptionName" in frame.headers
-        end_subscription(self.backend, sub, self.acks, remove=remove or not sub.durable)
-        if sub.durable and remove:
-            self.sends.on_disk([frame])
-        self.receipt(frame)
-
-    # -- delivery ----------------------------------------------------------------
-
-    def backlogged(self) -> bool:
-        return self.transport.backlog >= self.settings.max_backlog
-
-    def settled(self, message_id: str) -> None:
-        self.acks.pop(message_id, None)
-
-    def deliver(self, sub: StompSubscription, delivery: Delivery) -> None:
-        message_id = f"{self.id}-{next(self._counter)}"
-        delivery.message_id = message_id
-        data = sub.message(delivery, message_id, self.version)
-        observer = observer_for(sub, self.backend.observer)
-        observer.delivered(sub.function, delivery.unique, delivery.redelivered)
-        if sub.ack == "auto":
-            sub.in_flight += 1
-
-            def sent() -> None:
-                sub.in_flight -= 1
-                delivery.ack()
-                observer.acked(sub.function, delivery.unique)
-
-            def dropped() -> None:
-                sub.in_flight -= 1
-                delivery.nack()
-
-            # A stream's ack only frees credit: it never blocks.
-            self.transport.send(data, sent, dropped, inline=sub.stream)
-        else:
-            sub.unacked[message_id] = delivery
-            self.acks[message_id] = sub
-            self.transport.send(data)
-
     # -- ACK / NACK --------------------------------------------------------------
 
     def _settle(self, frame: Frame) -> None:
@@ -341,8 +218,16 @@ class Session:
         boolean(frame, "requeue", True)  # so is a requeue that is not true or false
         if self.transactions.hold(frame):
             return
-        settle(frame, self.version, self.acks, self.backend.observer)
+        self.subs.settle(frame)
         self.receipt(frame)
+
+    def temp_queue(self, name: str) -> str:
+        """The Gearman function behind ``/temp-queue/NAME`` (a SEND's reply-to)."""
+        return self.subs.temp_queue(name)
+
+    def on_disk(self, frames: list[Frame]) -> None:
+        """The RECEIPTs of ``frames`` wait for an fsync that covers them."""
+        self.sends.on_disk(frames)
 
     # -- transactions ------------------------------------------------------------
 
@@ -358,7 +243,7 @@ class Session:
             if queued.command == "SEND":
                 extra = self.sends.send(queued, on_disk=False)
             else:
-                settle(queued, self.version, self.acks, self.backend.observer)
+                self.subs.settle(queued)
             extras.append(extra)
         # One fsync for the transaction's SENDs, before any of its RECEIPTs.
         self.sends.on_disk([frame, *(f for f in frames if f.command == "SEND")])
