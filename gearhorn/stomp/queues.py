@@ -28,17 +28,14 @@ import gevent.event
 import gevent.queue
 
 from gearhorn import gearman
-from gearhorn.background import Backoff
 from gearhorn.stomp import dispatch
+from gearhorn.stomp.grabbing import Grabber
 from gearhorn.stomp.inorder import InOrder
 from gearhorn.stomp.recall import Recall
 from gearhorn.store.handouts import Handouts
 from gearhorn.store.redisconn import REDIS_ERRORS
 
 log = logging.getLogger(__name__)
-
-# Jobs grabbed per GRAB burst at most; credit beyond it is used next round.
-_GRAB_BURST = 64
 
 
 class QueueConsumer(dispatch.Taker, Protocol):
@@ -99,40 +96,22 @@ class QueueDispatcher:
                  handouts: Handouts | None = None, give_back: GiveBackFn | None = None,
                  after: gevent.Greenlet | None = None) -> None:
         self.function = function
-        self._tls = tls
         self._dead_letter = dead_letter
         self._dead_letters = InOrder(f"{function}: dead-lettering")  # in the order given up
         self._recall = Recall(function, lookup, handouts)
         self._give_back = give_back
-        self._after = after  # the give-back of this queue's previous dispatcher here
         self.released: gevent.Greenlet | None = None  # our own give-back, once closed
-        self._arrivals: gevent.queue.Queue = gevent.queue.Queue()
-        self._looking_up = 0  # grabbed, waiting for what Redis knows of them
         self.state = dispatch.Dispatch(max_deliveries)
-        self._wake = gevent.event.Event()
         self._closed = False
         self._on_empty = on_empty
-        self._workers: list[gearman.WorkerConnection] = []
-        self._servers, self._client_id = servers, client_id
-        self._loops: list[gevent.Greenlet] = []
+        self._gearman: Grabber[Delivery] = Grabber(
+            function, servers, client_id, self.state.wanted, self._deliveries, self._arrived,
+            self._lost, tls, after)
 
     def start(self) -> None:
-        """Connect to every server and grab from then on. Connects (and sends
-        CAN_DO) before it returns, so before SUBSCRIBE's receipt gearmand
-        counts this bridge as a worker of the queue."""
-        self._loops = [gevent.spawn(self._grab_loop, self._open(host, port, self._client_id))
-                       for host, port in self._servers]
-        self._loops.append(gevent.spawn(self._arrivals_loop))
-
-    def _open(self, host: str, port: int, client_id: str) -> gearman.WorkerConnection:
-        worker = gearman.WorkerConnection(host, port, [self.function], client_id, self._tls)
-        worker.coalesce = _run_soon
-        try:
-            worker.open()
-            self._workers.append(worker)
-        except gearman.GearmanError as exc:
-            log.warning("queue %s: gearmand %s:%s: %s", self.function, host, port, exc)
-        return worker
+        """Connect to every gearmand and grab from then on (before SUBSCRIBE's
+        receipt, gearmand counts this bridge as a worker of the queue)."""
+        self._gearman.start()
 
     @property
     def consumers(self) -> list[QueueConsumer]:
@@ -167,7 +146,7 @@ class QueueDispatcher:
 
     def credit_changed(self) -> None:
         self.dispatch()
-        self._wake.set()
+        self._gearman.wake.set()
 
     # -- delivery ----------------------------------------------------------------
 
@@ -208,7 +187,7 @@ class QueueDispatcher:
             _stop_timer(delivery)
         self.state.requeue_all(back)
         self.dispatch(avoid=previous)
-        self._wake.set()
+        self._gearman.wake.set()
 
     def reject(self, deliveries: list[Delivery]) -> None:
         """NACK with ``requeue:false``: straight to the dead-letter queue."""
@@ -258,7 +237,7 @@ class QueueDispatcher:
         except (gearman.GearmanError, *REDIS_ERRORS) as exc:
             log.warning("%s: could not dead-letter %s (%s); it stays in the queue",
                         self.function, delivery.job.handle, exc)
-            if not self._closed and delivery.worker in self._workers:
+            if not self._closed and delivery.worker in self._gearman.workers:
                 delivery.done = False
                 self._requeue(delivery, front=False)
                 self.credit_changed()
@@ -273,79 +252,6 @@ class QueueDispatcher:
 
     # -- gearman -----------------------------------------------------------------
 
-    def _grab_loop(self, worker: gearman.WorkerConnection) -> None:
-        if self._after is not None:
-            # Messages this bridge is giving back go first: wait until they are
-            # queued again before grabbing (newer ones would overtake them).
-            self._after.join(timeout=30)
-        backoff = Backoff()
-        while not self._closed:
-            try:
-                if worker not in self._workers:
-                    worker.open()
-                    self._workers.append(worker)
-                backoff.succeeded()
-                self._grab_while_open(worker)
-            except gearman.GearmanError as exc:
-                if self._closed:
-                    return
-                pause = backoff.failed()
-                log.warning("queue %s: gearmand %s:%s: %s; retrying in %.1fs", self.function,
-                            worker.conn.host, worker.conn.port, exc, pause)
-                self._forget_worker(worker)
-                gevent.sleep(pause)
-
-    def _grab_while_open(self, worker: gearman.WorkerConnection) -> None:
-        # Each wake-up is one write, GRABs and a PRE_SLEEP, then a wait for
-        # gearmand's NOOP (at once if jobs are left). The GRABs start at 1
-        # and double while gearmand has as many jobs as asked: every GRAB is
-        # a packet both sides parse, and a subscriber with prefetch 1000
-        # woken for one message must not cost 64 GRABs and 63 NO_JOBs (that
-        # was the bridge's CPU, and its latency, at light load).
-        burst = 1
-        while not self._closed:
-            want = self.state.wanted() - self._looking_up
-            if want <= 0:
-                self._wake.clear()
-                self._wake.wait(1.0)
-                continue
-            asked = min(want, burst)
-            jobs = worker.grab(asked, then_sleep=True)
-            if jobs:
-                # Redis is asked about them in a greenlet of its own, so the
-                # next GRAB need not wait for that answer.
-                self._looking_up += len(jobs)
-                self._arrivals.put((worker, jobs))
-            burst = min(burst * 2, _GRAB_BURST) if len(jobs) == asked else 1
-            worker.wait_for_work(1.0)
-
-    def _arrivals_loop(self) -> None:
-        """Grabbed jobs in the order they came: what Redis knows of them (the
-        grab loops go on meanwhile), then to the subscribers. Jobs still here
-        when the dispatcher closes go back through gearmand, not the ordered
-        give-back: without Redis's answer the bridge cannot tell a request
-        from a message."""
-        while not self._closed:
-            worker, jobs = self._arrivals.get()
-            try:
-                if worker not in self._workers:
-                    continue  # its connection broke: gearmand has them again
-                try:
-                    deliveries = self._deliveries(worker, jobs)
-                except gearman.GearmanError as exc:
-                    log.warning("queue %s: %s; gearmand takes the jobs back", self.function, exc)
-                    self._forget_worker(worker)
-                    continue
-                except Exception:  # a bug must not stop the queue: the jobs go back
-                    log.exception("queue %s: grabbed jobs not delivered", self.function)
-                    self._forget_worker(worker)
-                    continue
-            finally:
-                self._looking_up -= len(jobs)
-            self.waiting.extend(deliveries)
-            self.dispatch()
-            self._wake.set()
-
     def _deliveries(self, worker: gearman.WorkerConnection,
                     jobs: list[gearman.GrabbedJob]) -> list[Delivery]:
         """The grabbed jobs as deliveries, with what Redis knows of each."""
@@ -353,16 +259,17 @@ class QueueDispatcher:
                          redelivered=known.redelivered, tracked=known.tracked)
                 for job, known in zip(jobs, self._recall.known(jobs), strict=True)]
 
+    def _arrived(self, deliveries: list[Delivery]) -> None:
+        self.waiting.extend(deliveries)
+        self.dispatch()
+
+    def _lost(self, worker: gearman.WorkerConnection) -> None:
+        """Jobs grabbed on a broken connection are gearmand's again: drop them."""
+        self.state.waiting = deque(d for d in self.waiting if d.worker is not worker)
+
     @property
     def connected(self) -> int:
-        return len(self._workers)
-
-    def _forget_worker(self, worker: gearman.WorkerConnection) -> None:
-        """Jobs grabbed on a broken connection are gearmand's again: drop them."""
-        worker.close()
-        if worker in self._workers:
-            self._workers.remove(worker)
-        self.state.waiting = deque(d for d in self.waiting if d.worker is not worker)
+        return len(self._gearman.workers)
 
     def close(self, give_back: bool = False) -> None:
         """Stop grabbing. ``give_back``: what we hold goes back in order, in
@@ -371,8 +278,7 @@ class QueueDispatcher:
         if self._closed:
             return
         self._closed = True
-        self._wake.set()
-        gevent.killall(self._loops, block=False)
+        self._gearman.stop()
         if self._recall.unwritten:
             gevent.spawn(self._recall.write_settled)
         held = [d for d in self.waiting if not d.done]
@@ -380,7 +286,7 @@ class QueueDispatcher:
         if give_back and held and self._give_back is not None:
             self.released = gevent.spawn(self._return_then_close, held)
         else:
-            self._close_workers()
+            self._gearman.close_workers()
 
     def _return_then_close(self, held: list[Delivery]) -> None:
         try:
@@ -388,7 +294,7 @@ class QueueDispatcher:
             for delivery in given:
                 delivery.done = True
                 delivery.worker.complete(delivery.job.handle)
-            for worker in self._workers:
+            for worker in self._gearman.workers:
                 worker.flush()  # the completions leave before the close
             if given:
                 log.info("%s: gave %d of %d held messages back in order", self.function,
@@ -397,28 +303,7 @@ class QueueDispatcher:
             log.warning("%s: held messages not given back in order (%s); gearmand "
                         "requeues them", self.function, exc)
         finally:
-            self._close_workers()
-
-    def _close_workers(self) -> None:
-        for worker in self._workers:
-            worker.close()
-        self._workers.clear()
-
-
-def _run_soon(callback: Callable[[], None]) -> None:
-    """Run ``callback`` in a greenlet of its own once the current one yields, so
-    acks given together leave in one write. Not ``loop.run_callback``: that
-    runs in the hub, where a socket write that has to wait is not allowed
-    (and a half-written packet would corrupt the connection)."""
-    gevent.spawn(_guarded, callback)
-
-
-def _guarded(callback: Callable[[], None]) -> None:
-    try:
-        callback()
-    except gearman.GearmanError as exc:
-        # The connection broke: gearmand requeues what we held; it comes again.
-        log.warning("acks not delivered: %s", exc)
+            self._gearman.close_workers()
 
 
 def _stop_timer(delivery: Delivery) -> None:
