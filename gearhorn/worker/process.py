@@ -2,7 +2,8 @@
 (:class:`gearman.JobSource`), runs them through the :class:`FanoutService`
 and answers them; around it, this process's heartbeat, cache listener,
 ledger and metrics flusher, delayed-message releaser and the warden's rounds
-when it holds the lease (gearhorn/worker/fanout.py is the logic).
+when it holds the lease (gearhorn/worker/service.py is the logic, and
+gearhorn/worker/wiring.py builds what it runs with).
 """
 
 from __future__ import annotations
