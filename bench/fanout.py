@@ -5,6 +5,8 @@
     python bench/fanout.py --ledger-cost   # throughput with the delivery ledger on vs off
     python bench/fanout.py --setting-cost GEARHORN_REALTIME_HISTORY_SIZE=0 --turns 4
                                            # the defaults against one setting, in turns
+    python bench/fanout.py --commits bf1f1be . --turns 4
+                                           # two commits' pools, in turns
 
 Starts its own redis-server and gearmand on free loopback ports (they stop
 with this process) and a ``gearhorn worker`` pool, then measures:
@@ -41,15 +43,18 @@ from gearhorn.store.registry import Registry  # noqa: E402
 
 
 def start_pool(gm: servers.Managed, redis_url: str, processes: int,
-               ledger: bool = True, env: dict[str, str] | None = None) -> subprocess.Popen:
+               ledger: bool = True, env: dict[str, str] | None = None,
+               tree: str | None = None) -> subprocess.Popen:
+    """A ``gearhorn worker`` pool; ``tree``: run the gearhorn of that checkout."""
+    source = {"PYTHONPATH": tree} if tree else {}
     pool = subprocess.Popen(
         [sys.executable, "-m", "gearhorn", "worker", "--processes", str(processes),
          "--gearman", gm.address, "--redis-url", redis_url, "--log-level", "WARNING"],
         # gearmand here keeps no queue (start_gearmand's default): no queue
         # Redis for the acknowledgements to wait for (gearhorn/store/fsync.py).
         env={**os.environ, "GEARHORN_PERSISTENCE": "none",
-             "GEARHORN_LEDGER_ENABLED": str(ledger).lower(), **(env or {})},
-        preexec_fn=servers.die_with_parent)
+             "GEARHORN_LEDGER_ENABLED": str(ledger).lower(), **source, **(env or {})},
+        cwd=tree, preexec_fn=servers.die_with_parent)
     registry = Registry(redisconn.connect(redis_url), Keys())
     deadline = time.monotonic() + 60
     while len(registry.live_workers()) < processes:
@@ -143,10 +148,10 @@ def restart_gearmand_queue(gm: servers.Managed) -> None:
 
 
 def pool_rates(gm, redis_url, processes: int, quick: bool, ledger: bool = True,
-               env: dict[str, str] | None = None) -> list[float]:
+               env: dict[str, str] | None = None, tree: str | None = None) -> list[float]:
     """Copies/s of a fresh pool at widths 10, 100 and 1,000 (after a warm-up each)."""
     budget = 20_000 if quick else 100_000
-    pool = start_pool(gm, redis_url, processes, ledger=ledger, env=env)
+    pool = start_pool(gm, redis_url, processes, ledger=ledger, env=env, tree=tree)
     try:
         run = []
         for width in (10, 100, 1000):
@@ -174,29 +179,27 @@ def bench_ledger_cost(gm, registry, redis_url, processes: int, quick: bool) -> N
               f"off {off:>9,.0f} copies/s   cost {100 * (1 - on / off):5.1f}%", flush=True)
 
 
-def bench_setting_cost(gm, redis_url, processes: int, quick: bool, setting: str,
-                       turns: int) -> None:
-    """The same fanouts with the pool on its defaults and with ``setting``
-    (NAME=VALUE, an environment variable), in alternating turns (A B, B A,
-    ...); the medians, and each turn's figures to read the spread by."""
+def bench_in_turns(gm, redis_url, processes: int, quick: bool, pools: dict[str, dict],
+                   turns: int) -> None:
+    """The same fanouts through two pools (label -> ``pool_rates`` keywords:
+    an ``env``, a source ``tree``), in alternating turns (A B, B A, ...):
+    each turn's figures to read the spread by, then the medians and the
+    first's over the second's."""
     import statistics
 
-    name, _, value = setting.partition("=")
-    rates: dict[str, list[list[float]]] = {"defaults": [], setting: []}
+    first, second = pools
+    rates: dict[str, list[list[float]]] = {first: [], second: []}
     for turn in range(turns):
-        order = ["defaults", setting] if turn % 2 == 0 else [setting, "defaults"]
-        for label in order:
-            env = {name: value} if label == setting else {}
-            rates[label].append(pool_rates(gm, redis_url, processes, quick, env=env))
+        for label in ([first, second] if turn % 2 == 0 else [second, first]):
+            rates[label].append(pool_rates(gm, redis_url, processes, quick, **pools[label]))
         print(f"  turn {turn + 1}: " + "   ".join(
-            f"x{w} {rates['defaults'][-1][i]:,.0f} / {rates[setting][-1][i]:,.0f}"
+            f"x{w} {rates[first][-1][i]:,.0f} / {rates[second][-1][i]:,.0f}"
             for i, w in enumerate((10, 100, 1000))), flush=True)
     for i, width in enumerate((10, 100, 1000)):
-        ours = statistics.median(r[i] for r in rates["defaults"])
-        other = statistics.median(r[i] for r in rates[setting])
-        print(f"  1 topic x {width:>5} subscribers: defaults {ours:>9,.0f} copies/s   "
-              f"{setting} {other:>9,.0f} copies/s   defaults / it {ours / other:5.2f}",
-              flush=True)
+        a = statistics.median(r[i] for r in rates[first])
+        b = statistics.median(r[i] for r in rates[second])
+        print(f"  1 topic x {width:>5} subscribers: {first} {a:>9,.0f} copies/s   "
+              f"{second} {b:>9,.0f} copies/s   ratio {a / b:5.2f}", flush=True)
 
 
 def bench_worker_memory(gm, registry, pool, total: int) -> list[tuple[int, int]]:
@@ -254,7 +257,10 @@ def main() -> None:
     parser.add_argument("--setting-cost", metavar="NAME=VALUE",
                         help="only compare throughput on the defaults and with this "
                              "environment setting, e.g. GEARHORN_REALTIME_HISTORY_SIZE=0")
-    parser.add_argument("--turns", type=int, default=3, help="of --setting-cost")
+    parser.add_argument("--commits", nargs=2, metavar="REV",
+                        help="only compare two commits' pools in turns (. is the working "
+                             "tree; others are checked out into a temporary worktree)")
+    parser.add_argument("--turns", type=int, default=3, help="of --setting-cost, --commits")
     args = parser.parse_args()
     print(f"gearhorn fanout benchmark ({os.cpu_count()} cores, {args.processes} worker "
           f"processes, {'quick' if args.quick else 'full'} run)", flush=True)
@@ -269,7 +275,21 @@ def main() -> None:
         if args.setting_cost:
             print(f"the defaults against {args.setting_cost}, {args.turns} alternating "
                   "turns (each: defaults / with it, copies/s):")
-            bench_setting_cost(gm, redis_url, args.processes, args.quick, args.setting_cost,
+            name, _, value = args.setting_cost.partition("=")
+            bench_in_turns(gm, redis_url, args.processes, args.quick,
+                           {"defaults": {}, args.setting_cost: {"env": {name: value}}},
+                           args.turns)
+            gm.stop()
+            r_server.stop()
+            return
+        if args.commits:
+            from bench.ab import checkouts
+
+            print(f"{args.commits[0]} against {args.commits[1]}, {args.turns} alternating "
+                  "turns (copies/s of each):")
+            with checkouts(args.commits) as trees:
+                bench_in_turns(gm, redis_url, args.processes, args.quick,
+                               {rev: {"tree": trees[rev]} for rev in args.commits},
                                args.turns)
             gm.stop()
             r_server.stop()
