@@ -3,6 +3,7 @@
 
 import os
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -31,3 +32,13 @@ def test_no_module_is_over_450_lines():
     long = {str(path.relative_to(ROOT)): lines for path in (ROOT / "gearhorn").rglob("*.py")
             if (lines := len(path.read_text().splitlines())) > MAX_MODULE_LINES}
     assert long == {}, "split these by concern (docs/design.rst, The packages)"
+
+
+def test_tests_import_no_other_test_module_nor_a_conftest():
+    """Shared test code lives in helper modules (tests/fakes.py, tests/needs.py,
+    tests/integration/*_helpers.py) and fixtures, not in a test or a conftest."""
+    pattern = re.compile(r"^\s*(?:from|import)\s+[\w.]*\b(conftest|test_\w+)\b", re.M)
+    found = {str(path.relative_to(ROOT)): match.group(0).strip()
+             for path in (ROOT / "tests").rglob("*.py")
+             if (match := pattern.search(path.read_text()))}
+    assert found == {}, "move what they share into a helper module"
