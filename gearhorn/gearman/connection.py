@@ -147,23 +147,28 @@ class Connection:
         while not self._pending:
             # A socket timeout, not select(): select() fails on descriptors
             # above 1023, which a bridge holding thousands of queues reaches.
-            if self._sock is None:
-                raise GearmanError(f"connection to gearmand {self.host}:{self.port} is closed")
-            try:
-                if deadline is None:
-                    chunk = self._sock.recv(256 * 1024)
-                else:
-                    chunk = self._recv_until(deadline)
-                    if chunk is None:
-                        return None
-            except OSError as exc:
-                self.close()
-                raise GearmanError(f"lost gearmand {self.host}:{self.port}: {exc}") from None
-            if not chunk:
-                self.close()
-                raise GearmanError(f"gearmand {self.host}:{self.port} closed the connection")
+            chunk = self._recv(deadline)
+            if chunk is None:
+                return None
             self._pending.extend(p for p in self._reader.feed(chunk) if not _option_answer(p))
         return self._pending.popleft()
+
+    def _recv(self, deadline: float | None = None) -> bytes | None:
+        """The next bytes from gearmand; None once ``deadline`` passed."""
+        if self._sock is None:
+            raise GearmanError(f"connection to gearmand {self.host}:{self.port} is closed")
+        try:
+            chunk = (self._sock.recv(256 * 1024) if deadline is None
+                     else self._recv_until(deadline))
+        except OSError as exc:
+            self.close()
+            raise GearmanError(f"lost gearmand {self.host}:{self.port}: {exc}") from None
+        if chunk is None:
+            return None
+        if not chunk:
+            self.close()
+            raise GearmanError(f"gearmand {self.host}:{self.port} closed the connection")
+        return chunk
 
     def _recv_until(self, deadline: float) -> bytes | None:
         left = deadline - time.monotonic()
@@ -187,7 +192,8 @@ class Connection:
 
     def submit(self, copies: Sequence[Copy], *, background: bool = True,
                precedence: str = "normal") -> list[bytes]:
-        """Submit ``copies`` in one write; returns their job handles, in order.
+        """Submit ``copies`` in one write; returns their job handles, in order
+        (none for background jobs: nobody asks for them).
 
         On failure raises :class:`PartialSubmit` saying how many were accepted.
         """
@@ -198,14 +204,51 @@ class Connection:
         early: list[Packet] = []  # results of jobs done before all JOB_CREATED came
         try:
             self.send(wire)
+            if background:
+                self._count_created(len(copies), early)
+                return []
             while len(handles) < len(copies):
                 packet = self._read_reply()
                 if packet.type == P.JOB_CREATED:
                     handles.append(packet.args[0])
                 else:
                     early.append(packet)
+            return handles
+        except PartialSubmit:
+            raise
         except GearmanError as exc:
             raise PartialSubmit(len(handles), str(exc)) from exc
         finally:
             self._pending.extendleft(reversed(early))  # read them next, in order
-        return handles
+
+    def _count_created(self, want: int, early: list[Packet]) -> None:
+        """Read ``want`` JOB_CREATED replies without decoding them; other
+        packets go to ``early``. An ERROR or a lost connection raises
+        PartialSubmit with the count accepted before it."""
+        got = 0
+        while self._pending and got < want:  # decoded already by an earlier read
+            got += self._took(self._pending.popleft(), early, got)
+        while got < want:
+            try:
+                chunk = self._recv()
+            except GearmanError as exc:
+                raise PartialSubmit(got, str(exc)) from exc
+            count, others = self._reader.count_created(chunk, want - got)
+            got += count
+            for packet in others:
+                self._took(packet, early, got)
+        # What came behind the last JOB_CREATED is read as usual.
+        self._pending.extend(p for p in self._reader.feed(b"") if not _option_answer(p))
+
+    @staticmethod
+    def _took(packet: Packet, early: list[Packet], got: int) -> int:
+        """1 for a JOB_CREATED; an ERROR raises (``got`` accepted before it)."""
+        if packet.type == P.JOB_CREATED:
+            return 1
+        if _option_answer(packet):
+            return 0
+        if packet.type == P.ERROR:
+            code, text = (packet.args + (b"", b""))[:2]
+            raise PartialSubmit(got, f"gearmand error {code.decode()}: {text.decode()}")
+        early.append(packet)
+        return 0

@@ -1,4 +1,6 @@
 
+import socket
+
 import pytest
 
 from gearhorn import gearman as g
@@ -177,3 +179,54 @@ def test_answers_gathered_for_a_flush_are_written_before_the_close(monkeypatch):
         got += chunk
     assert got.endswith(g.encode(g.P.WORK_COMPLETE, b"H:1", b""))  # after its CAN_DOs
     theirs.close()
+
+
+def test_counting_job_created_agrees_with_decoding_at_every_chunking():
+    """The background submit's fast path (PacketReader.count_created) sees
+    what feed sees: JOB_CREATED counted up to the number wanted, the other
+    packets in order, and what came after left for feed."""
+    before = [g.Packet(g.P.OPTION_RES, (b"exceptions",)),
+              g.Packet(g.P.WORK_COMPLETE, (b"H:9", b"early\0answer"))]
+    after = [g.Packet(g.P.JOB_CREATED, (b"H:extra",)), g.Packet(g.P.NOOP, ())]
+    created = [g.Packet(g.P.JOB_CREATED, (b"H:host:%d" % i,)) for i in range(5)]
+    sent = [before[0], *created[:3], before[1], *created[3:], *after]
+    wire = b"".join(g.encode(p.type, *p.args, magic=g.RES) for p in sent)
+    for chunks in chunkings(wire, seed=11, splits=60, most_cuts=12):
+        reader, count, others, rest = g.PacketReader(), 0, [], []
+        for chunk in chunks:
+            if count < 5:
+                n, found = reader.count_created(chunk, 5 - count)
+                count, others = count + n, others + found
+                rest += reader.feed(b"") if count == 5 else []
+            else:
+                rest += reader.feed(chunk)
+        assert (count, others, rest) == (5, before, after)
+
+
+def test_counting_stops_at_an_error_with_what_came_before_it():
+    sent = [g.Packet(g.P.JOB_CREATED, (b"H:1",)),
+            g.Packet(g.P.ERROR, (b"QUEUE_ERROR", b"full")),
+            g.Packet(g.P.JOB_CREATED, (b"H:3",))]
+    reader = g.PacketReader()
+    count, others = reader.count_created(
+        b"".join(g.encode(p.type, *p.args, magic=g.RES) for p in sent), 3)
+    assert (count, others) == (1, [sent[1]])
+    assert reader.feed(b"") == [sent[2]]
+
+
+def test_a_background_submit_leaves_what_follows_its_replies_to_read(monkeypatch):
+    fake = FakeGearmand(monkeypatch)
+    fake.reply((g.P.JOB_CREATED, (b"H:1",)), (g.P.JOB_CREATED, (b"H:2",)),
+               (g.P.WORK_COMPLETE, (b"H:0", b"later")))
+    assert fake.conn.submit([g.Copy("f", "u", b""), g.Copy("f", "v", b"")]) == []
+    assert fake.conn.buffered  # decoded already: no wait on the socket for it
+    assert fake.conn.read() == g.Packet(g.P.WORK_COMPLETE, (b"H:0", b"later"))
+
+
+def test_a_connection_lost_mid_submit_says_how_many_were_accepted(monkeypatch):
+    fake = FakeGearmand(monkeypatch)
+    fake.reply((g.P.JOB_CREATED, (b"H:1",)), (g.P.JOB_CREATED, (b"H:2",)))
+    fake.theirs.shutdown(socket.SHUT_WR)  # gearmand goes after two replies
+    with pytest.raises(g.PartialSubmit, match="closed the connection") as info:
+        fake.conn.submit([g.Copy("f", str(n), b"") for n in range(3)])
+    assert info.value.accepted == 2
