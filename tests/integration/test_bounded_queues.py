@@ -14,7 +14,7 @@ import time
 import pytest
 import redis
 
-from gearhorn import servers
+from gearhorn import gearman, servers
 from gearhorn.limits import Limits
 from gearhorn.messages import Subscription
 from gearhorn.naming import stream_client_id
@@ -300,7 +300,16 @@ def test_a_full_queue_store_fails_fanouts_with_a_reason_and_recovers(
         sender = stomp_clients(bridge.port)
         sender.conn.send(destination=f"/topic/{topic}", body=b"one more",
                          receipt=sender.receipt())
-        sender.wait(lambda: sender.listener.errors, 60, "an ERROR")
+        try:
+            sender.wait(lambda: sender.listener.errors, 60, "an ERROR")
+        except AssertionError as exc:  # once in a side-by-side run: say where it stood
+            status = {f.name: (f.queued, f.running, f.workers)
+                      for f in gearman.status(gearmand.host, gearmand.port)}
+            receipts = [r.headers for r in sender.listener.receipts]
+            raise AssertionError(f"{exc}; gearmand (queued, running, workers): {status}; "
+                                 f"receipts: {receipts}; disconnected: "
+                                 f"{sender.listener.disconnected.is_set()}; bridge log:\n"
+                                 f"{bridge.log()}") from None
         said = sender.listener.errors[0].headers["message"]
         assert "queue store full" in said and f"{topic}_hog" in said, said
         # Room again: fanouts work, and every copy accepted before is there.

@@ -114,7 +114,7 @@ def test_the_console_refuses_a_requeue_when_cancelled(gearmand, start_pool, star
         row = page.locator(f'tr[data-dlq="{queue}"]')
         row.locator("td.queued").filter(has_text="1").wait_for(timeout=WAIT_MS)
         row.locator("button.purge").click()
-        assert page.locator("#confirm").is_visible()
+        page.locator("#confirm").wait_for(state="visible", timeout=WAIT_MS)
         page.locator("#confirm-cancel").click()
         # Two more snapshots later, the dead letter is still there: nothing was sent.
         updated = page.locator("#updated")

@@ -29,9 +29,16 @@ function since(epoch) {
   return `${Math.round(seconds / 3600)} h ago`;
 }
 
+// What each table shows now, as HTML: a table whose rows did not change
+// keeps its nodes. Replacing them every second lost clicks: a button
+// replaced between its mousedown and mouseup gets no click.
+const shown = new Map();
+
 function fill(id, rows) {
-  const body = document.querySelector(`#${id} tbody`);
-  body.replaceChildren(...rows);
+  const html = rows.map((row) => row.outerHTML).join("");
+  if (shown.get(id) === html) return;
+  shown.set(id, html);
+  document.querySelector(`#${id} tbody`).replaceChildren(...rows);
 }
 
 function cell(text, numeric = false, cls = "") {
