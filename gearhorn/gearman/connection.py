@@ -81,13 +81,20 @@ def _option_answer(packet: Packet) -> bool:
     return packet.type == P.ERROR and packet.args[:1] == (b"UNKNOWN_OPTION",)
 
 
+# How long a submission waits for gearmand's replies (JOB_CREATED) before
+# the connection counts as broken: gearmand answers at once, and one that
+# does not must not hold a worker or a bridge's SEND for ever.
+REPLY_TIMEOUT = 60.0
+
+
 class Connection:
     """One client connection to one gearmand."""
 
     def __init__(self, host: str, port: int, connect_timeout: float = 5.0,
-                 tls: TlsFiles | None = None) -> None:
+                 tls: TlsFiles | None = None, reply_timeout: float = REPLY_TIMEOUT) -> None:
         self.host, self.port = host, port
         self.connect_timeout = connect_timeout
+        self.reply_timeout = reply_timeout
         self.tls = tls
         self._sock: socket.socket | None = None
         self._reader = PacketReader()
@@ -183,8 +190,10 @@ class Connection:
         finally:
             sock.settimeout(None)
 
-    def _read_reply(self) -> Packet:
-        packet = self.read()
+    def _read_reply(self, deadline: float) -> Packet:
+        packet = self.read(deadline)
+        if packet is None:
+            raise self._silent()
         if packet.type == P.ERROR:
             code, text = (packet.args + (b"", b""))[:2]
             raise GearmanError(f"gearmand error {code.decode()}: {text.decode()}")
@@ -202,13 +211,14 @@ class Connection:
                         for c in copies)
         handles: list[bytes] = []
         early: list[Packet] = []  # results of jobs done before all JOB_CREATED came
+        deadline = time.monotonic() + self.reply_timeout
         try:
             self.send(wire)
             if background:
-                self._count_created(len(copies), early)
+                self._count_created(len(copies), early, deadline)
                 return []
             while len(handles) < len(copies):
-                packet = self._read_reply()
+                packet = self._read_reply(deadline)
                 if packet.type == P.JOB_CREATED:
                     handles.append(packet.args[0])
                 else:
@@ -221,7 +231,7 @@ class Connection:
         finally:
             self._pending.extendleft(reversed(early))  # read them next, in order
 
-    def _count_created(self, want: int, early: list[Packet]) -> None:
+    def _count_created(self, want: int, early: list[Packet], deadline: float) -> None:
         """Read ``want`` JOB_CREATED replies without decoding them; other
         packets go to ``early``. An ERROR or a lost connection raises
         PartialSubmit with the count accepted before it."""
@@ -230,15 +240,24 @@ class Connection:
             got += self._took(self._pending.popleft(), early, got)
         while got < want:
             try:
-                chunk = self._recv()
+                chunk = self._recv(deadline)
             except GearmanError as exc:
                 raise PartialSubmit(got, str(exc)) from exc
+            if chunk is None:
+                raise PartialSubmit(got, str(self._silent()))
             count, others = self._reader.count_created(chunk, want - got)
             got += count
             for packet in others:
                 self._took(packet, early, got)
         # What came behind the last JOB_CREATED is read as usual.
         self._pending.extend(p for p in self._reader.feed(b"") if not _option_answer(p))
+
+    def _silent(self) -> GearmanError:
+        """gearmand did not answer a submission in time: the connection is
+        closed (a late reply must not be read as another's)."""
+        self.close()
+        return GearmanError(f"gearmand {self.host}:{self.port} did not answer within "
+                            f"{self.reply_timeout:g}s")
 
     @staticmethod
     def _took(packet: Packet, early: list[Packet], got: int) -> int:

@@ -230,3 +230,16 @@ def test_a_connection_lost_mid_submit_says_how_many_were_accepted(monkeypatch):
     with pytest.raises(g.PartialSubmit, match="closed the connection") as info:
         fake.conn.submit([g.Copy("f", str(n), b"") for n in range(3)])
     assert info.value.accepted == 2
+
+
+@pytest.mark.parametrize("background", [True, False])
+def test_a_gearmand_that_stops_answering_fails_the_submission_in_time(monkeypatch, background):
+    """Not a wait for ever: a worker or a bridge's SEND held by a silent
+    gearmand fails over like one held by a broken connection."""
+    fake = FakeGearmand(monkeypatch)
+    fake.conn.reply_timeout = 0.2
+    fake.reply((g.P.JOB_CREATED, (b"H:1",)))  # then silence
+    with pytest.raises(g.PartialSubmit, match="did not answer within 0.2s") as info:
+        fake.conn.submit([g.Copy("f", "u", b""), g.Copy("f", "v", b"")], background=background)
+    assert info.value.accepted == 1
+    assert not fake.conn.is_open  # a late reply is never read as another submission's
