@@ -130,13 +130,15 @@ class Registry:
             limits = self.subscription(queue)[1]
         entry = {"topic": sub.topic, "client_id": sub.client_id, "since": time.time(),
                  "limits": limits.said(), "bridge": sub.bridge, "durable": sub.durable}
-        pipe = self.redis.pipeline(transaction=False)
-        pipe.hset(self.keys.subscriptions, queue, json.dumps(entry))
+        self.redis.hset(self.keys.subscriptions, queue, json.dumps(entry))
         if limits.overflow == REJECT_PUBLISH:
             # Room from the first copy on, not from the warden's first round
             # (store/room.py): a new queue is empty; a known one keeps its room.
+            # After the record, never beside it: a warden round that saw the
+            # room then sees the record, and does not take the room away.
+            pipe = self.redis.pipeline(transaction=False)
             open_room(pipe, self.keys, queue, limits.max_length, limits.max_bytes)
-        pipe.execute()
+            pipe.execute()
 
     def bound_queue(self, queue: str, limits: Limits) -> None:
         """A plain queue (a STOMP ``/queue/``) bounded like a subscriber's:

@@ -53,20 +53,26 @@ class RoomKeeper:
         args = [len(sizes), *sizes, *queues]
         return [int(k) for k in self._claim(keys=[self.key], args=args)]
 
-    def claimed(self) -> dict[str, tuple[int, int]]:
-        """What workers claimed ever, per queue (the warden's round starts here)."""
+    def snapshot(self) -> tuple[dict[str, tuple[int, int]], frozenset[str]]:
+        """What workers claimed ever, per queue, and the queues that have a
+        room: where the warden's round starts (before it reads the
+        subscriptions, so a room opened after this is not one it forgets)."""
         found: dict[str, list[int]] = {}
+        queues = set()
         for field, value in self.redis.hgetall(self.key).items():
             queue, _, kind = text(field).partition(" ")
+            queues.add(queue)
             if kind in ("claimed", "claimed-bytes"):
                 found.setdefault(queue, [0, 0])[kind == "claimed-bytes"] = int(value)
-        return {q: (c, b) for q, (c, b) in found.items()}
+        return {q: (c, b) for q, (c, b) in found.items()}, frozenset(queues)
 
-    def set(self, rooms: Iterable[Room], at_start: dict[str, tuple[int, int]]) -> None:
-        """Each reject-publish queue's room after a round; the others forgotten."""
+    def set(self, rooms: Iterable[Room], at_start: dict[str, tuple[int, int]],
+            forget: Iterable[str] = ()) -> None:
+        """Each reject-publish queue's room after a round; the queues in
+        ``forget`` (no longer reject-publish, or gone) lose theirs."""
         args: list[object] = []
         for queue, room, room_bytes in rooms:
             claimed, claimed_bytes = at_start.get(queue, (0, 0))
             args += [queue, room, "" if room_bytes is None else room_bytes, claimed,
                      claimed_bytes]
-        self._set(keys=[self.key], args=args)
+        self._set(keys=[self.key], args=[len(args) // 5, *args, *forget])

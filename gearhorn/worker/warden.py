@@ -124,13 +124,15 @@ class Warden:
     def round(self, now: float | None = None) -> dict[str, Verdict]:
         """One pass over every subscriber queue; the verdicts, for tests."""
         now = time.time() if now is None else now
+        # What workers claimed up to the last round: copies claimed since may
+        # not be in gearmand's count yet, so they are taken off the room too.
+        # Read before the subscriptions: a room opened after this read (its
+        # record written first) is one this round must not take away.
+        claimed_now, had_room = self.room.snapshot()
         # A stream subscription has no queue to bound (gearhorn/stomp/streams.py).
         subscriptions = {queue: sub for queue, sub in self.registry.subscriptions().items()
                          if not is_stream_client(sub[0].get("client_id", ""))}
         sums = self.tally.sums(list(subscriptions))
-        # What workers claimed up to the last round: copies claimed since may
-        # not be in gearmand's count yet, so they are taken off the room too.
-        claimed_now = self.room.claimed()
         claimed_before = claimed_now if self._claimed_before is None else self._claimed_before
         loads = gearmand_loads(self.settings.servers, self.settings.tls)
         active = {q: s for q, s in sums.items() if s[0] or q in loads}
@@ -155,8 +157,8 @@ class Warden:
                                         load.depth, verdict.size, age, load.workers,
                                         limits.describe()))
         self._mark_full(full)
-        self.room.set([(q, v.room, v.room_bytes) for q, v in verdicts.items()
-                       if v.room is not None], claimed_before)
+        rooms = [(q, v.room, v.room_bytes) for q, v in verdicts.items() if v.room is not None]
+        self.room.set(rooms, claimed_before, had_room - {q for q, _, _ in rooms})
         self._claimed_before = claimed_now
         self._publish(backlogs, now)
         return verdicts
