@@ -80,6 +80,14 @@ Redis the braces are just characters.
 ``<p>tally:{<queue>}``          list: ``<ms> <copies> <bytes>`` per group of copies a
                                 worker queued, oldest first (gearhorn/retention.py)
 ``<p>tally:{<queue>}:sum``      hash: ``c`` copies and ``b`` bytes the list holds
+``<p>watched``                  set: the queues the warden's next round looks at, besides
+                                the ones gearmand says hold copies: those whose tally may
+                                hold copies, and new subscriptions (gearhorn/worker/warden.py)
+``<p>expiring``                 set: queues whose subscription has ``expires``: the
+                                warden looks for their consumers every round
+``<p>warden-scanned``           string: set once a warden round read every subscription
+                                (the first in this Redis); later rounds read the ones
+                                that changed
 ``<p>consumed:<queue>``         string: epoch second a consumer of the queue was last
                                 seen (subscriptions with ``expires``)
 ``<p>full``                     set: reject-publish queues at their limit (no new copy)
@@ -226,6 +234,14 @@ class Keys:
     def tally_sum(self, queue: str) -> str:
         return f"{self.tally(queue)}:sum"
 
+    @property
+    def watched(self) -> str:
+        return self.prefix + "watched"
+
+    @property
+    def expiring(self) -> str:
+        return self.prefix + "expiring"
+
     def consumed(self, queue: str) -> str:
         return f"{self.prefix}consumed:{queue}"
 
@@ -244,6 +260,10 @@ class Keys:
     @property
     def warden(self) -> str:
         return self.prefix + "warden"
+
+    @property
+    def warden_scanned(self) -> str:
+        return self.prefix + "warden-scanned"
 
     @property
     def last_report(self) -> str:

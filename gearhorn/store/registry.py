@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import redis
@@ -22,7 +22,7 @@ from gearhorn.store.directcalls import DirectCalls
 from gearhorn.store.keys import Keys
 from gearhorn.store.liveness import of_workers
 from gearhorn.store.redisutil import ScriptCall, script, text
-from gearhorn.store.room import open_room
+from gearhorn.store.room import open_room, room_fields
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,6 +131,10 @@ class Registry:
         entry = {"topic": sub.topic, "client_id": sub.client_id, "since": time.time(),
                  "limits": limits.said(), "bridge": sub.bridge, "durable": sub.durable}
         self.redis.hset(self.keys.subscriptions, queue, json.dumps(entry))
+        self._index_expiring(queue, limits)
+        # The warden's next round judges it once (its rounds look only at
+        # what changed): a room of its own from the queue_overflow setting.
+        self.redis.sadd(self.keys.watched, queue)
         if limits.overflow == REJECT_PUBLISH:
             # Room from the first copy on, not from the warden's first round
             # (store/room.py): a new queue is empty; a known one keeps its room.
@@ -145,6 +149,15 @@ class Registry:
         listed in ``<p>subscriptions`` with no topic."""
         entry = {"topic": "", "client_id": "", "since": time.time(), "limits": limits.said()}
         self.redis.hset(self.keys.subscriptions, queue, json.dumps(entry))
+        self._index_expiring(queue, limits)
+
+    def _index_expiring(self, queue: str, limits: Limits) -> None:
+        """``<p>expiring``: the queues whose own limits say ``expires``, the
+        ones the warden looks at every round, idle or not."""
+        if limits.expires:
+            self.redis.sadd(self.keys.expiring, queue)
+        else:
+            self.redis.srem(self.keys.expiring, queue)
 
     def unbound_queue(self, queue: str) -> None:
         self._forget(queue)
@@ -156,6 +169,11 @@ class Registry:
                     self.keys.consumed(queue)):
             pipe.delete(key)  # one by one: a cluster pipeline deletes no more
         pipe.srem(self.keys.full, queue)
+        pipe.srem(self.keys.watched, queue)
+        pipe.srem(self.keys.expiring, queue)
+        # Its room too (store/room.py): the warden's rounds judge only queues
+        # that changed, so they would not come to take it away.
+        pipe.hdel(self.keys.room, *room_fields(queue))
         pipe.execute()
 
     def subscription(self, queue: str) -> tuple[dict, Limits]:
@@ -167,6 +185,22 @@ class Registry:
         """Every subscriber queue's record and limits."""
         return {text(q): _subscription_entry(raw)
                 for q, raw in self.redis.hgetall(self.keys.subscriptions).items()}
+
+    def records(self, queues: Iterable[str]) -> dict[str, tuple[dict, Limits]]:
+        """The record and limits of each of ``queues`` that has one."""
+        queues = list(queues)
+        found: dict[str, tuple[dict, Limits]] = {}
+        for start in range(0, len(queues), 10_000):
+            some = queues[start:start + 10_000]
+            for queue, raw in zip(some, self.redis.hmget(self.keys.subscriptions, some),
+                                  strict=True):
+                if raw:
+                    found[queue] = _subscription_entry(raw)
+        return found
+
+    def expiring(self) -> set[str]:
+        """The queues whose own limits say ``expires``."""
+        return {text(q) for q in self.redis.smembers(self.keys.expiring)}
 
     def _index_topic(self, topic: str, count: int) -> None:
         """Keep ``<p>topics`` (another hash slot than the topic's set) in

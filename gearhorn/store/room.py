@@ -35,6 +35,11 @@ def open_room(pipe: redis.client.Pipeline, keys: Keys, queue: str, max_length: i
         pipe.hsetnx(keys.room, f"{queue} bytes", max_bytes)
 
 
+def room_fields(queue: str) -> tuple[str, ...]:
+    """Every field of ``<p>room`` that belongs to ``queue``."""
+    return (queue, f"{queue} bytes", f"{queue} claimed", f"{queue} claimed-bytes")
+
+
 class RoomKeeper:
     def __init__(self, client: redis.Redis, keys: Keys) -> None:
         self.redis, self.key = client, keys.room

@@ -4,7 +4,10 @@ Workers append (one entry per queue and group of copies, after gearmand
 accepted them); the warden reads the oldest entries and forgets the ones
 consumed (gearhorn/retention.py says which). Redis keys: ``<p>tally:{Q}``
 (the list) and ``<p>tally:{Q}:sum`` (its copies ``c`` and bytes ``b``),
-one hash slot per queue.
+one hash slot per queue, and ``<p>watched``: the queues whose tally may
+hold copies (and new subscriptions). The warden reads only those (with the queues gearmand says
+hold jobs), so an idle queue costs its round nothing; it takes a queue
+out once its tally is empty (:meth:`TallyReader.unwatch`).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from gearhorn.gearman import Copy
 from gearhorn.retention import Tallied, TallyEntry
 from gearhorn.store.keys import Keys
 from gearhorn.store.redisconn import REDIS_ERRORS
+from gearhorn.store.redisutil import text
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +66,6 @@ class TallyWriter:
             pipe.hincrby(self.keys.tally_sum(queue), "b", size)
         try:
             pipe.execute()
-            self._outage.succeeded()
         except REDIS_ERRORS as exc:
             # Kept for the next flush: the warden then sees copies it has no
             # entry for yet, and counts them as the oldest (retention.py).
@@ -73,6 +76,17 @@ class TallyWriter:
                     mine[1] += counts[1]
                     mine[2] = min(mine[2], counts[2])
             self._outage.failed(exc)
+            return
+        try:
+            # After the sums, never beside them (a cluster pipeline keeps
+            # order per node only): see TallyReader.unwatch.
+            self.redis.sadd(self.keys.watched, *pending)
+        except REDIS_ERRORS as exc:
+            # Written, not watched: the warden finds them by gearmand's
+            # count (their copies are queued) and watches them then.
+            self._outage.failed(exc)
+            return
+        self._outage.succeeded()
 
 
 class TallyReader:
@@ -82,6 +96,26 @@ class TallyReader:
         self.redis = client
         self.keys = keys
         self.window = window
+
+    def watched(self) -> set[str]:
+        """The queues whose tally may hold copies."""
+        return {text(q) for q in self.redis.smembers(self.keys.watched)}
+
+    def unwatch(self, queues: Sequence[str]) -> None:
+        """Take ``queues`` (found with an empty tally) out of the watched
+        set, then put back any a worker tallied meanwhile: a writer adds to
+        the set after its sums, so either its sums are seen here or its
+        add comes after this removal."""
+        if not queues:
+            return
+        self.redis.srem(self.keys.watched, *queues)
+        again = [q for q, (count, _) in self.sums(queues).items() if count]
+        if again:
+            self.redis.sadd(self.keys.watched, *again)
+
+    def watch(self, queues: Sequence[str]) -> None:
+        if queues:
+            self.redis.sadd(self.keys.watched, *queues)
 
     def sums(self, queues: Sequence[str]) -> dict[str, tuple[int, int]]:
         """Copies and bytes tallied per queue (read before gearmand's counts:

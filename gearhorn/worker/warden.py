@@ -122,20 +122,38 @@ class Warden:
         return False
 
     def round(self, now: float | None = None) -> dict[str, Verdict]:
-        """One pass over every subscriber queue; the verdicts, for tests."""
+        """One pass over the subscriber queues that may need it; the
+        verdicts, for tests. The first round of a warden reads them all."""
         now = time.time() if now is None else now
         # What workers claimed up to the last round: copies claimed since may
         # not be in gearmand's count yet, so they are taken off the room too.
         # Read before the subscriptions: a room opened after this read (its
         # record written first) is one this round must not take away.
         claimed_now, had_room = self.room.snapshot()
-        # A stream subscription has no queue to bound (gearhorn/stomp/streams.py).
-        subscriptions = {queue: sub for queue, sub in self.registry.subscriptions().items()
-                         if not is_stream_client(sub[0].get("client_id", ""))}
-        sums = self.tally.sums(list(subscriptions))
         claimed_before = claimed_now if self._claimed_before is None else self._claimed_before
+        if not self._scanned() and not self._scan():
+            return {}
+        # A default ``expires`` makes every subscription one whose consumers
+        # are looked for: each round reads them all (docs/scaling.rst).
+        everything = bool(self.settings.defaults.expires)
+        watched = self.tally.watched()
+        if everything:
+            subscriptions = self.registry.subscriptions()
+            looked_at = set(subscriptions)
+        else:
+            looked_at = watched | self._changed(claimed_now, claimed_before)
+        # Tally sums before gearmand's counts: a copy queued in between then
+        # looks unconsumed, never consumed.
+        sums = self.tally.sums(sorted(looked_at))
         loads = gearmand_loads(self.settings.servers, self.settings.tls)
-        active = {q: s for q, s in sums.items() if s[0] or q in loads}
+        if not everything:
+            loaded = [q for q, load in loads.items() if load.depth and q not in sums]
+            sums.update(self.tally.sums(loaded))
+            subscriptions = self.registry.records(sums)
+        # A stream subscription has no queue to bound (gearhorn/stomp/streams.py).
+        subscriptions = {queue: sub for queue, sub in subscriptions.items()
+                         if not is_stream_client(sub[0].get("client_id", ""))}
+        active = {q: s for q, s in sums.items() if q in subscriptions and (s[0] or q in loads)}
         tallies = self.tally.read(active)
         verdicts, backlogs, full = {}, [], set()
         for queue, (entry, given) in subscriptions.items():
@@ -158,10 +176,63 @@ class Warden:
                                         limits.describe()))
         self._mark_full(full)
         rooms = [(q, v.room, v.room_bytes) for q, v in verdicts.items() if v.room is not None]
-        self.room.set(rooms, claimed_before, had_room - {q for q, _, _ in rooms})
+        # Rooms of queues judged and no longer reject-publish, or gone; one
+        # not looked at keeps its room (unsubscribing takes it away).
+        judged = had_room if everything else had_room & set(sums)
+        self.room.set(rooms, claimed_before, judged - {q for q, _, _ in rooms})
         self._claimed_before = claimed_now
+        emptied = self._emptied(sums, tallies, verdicts)
+        self.tally.unwatch(sorted(watched & emptied))
+        # Tallies found outside the set (a worker that could not add to it,
+        # or written before there was one) are watched from now on.
+        self.tally.watch(sorted(q for q, (count, _) in sums.items()
+                                if count and q not in watched and q not in emptied))
         self._publish(backlogs, now)
         return verdicts
+
+    def _scanned(self) -> bool:
+        """Whether every subscription was looked at once in this Redis (a
+        Redis that lost its data lost the mark with them)."""
+        return bool(self.redis.exists(self.keys.warden_scanned))
+
+    def _scan(self, chunk: int = 10_000) -> bool:
+        """Once per Redis, for subscriptions made before the rounds read only
+        what changed: the queues with a tally are watched, the ones with
+        ``expires`` indexed. False if the lease went meanwhile."""
+        queues = sorted(text(q) for q in self.redis.hkeys(self.keys.subscriptions))
+        for start in range(0, len(queues), chunk):
+            some = queues[start:start + chunk]
+            self.tally.watch([q for q, (count, _) in self.tally.sums(some).items() if count])
+            expiring = [q for q, (_, limits) in self.registry.records(some).items()
+                        if limits.expires]
+            if expiring:
+                self.redis.sadd(self.keys.expiring, *expiring)
+            if not self.lead():
+                return False
+        self.redis.set(self.keys.warden_scanned, "1")
+        return True
+
+    def _changed(self, claimed_now: dict[str, tuple[int, int]],
+                 claimed_before: dict[str, tuple[int, int]]) -> set[str]:
+        """The queues this round looks at besides those gearmand says hold
+        copies and those whose tally may hold some: the ones with
+        ``expires`` (their consumers are looked for), and the reject-publish
+        ones that workers claimed room in since the last round."""
+        claimed = {q for q, c in claimed_now.items() if claimed_before.get(q) != c}
+        return self.registry.expiring() | claimed
+
+    @staticmethod
+    def _emptied(sums: dict[str, tuple[int, int]], tallies: dict[str, Tallied],
+                 verdicts: dict[str, Verdict]) -> set[str]:
+        """Queues whose tally this round found, or left, empty."""
+        emptied = set()
+        for queue, (count, _) in sums.items():
+            tallied, verdict = tallies.get(queue), verdicts.get(queue)
+            if not count or (tallied is not None and verdict is not None
+                             and verdict.consumed_entries == len(tallied.window)
+                             and sum(e.count for e in tallied.window) == count):
+                emptied.add(queue)
+        return emptied
 
     def _enforce(self, queue: str, entry: dict, limits: Limits, load: Load,
                  verdict: Verdict) -> None:

@@ -1,0 +1,122 @@
+"""The warden's round costs what changed (issue 49): idle subscriptions are
+not read at all; a queue that got copies is judged until its tally is
+empty, then left alone again."""
+
+import pytest
+import redis
+
+from gearhorn.gearman import Copy
+from gearhorn.limits import Limits
+from gearhorn.messages import Subscription
+from gearhorn.store.deadletters import DeadLetterIndex
+from gearhorn.store.headers import HeaderStore
+from gearhorn.store.tally import TallyWriter
+from gearhorn.worker import warden as warden_module
+from gearhorn.worker.reaper import Load, Reaper
+from gearhorn.worker.warden import Warden, WardenSettings
+
+pytestmark = pytest.mark.timeout(120)
+
+IDLE = 2_000
+
+
+class Counted:
+    """Redis commands sent (each command of a pipeline counted) and
+    gearmand ``status`` reads, while on."""
+
+    def __init__(self, monkeypatch, loads: dict[str, Load]) -> None:
+        self.redis = 0
+        self.status = 0
+        self.loads = loads
+        plain, piped = redis.Redis.execute_command, redis.client.Pipeline.execute
+
+        def command(client, *args, **options):
+            if not isinstance(client, redis.client.Pipeline):
+                self.redis += 1
+            return plain(client, *args, **options)
+
+        def pipeline(pipe, *args, **options):
+            self.redis += len(pipe.command_stack)
+            return piped(pipe, *args, **options)
+
+        def status(servers, tls=None):
+            self.status += 1
+            return {q: Load(load.depth, load.running, load.workers)
+                    for q, load in self.loads.items()}
+
+        monkeypatch.setattr(redis.Redis, "execute_command", command)
+        monkeypatch.setattr(redis.client.Pipeline, "execute", pipeline)
+        monkeypatch.setattr(warden_module, "gearmand_loads", status)
+
+    def reset(self) -> None:
+        self.redis = self.status = 0
+
+
+def warden_of(registry):
+    reaper = Reaper((), HeaderStore(registry.redis, registry.keys, 60),
+                    DeadLetterIndex(registry.redis, registry.keys))
+    return Warden(WardenSettings(servers=(("127.0.0.1", 1),)), registry, reaper)
+
+
+@pytest.fixture
+def idle(registry):
+    pipe_size = 500
+    for start in range(0, IDLE, pipe_size):
+        for n in range(start, start + pipe_size):
+            registry.subscribe(Subscription(f"idle.{n // 10}", f"c{n % 10}"))
+    return registry
+
+
+def test_an_idle_round_reads_no_subscription(idle, monkeypatch):
+    warden = warden_of(idle)
+    calls = Counted(monkeypatch, {})
+    assert warden.lead()
+    warden.round(now=1000.0)  # the one scan of a Redis it has not seen
+    calls.reset()
+    for second in range(1, 4):
+        assert warden.round(now=1000.0 + second) == {}
+    # A handful of commands a round, whatever the count; the full scan it
+    # replaces read every record and every tally (over 2 * IDLE).
+    assert calls.redis <= 3 * 12, calls.redis
+    assert calls.status == 3
+
+
+def test_a_queue_that_got_copies_is_judged_until_consumed(idle, monkeypatch):
+    warden = warden_of(idle)
+    calls = Counted(monkeypatch, {})
+    warden.round(now=1000.0)
+    busy = "idle.7_c3"
+    writer = TallyWriter(idle.redis, idle.keys)
+    writer.add([Copy(busy, "u1", b"x" * 10), Copy(busy, "u2", b"y" * 10)], now_ms=1_000_500)
+    writer.flush()
+    calls.loads = {busy: Load(depth=2)}
+    calls.reset()
+    verdicts = warden.round(now=1001.0)
+    assert list(verdicts) == [busy]
+    assert verdicts[busy].depth == 2
+    assert calls.redis < 40
+    calls.loads = {}  # consumed
+    assert list(warden.round(now=1002.0)) == [busy]  # the tally told it to look
+    assert warden.round(now=1003.0) == {}  # empty now: not looked at again
+    assert idle.redis.smembers(idle.keys.watched) == set()
+
+
+def test_a_queue_with_expires_is_looked_at_every_round(idle, monkeypatch):
+    idle.subscribe(Subscription("idle.3", "c1", Limits(expires=60)))
+    warden = warden_of(idle)
+    Counted(monkeypatch, {})
+    warden.round(now=1000.0)
+    assert list(warden.round(now=1001.0)) == ["idle.3_c1"]
+
+
+def test_a_tally_from_before_the_set_is_found_by_the_first_scan(idle, monkeypatch):
+    """A Redis written by a version without ``<p>watched``: its tallies are
+    found once, by the scan, then judged."""
+    queue = "idle.4_c2"
+    writer = TallyWriter(idle.redis, idle.keys)
+    writer.add([Copy(queue, "u", b"z")], now_ms=999_000)
+    writer.flush()
+    idle.redis.delete(idle.keys.watched)
+    warden = warden_of(idle)
+    Counted(monkeypatch, {queue: Load(depth=1)})
+    assert queue in warden.round(now=1000.0)
