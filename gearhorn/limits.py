@@ -25,7 +25,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import dataclass, fields, replace
 
 from gearhorn.errors import BadRequest
 
@@ -51,11 +51,12 @@ class Limits:
 
     def over(self, defaults: Limits) -> Limits:
         """These limits, with ``defaults`` where they say nothing."""
-        return replace(defaults, **{k: v for k, v in asdict(self).items() if v is not None})
+        given = self.said()
+        return replace(defaults, **given) if given else defaults
 
     def said(self) -> dict[str, object]:
         """Only what was given, for JSON."""
-        return {k: v for k, v in asdict(self).items() if v is not None}
+        return {k: v for k in LIMIT_KEYS if (v := getattr(self, k)) is not None}
 
     @property
     def empty(self) -> bool:
@@ -160,5 +161,9 @@ def limits_to_json(limits: Limits | None) -> str:
 def limits_from_json(text: str | None) -> Limits:
     """Read back what :func:`limits_to_json` wrote; unknown keys are ignored
     (written by a newer gearhorn)."""
-    obj = json.loads(text) if text else {}
+    return limits_from_dict(json.loads(text) if text else {})
+
+
+def limits_from_dict(obj: dict) -> Limits:
+    """:func:`limits_from_json` of an object already read."""
     return Limits(**{k: obj[k] for k in LIMIT_KEYS if k in obj})

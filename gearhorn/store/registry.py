@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import redis
 
-from gearhorn.limits import REJECT_PUBLISH, Limits, limits_from_json
+from gearhorn.limits import REJECT_PUBLISH, Limits, limits_from_dict
 from gearhorn.messages import PREFIX_WILDCARD, Subscription, queue_name
 from gearhorn.naming import is_stream_client, process_id
 from gearhorn.store.directcalls import DirectCalls
@@ -336,7 +336,7 @@ def _fresh(topic: str, cached: Members | None, direct: list, by_prefix: list) ->
 
 def _subscription_entry(raw: bytes | str | None) -> tuple[dict, Limits]:
     entry = json.loads(raw) if raw else {}
-    return entry, limits_from_json(json.dumps(entry.get("limits") or {}))
+    return entry, limits_from_dict(entry.get("limits") or {})
 
 
 def new_worker_id() -> str:

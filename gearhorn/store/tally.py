@@ -97,9 +97,12 @@ class TallyReader:
         self.keys = keys
         self.window = window
 
-    def watched(self) -> set[str]:
-        """The queues whose tally may hold copies."""
-        return {text(q) for q in self.redis.smembers(self.keys.watched)}
+    def watched(self, cursor: int = 0, count: int = 10_000) -> tuple[int, set[str]]:
+        """Some of the watched queues, about ``count``, from ``cursor`` (an
+        ``SSCAN``: every queue watched through a whole pass is seen in it);
+        the cursor to go on from (0: the pass is over)."""
+        cursor, found = self.redis.sscan(self.keys.watched, cursor, count=count)
+        return int(cursor), {text(q) for q in found}
 
     def unwatch(self, queues: Sequence[str]) -> None:
         """Take ``queues`` (found with an empty tally) out of the watched

@@ -52,6 +52,11 @@ from gearhorn.worker.reaper import Load, Reaper, Server, gearmand_loads
 log = logging.getLogger(__name__)
 
 BACKLOGS_KEPT = 20  # largest backlogs in <p>backlogs
+# Queues judged between two renewals of the lease in a long round: two
+# wardens judging the same queues would both take its surplus.
+LEASE_CHECK = 5000
+# Watched queues (gearhorn/store/tally.py) looked at per round, at most about.
+WATCHED_PER_ROUND = 10_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,6 +114,7 @@ class Warden:
         self._claimed_before: dict[str, tuple[int, int]] | None = None
         self._full: set[str] = set()
         self._over = ""
+        self._cursor = 0  # where the next round goes on in <p>watched
 
     def lead(self) -> bool:
         """Hold the lease for three intervals; True while this process holds it."""
@@ -136,7 +142,10 @@ class Warden:
         # A default ``expires`` makes every subscription one whose consumers
         # are looked for: each round reads them all (docs/scaling.rst).
         everything = bool(self.settings.defaults.expires)
-        watched = self.tally.watched()
+        # A burst of new subscriptions (or of queues given copies) is
+        # judged over several rounds, a slice each: a round must end well
+        # within its lease.
+        self._cursor, watched = self.tally.watched(self._cursor, WATCHED_PER_ROUND)
         if everything:
             subscriptions = self.registry.subscriptions()
             looked_at = set(subscriptions)
@@ -156,7 +165,9 @@ class Warden:
         active = {q: s for q, s in sums.items() if q in subscriptions and (s[0] or q in loads)}
         tallies = self.tally.read(active)
         verdicts, backlogs, full = {}, [], set()
-        for queue, (entry, given) in subscriptions.items():
+        for n, (queue, (entry, given)) in enumerate(subscriptions.items(), 1):
+            if n % LEASE_CHECK == 0 and not self.lead():
+                return verdicts  # a long round (a burst of subscriptions): another took over
             limits = given.over(self.settings.defaults)
             load = loads.get(queue, Load())
             tallied = tallies.get(queue, Tallied(0, 0, ()))

@@ -120,3 +120,18 @@ def test_a_tally_from_before_the_set_is_found_by_the_first_scan(idle, monkeypatc
     warden = warden_of(idle)
     Counted(monkeypatch, {queue: Load(depth=1)})
     assert queue in warden.round(now=1000.0)
+
+
+def test_a_round_that_lost_its_lease_stops_judging(idle, monkeypatch):
+    """A long round (a burst of new subscriptions) renews the lease as it
+    goes; once another process holds it, this one stops: two wardens
+    judging one queue would both take its surplus."""
+    monkeypatch.setattr(warden_module, "LEASE_CHECK", 100)
+    warden = warden_of(idle)
+    Counted(monkeypatch, {})
+    assert warden.lead()
+    warden.round(now=1000.0)
+    for n in range(300):
+        idle.subscribe(Subscription("burst", f"c{n}"))
+    idle.redis.set(idle.keys.warden, "another process")
+    assert len(warden.round(now=1001.0)) == 99
