@@ -1,7 +1,8 @@
-"""What an idle gearhorn costs as its subscriptions grow (issue 49).
+"""What gearhorn costs as its subscriptions grow (issue 49).
 
     python bench/million.py                       # 1,000 and 100,000
-    python bench/million.py --counts 1000 1000000 # a million: ~10 minutes
+    python bench/million.py --counts 1000 1000000 # a million: ~25 minutes
+    python bench/million.py --wide 0              # without the wide topic
 
 For each count: a fresh Redis and gearmand, a pool of 2 ``gearhorn
 worker`` processes with every default on (warden, janitor, metrics,
@@ -10,29 +11,43 @@ presence), and that many subscriptions (topics of 10). Then nothing is published
 read from /proc, and the warden's round counted in Redis's commands. The
 peer is the smallest count of the same run: idle CPU is compared against
 it (the target is within 2x at the largest).
+
+Then, with the warden's rounds going on, the per-call figures: p50/p99 of
+``subscribe_fanout`` and ``unsubscribe_fanout`` (200 each, new client ids
+on a topic of 10), of ``topic_presence`` on a topic of 10 and on a topic of
+``--wide`` subscribers (100,000; made with the others, so it is there at
+every count), and copies/s of background fanouts to a topic of 10 (2,000
+fanouts) and to the wide topic (3 fanouts). Everything is in the same
+single Redis; a count's figures beside the smallest count's are the ratio
+that matters.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import json
 import os
 import signal
 import subprocess
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 
 import redis
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from gearhorn import servers  # noqa: E402
+from fanout import gearhorn_rate  # noqa: E402
+
+from gearhorn import gearman, servers  # noqa: E402
 from gearhorn.messages import Subscription  # noqa: E402
 from gearhorn.store import redisconn  # noqa: E402
 from gearhorn.store.keys import Keys  # noqa: E402
 from gearhorn.store.registry import Registry  # noqa: E402
 
 WIDTH = 10  # subscribers per topic
+CALLS = 200  # of each per-call figure
 TICK = os.sysconf("SC_CLK_TCK")
 
 
@@ -48,96 +63,174 @@ def children(pid: int) -> list[int]:
     return [int(p) for p in out.split()]
 
 
-def subscribe_all(url: str, count: int) -> None:
-    """``count`` subscriptions over ``count / WIDTH`` topics, 8 at a time."""
+def subscribe_all(url: str, count: int, wide: int) -> None:
+    """``count`` subscriptions over ``count / WIDTH`` topics, and ``wide``
+    to the topic ``wide``: in two processes of 8 threads (the registry's
+    own calls, a few round trips each)."""
+    with ProcessPoolExecutor(2) as pool:
+        list(pool.map(_subscribe_part, [url] * 2, [count] * 2, [wide] * 2, [0, 1]))
+
+
+def _subscribe_part(url: str, count: int, wide: int, part: int) -> None:
     registry = Registry(redisconn.connect(url), Keys())
 
     def some(start: int) -> None:
         for n in range(start, min(start + 1000, count)):
             registry.subscribe(Subscription(f"idle.{n // WIDTH:06d}", f"c{n % WIDTH}"))
+        for n in range(start, min(start + 1000, wide)):
+            registry.subscribe(Subscription("wide", f"w{n}"))
 
     with ThreadPoolExecutor(8) as pool:
-        list(pool.map(some, range(0, count, 1000)))
+        list(pool.map(some, range(part * 1000, max(count, wide), 2000)))
 
 
-def idle_cpu(url: str, gm: servers.Managed, red: servers.Managed, seconds: float,
-             profile: str = "") -> dict:
-    """CPU per second of each part while idle; ``profile``: py-spy each worker to it."""
+@contextlib.contextmanager
+def settled_pool(url: str, gm: servers.Managed):
+    """A pool of 2 workers, every default on, once its warden has judged
+    every new subscription (start-up, not idling: measured after it)."""
     pool = subprocess.Popen(
         [sys.executable, "-m", "gearhorn", "worker", "--processes", "2", "--gearman",
          gm.address, "--redis-url", url, "--log-level", "WARNING"],
         env={**os.environ, "GEARHORN_PERSISTENCE": "none"}, preexec_fn=servers.die_with_parent)
     try:
         registry = Registry(redisconn.connect(url), Keys())
-        deadline = time.monotonic() + 120
+        client, keys = registry.redis, registry.keys
+        deadline = time.monotonic() + 1200
         while len(registry.live_workers()) < 2:
             if time.monotonic() > deadline or pool.poll() is not None:
                 raise SystemExit("worker pool did not start")
             time.sleep(0.1)
-        # The warden's one scan of a Redis it has not seen (warden.py _scan)
-        # is start-up, not idling: measured after it.
-        client, keys = redis.Redis.from_url(url), Keys()
-        while not client.exists(keys.warden_scanned):
-            if time.monotonic() > deadline + 600:
-                raise SystemExit("the warden never finished its first scan")
+        while not client.exists(keys.warden_scanned) or client.scard(keys.watched):
+            if time.monotonic() > deadline or pool.poll() is not None:
+                raise SystemExit("the warden never judged the new subscriptions")
             time.sleep(0.2)
         time.sleep(3)
-        pids = {"workers": [pool.pid, *children(pool.pid)], "gearmand": [gm.process.pid],
-                "redis": [red.process.pid]}
-        calls = redis.Redis.from_url(url).info("commandstats")
-        before = {k: sum(map(cpu_seconds, v)) for k, v in pids.items()}
-        spies = [subprocess.Popen([os.path.join(os.path.dirname(sys.executable), "py-spy"),
-                                   "record", "-o", f"{profile}.{pid}", "-f", "raw", "-r", "100",
-                                   "-d", str(int(seconds) - 2), "-p", str(pid)],
-                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-                 for pid in pids["workers"]] if profile else []
-        time.sleep(seconds)
-        for spy in spies:
-            spy.wait(60)
-        after = {k: sum(map(cpu_seconds, v)) for k, v in pids.items()}
-        later = redis.Redis.from_url(url).info("commandstats")
-        used = {name.removeprefix("cmdstat_"): e["calls"] - calls.get(name, {"calls": 0})["calls"]
-                for name, e in later.items()}
-        top = sorted(((n, c) for n, c in used.items() if c), key=lambda nc: -nc[1])[:4]
-        return {**{k: (after[k] - before[k]) / seconds for k in pids},
-                "redis_commands": sum(used.values()) / seconds,
-                "top": ", ".join(f"{n} {c / seconds:,.0f}/s" for n, c in top)}
+        yield pool
     finally:
         pool.send_signal(signal.SIGTERM)
         pool.wait(60)
 
 
+def idle_cpu(url: str, pool: subprocess.Popen, gm: servers.Managed, red: servers.Managed,
+             seconds: float, profile: str = "") -> dict:
+    """CPU per second of each part while idle; ``profile``: py-spy each worker to it."""
+    pids = {"workers": [pool.pid, *children(pool.pid)], "gearmand": [gm.process.pid],
+            "redis": [red.process.pid]}
+    calls = redis.Redis.from_url(url).info("commandstats")
+    before = {k: sum(map(cpu_seconds, v)) for k, v in pids.items()}
+    spies = [subprocess.Popen([os.path.join(os.path.dirname(sys.executable), "py-spy"),
+                               "record", "-o", f"{profile}.{pid}", "-f", "raw", "-r", "100",
+                               "-d", str(int(seconds) - 2), "-p", str(pid)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+             for pid in pids["workers"]] if profile else []
+    time.sleep(seconds)
+    for spy in spies:
+        spy.wait(60)
+    after = {k: sum(map(cpu_seconds, v)) for k, v in pids.items()}
+    later = redis.Redis.from_url(url).info("commandstats")
+    used = {name.removeprefix("cmdstat_"): e["calls"] - calls.get(name, {"calls": 0})["calls"]
+            for name, e in later.items()}
+    top = sorted(((n, c) for n, c in used.items() if c), key=lambda nc: -nc[1])[:4]
+    return {**{k: (after[k] - before[k]) / seconds for k in pids},
+            "redis_commands": sum(used.values()) / seconds,
+            "top": ", ".join(f"{n} {c / seconds:,.0f}/s" for n, c in top)}
+
+
+def percentiles(samples: list[float]) -> tuple[float, float]:
+    ordered = sorted(samples)
+    return ordered[len(ordered) // 2] * 1000, ordered[int(len(ordered) * 0.99) - 1] * 1000
+
+
+def timed_calls(client: gearman.Client, function: str, bodies: list[dict]) -> tuple[float, float]:
+    """p50 and p99 (ms) of one foreground call per body, one after another."""
+    samples = []
+    for body in bodies:
+        start = time.perf_counter()
+        outcome = client.call(function, json.dumps(body).encode(), 60)
+        samples.append(time.perf_counter() - start)
+        if not outcome.ok:
+            raise SystemExit(f"{function} failed: {outcome.reason}")
+    return percentiles(samples)
+
+
+def per_call(gm: servers.Managed, wide: int) -> dict:
+    """The per-call figures (see the module's doc)."""
+    client = gearman.Client([(gm.host, gm.port)])
+    try:
+        subs = [{"topic": "idle.000001", "client_id": f"probe{i}"} for i in range(CALLS)]
+        found = {"subscribe": timed_calls(client, "subscribe_fanout", subs),
+                 "unsubscribe": timed_calls(client, "unsubscribe_fanout", subs),
+                 "presence10": timed_calls(client, "topic_presence", [
+                     {"topic": "idle.000002", "limit": 1000}] * CALLS)}
+        if wide:
+            found["presence_wide"] = timed_calls(client, "topic_presence", [
+                {"topic": "wide", "limit": 1000}] * CALLS)
+    finally:
+        client.close()
+    found["fanout10"] = gearhorn_rate(gm, "idle.000003", 2000, WIDTH)
+    if wide:
+        found["fanout_wide"] = gearhorn_rate(gm, "wide", 3, wide)
+    return found
+
+
+def show(count: int, r: dict) -> None:
+    print(f"  {count:>9,} subscriptions idle: workers {r['workers']:.3f} cores, "
+          f"gearmand {r['gearmand']:.3f}, redis {r['redis']:.3f}, "
+          f"{r['redis_commands']:,.0f} Redis commands/s ({r['top']})", flush=True)
+    line = "  ".join(f"{name} p50 {r[name][0]:.2f} p99 {r[name][1]:.2f} ms"
+                     for name in ("subscribe", "unsubscribe", "presence10", "presence_wide")
+                     if name in r)
+    print(f"  {count:>9,} subscriptions, calls: {line}", flush=True)
+    rates = "  ".join(f"{name} {r[name]:,.0f} copies/s" for name in ("fanout10", "fanout_wide")
+                      if name in r)
+    print(f"  {count:>9,} subscriptions, fanouts: {rates}; Redis {r['redis_mib']:.1f} MiB, "
+          f"{r['bytes_per_subscription']:.0f} bytes per subscription", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--counts", type=int, nargs="+", default=[1000, 100_000])
+    parser.add_argument("--wide", type=int, default=100_000,
+                        help="subscribers of the wide topic (0: none)")
     parser.add_argument("--seconds", type=float, default=30.0)
     parser.add_argument("--profile", default="", help="py-spy each worker process to FILE.<pid>")
     args = parser.parse_args()
-    print(f"idle gearhorn: 2 worker processes, every default on, topics of {WIDTH}, "
-          f"{args.seconds:.0f} s idle", flush=True)
+    print(f"gearhorn by subscription count: 2 worker processes, every default on, topics of "
+          f"{WIDTH} and one of {args.wide:,}; {args.seconds:.0f} s idle", flush=True)
     results = {}
     for count in args.counts:
         red = servers.start_redis()
         gm = servers.start_gearmand()
         try:
             url = red.details["url"]
+            client = redis.Redis.from_url(url)
+            empty = client.info("memory")["used_memory"]
             started = time.monotonic()
-            subscribe_all(url, count)
-            print(f"  {count:>9,} subscriptions made in {time.monotonic() - started:5.1f} s",
-                  flush=True)
-            r = results[count] = idle_cpu(url, gm, red, args.seconds,
-                                             f"{args.profile}.{count}" if args.profile else "")
-            print(f"  {count:>9,} subscriptions idle: workers {r['workers']:.3f} cores, "
-                  f"gearmand {r['gearmand']:.3f}, redis {r['redis']:.3f}, "
-                  f"{r['redis_commands']:,.0f} Redis commands/s ({r['top']})", flush=True)
+            subscribe_all(url, count, args.wide)
+            made = count + args.wide
+            used = client.info("memory")["used_memory"] - empty
+            print(f"  {count:>9,} subscriptions (and {args.wide:,} wide) made in "
+                  f"{time.monotonic() - started:5.1f} s", flush=True)
+            with settled_pool(url, gm) as pool:
+                r = idle_cpu(url, pool, gm, red, args.seconds,
+                             f"{args.profile}.{count}" if args.profile else "")
+                r.update(per_call(gm, args.wide))
+            r["redis_mib"], r["bytes_per_subscription"] = used / 2**20, used / made
+            results[count] = r
+            show(count, r)
         finally:
             gm.stop()
             red.stop()
     low = min(results)
     for count, r in results.items():
-        if count != low:
-            base = max(results[low]["workers"], 0.001)
-            print(f"  workers' idle CPU at {count:,} / at {low:,}: {r['workers'] / base:.1f}x")
+        if count == low:
+            continue
+        base = results[low]
+        print(f"  at {count:,} / at {low:,}: idle CPU of the workers "
+              f"{r['workers'] / max(base['workers'], 0.001):.1f}x, subscribe p99 "
+              f"{r['subscribe'][1] / base['subscribe'][1]:.2f}x, presence p99 "
+              f"{r['presence10'][1] / base['presence10'][1]:.2f}x, fanout x{WIDTH} "
+              f"{r['fanout10'] / base['fanout10']:.2f}x", flush=True)
 
 
 if __name__ == "__main__":
