@@ -25,8 +25,10 @@ takes the oldest (one priority; docs/reliability.rst says where that bends).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
+import math
 import time
 import uuid
 from collections.abc import Callable
@@ -115,6 +117,9 @@ class Warden:
         self._full: set[str] = set()
         self._over = ""
         self._cursor = 0  # where the next round goes on in <p>watched
+        # Each queue judged lately: (its counts then, when a copy of it
+        # comes due, whether it was full, its backlog): see _steady.
+        self._last: dict[str, tuple] = {}
 
     def lead(self) -> bool:
         """Hold the lease for three intervals; True while this process holds it."""
@@ -129,7 +134,7 @@ class Warden:
 
     def round(self, now: float | None = None) -> dict[str, Verdict]:
         """One pass over the subscriber queues that may need it; the
-        verdicts, for tests. The first round of a warden reads them all."""
+        verdicts, for tests."""
         now = time.time() if now is None else now
         # What workers claimed up to the last round: copies claimed since may
         # not be in gearmand's count yet, so they are taken off the room too.
@@ -146,11 +151,14 @@ class Warden:
         # judged over several rounds, a slice each: a round must end well
         # within its lease.
         self._cursor, watched = self.tally.watched(self._cursor, WATCHED_PER_ROUND)
+        expiring = set() if everything else self.registry.expiring()
+        # Judged whatever their counts say: their room was claimed since.
+        claimed = self._claimed(claimed_now, claimed_before)
         if everything:
             subscriptions = self.registry.subscriptions()
             looked_at = set(subscriptions)
         else:
-            looked_at = watched | self._changed(claimed_now, claimed_before)
+            looked_at = watched | expiring | claimed
         # Tally sums before gearmand's counts: a copy queued in between then
         # looks unconsumed, never consumed.
         sums = self.tally.sums(sorted(looked_at))
@@ -158,41 +166,31 @@ class Warden:
         if not everything:
             loaded = [q for q, load in loads.items() if load.depth and q not in sums]
             sums.update(self.tally.sums(loaded))
-            subscriptions = self.registry.records(sums)
+            steady = self._steady(sums, loads, expiring | claimed, now)
+            subscriptions = self.registry.records(q for q in sums if q not in steady)
+        else:
+            steady = {}
         # A stream subscription has no queue to bound (gearhorn/stomp/streams.py).
         subscriptions = {queue: sub for queue, sub in subscriptions.items()
                          if not is_stream_client(sub[0].get("client_id", ""))}
-        active = {q: s for q, s in sums.items() if q in subscriptions and (s[0] or q in loads)}
-        tallies = self.tally.read(active)
-        verdicts, backlogs, full = {}, [], set()
-        for n, (queue, (entry, given)) in enumerate(subscriptions.items(), 1):
-            if n % LEASE_CHECK == 0 and not self.lead():
-                return verdicts  # a long round (a burst of subscriptions): another took over
-            limits = given.over(self.settings.defaults)
-            load = loads.get(queue, Load())
-            tallied = tallies.get(queue, Tallied(0, 0, ()))
-            verdict = judge(tallied, load.depth, load.running, limits, int(now * 1000))
-            verdicts[queue] = verdict
-            self.tally.forget(queue, tallied.window[:verdict.consumed_entries])
-            self._enforce(queue, entry, limits, load, verdict)
-            if verdict.full:
+        verdicts, backlogs, full = self._judge_all(subscriptions, sums, loads, now)
+        if verdicts is None:
+            return {}  # the lease went in a long round: the new holder goes on
+        for queue, (was_full, backlog, judged_at) in steady.items():
+            if was_full:
                 full.add(queue)
-            if self._expired(queue, entry, limits, load, now):
-                continue
-            if load.depth:
-                oldest = verdict.oldest_ms
-                age = None if oldest is None else max(0.0, now - oldest / 1000)
-                backlogs.append(Backlog(queue, entry.get("topic", ""), entry.get("client_id", ""),
-                                        load.depth, verdict.size, age, load.workers,
-                                        limits.describe()))
+            if backlog is not None:  # as judged then, its oldest copy older by now
+                age = backlog.oldest_age
+                backlogs.append(dataclasses.replace(
+                    backlog, oldest_age=None if age is None else age + now - judged_at))
         self._mark_full(full)
         rooms = [(q, v.room, v.room_bytes) for q, v in verdicts.items() if v.room is not None]
         # Rooms of queues judged and no longer reject-publish, or gone; one
-        # not looked at keeps its room (unsubscribing takes it away).
-        judged = had_room if everything else had_room & set(sums)
+        # not judged keeps its room (unsubscribing takes it away).
+        judged = had_room if everything else had_room & (set(sums) - set(steady))
         self.room.set(rooms, claimed_before, judged - {q for q, _, _ in rooms})
         self._claimed_before = claimed_now
-        emptied = self._emptied(sums, tallies, verdicts)
+        emptied = {q for q, (count, _) in sums.items() if not count}  # after what was forgotten
         self.tally.unwatch(sorted(watched & emptied))
         # Tallies found outside the set (a worker that could not add to it,
         # or written before there was one) are watched from now on.
@@ -223,33 +221,77 @@ class Warden:
         self.redis.set(self.keys.warden_scanned, "1")
         return True
 
-    def _changed(self, claimed_now: dict[str, tuple[int, int]],
-                 claimed_before: dict[str, tuple[int, int]]) -> set[str]:
-        """The queues this round looks at besides those gearmand says hold
-        copies and those whose tally may hold some: the ones with
-        ``expires`` (their consumers are looked for), and the reject-publish
-        ones that workers claimed room in since the last round."""
-        claimed = {q for q, c in claimed_now.items() if claimed_before.get(q) != c}
-        return self.registry.expiring() | claimed
+    def _judge_all(self, subscriptions: dict[str, tuple[dict, Limits]],
+                   sums: dict[str, tuple[int, int]], loads: dict[str, Load], now: float
+                   ) -> tuple[dict[str, Verdict] | None, list[Backlog], set[str]]:
+        """Judge and enforce each queue; (verdicts, backlogs, full ones).
+        Verdicts None: the lease went meanwhile."""
+        active = {q: s for q, s in sums.items() if q in subscriptions and (s[0] or q in loads)}
+        tallies = self.tally.read(active)
+        verdicts, backlogs, full = {}, [], set()
+        last = {}
+        for n, (queue, (entry, given)) in enumerate(subscriptions.items(), 1):
+            if n % LEASE_CHECK == 0 and not self.lead():
+                return None, [], set()
+            limits = given.over(self.settings.defaults)
+            load = loads.get(queue, Load())
+            tallied = tallies.get(queue, Tallied(0, 0, ()))
+            verdict = judge(tallied, load.depth, load.running, limits, int(now * 1000))
+            verdicts[queue] = verdict
+            self.tally.forget(queue, tallied.window[:verdict.consumed_entries])
+            left = sums[queue][0] - sum(e.count for e in tallied.window[:verdict.consumed_entries])
+            sums[queue] = (left, sums[queue][1])
+            taken = self._enforce(queue, entry, limits, load, verdict)
+            if verdict.full:
+                full.add(queue)
+            if self._expired(queue, entry, limits, load, now):
+                continue
+            backlog = None
+            if load.depth:
+                oldest = verdict.oldest_ms
+                age = None if oldest is None else max(0.0, now - oldest / 1000)
+                backlog = Backlog(queue, entry.get("topic", ""), entry.get("client_id", ""),
+                                  load.depth, verdict.size, age, load.workers,
+                                  limits.describe())
+                backlogs.append(backlog)
+            if not taken and not limits.expires:
+                last[queue] = ((load.depth, load.running, load.workers, left),
+                               _due(verdict, limits), verdict.full, backlog, now)
+        self._last.update(last)
+        return verdicts, backlogs, full
+
+    def _steady(self, sums: dict[str, tuple[int, int]], loads: dict[str, Load],
+                always: set[str], now: float) -> dict[str, tuple]:
+        """Queues judged last round whose counts have not moved since (the
+        same copies queued, running and tallied, the same consumers) and
+        none of whose copies comes due: the same verdict again, so not
+        judged again. A wide topic whose subscribers do not read costs a
+        round its counts, not a judgement each."""
+        steady = {}
+        for queue, (count, _) in sums.items():
+            seen = self._last.get(queue)
+            load = loads.get(queue, Load())
+            if (seen is not None and queue not in always and now * 1000 < seen[1]
+                    and seen[0] == (load.depth, load.running, load.workers, count)):
+                steady[queue] = seen
+        self._last = steady  # the judged ones join them (_judge_all)
+        return {q: seen[2:] for q, seen in steady.items()}
 
     @staticmethod
-    def _emptied(sums: dict[str, tuple[int, int]], tallies: dict[str, Tallied],
-                 verdicts: dict[str, Verdict]) -> set[str]:
-        """Queues whose tally this round found, or left, empty."""
-        emptied = set()
-        for queue, (count, _) in sums.items():
-            tallied, verdict = tallies.get(queue), verdicts.get(queue)
-            if not count or (tallied is not None and verdict is not None
-                             and verdict.consumed_entries == len(tallied.window)
-                             and sum(e.count for e in tallied.window) == count):
-                emptied.add(queue)
-        return emptied
+    def _claimed(claimed_now: dict[str, tuple[int, int]],
+                 claimed_before: dict[str, tuple[int, int]]) -> set[str]:
+        """The reject-publish queues that workers claimed room in since the
+        last round."""
+        return {q for q, c in claimed_now.items() if claimed_before.get(q) != c}
 
     def _enforce(self, queue: str, entry: dict, limits: Limits, load: Load,
-                 verdict: Verdict) -> None:
+                 verdict: Verdict) -> int:
+        """Take what ``verdict`` says from the head; how many were taken."""
+        taken = 0
         for count, reason in ((verdict.expire, EXPIRED), (verdict.drop, verdict.drop_reason)):
             if count:
-                self._drop(queue, entry, count, reason, load, limits.dead_letter)
+                taken += self._drop(queue, entry, count, reason, load, limits.dead_letter)
+        return taken
 
     def _drop(self, queue: str, entry: dict, count: int, reason: str, load: Load,
               dead_letter: bool | None) -> int:
@@ -331,6 +373,13 @@ class Warden:
             over = (f"queue store full: {_mib(used)} of {_mib(most)} used, over the guard of "
                     f"{_mib(guard)}; largest backlogs: {largest or 'none'}")
         return {"used": used, "max": most, "guard": guard, "over": over}
+
+
+def _due(verdict: Verdict, limits: Limits) -> float:
+    """When (ms) the oldest queued copy's TTL runs out; never: inf."""
+    if limits.message_ttl and verdict.oldest_ms is not None:
+        return verdict.oldest_ms + limits.message_ttl * 1000
+    return math.inf
 
 
 def _mib(n: int) -> str:

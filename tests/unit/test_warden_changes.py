@@ -17,7 +17,7 @@ from gearhorn.worker.warden import Warden, WardenSettings
 
 pytestmark = pytest.mark.timeout(120)
 
-IDLE = 2_000
+IDLE = 500
 
 
 class Counted:
@@ -134,4 +134,39 @@ def test_a_round_that_lost_its_lease_stops_judging(idle, monkeypatch):
     for n in range(300):
         idle.subscribe(Subscription("burst", f"c{n}"))
     idle.redis.set(idle.keys.warden, "another process")
-    assert len(warden.round(now=1001.0)) == 99
+    assert warden.round(now=1001.0) == {}
+    # Left for the process that holds the lease now: still watched.
+    assert idle.redis.scard(idle.keys.watched) == 300
+
+
+def test_a_queue_whose_counts_did_not_move_is_not_judged_again(idle, monkeypatch):
+    """A wide topic whose subscribers do not read: its queues hold copies
+    round after round, the same verdict each time."""
+    warden = warden_of(idle)
+    calls = Counted(monkeypatch, {})
+    warden.round(now=1000.0)
+    queues = [f"idle.{t}_c{c}" for t in range(20) for c in range(10)]
+    writer = TallyWriter(idle.redis, idle.keys)
+    writer.add([Copy(q, "u", b"x" * 10) for q in queues], now_ms=1_000_100)
+    writer.flush()
+    calls.loads = {q: Load(depth=1) for q in queues}
+    assert len(warden.round(now=1001.0)) == 200
+    assert warden.round(now=1002.0) == {}  # nothing moved
+    backlogs = warden_module.json.loads(idle.redis.get(idle.keys.backlogs))["queues"]
+    assert len(backlogs) == warden_module.BACKLOGS_KEPT  # still reported
+    calls.loads[queues[5]] = Load(depth=0)  # consumed
+    assert list(warden.round(now=1003.0)) == [queues[5]]
+
+
+def test_a_queue_with_a_ttl_is_judged_again_when_a_copy_comes_due(idle, monkeypatch):
+    idle.subscribe(Subscription("ttl", "c", Limits(message_ttl=5)))
+    warden = warden_of(idle)
+    calls = Counted(monkeypatch, {})
+    warden.round(now=1000.0)
+    writer = TallyWriter(idle.redis, idle.keys)
+    writer.add([Copy("ttl_c", "u", b"x")], now_ms=1_000_000)
+    writer.flush()
+    calls.loads = {"ttl_c": Load(depth=1)}
+    assert list(warden.round(now=1001.0)) == ["ttl_c"]
+    assert warden.round(now=1002.0) == {}
+    assert list(warden.round(now=1006.0)) == ["ttl_c"]  # its copy is 6 s old
