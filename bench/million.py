@@ -187,6 +187,41 @@ def show(count: int, r: dict) -> None:
           f"{r['bytes_per_subscription']:.0f} bytes per subscription", flush=True)
 
 
+def chart(results: dict[int, dict], path: str) -> None:
+    """Each cost against the subscription count, one panel per kind."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    counts = sorted(results)
+    rows = [results[c] for c in counts]
+    fig, axes = plt.subplots(2, 2, figsize=(9, 6), dpi=100)
+    panels = [
+        ("idle CPU (cores)", [("workers", [r["workers"] for r in rows]),
+                              ("Redis", [r["redis"] for r in rows]),
+                              ("gearmand", [r["gearmand"] for r in rows])]),
+        ("p99 of a call (ms)", [(name, [r[name][1] for r in rows]) for name in
+                                ("subscribe", "unsubscribe", "presence10", "presence_wide")
+                                if name in rows[0]]),
+        ("fanout (copies/s)", [(name, [r[name] for r in rows]) for name in
+                               ("fanout10", "fanout_wide") if name in rows[0]]),
+        ("Redis bytes per subscription", [("every key", [r["bytes_per_subscription"]
+                                                         for r in rows])]),
+    ]
+    for ax, (title, series) in zip(axes.flat, panels, strict=True):
+        for label, values in series:
+            ax.plot(counts, values, marker="o", label=label)
+        ax.set_xscale("log")
+        ax.set_ylim(bottom=0)
+        ax.set_title(title)
+        ax.set_xlabel("subscriptions (topics of 10)")
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--counts", type=int, nargs="+", default=[1000, 100_000])
@@ -194,6 +229,7 @@ def main() -> None:
                         help="subscribers of the wide topic (0: none)")
     parser.add_argument("--seconds", type=float, default=30.0)
     parser.add_argument("--profile", default="", help="py-spy each worker process to FILE.<pid>")
+    parser.add_argument("--chart", default="", help="draw each cost by count to this PNG")
     args = parser.parse_args()
     print(f"gearhorn by subscription count: 2 worker processes, every default on, topics of "
           f"{WIDTH} and one of {args.wide:,}; {args.seconds:.0f} s idle", flush=True)
@@ -231,6 +267,9 @@ def main() -> None:
               f"{r['subscribe'][1] / base['subscribe'][1]:.2f}x, presence p99 "
               f"{r['presence10'][1] / base['presence10'][1]:.2f}x, fanout x{WIDTH} "
               f"{r['fanout10'] / base['fanout10']:.2f}x", flush=True)
+    if args.chart:
+        chart(results, args.chart)
+        print(f"  chart: {args.chart}")
 
 
 if __name__ == "__main__":
