@@ -100,7 +100,7 @@ def settled_pool(url: str, gm: servers.Managed):
             if time.monotonic() > deadline or pool.poll() is not None:
                 raise SystemExit("worker pool did not start")
             time.sleep(0.1)
-        while not client.exists(keys.warden_scanned) or client.scard(keys.watched):
+        while not client.exists(keys.warden_scanned) or client.scard(keys.renewed):
             if time.monotonic() > deadline or pool.poll() is not None:
                 raise SystemExit("the warden never judged the new subscriptions")
             time.sleep(0.2)

@@ -80,9 +80,11 @@ Redis the braces are just characters.
 ``<p>tally:{<queue>}``          list: ``<ms> <copies> <bytes>`` per group of copies a
                                 worker queued, oldest first (gearhorn/retention.py)
 ``<p>tally:{<queue>}:sum``      hash: ``c`` copies and ``b`` bytes the list holds
-``<p>watched``                  set: the queues the warden's next round looks at, besides
-                                the ones gearmand says hold copies: those whose tally may
-                                hold copies, and new subscriptions (gearhorn/worker/warden.py)
+``<p>watched``                  set: queues whose tally may hold copies: the warden's
+                                rounds look at these and the ones gearmand says hold copies
+                                (gearhorn/worker/warden.py)
+``<p>renewed``                  set: queues subscribed or given new limits since the
+                                warden's last round; the next one takes and judges them
 ``<p>expiring``                 set: queues whose subscription has ``expires``: the
                                 warden looks for their consumers every round
 ``<p>warden-scanned``           string: set once a warden round read every subscription
@@ -237,6 +239,10 @@ class Keys:
     @property
     def watched(self) -> str:
         return self.prefix + "watched"
+
+    @property
+    def renewed(self) -> str:
+        return self.prefix + "renewed"
 
     @property
     def expiring(self) -> str:

@@ -132,9 +132,9 @@ class Registry:
                  "limits": limits.said(), "bridge": sub.bridge, "durable": sub.durable}
         self.redis.hset(self.keys.subscriptions, queue, json.dumps(entry))
         self._index_expiring(queue, limits)
-        # The warden's next round judges it once (its rounds look only at
-        # what changed): a room of its own from the queue_overflow setting.
-        self.redis.sadd(self.keys.watched, queue)
+        # The warden's next round judges it (its rounds look only at what
+        # changed): its new limits, a room of its own from queue_overflow.
+        self.redis.sadd(self.keys.renewed, queue)
         if limits.overflow == REJECT_PUBLISH:
             # Room from the first copy on, not from the warden's first round
             # (store/room.py): a new queue is empty; a known one keeps its room.
@@ -150,6 +150,7 @@ class Registry:
         entry = {"topic": "", "client_id": "", "since": time.time(), "limits": limits.said()}
         self.redis.hset(self.keys.subscriptions, queue, json.dumps(entry))
         self._index_expiring(queue, limits)
+        self.redis.sadd(self.keys.renewed, queue)
 
     def _index_expiring(self, queue: str, limits: Limits) -> None:
         """``<p>expiring``: the queues whose own limits say ``expires``, the
@@ -170,6 +171,7 @@ class Registry:
             pipe.delete(key)  # one by one: a cluster pipeline deletes no more
         pipe.srem(self.keys.full, queue)
         pipe.srem(self.keys.watched, queue)
+        pipe.srem(self.keys.renewed, queue)
         pipe.srem(self.keys.expiring, queue)
         # Its room too (store/room.py): the warden's rounds judge only queues
         # that changed, so they would not come to take it away.
@@ -197,6 +199,11 @@ class Registry:
                 if raw:
                     found[queue] = _subscription_entry(raw)
         return found
+
+    def renewed(self, most: int) -> set[str]:
+        """Up to ``most`` queues subscribed or given new limits since a
+        round took them, taken now (``SPOP``: one made after is left)."""
+        return {text(q) for q in self.redis.spop(self.keys.renewed, most) or ()}
 
     def expiring(self) -> set[str]:
         """The queues whose own limits say ``expires``."""

@@ -5,7 +5,7 @@ accepted them); the warden reads the oldest entries and forgets the ones
 consumed (gearhorn/retention.py says which). Redis keys: ``<p>tally:{Q}``
 (the list) and ``<p>tally:{Q}:sum`` (its copies ``c`` and bytes ``b``),
 one hash slot per queue, and ``<p>watched``: the queues whose tally may
-hold copies (and new subscriptions). The warden reads only those (with the queues gearmand says
+hold copies. The warden reads only those (with the queues gearmand says
 hold jobs), so an idle queue costs its round nothing; it takes a queue
 out once its tally is empty (:meth:`TallyReader.unwatch`).
 """

@@ -152,13 +152,15 @@ class Warden:
         # within its lease.
         self._cursor, watched = self.tally.watched(self._cursor, WATCHED_PER_ROUND)
         expiring = set() if everything else self.registry.expiring()
-        # Judged whatever their counts say: their room was claimed since.
-        claimed = self._claimed(claimed_now, claimed_before)
+        renewed = self.registry.renewed(WATCHED_PER_ROUND)
+        # Judged whatever their counts say: a subscription made or changed
+        # since, a room claimed since, consumers to look for.
+        always = renewed | self._claimed(claimed_now, claimed_before) | expiring
         if everything:
             subscriptions = self.registry.subscriptions()
             looked_at = set(subscriptions)
         else:
-            looked_at = watched | expiring | claimed
+            looked_at = watched | always
         # Tally sums before gearmand's counts: a copy queued in between then
         # looks unconsumed, never consumed.
         sums = self.tally.sums(sorted(looked_at))
@@ -166,7 +168,7 @@ class Warden:
         if not everything:
             loaded = [q for q, load in loads.items() if load.depth and q not in sums]
             sums.update(self.tally.sums(loaded))
-            steady = self._steady(sums, loads, expiring | claimed, now)
+            steady = self._steady(sums, loads, always, now)
             subscriptions = self.registry.records(q for q in sums if q not in steady)
         else:
             steady = {}
@@ -174,8 +176,10 @@ class Warden:
         subscriptions = {queue: sub for queue, sub in subscriptions.items()
                          if not is_stream_client(sub[0].get("client_id", ""))}
         verdicts, backlogs, full = self._judge_all(subscriptions, sums, loads, now)
-        if verdicts is None:
-            return {}  # the lease went in a long round: the new holder goes on
+        if verdicts is None:  # the lease went in a long round: the new holder goes on
+            if renewed:
+                self.redis.sadd(self.keys.renewed, *renewed)
+            return {}
         for queue, (was_full, backlog, judged_at) in steady.items():
             if was_full:
                 full.add(queue)

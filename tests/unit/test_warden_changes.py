@@ -6,7 +6,7 @@ import pytest
 import redis
 
 from gearhorn.gearman import Copy
-from gearhorn.limits import Limits
+from gearhorn.limits import DROP_HEAD, Limits
 from gearhorn.messages import Subscription
 from gearhorn.store.deadletters import DeadLetterIndex
 from gearhorn.store.headers import HeaderStore
@@ -135,8 +135,8 @@ def test_a_round_that_lost_its_lease_stops_judging(idle, monkeypatch):
         idle.subscribe(Subscription("burst", f"c{n}"))
     idle.redis.set(idle.keys.warden, "another process")
     assert warden.round(now=1001.0) == {}
-    # Left for the process that holds the lease now: still watched.
-    assert idle.redis.scard(idle.keys.watched) == 300
+    # Left for the process that holds the lease now.
+    assert idle.redis.scard(idle.keys.renewed) == 300
 
 
 def test_a_queue_whose_counts_did_not_move_is_not_judged_again(idle, monkeypatch):
@@ -170,3 +170,19 @@ def test_a_queue_with_a_ttl_is_judged_again_when_a_copy_comes_due(idle, monkeypa
     assert list(warden.round(now=1001.0)) == ["ttl_c"]
     assert warden.round(now=1002.0) == {}
     assert list(warden.round(now=1006.0)) == ["ttl_c"]  # its copy is 6 s old
+
+
+def test_new_limits_get_a_steady_queue_judged_again(idle, monkeypatch):
+    warden = warden_of(idle)
+    calls = Counted(monkeypatch, {})
+    warden.round(now=1000.0)
+    queue = "idle.9_c9"
+    writer = TallyWriter(idle.redis, idle.keys)
+    writer.add([Copy(queue, f"u{n}", b"x") for n in range(8)], now_ms=1_000_100)
+    writer.flush()
+    calls.loads = {queue: Load(depth=8)}
+    assert list(warden.round(now=1001.0)) == [queue]
+    assert warden.round(now=1002.0) == {}  # steady
+    idle.subscribe(Subscription("idle.9", "c9", Limits(max_length=3, overflow=DROP_HEAD)))
+    verdicts = warden.round(now=1003.0)
+    assert verdicts[queue].drop == 5
