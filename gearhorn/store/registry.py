@@ -130,35 +130,38 @@ class Registry:
             limits = self.subscription(queue)[1]
         entry = {"topic": sub.topic, "client_id": sub.client_id, "since": time.time(),
                  "limits": limits.said(), "bridge": sub.bridge, "durable": sub.durable}
-        self.redis.hset(self.keys.subscriptions, queue, json.dumps(entry))
-        self._index_expiring(queue, limits)
+        self._write_record(queue, entry, limits)
+        # After the record, never beside it (a cluster pipeline keeps order
+        # per node only): a warden round that saw these then sees the record.
         # The warden's next round judges it (its rounds look only at what
         # changed): its new limits, a room of its own from queue_overflow.
-        self.redis.sadd(self.keys.renewed, queue)
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.sadd(self.keys.renewed, queue)
         if limits.overflow == REJECT_PUBLISH:
-            # Room from the first copy on, not from the warden's first round
-            # (store/room.py): a new queue is empty; a known one keeps its room.
-            # After the record, never beside it: a warden round that saw the
-            # room then sees the record, and does not take the room away.
-            pipe = self.redis.pipeline(transaction=False)
+            # Room from the first copy on, not from the warden's next round
+            # (store/room.py): a new queue is empty; a known one keeps its
+            # room. A round that saw the room then sees the record, and does
+            # not take the room away.
             open_room(pipe, self.keys, queue, limits.max_length, limits.max_bytes)
-            pipe.execute()
+        pipe.execute()
 
     def bound_queue(self, queue: str, limits: Limits) -> None:
         """A plain queue (a STOMP ``/queue/``) bounded like a subscriber's:
         listed in ``<p>subscriptions`` with no topic."""
         entry = {"topic": "", "client_id": "", "since": time.time(), "limits": limits.said()}
-        self.redis.hset(self.keys.subscriptions, queue, json.dumps(entry))
-        self._index_expiring(queue, limits)
-        self.redis.sadd(self.keys.renewed, queue)
+        self._write_record(queue, entry, limits)
+        self.redis.sadd(self.keys.renewed, queue)  # after the record (see _record)
 
-    def _index_expiring(self, queue: str, limits: Limits) -> None:
-        """``<p>expiring``: the queues whose own limits say ``expires``, the
-        ones the warden looks at every round, idle or not."""
+    def _write_record(self, queue: str, entry: dict, limits: Limits) -> None:
+        """The record, and ``<p>expiring``: the queues whose own limits say
+        ``expires``, the ones the warden looks at every round, idle or not."""
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.hset(self.keys.subscriptions, queue, json.dumps(entry))
         if limits.expires:
-            self.redis.sadd(self.keys.expiring, queue)
+            pipe.sadd(self.keys.expiring, queue)
         else:
-            self.redis.srem(self.keys.expiring, queue)
+            pipe.srem(self.keys.expiring, queue)
+        pipe.execute()
 
     def unbound_queue(self, queue: str) -> None:
         self._forget(queue)
