@@ -3,6 +3,7 @@
     python bench/million.py                       # 1,000 and 100,000
     python bench/million.py --counts 1000 1000000 # a million: ~25 minutes
     python bench/million.py --wide 0              # without the wide topic
+    python bench/million.py --cluster             # on a 3-master Redis Cluster
 
 For each count: a fresh Redis and gearmand, a pool of 2 ``gearhorn
 worker`` processes with every default on (warden, janitor, metrics,
@@ -45,6 +46,7 @@ from gearhorn.messages import Subscription  # noqa: E402
 from gearhorn.store import redisconn  # noqa: E402
 from gearhorn.store.keys import Keys  # noqa: E402
 from gearhorn.store.registry import Registry  # noqa: E402
+from tests import redis_servers  # noqa: E402
 
 WIDTH = 10  # subscribers per topic
 CALLS = 200  # of each per-call figure
@@ -111,12 +113,12 @@ def settled_pool(url: str, gm: servers.Managed):
         pool.wait(60)
 
 
-def idle_cpu(url: str, pool: subprocess.Popen, gm: servers.Managed, red: servers.Managed,
+def idle_cpu(nodes: list[servers.Managed], pool: subprocess.Popen, gm: servers.Managed,
              seconds: float, profile: str = "") -> dict:
     """CPU per second of each part while idle; ``profile``: py-spy each worker to it."""
     pids = {"workers": [pool.pid, *children(pool.pid)], "gearmand": [gm.process.pid],
-            "redis": [red.process.pid]}
-    calls = redis.Redis.from_url(url).info("commandstats")
+            "redis": [node.process.pid for node in nodes]}
+    calls = commandstats(nodes)
     before = {k: sum(map(cpu_seconds, v)) for k, v in pids.items()}
     spies = [subprocess.Popen([os.path.join(os.path.dirname(sys.executable), "py-spy"),
                                "record", "-o", f"{profile}.{pid}", "-f", "raw", "-r", "100",
@@ -127,13 +129,36 @@ def idle_cpu(url: str, pool: subprocess.Popen, gm: servers.Managed, red: servers
     for spy in spies:
         spy.wait(60)
     after = {k: sum(map(cpu_seconds, v)) for k, v in pids.items()}
-    later = redis.Redis.from_url(url).info("commandstats")
-    used = {name.removeprefix("cmdstat_"): e["calls"] - calls.get(name, {"calls": 0})["calls"]
-            for name, e in later.items()}
+    later = commandstats(nodes)
+    used = {name: count - calls.get(name, 0) for name, count in later.items()}
     top = sorted(((n, c) for n, c in used.items() if c), key=lambda nc: -nc[1])[:4]
     return {**{k: (after[k] - before[k]) / seconds for k in pids},
             "redis_commands": sum(used.values()) / seconds,
             "top": ", ".join(f"{n} {c / seconds:,.0f}/s" for n, c in top)}
+
+
+def commandstats(nodes: list[servers.Managed]) -> dict[str, int]:
+    """Calls per command, summed over ``nodes``."""
+    total: dict[str, int] = {}
+    for node in nodes:
+        for name, entry in redis.Redis.from_url(node.details["url"]).info("commandstats").items():
+            name = name.removeprefix("cmdstat_")
+            total[name] = total.get(name, 0) + entry["calls"]
+    return total
+
+
+def used_memory(nodes: list[servers.Managed]) -> int:
+    return sum(redis.Redis.from_url(n.details["url"]).info("memory")["used_memory"]
+               for n in nodes)
+
+
+def status_cost(gm: servers.Managed, reads: int = 5) -> tuple[int, float]:
+    """(functions gearmand knows, ms to read and parse its ``status``): what
+    every warden round pays once per gearmand."""
+    start = time.perf_counter()
+    for _ in range(reads):
+        rows = gearman.status_rows(gm.host, gm.port, timeout=60)
+    return len(rows), (time.perf_counter() - start) / reads * 1000
 
 
 def percentiles(samples: list[float]) -> tuple[float, float]:
@@ -184,7 +209,8 @@ def show(count: int, r: dict) -> None:
     rates = "  ".join(f"{name} {r[name]:,.0f} copies/s" for name in ("fanout10", "fanout_wide")
                       if name in r)
     print(f"  {count:>9,} subscriptions, fanouts: {rates}; Redis {r['redis_mib']:.1f} MiB, "
-          f"{r['bytes_per_subscription']:.0f} bytes per subscription", flush=True)
+          f"{r['bytes_per_subscription']:.0f} bytes per subscription; gearmand status "
+          f"({r['functions']:,} functions) {r['status_ms']:.1f} ms a read", flush=True)
 
 
 def chart(results: dict[int, dict], path: str) -> None:
@@ -228,35 +254,40 @@ def main() -> None:
     parser.add_argument("--wide", type=int, default=100_000,
                         help="subscribers of the wide topic (0: none)")
     parser.add_argument("--seconds", type=float, default=30.0)
+    parser.add_argument("--cluster", action="store_true",
+                        help="a 3-master Redis Cluster instead of one Redis")
     parser.add_argument("--profile", default="", help="py-spy each worker process to FILE.<pid>")
     parser.add_argument("--chart", default="", help="draw each cost by count to this PNG")
     args = parser.parse_args()
     print(f"gearhorn by subscription count: 2 worker processes, every default on, topics of "
-          f"{WIDTH} and one of {args.wide:,}; {args.seconds:.0f} s idle", flush=True)
+          f"{WIDTH} and one of {args.wide:,}; {args.seconds:.0f} s idle; "
+          f"{'a 3-master Redis Cluster' if args.cluster else 'one Redis'}", flush=True)
     results = {}
     for count in args.counts:
-        red = servers.start_redis()
+        cluster = redis_servers.start_redis_cluster(masters=3) if args.cluster else None
+        red = None if cluster else servers.start_redis()
+        nodes = cluster.nodes if cluster else [red]
         gm = servers.start_gearmand()
         try:
-            url = red.details["url"]
-            client = redis.Redis.from_url(url)
-            empty = client.info("memory")["used_memory"]
+            url = cluster.url if cluster else red.details["url"]
+            empty = used_memory(nodes)
             started = time.monotonic()
             subscribe_all(url, count, args.wide)
             made = count + args.wide
-            used = client.info("memory")["used_memory"] - empty
+            used = used_memory(nodes) - empty
             print(f"  {count:>9,} subscriptions (and {args.wide:,} wide) made in "
                   f"{time.monotonic() - started:5.1f} s", flush=True)
             with settled_pool(url, gm) as pool:
-                r = idle_cpu(url, pool, gm, red, args.seconds,
+                r = idle_cpu(nodes, pool, gm, args.seconds,
                              f"{args.profile}.{count}" if args.profile else "")
                 r.update(per_call(gm, args.wide))
+                r["functions"], r["status_ms"] = status_cost(gm)
             r["redis_mib"], r["bytes_per_subscription"] = used / 2**20, used / made
             results[count] = r
             show(count, r)
         finally:
             gm.stop()
-            red.stop()
+            (cluster or red).stop()
     low = min(results)
     for count, r in results.items():
         if count == low:
