@@ -202,6 +202,9 @@ def show(count: int, r: dict) -> None:
     print(f"  {count:>9,} subscriptions idle: workers {r['workers']:.3f} cores, "
           f"gearmand {r['gearmand']:.3f}, redis {r['redis']:.3f}, "
           f"{r['redis_commands']:,.0f} Redis commands/s ({r['top']})", flush=True)
+    after = r["after"]
+    print(f"  {count:>9,} subscriptions idle after the fanouts: workers {after['workers']:.3f} "
+          f"cores, gearmand {after['gearmand']:.3f}, redis {after['redis']:.3f}", flush=True)
     line = "  ".join(f"{name} p50 {r[name][0]:.2f} p99 {r[name][1]:.2f} ms"
                      for name in ("subscribe", "unsubscribe", "presence10", "presence_wide")
                      if name in r)
@@ -225,6 +228,8 @@ def chart(results: dict[int, dict], path: str) -> None:
     fig, axes = plt.subplots(2, 2, figsize=(9, 6), dpi=100)
     panels = [
         ("idle CPU (cores)", [("workers", [r["workers"] for r in rows]),
+                              ("workers, after the fanouts", [r["after"]["workers"]
+                                                              for r in rows]),
                               ("Redis", [r["redis"] for r in rows]),
                               ("gearmand", [r["gearmand"] for r in rows])]),
         ("p99 of a call (ms)", [(name, [r[name][1] for r in rows]) for name in
@@ -282,6 +287,9 @@ def main() -> None:
                              f"{args.profile}.{count}" if args.profile else "")
                 r.update(per_call(gm, args.wide))
                 r["functions"], r["status_ms"] = status_cost(gm)
+                # Idle again, gearmand now knowing every queue that got a
+                # copy and the wide topic's holding them (nobody reads).
+                r["after"] = idle_cpu(nodes, pool, gm, args.seconds)
             r["redis_mib"], r["bytes_per_subscription"] = used / 2**20, used / made
             results[count] = r
             show(count, r)

@@ -83,6 +83,7 @@ Redis the braces are just characters.
 ``<p>watched``                  set: queues whose tally may hold copies: the warden's
                                 rounds look at these and the ones gearmand says hold copies
                                 (gearhorn/worker/warden.py)
+``<p>tally-version``            string: goes up with every flush of the tallies' writers
 ``<p>renewed``                  set: queues subscribed or given new limits since the
                                 warden's last round; the next one takes and judges them
 ``<p>expiring``                 set: queues whose subscription has ``expires``: the
@@ -239,6 +240,10 @@ class Keys:
     @property
     def watched(self) -> str:
         return self.prefix + "watched"
+
+    @property
+    def tally_version(self) -> str:
+        return self.prefix + "tally-version"
 
     @property
     def renewed(self) -> str:

@@ -79,8 +79,12 @@ class TallyWriter:
             return
         try:
             # After the sums, never beside them (a cluster pipeline keeps
-            # order per node only): see TallyReader.unwatch.
-            self.redis.sadd(self.keys.watched, *pending)
+            # order per node only): see TallyReader.unwatch. The version
+            # tells the warden something was tallied since its last round.
+            after = self.redis.pipeline(transaction=False)
+            after.sadd(self.keys.watched, *pending)
+            after.incr(self.keys.tally_version)
+            after.execute()
         except REDIS_ERRORS as exc:
             # Written, not watched: the warden finds them by gearmand's
             # count (their copies are queued) and watches them then.
@@ -115,6 +119,10 @@ class TallyReader:
         again = [q for q, (count, _) in self.sums(queues).items() if count]
         if again:
             self.redis.sadd(self.keys.watched, *again)
+
+    def version(self) -> int:
+        """Goes up with every flush of any writer."""
+        return int(self.redis.get(self.keys.tally_version) or 0)
 
     def watch(self, queues: Sequence[str]) -> None:
         if queues:

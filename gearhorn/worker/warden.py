@@ -57,6 +57,8 @@ BACKLOGS_KEPT = 20  # largest backlogs in <p>backlogs
 # Queues judged between two renewals of the lease in a long round: two
 # wardens judging the same queues would both take its surplus.
 LEASE_CHECK = 5000
+# A round that sees no change reads gearmand's status this often (s) anyway.
+STATUS_EVERY = 10.0
 # Watched queues (gearhorn/store/tally.py) looked at per round, at most about.
 WATCHED_PER_ROUND = 10_000
 
@@ -120,6 +122,8 @@ class Warden:
         # Each queue judged lately: (its counts then, when a copy of it
         # comes due, whether it was full, its backlog): see _steady.
         self._last: dict[str, tuple] = {}
+        self._status_at = -math.inf  # when gearmand's status was read last
+        self._version = -1  # the tallies' version then
 
     def lead(self) -> bool:
         """Hold the lease for three intervals; True while this process holds it."""
@@ -156,6 +160,9 @@ class Warden:
         # Judged whatever their counts say: a subscription made or changed
         # since, a room claimed since, consumers to look for.
         always = renewed | self._claimed(claimed_now, claimed_before) | expiring
+        version = self.tally.version()
+        if not everything and self._quiet(always, version, now):
+            return {}  # nothing moved that a round could see without gearmand
         if everything:
             subscriptions = self.registry.subscriptions()
             looked_at = set(subscriptions)
@@ -165,6 +172,7 @@ class Warden:
         # looks unconsumed, never consumed.
         sums = self.tally.sums(sorted(looked_at))
         loads = gearmand_loads(self.settings.servers, self.settings.tls)
+        self._status_at, self._version = now, version
         if not everything:
             loaded = [q for q, load in loads.items() if load.depth and q not in sums]
             sums.update(self.tally.sums(loaded))
@@ -224,6 +232,17 @@ class Warden:
                 return False
         self.redis.set(self.keys.warden_scanned, "1")
         return True
+
+    def _quiet(self, always: set[str], version: int, now: float) -> bool:
+        """Whether this round may skip gearmand's ``status`` (one line per
+        function it knows: half a second at 100,000) and so itself: nothing
+        tallied, subscribed, claimed or with ``expires`` since the last
+        round, no copy's TTL coming due, and the last status is recent. What
+        only gearmand shows, copies consumed and copies sent by others, is
+        then seen within STATUS_EVERY seconds."""
+        if always or version != self._version or now - self._status_at >= STATUS_EVERY:
+            return False
+        return all(now * 1000 < seen[1] for seen in self._last.values())
 
     def _judge_all(self, subscriptions: dict[str, tuple[dict, Limits]],
                    sums: dict[str, tuple[int, int]], loads: dict[str, Load], now: float

@@ -76,9 +76,13 @@ def test_an_idle_round_reads_no_subscription(idle, monkeypatch):
     for second in range(1, 4):
         assert warden.round(now=1000.0 + second) == {}
     # A handful of commands a round, whatever the count; the full scan it
-    # replaces read every record and every tally (over 2 * IDLE).
+    # replaces read every record and every tally (over 2 * IDLE). Nothing
+    # moved: gearmand's status (a line per function) is not read either...
     assert calls.redis <= 3 * 12, calls.redis
-    assert calls.status == 3
+    assert calls.status == 0
+    # ... but every STATUS_EVERY seconds, for what only gearmand shows.
+    warden.round(now=1000.0 + warden_module.STATUS_EVERY + 1)
+    assert calls.status == 1
 
 
 def test_a_queue_that_got_copies_is_judged_until_consumed(idle, monkeypatch):
@@ -95,9 +99,11 @@ def test_a_queue_that_got_copies_is_judged_until_consumed(idle, monkeypatch):
     assert list(verdicts) == [busy]
     assert verdicts[busy].depth == 2
     assert calls.redis < 40
-    calls.loads = {}  # consumed
-    assert list(warden.round(now=1002.0)) == [busy]  # the tally told it to look
-    assert warden.round(now=1003.0) == {}  # empty now: not looked at again
+    calls.loads = {}  # consumed: only gearmand's status shows it
+    assert warden.round(now=1002.0) == {}
+    later = 1001.0 + warden_module.STATUS_EVERY
+    assert list(warden.round(now=later)) == [busy]  # its tally told it to look
+    assert warden.round(now=later + 1) == {}  # empty now: not looked at again
     assert idle.redis.smembers(idle.keys.watched) == set()
 
 
@@ -155,7 +161,7 @@ def test_a_queue_whose_counts_did_not_move_is_not_judged_again(idle, monkeypatch
     backlogs = warden_module.json.loads(idle.redis.get(idle.keys.backlogs))["queues"]
     assert len(backlogs) == warden_module.BACKLOGS_KEPT  # still reported
     calls.loads[queues[5]] = Load(depth=0)  # consumed
-    assert list(warden.round(now=1003.0)) == [queues[5]]
+    assert list(warden.round(now=1001.0 + warden_module.STATUS_EVERY)) == [queues[5]]
 
 
 def test_a_queue_with_a_ttl_is_judged_again_when_a_copy_comes_due(idle, monkeypatch):
@@ -186,3 +192,17 @@ def test_new_limits_get_a_steady_queue_judged_again(idle, monkeypatch):
     idle.subscribe(Subscription("idle.9", "c9", Limits(max_length=3, overflow=DROP_HEAD)))
     verdicts = warden.round(now=1003.0)
     assert verdicts[queue].drop == 5
+
+
+def test_copies_tallied_anywhere_end_a_quiet_spell(idle, monkeypatch):
+    warden = warden_of(idle)
+    calls = Counted(monkeypatch, {})
+    warden.round(now=1000.0)
+    assert warden.round(now=1001.0) == {}
+    calls.reset()
+    writer = TallyWriter(idle.redis, idle.keys)
+    writer.add([Copy("idle.2_c2", "u", b"x")], now_ms=1_001_500)
+    writer.flush()
+    calls.loads = {"idle.2_c2": Load(depth=1)}
+    assert list(warden.round(now=1002.0)) == ["idle.2_c2"]
+    assert calls.status == 1
