@@ -161,6 +161,18 @@ def status_cost(gm: servers.Managed, reads: int = 5) -> tuple[int, float]:
     return len(rows), (time.perf_counter() - start) / reads * 1000
 
 
+def settle(pool: subprocess.Popen, most: float = 0.1, within: float = 300.0) -> None:
+    """Wait until the pool's processes use under ``most`` of a core over 2 s."""
+    pids = [pool.pid, *children(pool.pid)]
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        before = sum(map(cpu_seconds, pids))
+        time.sleep(2)
+        if (sum(map(cpu_seconds, pids)) - before) / 2 < most:
+            return
+    print(f"  (the pool did not settle within {within:.0f} s)", flush=True)
+
+
 def percentiles(samples: list[float]) -> tuple[float, float]:
     ordered = sorted(samples)
     return ordered[len(ordered) // 2] * 1000, ordered[int(len(ordered) * 0.99) - 1] * 1000
@@ -288,7 +300,10 @@ def main() -> None:
                 r.update(per_call(gm, args.wide))
                 r["functions"], r["status_ms"] = status_cost(gm)
                 # Idle again, gearmand now knowing every queue that got a
-                # copy and the wide topic's holding them (nobody reads).
+                # copy and the wide topic's holding them (nobody reads),
+                # once the fanouts' own after-work (the ledger's and the
+                # tallies' writes, the first judgement of every queue) is done.
+                settle(pool)
                 r["after"] = idle_cpu(nodes, pool, gm, args.seconds)
             r["redis_mib"], r["bytes_per_subscription"] = used / 2**20, used / made
             results[count] = r

@@ -173,6 +173,8 @@ class Warden:
         sums = self.tally.sums(sorted(looked_at))
         loads = gearmand_loads(self.settings.servers, self.settings.tls)
         self._status_at, self._version = now, version
+        if not self.lead():
+            return self._gave_up(renewed)
         if not everything:
             loaded = [q for q, load in loads.items() if load.depth and q not in sums]
             sums.update(self.tally.sums(loaded))
@@ -183,11 +185,13 @@ class Warden:
         # A stream subscription has no queue to bound (gearhorn/stomp/streams.py).
         subscriptions = {queue: sub for queue, sub in subscriptions.items()
                          if not is_stream_client(sub[0].get("client_id", ""))}
-        verdicts, backlogs, full = self._judge_all(subscriptions, sums, loads, now)
+        # The lease renewed between the long reads too: a second warden would
+        # start the same round (judging every queue: it knows no verdict
+        # yet), and the lease would go back and forth between them.
+        verdicts, backlogs, full = (self._judge_all(subscriptions, sums, loads, now)
+                                    if self.lead() else (None, [], set()))
         if verdicts is None:  # the lease went in a long round: the new holder goes on
-            if renewed:
-                self.redis.sadd(self.keys.renewed, *renewed)
-            return {}
+            return self._gave_up(renewed)
         for queue, (was_full, backlog, judged_at) in steady.items():
             if was_full:
                 full.add(queue)
@@ -206,8 +210,8 @@ class Warden:
         self.tally.unwatch(sorted(watched & emptied))
         # Tallies found outside the set (a worker that could not add to it,
         # or written before there was one) are watched from now on.
-        self.tally.watch(sorted(q for q, (count, _) in sums.items()
-                                if count and q not in watched and q not in emptied))
+        self.tally.watch(sorted(q for q in verdicts
+                                if sums[q][0] and q not in watched and q not in emptied))
         self._publish(backlogs, now)
         return verdicts
 
@@ -232,6 +236,12 @@ class Warden:
                 return False
         self.redis.set(self.keys.warden_scanned, "1")
         return True
+
+    def _gave_up(self, renewed: set[str]) -> dict[str, Verdict]:
+        """A round that lost its lease: what it took is left for the next."""
+        if renewed:
+            self.redis.sadd(self.keys.renewed, *renewed)
+        return {}
 
     def _quiet(self, always: set[str], version: int, now: float) -> bool:
         """Whether this round may skip gearmand's ``status`` (one line per
