@@ -177,9 +177,13 @@ class Warden:
             return self._gave_up(renewed)
         if not everything:
             loaded = [q for q, load in loads.items() if load.depth and q not in sums]
-            sums.update(self.tally.sums(loaded))
+            if not self._in_chunks(loaded, lambda some: sums.update(self.tally.sums(some))):
+                return self._gave_up(renewed)
             steady = self._steady(sums, loads, always, now)
-            subscriptions = self.registry.records(q for q in sums if q not in steady)
+            subscriptions = {}
+            if not self._in_chunks([q for q in sums if q not in steady],
+                                   lambda some: subscriptions.update(self.registry.records(some))):
+                return self._gave_up(renewed)
         else:
             steady = {}
         # A stream subscription has no queue to bound (gearhorn/stomp/streams.py).
@@ -237,6 +241,15 @@ class Warden:
         self.redis.set(self.keys.warden_scanned, "1")
         return True
 
+    def _in_chunks(self, queues: list[str], read: Callable[[list[str]], object]) -> bool:
+        """``read`` each chunk of ``queues``, the lease renewed after each
+        (100,000 queues read at once outlived it); False once it went."""
+        for start in range(0, len(queues), LEASE_CHECK):
+            read(queues[start:start + LEASE_CHECK])
+            if not self.lead():
+                return False
+        return True
+
     def _gave_up(self, renewed: set[str]) -> dict[str, Verdict]:
         """A round that lost its lease: what it took is left for the next."""
         if renewed:
@@ -260,7 +273,10 @@ class Warden:
         """Judge and enforce each queue; (verdicts, backlogs, full ones).
         Verdicts None: the lease went meanwhile."""
         active = {q: s for q, s in sums.items() if q in subscriptions and (s[0] or q in loads)}
-        tallies = self.tally.read(active)
+        tallies: dict[str, Tallied] = {}
+        if not self._in_chunks(list(active), lambda some: tallies.update(
+                self.tally.read({q: active[q] for q in some}))):
+            return None, [], set()
         verdicts, backlogs, full = {}, [], set()
         last = {}
         for n, (queue, (entry, given)) in enumerate(subscriptions.items(), 1):

@@ -28,18 +28,18 @@ def test_a_subscription_made_during_a_round_keeps_its_room(registry):
     every room it had not judged away, so a burst filled the queue past its
     limit (300 copies in a max_length 5 queue)."""
     warden = warden_of(registry)
-    read = registry.records  # what a round reads of the subscriptions
+    read = registry.renewed  # a round's read of the subscriptions made since the last
 
-    def subscribed_meanwhile(queues):
-        found = read(queues)
+    def subscribed_meanwhile(most):
+        found = read(most)
         registry.subscribe(Subscription("news", "late", CAPPED))  # after the round's read
         return found
 
-    registry.records = subscribed_meanwhile
+    registry.renewed = subscribed_meanwhile
     warden.round(now=1000.0)
     room = RoomKeeper(registry.redis, registry.keys)
     assert room.claim(["news_late"], [1] * 8) == [5]  # its room, not "no limit"
-    registry.records = read
+    registry.renewed = read
     warden.round(now=1001.0)  # the next round judges it (room was claimed)
     assert room.claim(["news_late"], [1]) == [0]
 
