@@ -136,7 +136,8 @@ class Registry:
         # The warden's next round judges it (its rounds look only at what
         # changed): its new limits, a room of its own from queue_overflow.
         pipe = self.redis.pipeline(transaction=False)
-        pipe.sadd(self.keys.renewed, queue)
+        if not is_stream_client(sub.client_id):  # a stream reader has no queue to judge
+            pipe.sadd(self.keys.renewed, queue)
         if limits.overflow == REJECT_PUBLISH:
             # Room from the first copy on, not from the warden's next round
             # (store/room.py): a new queue is empty; a known one keeps its

@@ -130,6 +130,9 @@ class Warden:
         ttl = max(1000, int(self.settings.interval * 3000))
         key = self.keys.warden
         if self.redis.set(key, self.owner, nx=True, px=ttl):
+            # Taken anew: another process may have judged meanwhile, so what
+            # this one knew of each queue is stale (see _steady).
+            self._last = {}
             return True
         if text(self.redis.get(key) or b"") == self.owner:
             self.redis.pexpire(key, ttl)

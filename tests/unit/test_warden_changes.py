@@ -206,3 +206,31 @@ def test_copies_tallied_anywhere_end_a_quiet_spell(idle, monkeypatch):
     calls.loads = {"idle.2_c2": Load(depth=1)}
     assert list(warden.round(now=1002.0)) == ["idle.2_c2"]
     assert calls.status == 1
+
+
+def test_stream_readers_coming_and_going_wake_no_round(idle, monkeypatch):
+    """A STOMP topic reader (the real-time default) has no queue: a browser
+    tab opening does not make the warden read gearmand's status."""
+    warden = warden_of(idle)
+    calls = Counted(monkeypatch, {})
+    warden.round(now=1000.0)
+    warden.round(now=1001.0)
+    calls.reset()
+    idle.subscribe(Subscription("idle.1", "+reader1"))
+    assert warden.round(now=1002.0) == {}
+    assert calls.status == 0
+
+
+def test_a_lease_taken_anew_forgets_what_it_knew(idle, monkeypatch):
+    """Another process judged meanwhile: no queue counts as steady."""
+    warden = warden_of(idle)
+    Counted(monkeypatch, {"idle.5_c5": Load(depth=1)})
+    writer = TallyWriter(idle.redis, idle.keys)
+    writer.add([Copy("idle.5_c5", "u", b"x")], now_ms=999_900)
+    writer.flush()
+    assert warden.lead()
+    assert "idle.5_c5" in warden.round(now=1000.0)
+    idle.redis.delete(idle.keys.warden)  # the lease went, and another took and left it
+    assert warden.lead()
+    later = 1001.0 + warden_module.STATUS_EVERY
+    assert "idle.5_c5" in warden.round(now=later)
