@@ -83,6 +83,8 @@ Redis the braces are just characters.
 ``<p>watched``                  set: queues whose tally may hold copies: the warden's
                                 rounds look at these and the ones gearmand says hold copies
                                 (gearhorn/worker/warden.py)
+``<p>tallied``                  set: queues tallied since the warden's last round (it
+                                takes them all; the sums of the others it remembers)
 ``<p>tally-version``            string: goes up with every flush of the tallies' writers
 ``<p>renewed``                  set: queues subscribed or given new limits since the
                                 warden's last round; the next one takes and judges them
@@ -240,6 +242,10 @@ class Keys:
     @property
     def watched(self) -> str:
         return self.prefix + "watched"
+
+    @property
+    def tallied(self) -> str:
+        return self.prefix + "tallied"
 
     @property
     def tally_version(self) -> str:

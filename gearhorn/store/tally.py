@@ -4,10 +4,12 @@ Workers append (one entry per queue and group of copies, after gearmand
 accepted them); the warden reads the oldest entries and forgets the ones
 consumed (gearhorn/retention.py says which). Redis keys: ``<p>tally:{Q}``
 (the list) and ``<p>tally:{Q}:sum`` (its copies ``c`` and bytes ``b``),
-one hash slot per queue, and ``<p>watched``: the queues whose tally may
-hold copies. The warden reads only those (with the queues gearmand says
-hold jobs), so an idle queue costs its round nothing; it takes a queue
-out once its tally is empty (:meth:`TallyReader.unwatch`).
+one hash slot per queue; ``<p>watched``: the queues whose tally may hold
+copies, and ``<p>tallied``: the queues tallied since the warden's last
+round. The warden reads only those (with the queues gearmand says hold
+jobs), so an idle queue costs its round nothing; it takes a queue out of
+``<p>watched`` once its tally is empty (:meth:`TallyReader.unwatch`) and
+empties ``<p>tallied`` each round (:meth:`TallyReader.changed`).
 """
 
 from __future__ import annotations
@@ -30,6 +32,9 @@ log = logging.getLogger(__name__)
 
 # Queues whose counts a worker keeps while Redis is away.
 MAX_PENDING_QUEUES = 100_000
+# All of <p>tallied at once: the warden reuses the sums of every queue not
+# in it, so none may be left behind.
+CHANGED_MOST = 1 << 30
 
 
 class TallyWriter:
@@ -79,10 +84,12 @@ class TallyWriter:
             return
         try:
             # After the sums, never beside them (a cluster pipeline keeps
-            # order per node only): see TallyReader.unwatch. The version
-            # tells the warden something was tallied since its last round.
+            # order per node only): see TallyReader.unwatch and changed. The
+            # version tells the warden something was tallied since its last
+            # round, <p>tallied which queues.
             after = self.redis.pipeline(transaction=False)
             after.sadd(self.keys.watched, *pending)
+            after.sadd(self.keys.tallied, *pending)
             after.incr(self.keys.tally_version)
             after.execute()
         except REDIS_ERRORS as exc:
@@ -119,6 +126,12 @@ class TallyReader:
         again = [q for q, (count, _) in self.sums(queues).items() if count]
         if again:
             self.redis.sadd(self.keys.watched, *again)
+
+    def changed(self) -> set[str]:
+        """The queues tallied since the last call, taken (a writer adds to
+        the set after its sums: one tallied after this read is in the next
+        one's)."""
+        return {text(q) for q in self.redis.spop(self.keys.tallied, CHANGED_MOST) or ()}
 
     def version(self) -> int:
         """Goes up with every flush of any writer."""

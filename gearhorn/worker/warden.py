@@ -3,9 +3,12 @@
 One process of the pool at a time holds the warden's lease (``<p>warden``)
 and does a round every ``retention_interval`` seconds:
 
-1. reads each subscriber queue's record and limits (``<p>subscriptions``)
-   and its tally sums, then gearmand's ``status`` (in that order: a copy
-   queued in between then looks unconsumed, never consumed);
+1. reads the tally sums of the queues that may have changed (tallied,
+   subscribed or claimed since, or never seen), then gearmand's
+   ``status`` (in that order: a copy queued in between then looks
+   unconsumed, never consumed), then the records and limits
+   (``<p>subscriptions``) of the queues whose counts moved (docs/design.rst,
+   "Worker pool": an idle or steady queue costs a round nothing);
 2. judges each queue (gearhorn/retention.py): entries consumed are
    forgotten; expired copies, then copies over a ``drop-head`` limit, are
    taken from the head as a worker of the queue would (GRAB, then
@@ -17,7 +20,8 @@ and does a round every ``retention_interval`` seconds:
 4. removes a subscription with ``expires`` that had no consumer for that long;
 5. writes the largest backlogs (``<p>backlogs``) and the queue store's
    memory against its guard (``<p>store``): the workers refuse fanouts
-   while it is over, ``gearhorn status``, the console and ``/readyz`` show it.
+   while it is over, ``gearhorn status``, the console and ``/readyz`` show it
+   (gearhorn/worker/round_report.py).
 
 The queue's head is what gearmand hands out first, so taking copies there
 takes the oldest (one priority; docs/reliability.rst says where that bends).
@@ -26,7 +30,6 @@ takes the oldest (one priority; docs/reliability.rst says where that bends).
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import math
 import time
@@ -44,16 +47,15 @@ from gearhorn.naming import is_stream_client
 from gearhorn.observers import Observer
 from gearhorn.retention import Tallied, Verdict, judge
 from gearhorn.store.keys import Keys
-from gearhorn.store.redisconn import REDIS_ERRORS
 from gearhorn.store.redisutil import text
 from gearhorn.store.registry import Registry
 from gearhorn.store.room import RoomKeeper
 from gearhorn.store.tally import TallyReader
 from gearhorn.worker.reaper import Load, Reaper, Server, gearmand_loads
+from gearhorn.worker.round_report import Backlog, RoundReport
 
 log = logging.getLogger(__name__)
 
-BACKLOGS_KEPT = 20  # largest backlogs in <p>backlogs
 # Queues judged between two renewals of the lease in a long round: two
 # wardens judging the same queues would both take its surplus.
 LEASE_CHECK = 5000
@@ -82,21 +84,19 @@ class WardenSettings:
                    defaults, config.queue_store_guard)
 
 
-@dataclass(frozen=True)
-class Backlog:
-    queue: str
-    topic: str
-    client_id: str
-    depth: int
-    size: int
-    oldest_age: float | None  # seconds
-    consumers: int
-    limits: str
+_NO_LOAD = Load()
 
-    def to_dict(self) -> dict[str, object]:
-        return {"queue": self.queue, "topic": self.topic, "client_id": self.client_id,
-                "depth": self.depth, "bytes": self.size, "oldest_age": self.oldest_age,
-                "consumers": self.consumers, "limits": self.limits}
+
+@dataclass(frozen=True, slots=True)
+class _Seen:
+    """A queue as the warden last judged it."""
+
+    counts: tuple[int, int, int, int]  # gearmand's depth, running, workers; copies tallied
+    sums: tuple[int, int]  # its tally's copies and bytes, as last read or left
+    due: float  # ms: judged again from then on whatever moved (-inf: next round)
+    full: bool = False
+    backlog: Backlog | None = None
+    at: float = 0.0  # when
 
 
 class Warden:
@@ -113,26 +113,30 @@ class Warden:
         self.reaper = reaper
         self.observer = observer or Observer()  # the ledger and the metrics
         self.owner = owner or uuid.uuid4().hex
-        self.queue_store = queue_store
+        self.report = RoundReport(self.redis, self.keys, queue_store, settings.store_guard)
         self.room = RoomKeeper(self.redis, self.keys)  # reject-publish: claimed at copy time
         self._claimed_before: dict[str, tuple[int, int]] | None = None
-        self._full: set[str] = set()
-        self._over = ""
-        self._cursor = 0  # where the next round goes on in <p>watched
-        # Each queue judged lately: (its counts then, when a copy of it
-        # comes due, whether it was full, its backlog): see _steady.
-        self._last: dict[str, tuple] = {}
+        self._forget_all()
         self._status_at = -math.inf  # when gearmand's status was read last
         self._version = -1  # the tallies' version then
+
+    def _forget_all(self) -> None:
+        """What this process knew of each queue: stale once another process
+        may have judged meanwhile."""
+        # Each queue judged lately: a _Seen (its counts then, when it must
+        # be judged again, its verdict's parts a steady round reuses).
+        self._last: dict[str, _Seen] = {}
+        self._next_due = math.inf  # the earliest of their .due
+        self._unread: set[str] = set()  # found holding copies: sums read next round
+        self._cursor = 0  # where the next round goes on in <p>watched
+        self._swept = False  # a whole pass over <p>watched made
 
     def lead(self) -> bool:
         """Hold the lease for three intervals; True while this process holds it."""
         ttl = max(1000, int(self.settings.interval * 3000))
         key = self.keys.warden
         if self.redis.set(key, self.owner, nx=True, px=ttl):
-            # Taken anew: another process may have judged meanwhile, so what
-            # this one knew of each queue is stale (see _steady).
-            self._last = {}
+            self._forget_all()  # taken anew: another process may have judged meanwhile
             return True
         if text(self.redis.get(key) or b"") == self.owner:
             self.redis.pexpire(key, ttl)
@@ -154,10 +158,7 @@ class Warden:
         # A default ``expires`` makes every subscription one whose consumers
         # are looked for: each round reads them all (docs/scaling.rst).
         everything = bool(self.settings.defaults.expires)
-        # A burst of new subscriptions (or of queues given copies) is
-        # judged over several rounds, a slice each: a round must end well
-        # within its lease.
-        self._cursor, watched = self.tally.watched(self._cursor, WATCHED_PER_ROUND)
+        watched = set() if everything else self._watched_slice()
         expiring = set() if everything else self.registry.expiring()
         renewed = self.registry.renewed(WATCHED_PER_ROUND)
         # Judged whatever their counts say: a subscription made or changed
@@ -166,32 +167,37 @@ class Warden:
         version = self.tally.version()
         if not everything and self._quiet(always, version, now):
             return {}  # nothing moved that a round could see without gearmand
+        # Taken before the sums: a queue tallied after this is in the next
+        # round's set, so every other queue's sums are what this process
+        # last read or left (_Seen.sums).
+        tallied = set() if everything else self.tally.changed()
         if everything:
             subscriptions = self.registry.subscriptions()
-            looked_at = set(subscriptions)
+            ask = set(subscriptions)
         else:
-            looked_at = watched | always
+            ask = {q for q in watched | always | tallied | self._unread
+                   if q in always or q in tallied or q not in self._last}
         # Tally sums before gearmand's counts: a copy queued in between then
         # looks unconsumed, never consumed.
-        sums = self.tally.sums(sorted(looked_at))
+        read: dict[str, tuple[int, int]] = {}
+        if not self._in_chunks(sorted(ask), lambda some: read.update(self.tally.sums(some))):
+            return self._gave_up(renewed)
         loads = gearmand_loads(self.settings.servers, self.settings.tls)
         self._status_at, self._version = now, version
         if not self.lead():
             return self._gave_up(renewed)
-        if not everything:
-            loaded = [q for q, load in loads.items() if load.depth and q not in sums]
-            if not self._in_chunks(loaded, lambda some: sums.update(self.tally.sums(some))):
-                return self._gave_up(renewed)
-            steady = self._steady(sums, loads, always, now)
+        if everything:
+            sums, steady = read, {}
+        else:
+            sums, steady = self._sort(read, loads, always, now)
             subscriptions = {}
             if not self._in_chunks([q for q in sums if q not in steady],
                                    lambda some: subscriptions.update(self.registry.records(some))):
                 return self._gave_up(renewed)
-        else:
-            steady = {}
         # A stream subscription has no queue to bound (gearhorn/stomp/streams.py).
         subscriptions = {queue: sub for queue, sub in subscriptions.items()
                          if not is_stream_client(sub[0].get("client_id", ""))}
+        before = dict(sums)
         # The lease renewed between the long reads too: a second warden would
         # start the same round (judging every queue: it knows no verdict
         # yet), and the lease would go back and forth between them.
@@ -199,27 +205,25 @@ class Warden:
                                     if self.lead() else (None, [], set()))
         if verdicts is None:  # the lease went in a long round: the new holder goes on
             return self._gave_up(renewed)
-        for queue, (was_full, backlog, judged_at) in steady.items():
-            if was_full:
+        if not everything:
+            self._remember_others(sums, steady, subscriptions, loads, now)
+        for queue, seen in steady.items():
+            if seen.full:
                 full.add(queue)
-            if backlog is not None:  # as judged then, its oldest copy older by now
-                age = backlog.oldest_age
+            if seen.backlog is not None:  # as judged then, its oldest copy older by now
+                age = seen.backlog.oldest_age
                 backlogs.append(dataclasses.replace(
-                    backlog, oldest_age=None if age is None else age + now - judged_at))
-        self._mark_full(full)
+                    seen.backlog, oldest_age=None if age is None else age + now - seen.at))
+        self.report.mark_full(full)
         rooms = [(q, v.room, v.room_bytes) for q, v in verdicts.items() if v.room is not None]
         # Rooms of queues judged and no longer reject-publish, or gone; one
         # not judged keeps its room (unsubscribing takes it away).
         judged = had_room if everything else had_room & (set(sums) - set(steady))
         self.room.set(rooms, claimed_before, judged - {q for q, _, _ in rooms})
         self._claimed_before = claimed_now
-        emptied = {q for q, (count, _) in sums.items() if not count}  # after what was forgotten
-        self.tally.unwatch(sorted(watched & emptied))
-        # Tallies found outside the set (a worker that could not add to it,
-        # or written before there was one) are watched from now on.
-        self.tally.watch(sorted(q for q in verdicts
-                                if sums[q][0] and q not in watched and q not in emptied))
-        self._publish(backlogs, now)
+        self._watch(watched, tallied, read, before, sums)
+        self.report.publish(backlogs, now)
+        self.observer.flush()  # what this round dropped is in the ledger now
         return verdicts
 
     def _scanned(self) -> bool:
@@ -244,6 +248,66 @@ class Warden:
         self.redis.set(self.keys.warden_scanned, "1")
         return True
 
+    def _watched_slice(self) -> set[str]:
+        """The next slice of ``<p>watched``, until one whole pass since the
+        lease was taken: it finds the tallies holding copies that this
+        process knows nothing of (taken over, restarted); after it, a queue
+        tallied comes in ``<p>tallied``."""
+        if self._swept:
+            return set()
+        self._cursor, found = self.tally.watched(self._cursor, WATCHED_PER_ROUND)
+        self._swept = self._cursor == 0
+        return found
+
+    def _sort(self, read: dict[str, tuple[int, int]], loads: dict[str, Load],
+              always: set[str], now: float
+              ) -> tuple[dict[str, tuple[int, int]], dict[str, _Seen]]:
+        """Every queue that may need judging with its tally sums, and the
+        steady ones among them: judged before, none of its copies coming
+        due, and the same copies queued, running and tallied since, with the
+        same consumers: the same verdict again, so not judged again. A wide
+        topic whose subscribers do not read costs a round its counts, not a
+        judgement each. A queue gearmand says holds copies that this process
+        never judged gets its sums read before the next round's status."""
+        sums = dict(read)
+        steady = {}
+        now_ms = now * 1000
+        for queue, seen in self._last.items():
+            count = sums.setdefault(queue, seen.sums)[0]
+            load = loads.get(queue, _NO_LOAD)
+            if (queue not in always and now_ms < seen.due
+                    and seen.counts == (load.depth, load.running, load.workers, count)):
+                steady[queue] = seen
+        self._unread = {q for q, load in loads.items() if load.depth and q not in sums}
+        self._last = dict(steady)  # the judged join them (_judge_all, _remember_others)
+        return sums, steady
+
+    def _remember_others(self, sums: dict[str, tuple[int, int]], steady: dict[str, _Seen],
+                         subscriptions: dict, loads: dict[str, Load], now: float) -> None:
+        """Queues looked at that are no subscriber's (another Gearman
+        function, a stream reader): not looked up again until they move.
+        Then the earliest time a queue must be judged again."""
+        for queue, counts in sums.items():
+            if queue in subscriptions or queue in steady:
+                continue
+            load = loads.get(queue, _NO_LOAD)
+            if load.depth or load.running or counts[0]:
+                self._last[queue] = _Seen((load.depth, load.running, load.workers, counts[0]),
+                                          counts, math.inf, at=now)
+        self._next_due = min((seen.due for seen in self._last.values()), default=math.inf)
+
+    def _watch(self, watched: set[str], tallied: set[str], read: dict[str, tuple[int, int]],
+               before: dict[str, tuple[int, int]], sums: dict[str, tuple[int, int]]) -> None:
+        """Keep ``<p>watched`` to the tallies that may hold copies: out go
+        the ones emptied (by this round's forgetting, or found empty), in
+        come the ones found holding copies outside it (a worker that could
+        not add to it, a tally from before it)."""
+        self.tally.unwatch(sorted(q for q, (count, _) in sums.items()
+                                  if not count and (before[q][0] or q in watched)))
+        self.tally.watch(sorted(q for q, (count, _) in read.items()
+                                if count and sums[q][0] and q not in watched
+                                and q not in tallied))
+
     def _in_chunks(self, queues: list[str], read: Callable[[list[str]], object]) -> bool:
         """``read`` each chunk of ``queues``, the lease renewed after each
         (100,000 queues read at once outlived it); False once it went."""
@@ -254,9 +318,11 @@ class Warden:
         return True
 
     def _gave_up(self, renewed: set[str]) -> dict[str, Verdict]:
-        """A round that lost its lease: what it took is left for the next."""
+        """A round that lost its lease: what it took is left for the next
+        (whoever holds the lease then knows no queue's counts: it reads them)."""
         if renewed:
             self.redis.sadd(self.keys.renewed, *renewed)
+        self._forget_all()
         return {}
 
     def _quiet(self, always: set[str], version: int, now: float) -> bool:
@@ -268,7 +334,7 @@ class Warden:
         then seen within STATUS_EVERY seconds."""
         if always or version != self._version or now - self._status_at >= STATUS_EVERY:
             return False
-        return all(now * 1000 < seen[1] for seen in self._last.values())
+        return now * 1000 < self._next_due
 
     def _judge_all(self, subscriptions: dict[str, tuple[dict, Limits]],
                    sums: dict[str, tuple[int, int]], loads: dict[str, Load], now: float
@@ -291,8 +357,10 @@ class Warden:
             verdict = judge(tallied, load.depth, load.running, limits, int(now * 1000))
             verdicts[queue] = verdict
             self.tally.forget(queue, tallied.window[:verdict.consumed_entries])
-            left = sums[queue][0] - sum(e.count for e in tallied.window[:verdict.consumed_entries])
-            sums[queue] = (left, sums[queue][1])
+            consumed = tallied.window[:verdict.consumed_entries]
+            left = (sums[queue][0] - sum(e.count for e in consumed),
+                    sums[queue][1] - sum(e.size for e in consumed))
+            sums[queue] = left
             taken = self._enforce(queue, entry, limits, load, verdict)
             if verdict.full:
                 full.add(queue)
@@ -306,28 +374,13 @@ class Warden:
                                   load.depth, verdict.size, age, load.workers,
                                   limits.describe())
                 backlogs.append(backlog)
-            if not taken and not limits.expires:
-                last[queue] = ((load.depth, load.running, load.workers, left),
-                               _due(verdict, limits), verdict.full, backlog, now)
+            if load.depth or load.running or left[0]:  # an empty one is idle again
+                # Copies taken: gearmand's counts move, judged again next round.
+                due = -math.inf if taken or limits.expires else _due(verdict, limits)
+                last[queue] = _Seen((load.depth, load.running, load.workers, left[0]), left,
+                                    due, verdict.full, backlog, now)
         self._last.update(last)
         return verdicts, backlogs, full
-
-    def _steady(self, sums: dict[str, tuple[int, int]], loads: dict[str, Load],
-                always: set[str], now: float) -> dict[str, tuple]:
-        """Queues judged last round whose counts have not moved since (the
-        same copies queued, running and tallied, the same consumers) and
-        none of whose copies comes due: the same verdict again, so not
-        judged again. A wide topic whose subscribers do not read costs a
-        round its counts, not a judgement each."""
-        steady = {}
-        for queue, (count, _) in sums.items():
-            seen = self._last.get(queue)
-            load = loads.get(queue, Load())
-            if (seen is not None and queue not in always and now * 1000 < seen[1]
-                    and seen[0] == (load.depth, load.running, load.workers, count)):
-                steady[queue] = seen
-        self._last = steady  # the judged ones join them (_judge_all)
-        return {q: seen[2:] for q, seen in steady.items()}
 
     @staticmethod
     def _claimed(claimed_now: dict[str, tuple[int, int]],
@@ -379,53 +432,6 @@ class Warden:
                  queue, now - last, emptied)
         return True
 
-    def _mark_full(self, full: set[str]) -> None:
-        if full == self._full and self.redis.scard(self.keys.full) == len(full):
-            return
-        pipe = self.redis.pipeline(transaction=True)
-        pipe.delete(self.keys.full)
-        if full:
-            pipe.sadd(self.keys.full, *full)
-        pipe.execute()
-        self._full = full
-        self._announce()
-
-    def _announce(self) -> None:
-        """Workers read ``<p>full`` and ``<p>store`` again at once (pressure.py)."""
-        self.redis.publish(self.keys.channel, json.dumps({"op": "pressure"}))
-
-    def _publish(self, backlogs: list[Backlog], now: float) -> None:
-        backlogs.sort(key=lambda b: -b.depth)
-        store = self._store_state(backlogs)
-        pipe = self.redis.pipeline(transaction=False)
-        pipe.set(self.keys.backlogs, json.dumps({
-            "at": now, "queues": [b.to_dict() for b in backlogs[:BACKLOGS_KEPT]]}))
-        pipe.hset(self.keys.store, mapping={k: str(v) for k, v in store.items()})
-        pipe.execute()
-        if store["over"] != self._over:
-            self._over = store["over"]
-            self._announce()
-        self.observer.flush()  # what this round dropped is in the ledger now
-
-    def _store_state(self, backlogs: list[Backlog]) -> dict[str, object]:
-        """The queue store's memory against the guard, and the one-line reason
-        fanouts are refused while it is over (empty when it is not)."""
-        client = self.queue_store() if self.queue_store else None
-        if client is None:
-            return {"used": 0, "max": 0, "guard": 0, "over": ""}
-        try:
-            memory = client.info("memory")
-        except REDIS_ERRORS as exc:
-            return {"used": 0, "max": 0, "guard": 0, "over": "", "error": str(exc)}
-        used, most = int(memory.get("used_memory", 0)), int(memory.get("maxmemory", 0))
-        guard = int(most * self.settings.store_guard) if most else 0
-        over = ""
-        if guard and used >= guard:
-            largest = ", ".join(f"{b.queue} ({b.depth:,} copies)" for b in backlogs[:3])
-            over = (f"queue store full: {_mib(used)} of {_mib(most)} used, over the guard of "
-                    f"{_mib(guard)}; largest backlogs: {largest or 'none'}")
-        return {"used": used, "max": most, "guard": guard, "over": over}
-
 
 def _due(verdict: Verdict, limits: Limits) -> float:
     """When (ms) the oldest queued copy's TTL runs out; never: inf."""
@@ -433,6 +439,3 @@ def _due(verdict: Verdict, limits: Limits) -> float:
         return verdict.oldest_ms + limits.message_ttl * 1000
     return math.inf
 
-
-def _mib(n: int) -> str:
-    return f"{n / 1048576:.0f} MiB"

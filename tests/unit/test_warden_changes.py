@@ -2,6 +2,8 @@
 not read at all; a queue that got copies is judged until its tally is
 empty, then left alone again."""
 
+import json
+
 import pytest
 import redis
 
@@ -13,6 +15,7 @@ from gearhorn.store.headers import HeaderStore
 from gearhorn.store.tally import TallyWriter
 from gearhorn.worker import warden as warden_module
 from gearhorn.worker.reaper import Load, Reaper
+from gearhorn.worker.round_report import BACKLOGS_KEPT
 from gearhorn.worker.warden import Warden, WardenSettings
 
 pytestmark = pytest.mark.timeout(120)
@@ -158,8 +161,8 @@ def test_a_queue_whose_counts_did_not_move_is_not_judged_again(idle, monkeypatch
     calls.loads = {q: Load(depth=1) for q in queues}
     assert len(warden.round(now=1001.0)) == 200
     assert warden.round(now=1002.0) == {}  # nothing moved
-    backlogs = warden_module.json.loads(idle.redis.get(idle.keys.backlogs))["queues"]
-    assert len(backlogs) == warden_module.BACKLOGS_KEPT  # still reported
+    backlogs = json.loads(idle.redis.get(idle.keys.backlogs))["queues"]
+    assert len(backlogs) == BACKLOGS_KEPT  # still reported
     calls.loads[queues[5]] = Load(depth=0)  # consumed
     assert list(warden.round(now=1001.0 + warden_module.STATUS_EVERY)) == [queues[5]]
 
@@ -234,3 +237,58 @@ def test_a_lease_taken_anew_forgets_what_it_knew(idle, monkeypatch):
     assert warden.lead()
     later = 1001.0 + warden_module.STATUS_EVERY
     assert "idle.5_c5" in warden.round(now=later)
+
+
+def test_copies_elsewhere_do_not_make_a_round_read_steady_queues(idle, monkeypatch):
+    """A wide topic's unread queues hold copies while another topic gets
+    fanouts every second: a round reads the sums of what was tallied, not
+    of every queue holding copies (200 here; 100,000 after a wide fanout)."""
+    warden = warden_of(idle)
+    calls = Counted(monkeypatch, {})
+    warden.round(now=1000.0)
+    wide = [f"idle.{t}_c{c}" for t in range(20) for c in range(10)]
+    writer = TallyWriter(idle.redis, idle.keys)
+    writer.add([Copy(q, "u", b"x" * 10) for q in wide], now_ms=1_000_100)
+    writer.flush()
+    calls.loads = {q: Load(depth=1) for q in wide}
+    assert len(warden.round(now=1001.0)) == 200
+    busy = "idle.30_c1"
+    for second in range(2, 6):
+        writer.add([Copy(busy, f"b{second}", b"y")], now_ms=1_000_000 + second * 1000)
+        writer.flush()
+        calls.loads[busy] = Load(depth=second - 1)
+        calls.reset()
+        assert list(warden.round(now=1000.0 + second)) == [busy]
+        assert calls.redis < 40, calls.redis  # the old rounds read 200 sums each
+
+
+def test_a_queue_first_seen_in_gearmand_gets_its_sums_read_before_a_status(idle, monkeypatch):
+    """Sums read after gearmand's counts would take a copy tallied in
+    between for a consumed one, and forget the oldest entry, still queued.
+    A queue this process never judged is read before the next status."""
+    queue = "idle.6_c6"
+    writer = TallyWriter(idle.redis, idle.keys)
+    writer.add([Copy(queue, "u1", b"x")], now_ms=999_000)
+    writer.flush()
+    # Known only to gearmand: no round took it from a set (another process
+    # did, then lost the lease).
+    idle.redis.delete(idle.keys.watched, idle.keys.tallied, idle.keys.renewed)
+    idle.redis.set(idle.keys.warden_scanned, "1")
+    warden = warden_of(idle)
+    calls = Counted(monkeypatch, {queue: Load(depth=1)})
+    assert warden.lead()
+    status = warden_module.gearmand_loads
+
+    def status_then_a_copy(servers, tls=None):
+        loads = status(servers, tls)
+        writer.add([Copy(queue, "u2", b"y")], now_ms=1_000_500)  # queued after the count
+        writer.flush()
+        calls.loads = {queue: Load(depth=2)}
+        return loads
+
+    monkeypatch.setattr(warden_module, "gearmand_loads", status_then_a_copy)
+    warden.round(now=1000.0)
+    monkeypatch.setattr(warden_module, "gearmand_loads", status)
+    verdicts = warden.round(now=1001.0)
+    assert verdicts[queue].oldest_ms == 999_000  # its first copy is still the oldest
+    assert idle.redis.llen(idle.keys.tally(queue)) == 2
