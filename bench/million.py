@@ -18,7 +18,10 @@ Then, with the warden's rounds going on, the per-call figures: p50/p99 of
 on a topic of 10), of ``topic_presence`` on a topic of 10 and on a topic of
 ``--wide`` subscribers (100,000; made with the others, so it is there at
 every count), and copies/s of background fanouts to a topic of 10 (10,000
-fanouts) and to the wide topic (3 fanouts). Everything is in the same
+fanouts) and to the wide topic (3 fanouts). Then idle again, the wide
+topic's queues holding their copies (nobody reads), and once more with 10
+fanouts a second to a topic of 10 (the warden's rounds then have something
+to look at each second). Everything is in the same
 single Redis; a count's figures beside the smallest count's are the ratio
 that matters.
 """
@@ -32,6 +35,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 
@@ -137,6 +141,33 @@ def idle_cpu(nodes: list[servers.Managed], pool: subprocess.Popen, gm: servers.M
             "top": ", ".join(f"{n} {c / seconds:,.0f}/s" for n, c in top)}
 
 
+@contextlib.contextmanager
+def trickle(gm: servers.Managed, per_second: int = 10):
+    """Fanouts to a topic of 10, ``per_second``, one after another, while
+    the block runs: traffic elsewhere while the wide topic's queues hold
+    copies (each warden round then has something to look at)."""
+    stop = threading.Event()
+
+    def send() -> None:
+        client = gearman.Client([(gm.host, gm.port)])
+        try:
+            n = 0
+            while not stop.wait(1 / per_second):
+                body = {"topic": "idle.000004", "payload": f"t{n}", "background": True}
+                client.call("fanout", json.dumps(body).encode(), 60)
+                n += 1
+        finally:
+            client.close()
+
+    thread = threading.Thread(target=send, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(60)
+
+
 def commandstats(nodes: list[servers.Managed]) -> dict[str, int]:
     """Calls per command, summed over ``nodes``."""
     total: dict[str, int] = {}
@@ -217,6 +248,10 @@ def show(count: int, r: dict) -> None:
     after = r["after"]
     print(f"  {count:>9,} subscriptions idle after the fanouts: workers {after['workers']:.3f} "
           f"cores, gearmand {after['gearmand']:.3f}, redis {after['redis']:.3f}", flush=True)
+    busy = r["trickle"]
+    print(f"  {count:>9,} subscriptions, 10 fanouts/s to a topic of 10 after the fanouts: "
+          f"workers {busy['workers']:.3f} cores, redis {busy['redis']:.3f}, "
+          f"{busy['redis_commands']:,.0f} Redis commands/s ({busy['top']})", flush=True)
     line = "  ".join(f"{name} p50 {r[name][0]:.2f} p99 {r[name][1]:.2f} ms"
                      for name in ("subscribe", "unsubscribe", "presence10", "presence_wide")
                      if name in r)
@@ -242,6 +277,8 @@ def chart(results: dict[int, dict], path: str) -> None:
         ("idle CPU (cores)", [("workers", [r["workers"] for r in rows]),
                               ("workers, after the fanouts", [r["after"]["workers"]
                                                               for r in rows]),
+                              ("workers, 10 fanouts/s after them",
+                               [r["trickle"]["workers"] for r in rows]),
                               ("Redis", [r["redis"] for r in rows]),
                               ("gearmand", [r["gearmand"] for r in rows])]),
         ("p99 of a call (ms)", [(name, [r[name][1] for r in rows]) for name in
@@ -305,6 +342,8 @@ def main() -> None:
                 # tallies' writes, the first judgement of every queue) is done.
                 settle(pool)
                 r["after"] = idle_cpu(nodes, pool, gm, args.seconds)
+                with trickle(gm):
+                    r["trickle"] = idle_cpu(nodes, pool, gm, args.seconds)
             r["redis_mib"], r["bytes_per_subscription"] = used / 2**20, used / made
             results[count] = r
             show(count, r)
