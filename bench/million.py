@@ -4,6 +4,7 @@
     python bench/million.py --counts 1000 1000000 # a million: ~25 minutes
     python bench/million.py --wide 0              # without the wide topic
     python bench/million.py --cluster             # on a 3-master Redis Cluster
+    python bench/million.py --status-at 100000 1000000  # gearmand's status alone
 
 For each count: a fresh Redis and gearmand, a pool of 2 ``gearhorn
 worker`` processes with every default on (warden, janitor, metrics,
@@ -46,10 +47,12 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from fanout import gearhorn_rate  # noqa: E402
 
 from gearhorn import gearman, servers  # noqa: E402
+from gearhorn.config import Config  # noqa: E402
 from gearhorn.messages import Subscription  # noqa: E402
 from gearhorn.store import redisconn  # noqa: E402
 from gearhorn.store.keys import Keys  # noqa: E402
 from gearhorn.store.registry import Registry  # noqa: E402
+from gearhorn.store.subscribers import SubscriberCache  # noqa: E402
 from tests import redis_servers  # noqa: E402
 
 WIDTH = 10  # subscribers per topic
@@ -141,6 +144,30 @@ def idle_cpu(nodes: list[servers.Managed], pool: subprocess.Popen, gm: servers.M
             "top": ", ".join(f"{n} {c / seconds:,.0f}/s" for n, c in top)}
 
 
+def cache_bytes(url: str, count: int, wide: int) -> tuple[float, float]:
+    """Bytes a worker's subscriber cache holds per cached subscription, with
+    as many topics of 10 cached as it keeps (``cache_size``, 10,000) or
+    exist; and MiB for the wide topic. Measured in this process with
+    tracemalloc, on the worker's own cache class: the cache is bounded by
+    topics, so its size does not grow with the subscriptions that exist."""
+    import tracemalloc
+
+    registry = Registry(redisconn.connect(url), Keys())
+    topics = [f"idle.{n:06d}" for n in range(min(count // WIDTH, Config().cache_size))]
+    tracemalloc.start()
+    cache = SubscriberCache(registry, Config().cache_size)
+    start = tracemalloc.get_traced_memory()[0]
+    for at in range(0, len(topics), 500):
+        cache.recipients_of(topics[at:at + 500])
+    per = (tracemalloc.get_traced_memory()[0] - start) / max(1, len(topics) * WIDTH)
+    start = tracemalloc.get_traced_memory()[0]
+    if wide:
+        cache.recipients("wide")
+    wide_mib = (tracemalloc.get_traced_memory()[0] - start) / 2**20
+    tracemalloc.stop()
+    return per, wide_mib
+
+
 @contextlib.contextmanager
 def trickle(gm: servers.Managed, per_second: int = 10):
     """Fanouts to a topic of 10, ``per_second``, one after another, while
@@ -190,6 +217,25 @@ def status_cost(gm: servers.Managed, reads: int = 5) -> tuple[int, float]:
     for _ in range(reads):
         rows = gearman.status_rows(gm.host, gm.port, timeout=60)
     return len(rows), (time.perf_counter() - start) / reads * 1000
+
+
+def status_at(functions: int) -> None:
+    """What one ``status`` read costs once gearmand knows ``functions``
+    queues (each given one job): what a warden round pays at that count."""
+    gm = servers.start_gearmand()
+    try:
+        client = gearman.Client([(gm.host, gm.port)])
+        started = time.monotonic()
+        for at in range(0, functions, 10_000):
+            client.submit_background([gearman.Copy(f"q{n:07d}", f"u{n}", b"x")
+                                      for n in range(at, min(at + 10_000, functions))])
+        client.close()
+        made = time.monotonic() - started
+        known, took = status_cost(gm, reads=3)
+        print(f"  gearmand status with {known:,} functions: {took:,.0f} ms a read "
+              f"(the functions made in {made:.1f} s)", flush=True)
+    finally:
+        gm.stop()
 
 
 def settle(pool: subprocess.Popen, most: float = 0.1, within: float = 300.0) -> None:
@@ -261,6 +307,9 @@ def show(count: int, r: dict) -> None:
     print(f"  {count:>9,} subscriptions, fanouts: {rates}; Redis {r['redis_mib']:.1f} MiB, "
           f"{r['bytes_per_subscription']:.0f} bytes per subscription; gearmand status "
           f"({r['functions']:,} functions) {r['status_ms']:.1f} ms a read", flush=True)
+    print(f"  {count:>9,} subscriptions, a worker's subscriber cache: {r['cache_bytes']:.0f} "
+          f"bytes per cached subscription, the wide topic {r['cache_wide_mib']:.1f} MiB",
+          flush=True)
 
 
 def chart(results: dict[int, dict], path: str) -> None:
@@ -286,8 +335,10 @@ def chart(results: dict[int, dict], path: str) -> None:
                                 if name in rows[0]]),
         ("fanout (copies/s)", [(name, [r[name] for r in rows]) for name in
                                ("fanout10", "fanout_wide") if name in rows[0]]),
-        ("Redis bytes per subscription", [("every key", [r["bytes_per_subscription"]
-                                                         for r in rows])]),
+        ("bytes per subscription", [("Redis, every key", [r["bytes_per_subscription"]
+                                                          for r in rows]),
+                                    ("a worker's cache, per cached one",
+                                     [r["cache_bytes"] for r in rows])]),
     ]
     for ax, (title, series) in zip(axes.flat, panels, strict=True):
         for label, values in series:
@@ -312,7 +363,13 @@ def main() -> None:
                         help="a 3-master Redis Cluster instead of one Redis")
     parser.add_argument("--profile", default="", help="py-spy each worker process to FILE.<pid>")
     parser.add_argument("--chart", default="", help="draw each cost by count to this PNG")
+    parser.add_argument("--status-at", type=int, nargs="*", default=[], metavar="FUNCTIONS",
+                        help="only: gearmand's status read with that many functions known")
     args = parser.parse_args()
+    if args.status_at:
+        for functions in args.status_at:
+            status_at(functions)
+        return
     print(f"gearhorn by subscription count: 2 worker processes, every default on, topics of "
           f"{WIDTH} and one of {args.wide:,}; {args.seconds:.0f} s idle; "
           f"{'a 3-master Redis Cluster' if args.cluster else 'one Redis'}", flush=True)
@@ -345,6 +402,7 @@ def main() -> None:
                 with trickle(gm):
                     r["trickle"] = idle_cpu(nodes, pool, gm, args.seconds)
             r["redis_mib"], r["bytes_per_subscription"] = used / 2**20, used / made
+            r["cache_bytes"], r["cache_wide_mib"] = cache_bytes(url, count, args.wide)
             results[count] = r
             show(count, r)
         finally:

@@ -46,6 +46,7 @@ class RoundReport:
         self.store_guard = store_guard
         self._full: set[str] = set()
         self._over = ""
+        self._largest: list[Backlog] = []  # as last published
 
     def mark_full(self, full: set[str]) -> None:
         if full == self._full and self.redis.scard(self.keys.full) == len(full):
@@ -60,14 +61,27 @@ class RoundReport:
 
     def publish(self, backlogs: list[Backlog], now: float) -> None:
         backlogs.sort(key=lambda b: -b.depth)
-        store = self._store_state(backlogs)
+        self._largest = backlogs[:BACKLOGS_KEPT]
+        store = self._store_state(self._largest)
         pipe = self.redis.pipeline(transaction=False)
         pipe.set(self.keys.backlogs, json.dumps({
-            "at": now, "queues": [b.to_dict() for b in backlogs[:BACKLOGS_KEPT]]}))
+            "at": now, "queues": [b.to_dict() for b in self._largest]}))
         pipe.hset(self.keys.store, mapping={k: str(v) for k, v in store.items()})
         pipe.execute()
+        self._store_said(store)
+
+    def refresh_store(self) -> None:
+        """The queue store's state again, between two rounds that judged
+        (copies are being made: the guard must see it fill)."""
+        if self.queue_store is None:
+            return
+        store = self._store_state(self._largest)
+        self.redis.hset(self.keys.store, mapping={k: str(v) for k, v in store.items()})
+        self._store_said(store)
+
+    def _store_said(self, store: dict[str, object]) -> None:
         if store["over"] != self._over:
-            self._over = store["over"]
+            self._over = str(store["over"])
             self._announce()
 
     def _announce(self) -> None:

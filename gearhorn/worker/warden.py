@@ -36,12 +36,13 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
+from time import monotonic
 
 import redis
 
 from gearhorn import gearman
 from gearhorn.config import Config
-from gearhorn.limits import EXPIRED, REMOVED, Limits
+from gearhorn.limits import DROP_HEAD, EXPIRED, REMOVED, Limits
 from gearhorn.messages import Subscription
 from gearhorn.naming import is_stream_client
 from gearhorn.observers import Observer
@@ -53,6 +54,7 @@ from gearhorn.store.room import RoomKeeper
 from gearhorn.store.tally import TallyReader
 from gearhorn.worker.reaper import Load, Reaper, Server, gearmand_loads
 from gearhorn.worker.round_report import Backlog, RoundReport
+from gearhorn.worker.seen import Seen, SeenQueues
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +63,9 @@ log = logging.getLogger(__name__)
 LEASE_CHECK = 5000
 # A round that sees no change reads gearmand's status this often (s) anyway.
 STATUS_EVERY = 10.0
+# Reading gearmand's status takes at most this share of the warden's time:
+# at a million known functions one read is seconds (docs/scaling.rst).
+STATUS_SHARE = 0.25
 # Watched queues (gearhorn/store/tally.py) looked at per round, at most about.
 WATCHED_PER_ROUND = 10_000
 
@@ -84,21 +89,6 @@ class WardenSettings:
                    defaults, config.queue_store_guard)
 
 
-_NO_LOAD = Load()
-
-
-@dataclass(frozen=True, slots=True)
-class _Seen:
-    """A queue as the warden last judged it."""
-
-    counts: tuple[int, int, int, int]  # gearmand's depth, running, workers; copies tallied
-    sums: tuple[int, int]  # its tally's copies and bytes, as last read or left
-    due: float  # ms: judged again from then on whatever moved (-inf: next round)
-    full: bool = False
-    backlog: Backlog | None = None
-    at: float = 0.0  # when
-
-
 class Warden:
     """One round at a time; the pool's processes take turns holding the lease."""
 
@@ -116,27 +106,19 @@ class Warden:
         self.report = RoundReport(self.redis, self.keys, queue_store, settings.store_guard)
         self.room = RoomKeeper(self.redis, self.keys)  # reject-publish: claimed at copy time
         self._claimed_before: dict[str, tuple[int, int]] | None = None
-        self._forget_all()
+        self.seen = SeenQueues()  # what this process knows of each queue
         self._status_at = -math.inf  # when gearmand's status was read last
+        self._status_took = 0.0  # and how long that read took (s)
         self._version = -1  # the tallies' version then
-
-    def _forget_all(self) -> None:
-        """What this process knew of each queue: stale once another process
-        may have judged meanwhile."""
-        # Each queue judged lately: a _Seen (its counts then, when it must
-        # be judged again, its verdict's parts a steady round reuses).
-        self._last: dict[str, _Seen] = {}
-        self._next_due = math.inf  # the earliest of their .due
-        self._unread: set[str] = set()  # found holding copies: sums read next round
-        self._cursor = 0  # where the next round goes on in <p>watched
-        self._swept = False  # a whole pass over <p>watched made
 
     def lead(self) -> bool:
         """Hold the lease for three intervals; True while this process holds it."""
-        ttl = max(1000, int(self.settings.interval * 3000))
+        # Three intervals, or three status reads when one takes longer: a
+        # lease that ran out inside a read would be taken by another process.
+        ttl = max(1000, int(max(self.settings.interval, self._status_took) * 3000))
         key = self.keys.warden
         if self.redis.set(key, self.owner, nx=True, px=ttl):
-            self._forget_all()  # taken anew: another process may have judged meanwhile
+            self.seen.forget()  # taken anew: another process may have judged meanwhile
             return True
         if text(self.redis.get(key) or b"") == self.owner:
             self.redis.pexpire(key, ttl)
@@ -147,6 +129,8 @@ class Warden:
         """One pass over the subscriber queues that may need it; the
         verdicts, for tests."""
         now = time.time() if now is None else now
+        if now - self._status_at < self._status_took / STATUS_SHARE - self._status_took:
+            return {}  # gearmand's status is slow to read: rounds spaced out to match
         # What workers claimed up to the last round: copies claimed since may
         # not be in gearmand's count yet, so they are taken off the room too.
         # Read before the subscriptions: a room opened after this read (its
@@ -165,31 +149,42 @@ class Warden:
         # since, a room claimed since, consumers to look for.
         always = renewed | self._claimed(claimed_now, claimed_before) | expiring
         version = self.tally.version()
-        if not everything and self._quiet(always, version, now):
-            return {}  # nothing moved that a round could see without gearmand
         # Taken before the sums: a queue tallied after this is in the next
         # round's set, so every other queue's sums are what this process
         # last read or left (_Seen.sums).
-        tallied = set() if everything else self.tally.changed()
+        tallied = set()
+        if not everything and self._status_recent(always, now):
+            if version == self._version:
+                return {}  # nothing moved that a round could see without gearmand
+            tallied = self.tally.changed() | self.seen.unjudged
+            if self._within_limits(tallied):
+                self.seen.unjudged, self._version = tallied, version
+                self.report.refresh_store()
+                return {}  # judged at the next status read
+        elif not everything:
+            tallied = self.tally.changed() | self.seen.unjudged
+        self.seen.unjudged = set()
         if everything:
             subscriptions = self.registry.subscriptions()
             ask = set(subscriptions)
         else:
-            ask = {q for q in watched | always | tallied | self._unread
-                   if q in always or q in tallied or q not in self._last}
+            ask = {q for q in watched | always | tallied | self.seen.unread
+                   if q in always or q in tallied or not self.seen.knows(q)}
         # Tally sums before gearmand's counts: a copy queued in between then
         # looks unconsumed, never consumed.
         read: dict[str, tuple[int, int]] = {}
         if not self._in_chunks(sorted(ask), lambda some: read.update(self.tally.sums(some))):
             return self._gave_up(renewed)
+        started = monotonic()
         loads = gearmand_loads(self.settings.servers, self.settings.tls)
+        self._status_took = monotonic() - started
         self._status_at, self._version = now, version
         if not self.lead():
             return self._gave_up(renewed)
         if everything:
             sums, steady = read, {}
         else:
-            sums, steady = self._sort(read, loads, always, now)
+            sums, steady = self.seen.sort(read, loads, always, now)
             subscriptions = {}
             if not self._in_chunks([q for q in sums if q not in steady],
                                    lambda some: subscriptions.update(self.registry.records(some))):
@@ -206,7 +201,7 @@ class Warden:
         if verdicts is None:  # the lease went in a long round: the new holder goes on
             return self._gave_up(renewed)
         if not everything:
-            self._remember_others(sums, steady, subscriptions, loads, now)
+            self.seen.others(sums, steady, subscriptions, loads, now)
         for queue, seen in steady.items():
             if seen.full:
                 full.add(queue)
@@ -253,48 +248,11 @@ class Warden:
         lease was taken: it finds the tallies holding copies that this
         process knows nothing of (taken over, restarted); after it, a queue
         tallied comes in ``<p>tallied``."""
-        if self._swept:
+        if self.seen.swept:
             return set()
-        self._cursor, found = self.tally.watched(self._cursor, WATCHED_PER_ROUND)
-        self._swept = self._cursor == 0
+        self.seen.cursor, found = self.tally.watched(self.seen.cursor, WATCHED_PER_ROUND)
+        self.seen.swept = self.seen.cursor == 0
         return found
-
-    def _sort(self, read: dict[str, tuple[int, int]], loads: dict[str, Load],
-              always: set[str], now: float
-              ) -> tuple[dict[str, tuple[int, int]], dict[str, _Seen]]:
-        """Every queue that may need judging with its tally sums, and the
-        steady ones among them: judged before, none of its copies coming
-        due, and the same copies queued, running and tallied since, with the
-        same consumers: the same verdict again, so not judged again. A wide
-        topic whose subscribers do not read costs a round its counts, not a
-        judgement each. A queue gearmand says holds copies that this process
-        never judged gets its sums read before the next round's status."""
-        sums = dict(read)
-        steady = {}
-        now_ms = now * 1000
-        for queue, seen in self._last.items():
-            count = sums.setdefault(queue, seen.sums)[0]
-            load = loads.get(queue, _NO_LOAD)
-            if (queue not in always and now_ms < seen.due
-                    and seen.counts == (load.depth, load.running, load.workers, count)):
-                steady[queue] = seen
-        self._unread = {q for q, load in loads.items() if load.depth and q not in sums}
-        self._last = dict(steady)  # the judged join them (_judge_all, _remember_others)
-        return sums, steady
-
-    def _remember_others(self, sums: dict[str, tuple[int, int]], steady: dict[str, _Seen],
-                         subscriptions: dict, loads: dict[str, Load], now: float) -> None:
-        """Queues looked at that are no subscriber's (another Gearman
-        function, a stream reader): not looked up again until they move.
-        Then the earliest time a queue must be judged again."""
-        for queue, counts in sums.items():
-            if queue in subscriptions or queue in steady:
-                continue
-            load = loads.get(queue, _NO_LOAD)
-            if load.depth or load.running or counts[0]:
-                self._last[queue] = _Seen((load.depth, load.running, load.workers, counts[0]),
-                                          counts, math.inf, at=now)
-        self._next_due = min((seen.due for seen in self._last.values()), default=math.inf)
 
     def _watch(self, watched: set[str], tallied: set[str], read: dict[str, tuple[int, int]],
                before: dict[str, tuple[int, int]], sums: dict[str, tuple[int, int]]) -> None:
@@ -322,19 +280,42 @@ class Warden:
         (whoever holds the lease then knows no queue's counts: it reads them)."""
         if renewed:
             self.redis.sadd(self.keys.renewed, *renewed)
-        self._forget_all()
+        self.seen.forget()
         return {}
 
-    def _quiet(self, always: set[str], version: int, now: float) -> bool:
-        """Whether this round may skip gearmand's ``status`` (one line per
-        function it knows: half a second at 100,000) and so itself: nothing
-        tallied, subscribed, claimed or with ``expires`` since the last
-        round, no copy's TTL coming due, and the last status is recent. What
-        only gearmand shows, copies consumed and copies sent by others, is
-        then seen within STATUS_EVERY seconds."""
-        if always or version != self._version or now - self._status_at >= STATUS_EVERY:
+    def _status_recent(self, always: set[str], now: float) -> bool:
+        """Whether this round may do without gearmand's ``status`` (one line
+        per function it knows: a quarter of a second at 100,000): nothing
+        subscribed, claimed or with ``expires`` since, no copy's TTL coming
+        due, and the last status is recent. What only gearmand shows, copies
+        consumed and copies sent by others, is then seen within
+        STATUS_EVERY seconds."""
+        return (not always and now - self._status_at < STATUS_EVERY
+                and now * 1000 < self.seen.next_due)
+
+    def _within_limits(self, queues: set[str]) -> bool:
+        """Whether none of ``queues`` (tallied since the last status read)
+        can be over a limit or hold a copy that comes due: drop-head queues
+        with no TTL and no ``expires`` whose tally (the copies they were
+        given, less the ones seen consumed) is within their length and
+        bytes. gearmand holds no more than that (copies sent by others
+        aside), so their judgement waits for the next status read, and a
+        steady stream of fanouts to a few topics does not read it every
+        round (100,000 queues holding copies: 0.6 cores)."""
+        if len(queues) > WATCHED_PER_ROUND:
             return False
-        return now * 1000 < self._next_due
+        some = sorted(queues)
+        sums, records = self.tally.sums(some), self.registry.records(some)
+        for queue, (_, given) in records.items():
+            limits = given.over(self.settings.defaults)
+            count, size = sums[queue]
+            if (limits.message_ttl or limits.expires
+                    # reject-publish: a round marks it full, and gives its room back
+                    or (limits.overflow != DROP_HEAD and (limits.max_length or limits.max_bytes))
+                    or (limits.max_length and count > limits.max_length)
+                    or (limits.max_bytes and size > limits.max_bytes)):
+                return False
+        return True
 
     def _judge_all(self, subscriptions: dict[str, tuple[dict, Limits]],
                    sums: dict[str, tuple[int, int]], loads: dict[str, Load], now: float
@@ -377,9 +358,9 @@ class Warden:
             if load.depth or load.running or left[0]:  # an empty one is idle again
                 # Copies taken: gearmand's counts move, judged again next round.
                 due = -math.inf if taken or limits.expires else _due(verdict, limits)
-                last[queue] = _Seen((load.depth, load.running, load.workers, left[0]), left,
+                last[queue] = Seen((load.depth, load.running, load.workers, left[0]), left,
                                     due, verdict.full, backlog, now)
-        self._last.update(last)
+        self.seen.judged(last)
         return verdicts, backlogs, full
 
     @staticmethod

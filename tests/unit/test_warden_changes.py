@@ -21,6 +21,8 @@ from gearhorn.worker.warden import Warden, WardenSettings
 pytestmark = pytest.mark.timeout(120)
 
 IDLE = 500
+# A round that reads gearmand's status: copies within their limits wait for one.
+T = warden_module.STATUS_EVERY
 
 
 class Counted:
@@ -55,10 +57,11 @@ class Counted:
         self.redis = self.status = 0
 
 
-def warden_of(registry):
+def warden_of(registry, defaults: Limits = Limits()):
     reaper = Reaper((), HeaderStore(registry.redis, registry.keys, 60),
                     DeadLetterIndex(registry.redis, registry.keys))
-    return Warden(WardenSettings(servers=(("127.0.0.1", 1),)), registry, reaper)
+    return Warden(WardenSettings(servers=(("127.0.0.1", 1),), defaults=defaults),
+                  registry, reaper)
 
 
 @pytest.fixture
@@ -98,14 +101,15 @@ def test_a_queue_that_got_copies_is_judged_until_consumed(idle, monkeypatch):
     writer.flush()
     calls.loads = {busy: Load(depth=2)}
     calls.reset()
-    verdicts = warden.round(now=1001.0)
+    assert warden.round(now=1001.0) == {}  # within its limits: judged with the next status
+    verdicts = warden.round(now=1000.0 + T)
     assert list(verdicts) == [busy]
     assert verdicts[busy].depth == 2
     assert calls.redis < 40
     calls.loads = {}  # consumed: only gearmand's status shows it
-    assert warden.round(now=1002.0) == {}
-    later = 1001.0 + warden_module.STATUS_EVERY
-    assert list(warden.round(now=later)) == [busy]  # its tally told it to look
+    assert warden.round(now=1001.0 + T) == {}
+    later = 1000.0 + 2 * T
+    assert list(warden.round(now=later)) == [busy]  # its counts moved
     assert warden.round(now=later + 1) == {}  # empty now: not looked at again
     assert idle.redis.smembers(idle.keys.watched) == set()
 
@@ -159,12 +163,12 @@ def test_a_queue_whose_counts_did_not_move_is_not_judged_again(idle, monkeypatch
     writer.add([Copy(q, "u", b"x" * 10) for q in queues], now_ms=1_000_100)
     writer.flush()
     calls.loads = {q: Load(depth=1) for q in queues}
-    assert len(warden.round(now=1001.0)) == 200
-    assert warden.round(now=1002.0) == {}  # nothing moved
+    assert len(warden.round(now=1000.0 + T)) == 200
+    assert warden.round(now=1000.0 + 2 * T) == {}  # nothing moved
     backlogs = json.loads(idle.redis.get(idle.keys.backlogs))["queues"]
     assert len(backlogs) == BACKLOGS_KEPT  # still reported
     calls.loads[queues[5]] = Load(depth=0)  # consumed
-    assert list(warden.round(now=1001.0 + warden_module.STATUS_EVERY)) == [queues[5]]
+    assert list(warden.round(now=1000.0 + 3 * T)) == [queues[5]]
 
 
 def test_a_queue_with_a_ttl_is_judged_again_when_a_copy_comes_due(idle, monkeypatch):
@@ -190,25 +194,49 @@ def test_new_limits_get_a_steady_queue_judged_again(idle, monkeypatch):
     writer.add([Copy(queue, f"u{n}", b"x") for n in range(8)], now_ms=1_000_100)
     writer.flush()
     calls.loads = {queue: Load(depth=8)}
-    assert list(warden.round(now=1001.0)) == [queue]
-    assert warden.round(now=1002.0) == {}  # steady
+    assert list(warden.round(now=1000.0 + T)) == [queue]
+    assert warden.round(now=1000.0 + 2 * T) == {}  # steady
     idle.subscribe(Subscription("idle.9", "c9", Limits(max_length=3, overflow=DROP_HEAD)))
-    verdicts = warden.round(now=1003.0)
+    verdicts = warden.round(now=1001.0 + 2 * T)  # subscribed anew: judged at once
     assert verdicts[queue].drop == 5
 
 
-def test_copies_tallied_anywhere_end_a_quiet_spell(idle, monkeypatch):
+def test_copies_over_a_limit_end_a_quiet_spell(idle, monkeypatch):
+    """More copies tallied than a drop-head queue may hold: gearmand may hold
+    them all, so the round reads its status and drops the surplus now."""
+    idle.subscribe(Subscription("idle.2", "c2", Limits(max_length=3, overflow=DROP_HEAD)))
     warden = warden_of(idle)
     calls = Counted(monkeypatch, {})
     warden.round(now=1000.0)
     assert warden.round(now=1001.0) == {}
     calls.reset()
     writer = TallyWriter(idle.redis, idle.keys)
-    writer.add([Copy("idle.2_c2", "u", b"x")], now_ms=1_001_500)
+    writer.add([Copy("idle.2_c2", f"u{n}", b"x") for n in range(5)], now_ms=1_001_500)
     writer.flush()
-    calls.loads = {"idle.2_c2": Load(depth=1)}
-    assert list(warden.round(now=1002.0)) == ["idle.2_c2"]
+    calls.loads = {"idle.2_c2": Load(depth=5)}
+    verdicts = warden.round(now=1002.0)
+    assert list(verdicts) == ["idle.2_c2"]
+    assert verdicts["idle.2_c2"].drop == 2
     assert calls.status == 1
+
+
+def test_copies_within_their_limits_wait_for_the_next_status(idle, monkeypatch):
+    """A steady stream of fanouts to a few topics, every queue within the
+    defaults' 10,000 copies: no round reads gearmand's status for them
+    (a line per function it knows) until STATUS_EVERY has passed."""
+    warden = warden_of(idle, Limits(max_length=10_000, max_bytes=16 << 20, overflow=DROP_HEAD))
+    calls = Counted(monkeypatch, {})
+    warden.round(now=1000.0)
+    writer = TallyWriter(idle.redis, idle.keys)
+    for second in range(1, int(T)):
+        writer.add([Copy(f"idle.2_c{c}", f"u{second}", b"x") for c in range(10)],
+                   now_ms=1_000_000 + second * 1000)
+        writer.flush()
+        calls.loads = {f"idle.2_c{c}": Load(depth=second) for c in range(10)}
+        assert warden.round(now=1000.0 + second) == {}
+    assert calls.status == 1
+    assert len(warden.round(now=1000.0 + T)) == 10
+    assert calls.status == 2
 
 
 def test_stream_readers_coming_and_going_wake_no_round(idle, monkeypatch):
@@ -251,14 +279,14 @@ def test_copies_elsewhere_do_not_make_a_round_read_steady_queues(idle, monkeypat
     writer.add([Copy(q, "u", b"x" * 10) for q in wide], now_ms=1_000_100)
     writer.flush()
     calls.loads = {q: Load(depth=1) for q in wide}
-    assert len(warden.round(now=1001.0)) == 200
+    assert len(warden.round(now=1000.0 + T)) == 200
     busy = "idle.30_c1"
-    for second in range(2, 6):
-        writer.add([Copy(busy, f"b{second}", b"y")], now_ms=1_000_000 + second * 1000)
+    for turn in range(2, 6):  # each round reads gearmand's status
+        writer.add([Copy(busy, f"b{turn}", b"y")], now_ms=1_000_000 + int(turn * T * 1000))
         writer.flush()
-        calls.loads[busy] = Load(depth=second - 1)
+        calls.loads[busy] = Load(depth=turn - 1)
         calls.reset()
-        assert list(warden.round(now=1000.0 + second)) == [busy]
+        assert list(warden.round(now=1000.0 + turn * T)) == [busy]
         assert calls.redis < 40, calls.redis  # the old rounds read 200 sums each
 
 
@@ -289,6 +317,37 @@ def test_a_queue_first_seen_in_gearmand_gets_its_sums_read_before_a_status(idle,
     monkeypatch.setattr(warden_module, "gearmand_loads", status_then_a_copy)
     warden.round(now=1000.0)
     monkeypatch.setattr(warden_module, "gearmand_loads", status)
-    verdicts = warden.round(now=1001.0)
+    verdicts = warden.round(now=1000.0 + T)
     assert verdicts[queue].oldest_ms == 999_000  # its first copy is still the oldest
     assert idle.redis.llen(idle.keys.tally(queue)) == 2
+
+
+def test_a_slow_status_spaces_the_rounds_out_and_lengthens_the_lease(idle, monkeypatch):
+    """A million functions in gearmand: a ``status`` read takes seconds. The
+    rounds then read it at most a quarter of the time, and the lease
+    outlasts a read (run out inside one, another process would take it)."""
+    clock = [0.0]
+    monkeypatch.setattr(warden_module, "monotonic", lambda: clock[0])
+    calls = Counted(monkeypatch, {})
+    counted = warden_module.gearmand_loads
+
+    def slow_status(servers, tls=None):
+        clock[0] += 2.0
+        return counted(servers, tls)
+
+    monkeypatch.setattr(warden_module, "gearmand_loads", slow_status)
+    idle.subscribe(Subscription("idle.1", "c1", Limits(message_ttl=60)))  # judged each change
+    warden = warden_of(idle)
+    assert warden.lead()
+    warden.round(now=1000.0)
+    assert warden.lead()
+    assert idle.redis.pttl(idle.keys.warden) > 5000  # three reads, not three intervals
+    writer = TallyWriter(idle.redis, idle.keys)
+    writer.add([Copy("idle.1_c1", "u", b"x")], now_ms=1_000_500)
+    writer.flush()
+    calls.loads = {"idle.1_c1": Load(depth=1)}
+    calls.reset()
+    assert warden.round(now=1003.0) == {}  # 3 s after a read of 2 s
+    assert calls.status == 0
+    assert list(warden.round(now=1006.5)) == ["idle.1_c1"]
+    assert calls.status == 1
