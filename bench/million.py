@@ -398,9 +398,12 @@ def main() -> None:
                 # once the fanouts' own after-work (the ledger's and the
                 # tallies' writes, the first judgement of every queue) is done.
                 settle(pool)
-                r["after"] = idle_cpu(nodes, pool, gm, args.seconds)
+                r["after"] = idle_cpu(nodes, pool, gm, args.seconds,
+                                      f"{args.profile}.after.{count}" if args.profile else "")
                 with trickle(gm):
-                    r["trickle"] = idle_cpu(nodes, pool, gm, args.seconds)
+                    r["trickle"] = idle_cpu(
+                        nodes, pool, gm, args.seconds,
+                        f"{args.profile}.trickle.{count}" if args.profile else "")
             r["redis_mib"], r["bytes_per_subscription"] = used / 2**20, used / made
             r["cache_bytes"], r["cache_wide_mib"] = cache_bytes(url, count, args.wide)
             results[count] = r

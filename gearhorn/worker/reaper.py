@@ -36,6 +36,8 @@ def gearmand_loads(servers: Sequence[Server], tls=None) -> dict[str, Load]:
     loads: dict[str, Load] = {}
     for server in servers:
         for name, queued, running, workers in gearman.status_rows(*server, tls=tls):
+            if not (queued or running or workers):
+                continue  # as good as absent: gearmand keeps every function it met
             load = loads.setdefault(name, Load())
             load.depth += queued
             load.running += running

@@ -30,11 +30,12 @@ takes the oldest (one priority; docs/reliability.rst says where that bends).
 from __future__ import annotations
 
 import dataclasses
+import heapq
 import logging
 import math
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from time import monotonic
 
@@ -53,7 +54,7 @@ from gearhorn.store.registry import Registry
 from gearhorn.store.room import RoomKeeper
 from gearhorn.store.tally import TallyReader
 from gearhorn.worker.reaper import Load, Reaper, Server, gearmand_loads
-from gearhorn.worker.round_report import Backlog, RoundReport
+from gearhorn.worker.round_report import BACKLOGS_KEPT, Backlog, RoundReport
 from gearhorn.worker.seen import Seen, SeenQueues
 
 log = logging.getLogger(__name__)
@@ -202,13 +203,8 @@ class Warden:
             return self._gave_up(renewed)
         if not everything:
             self.seen.others(sums, steady, subscriptions, loads, now)
-        for queue, seen in steady.items():
-            if seen.full:
-                full.add(queue)
-            if seen.backlog is not None:  # as judged then, its oldest copy older by now
-                age = seen.backlog.oldest_age
-                backlogs.append(dataclasses.replace(
-                    seen.backlog, oldest_age=None if age is None else age + now - seen.at))
+        full.update(queue for queue, seen in steady.items() if seen.full)
+        backlogs += _aged(steady.values(), now)
         self.report.mark_full(full)
         rooms = [(q, v.room, v.room_bytes) for q, v in verdicts.items() if v.room is not None]
         # Rooms of queues judged and no longer reject-publish, or gone; one
@@ -412,6 +408,16 @@ class Warden:
         log.info("%s: subscription expired after %.0fs without a consumer; %d copies removed",
                  queue, now - last, emptied)
         return True
+
+
+def _aged(steady: Iterable[Seen], now: float) -> list[Backlog]:
+    """The largest backlogs of queues not judged this round, as judged then,
+    their oldest copy older by now (only the ones that can be reported:
+    100,000 rebuilt each round were half of its time)."""
+    largest = heapq.nlargest(BACKLOGS_KEPT, (s for s in steady if s.backlog is not None),
+                             key=lambda s: s.backlog.depth)
+    return [dataclasses.replace(s.backlog, oldest_age=None if s.backlog.oldest_age is None
+                                else s.backlog.oldest_age + now - s.at) for s in largest]
 
 
 def _due(verdict: Verdict, limits: Limits) -> float:
