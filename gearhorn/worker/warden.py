@@ -152,7 +152,7 @@ class Warden:
         version = self.tally.version()
         # Taken before the sums: a queue tallied after this is in the next
         # round's set, so every other queue's sums are what this process
-        # last read or left (_Seen.sums).
+        # last read or left (Seen.sums, worker/seen.py).
         tallied = set()
         if not everything and self._status_recent(always, now):
             if version == self._version:
