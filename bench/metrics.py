@@ -8,8 +8,9 @@ subscriber, copies counted for each, and one queued job in each topic's
 queue (so gearmand's status lists N functions). ``gearhorn web`` runs with
 the default ``metrics_top`` (100); GET /metrics is timed 20 times (scrapes
 within a second share the console's sample), then the web process's CPU
-over 10 s of nobody scraping (the console samples every second, or less
-often when a sample is slow),
+over 30 s of nobody scraping and no console open (the console then
+samples every 10 s; every second while one is open, or less often when a
+sample is slow),
 and a fresh sample is timed on its own. The peer is the irreducible part:
 gearmand's own ``status`` text over the same queues, fetched, not parsed.
 
@@ -94,7 +95,7 @@ def bench_scrape(topics: int) -> None:
         size = len(urllib.request.urlopen(url, timeout=60).read())
         scrape = timed(lambda: urllib.request.urlopen(url, timeout=60).read())
         cpu_before, wall_before = cpu_seconds(web.pid), time.monotonic()
-        time.sleep(10)  # the console's sampling alone, nobody scraping
+        time.sleep(30)  # the console's sampling alone, nobody scraping or watching
         busy = (cpu_seconds(web.pid) - cpu_before) / (time.monotonic() - wall_before)
         collector = Collector(Registry(redis.Redis.from_url(red.details["url"]), Keys()),
                               [(gm.host, gm.port)])
