@@ -57,7 +57,10 @@ class Counted:
         self.redis = self.status = 0
 
 
-def warden_of(registry, defaults: Limits = Limits()):
+NO_LIMITS = Limits()
+
+
+def warden_of(registry, defaults: Limits = NO_LIMITS):
     reaper = Reaper((), HeaderStore(registry.redis, registry.keys, 60),
                     DeadLetterIndex(registry.redis, registry.keys))
     return Warden(WardenSettings(servers=(("127.0.0.1", 1),), defaults=defaults),
