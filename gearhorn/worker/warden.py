@@ -130,7 +130,7 @@ class Warden:
         """One pass over the subscriber queues that may need it; the
         verdicts, for tests."""
         now = time.time() if now is None else now
-        if now - self._status_at < self._status_took / STATUS_SHARE - self._status_took:
+        if self._since_status(now) < self._status_took / STATUS_SHARE - self._status_took:
             return {}  # gearmand's status is slow to read: rounds spaced out to match
         # What workers claimed up to the last round: copies claimed since may
         # not be in gearmand's count yet, so they are taken off the room too.
@@ -286,8 +286,14 @@ class Warden:
         due, and the last status is recent. What only gearmand shows, copies
         consumed and copies sent by others, is then seen within
         STATUS_EVERY seconds."""
-        return (not always and now - self._status_at < STATUS_EVERY
+        return (not always and self._since_status(now) < STATUS_EVERY
                 and now * 1000 < self.seen.next_due)
+
+    def _since_status(self, now: float) -> float:
+        """Seconds since gearmand's status was read; a wall clock set back
+        since counts as long ago (else the rounds would wait for it)."""
+        since = now - self._status_at
+        return since if since >= 0 else math.inf
 
     def _within_limits(self, queues: set[str]) -> bool:
         """Whether none of ``queues`` (tallied since the last status read)

@@ -67,6 +67,19 @@ def warden_of(registry, defaults: Limits = NO_LIMITS):
                   registry, reaper)
 
 
+def unread_wide_topic(registry, warden, calls):
+    """200 queues given one copy each, nobody reading them, judged once
+    (the round that reads gearmand's status next); (the queues, the writer)."""
+    warden.round(now=1000.0)
+    queues = [f"idle.{t}_c{c}" for t in range(20) for c in range(10)]
+    writer = TallyWriter(registry.redis, registry.keys)
+    writer.add([Copy(q, "u", b"x" * 10) for q in queues], now_ms=1_000_100)
+    writer.flush()
+    calls.loads = {q: Load(depth=1) for q in queues}
+    assert len(warden.round(now=1000.0 + T)) == 200
+    return queues, writer
+
+
 @pytest.fixture
 def idle(registry):
     pipe_size = 500
@@ -160,13 +173,7 @@ def test_a_queue_whose_counts_did_not_move_is_not_judged_again(idle, monkeypatch
     round after round, the same verdict each time."""
     warden = warden_of(idle)
     calls = Counted(monkeypatch, {})
-    warden.round(now=1000.0)
-    queues = [f"idle.{t}_c{c}" for t in range(20) for c in range(10)]
-    writer = TallyWriter(idle.redis, idle.keys)
-    writer.add([Copy(q, "u", b"x" * 10) for q in queues], now_ms=1_000_100)
-    writer.flush()
-    calls.loads = {q: Load(depth=1) for q in queues}
-    assert len(warden.round(now=1000.0 + T)) == 200
+    queues, _ = unread_wide_topic(idle, warden, calls)
     assert warden.round(now=1000.0 + 2 * T) == {}  # nothing moved
     backlogs = json.loads(idle.redis.get(idle.keys.backlogs))["queues"]
     assert len(backlogs) == BACKLOGS_KEPT  # still reported
@@ -276,13 +283,7 @@ def test_copies_elsewhere_do_not_make_a_round_read_steady_queues(idle, monkeypat
     of every queue holding copies (200 here; 100,000 after a wide fanout)."""
     warden = warden_of(idle)
     calls = Counted(monkeypatch, {})
-    warden.round(now=1000.0)
-    wide = [f"idle.{t}_c{c}" for t in range(20) for c in range(10)]
-    writer = TallyWriter(idle.redis, idle.keys)
-    writer.add([Copy(q, "u", b"x" * 10) for q in wide], now_ms=1_000_100)
-    writer.flush()
-    calls.loads = {q: Load(depth=1) for q in wide}
-    assert len(warden.round(now=1000.0 + T)) == 200
+    _, writer = unread_wide_topic(idle, warden, calls)
     busy = "idle.30_c1"
     for turn in range(2, 6):  # each round reads gearmand's status
         writer.add([Copy(busy, f"b{turn}", b"y")], now_ms=1_000_000 + int(turn * T * 1000))
@@ -353,4 +354,15 @@ def test_a_slow_status_spaces_the_rounds_out_and_lengthens_the_lease(idle, monke
     assert warden.round(now=1003.0) == {}  # 3 s after a read of 2 s
     assert calls.status == 0
     assert list(warden.round(now=1006.5)) == ["idle.1_c1"]
+    assert calls.status == 1
+
+
+def test_a_wall_clock_set_back_does_not_stop_the_rounds(idle, monkeypatch):
+    """NTP steps the clock back an hour: the last status read is then "in
+    the future", and the rounds must not wait an hour for gearmand's counts."""
+    warden = warden_of(idle)
+    calls = Counted(monkeypatch, {})
+    warden.round(now=5000.0)
+    calls.reset()
+    warden.round(now=5000.0 - 3600)
     assert calls.status == 1
