@@ -5,6 +5,7 @@
     python bench/million.py --wide 0              # without the wide topic
     python bench/million.py --cluster             # on a 3-master Redis Cluster
     python bench/million.py --status-at 100000 1000000  # gearmand's status alone
+    python bench/million.py --counts 1000 1000000 --turns 3  # per-call only, in turns
 
 For each count: a fresh Redis and gearmand, a pool of 2 ``gearhorn
 worker`` processes with every default on (warden, janitor, metrics,
@@ -25,6 +26,11 @@ fanouts a second to a topic of 10 (the warden's rounds then have something
 to look at each second). Everything is in the same
 single Redis; a count's figures beside the smallest count's are the ratio
 that matters.
+
+With ``--turns N`` only the per-call figures are taken, every count's
+servers and pool up at once and measured in alternating turns (1K, 1M,
+1M, 1K, ...), the medians compared: what tells a real cost of the count
+from the machine's noise, which swings a single fanout measure by a third.
 """
 
 from __future__ import annotations
@@ -299,8 +305,7 @@ def show(count: int, r: dict) -> None:
           f"workers {busy['workers']:.3f} cores, redis {busy['redis']:.3f}, "
           f"{busy['redis_commands']:,.0f} Redis commands/s ({busy['top']})", flush=True)
     line = "  ".join(f"{name} p50 {r[name][0]:.2f} p99 {r[name][1]:.2f} ms"
-                     for name in ("subscribe", "unsubscribe", "presence10", "presence_wide")
-                     if name in r)
+                     for name in PER_CALL if name in r)
     print(f"  {count:>9,} subscriptions, calls: {line}", flush=True)
     rates = "  ".join(f"{name} {r[name]:,.0f} copies/s" for name in ("fanout10", "fanout_wide")
                       if name in r)
@@ -353,6 +358,64 @@ def chart(results: dict[int, dict], path: str) -> None:
     plt.close(fig)
 
 
+@contextlib.contextmanager
+def deployment(cluster: bool):
+    """A fresh Redis (or 3-master Cluster) and gearmand: (nodes, url, gearmand)."""
+    made = redis_servers.start_redis_cluster(masters=3) if cluster else servers.start_redis()
+    gm = servers.start_gearmand()
+    try:
+        if cluster:
+            yield made.nodes, made.url, gm
+        else:
+            yield [made], made.details["url"], gm
+    finally:
+        gm.stop()
+        made.stop()
+
+
+def in_turns(counts: list[int], wide: int, turns: int, cluster: bool) -> None:
+    """The per-call figures of every count, in alternating turns, and the
+    medians' ratios against the smallest count."""
+    with contextlib.ExitStack() as stack:
+        gearmands = {}
+        for count in counts:
+            _, url, gm = stack.enter_context(deployment(cluster))
+            subscribe_all(url, count, wide)
+            stack.enter_context(settled_pool(url, gm))
+            gearmands[count] = gm
+            print(f"  {count:>9,} subscriptions ready", flush=True)
+        taken: dict[int, list[dict]] = {count: [] for count in counts}
+        for turn in range(turns):
+            for count in counts if turn % 2 == 0 else counts[::-1]:
+                r = per_call(gearmands[count], wide)
+                taken[count].append(r)
+                print(f"  turn {turn + 1}, {count:>9,}: " + "  ".join(
+                    f"{name} p99 {r[name][1]:.2f} ms" for name in PER_CALL if name in r)
+                    + f"  fanout x{WIDTH} {r['fanout10']:,.0f}"
+                    + (f"  wide {r['fanout_wide']:,.0f} copies/s" if wide else ""), flush=True)
+    low = min(counts)
+    for count in counts:
+        rows = taken[count]
+        line = "  ".join(f"{name} p99 {median([r[name][1] for r in rows]):.2f} ms"
+                         for name in PER_CALL if name in rows[0])
+        rates = {name: median([r[name] for r in rows]) for name in ("fanout10", "fanout_wide")
+                 if name in rows[0]}
+        print(f"  median of {turns}, {count:>9,}: {line}  " + "  ".join(
+            f"{name} {rate:,.0f} copies/s" for name, rate in rates.items()), flush=True)
+        if count != low:
+            base = {name: median([r[name] for r in taken[low]]) for name in rates}
+            print(f"  at {count:,} / at {low:,}: " + "  ".join(
+                f"{name} {rate / base[name]:.2f}x" for name, rate in rates.items()), flush=True)
+
+
+def median(values: list[float]) -> float:
+    ordered = sorted(values)
+    return ordered[len(ordered) // 2]
+
+
+PER_CALL = ("subscribe", "unsubscribe", "presence10", "presence_wide")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--counts", type=int, nargs="+", default=[1000, 100_000])
@@ -365,7 +428,12 @@ def main() -> None:
     parser.add_argument("--chart", default="", help="draw each cost by count to this PNG")
     parser.add_argument("--status-at", type=int, nargs="*", default=[], metavar="FUNCTIONS",
                         help="only: gearmand's status read with that many functions known")
+    parser.add_argument("--turns", type=int, default=0,
+                        help="only the per-call figures, every count up at once, in turns")
     args = parser.parse_args()
+    if args.turns:
+        in_turns(sorted(args.counts), args.wide, args.turns, args.cluster)
+        return
     if args.status_at:
         for functions in args.status_at:
             status_at(functions)
@@ -375,12 +443,7 @@ def main() -> None:
           f"{'a 3-master Redis Cluster' if args.cluster else 'one Redis'}", flush=True)
     results = {}
     for count in args.counts:
-        cluster = redis_servers.start_redis_cluster(masters=3) if args.cluster else None
-        red = None if cluster else servers.start_redis()
-        nodes = cluster.nodes if cluster else [red]
-        gm = servers.start_gearmand()
-        try:
-            url = cluster.url if cluster else red.details["url"]
+        with deployment(args.cluster) as (nodes, url, gm):
             empty = used_memory(nodes)
             started = time.monotonic()
             subscribe_all(url, count, args.wide)
@@ -408,9 +471,6 @@ def main() -> None:
             r["cache_bytes"], r["cache_wide_mib"] = cache_bytes(url, count, args.wide)
             results[count] = r
             show(count, r)
-        finally:
-            gm.stop()
-            (cluster or red).stop()
     low = min(results)
     for count, r in results.items():
         if count == low:

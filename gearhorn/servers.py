@@ -185,9 +185,12 @@ def _wait_until_listening(server: Managed, timeout: float = 15.0) -> None:
 
 def start_redis(port: int | None = None, data_dir: str | None = None,
                 appendonly: bool = False, cpus: set[int] | None = None,
-                extra: list[str] | None = None) -> Managed:
+                extra: list[str] | None = None, barrier: bool = True) -> Managed:
     """redis-server on 127.0.0.1; with ``data_dir`` its data persists there;
-    ``cpus`` pins it (see :func:`queue_cpus`); ``extra``: more options."""
+    ``cpus`` pins it (see :func:`queue_cpus`); ``extra``: more options.
+    ``appendonly`` with ``data_dir`` serves the fsync barrier beside it
+    unless ``barrier`` is false (a Redis Cluster node: the barrier does not
+    cover a cluster, whose nodes sync as their ``appendfsync`` says)."""
     binary = find_binary("redis-server")
     if binary is None:
         raise ServerError("redis-server not found: apt-get install redis-server")
@@ -197,7 +200,7 @@ def start_redis(port: int | None = None, data_dir: str | None = None,
     if appendonly:
         # Every command in the AOF before its answer; gearhorn/aofsync.py
         # syncs the files to disk (everysec may answer first: aofsync.py).
-        argv += ["--appendfsync", "no"]
+        argv += ["--appendfsync", "no" if barrier else "everysec"]
     log_path, repaired = None, []
     if data_dir:
         os.makedirs(data_dir, exist_ok=True)
@@ -210,7 +213,7 @@ def start_redis(port: int | None = None, data_dir: str | None = None,
     server.details["url"] = f"redis://{HOST}:{port}/0"
     if repaired:
         server.details["repaired"] = "; ".join(repaired)
-    if appendonly and data_dir:
+    if appendonly and data_dir and barrier:
         # Its fsync barrier: acknowledgements wait for it (gearhorn/store/fsync.py).
         server.companions.append(_serve_barrier(server.details["url"], data_dir))
     _wait_until_loaded(server)

@@ -13,7 +13,8 @@ queued (a Gearman worker of ``<queue>.dlq`` may take them without us).
 ``<queue>.dlq``: requeue submits each to ``<queue>`` again (without the
 ``dlq-*`` headers, so its delivery count starts over) and only then
 completes the dead letter, so a crash in between duplicates a message
-rather than losing it.
+rather than losing it. Copies requeued to a bounded queue are tallied as a
+fanout's are, so the warden knows their age and size at its next round.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from gearhorn.store.headers import HeaderStore
 from gearhorn.store.keys import Keys
 from gearhorn.store.redisutil import text
 from gearhorn.store.stats import Stats
+from gearhorn.store.tally import TallyWriter
 
 PREVIEW_BYTES = 200
 DLQ_HEADER_PREFIX = "dlq-"
@@ -127,6 +129,7 @@ class DeadLetterMover:
         # Requeued copies on disk before their dead letters are completed.
         self.durability = durability
         self.dashed = DashedFunctions(index.redis, index.keys)
+        self.tally = TallyWriter(index.redis, index.keys)
 
     def requeue(self, queue: str, count: int | None = None) -> int:
         """Move up to ``count`` (all: None) dead letters back to ``queue``."""
@@ -140,19 +143,21 @@ class DeadLetterMover:
         moved = 0
         client = (gearman.Client(self.servers, tls=self.tls,
                                  before_background=self.dashed.record) if resubmit else None)
+        # A bounded queue's copies are tallied (the warden's ages and sizes).
+        tallied = resubmit and self.index.redis.hexists(self.index.keys.subscriptions, queue)
         try:
             for host, port in self.servers:
                 if count is not None and moved >= count:
                     break
                 left = None if count is None else count - moved
-                moved += self._drain_server(host, port, queue, left, client)
+                moved += self._drain_server(host, port, queue, left, client, tallied)
         finally:
             if client is not None:
                 client.close()
         return moved
 
     def _drain_server(self, host: str, port: int, queue: str, count: int | None,
-                      client: gearman.Client | None) -> int:
+                      client: gearman.Client | None, tallied: bool = False) -> int:
         worker = gearman.WorkerConnection(host, port, [dead_letter_queue(queue)],
                                           client_id="gearhorn-dlq", tls=self.tls)
         worker.open()
@@ -164,7 +169,11 @@ class DeadLetterMover:
                 if not jobs:
                     break
                 if client is not None:
-                    client.submit_background(self._back_to_queue(queue, jobs))
+                    copies = self._back_to_queue(queue, jobs)
+                    client.submit_background(copies)
+                    if tallied:
+                        self.tally.add(copies)
+                        self.tally.flush()
                     self.durability.wait()
                 for job in jobs:
                     worker.complete(job.handle)

@@ -11,7 +11,9 @@ import sys
 
 import pytest
 
-from gearhorn import auth
+from gearhorn import auth, gearman
+from gearhorn.store import redisconn
+from gearhorn.store.keys import Keys
 
 from .helpers import queue_depth, unique_topic, wait_for
 
@@ -79,6 +81,38 @@ def test_list_requeue_and_purge_from_the_command_line(gearmand, stack, stomp_cli
     assert json.loads(dlq(gearmand, redis_url, "list", queue, "--json")) == {
         "queue": queue, "queued": 0, "letters": []}
     wait_for(lambda: queue_depth(gearmand, queue) == 0, message="the requeued one done")
+
+
+def test_copies_requeued_to_a_bounded_queue_are_tallied(gearmand, stack, stomp_clients,
+                                                         redis_url):
+    """The warden knows their age and size at its next round, as it knows a
+    SEND's: a requeue is not an outside copy it can only guess the age of."""
+    queue, body = unique_topic("qb"), b"bounded and dead"
+    client = redisconn.connect(redis_url)
+    consumer = stomp_clients(stack.port)
+    consumer.subscribe(f"/queue/{queue}", "1", ack="client-individual",
+                       **{"x-max-length": "100"})
+    dead_letter(consumer, stomp_clients(stack.port), queue, body)
+    wait_for(lambda: queue_depth(gearmand, f"{queue}.dlq") == 1, message="the dead letter")
+    consumer.close()  # nobody takes the requeued copy: it stays tallied
+    wait_for(lambda: not workers_of(gearmand, queue),
+             message="the bridge no longer a worker of the queue")
+    wait_for(lambda: tally_sum(client, queue) == (0, 0), timeout=90,
+             message="the SEND's own tally forgotten once the copy was consumed")
+    assert "1 dead letters moved back" in dlq(gearmand, redis_url, "requeue", queue)
+    wait_for(lambda: queue_depth(gearmand, queue) == 1, message="the requeued copy")
+    assert tally_sum(client, queue) == (1, len(body))
+    assert not workers_of(gearmand, queue)  # nobody took and gave it back meanwhile
+
+
+def workers_of(gearmand, queue):
+    return sum(f.workers for f in gearman.status(gearmand.host, gearmand.port)
+               if f.name == queue)
+
+
+def tally_sum(client, queue):
+    found = client.hgetall(Keys().tally_sum(queue))
+    return int(found.get(b"c", 0)), int(found.get(b"b", 0))
 
 
 @pytest.fixture
