@@ -377,16 +377,20 @@ def in_turns(counts: list[int], wide: int, turns: int, cluster: bool) -> None:
     """The per-call figures of every count, in alternating turns, and the
     medians' ratios against the smallest count."""
     with contextlib.ExitStack() as stack:
-        gearmands = {}
+        gearmands, pools = {}, []
         for count in counts:
             _, url, gm = stack.enter_context(deployment(cluster))
             subscribe_all(url, count, wide)
-            stack.enter_context(settled_pool(url, gm))
+            pools.append(stack.enter_context(settled_pool(url, gm)))
             gearmands[count] = gm
             print(f"  {count:>9,} subscriptions ready", flush=True)
         taken: dict[int, list[dict]] = {count: [] for count in counts}
         for turn in range(turns):
             for count in counts if turn % 2 == 0 else counts[::-1]:
+                # Every pool done with the last turn's after-work (the wide
+                # topic's 100,000 queues judged), the one measured included.
+                for pool in pools:
+                    settle(pool)
                 r = per_call(gearmands[count], wide)
                 taken[count].append(r)
                 print(f"  turn {turn + 1}, {count:>9,}: " + "  ".join(

@@ -40,8 +40,8 @@ def start_redis_cluster(masters: int = 3, replicas: int = 0, data_dir: str | Non
     """A Redis Cluster of ``masters`` masters with ``replicas`` replicas each,
     on 127.0.0.1, made with ``redis-cli --cluster create``. Each node keeps
     its nodes.conf (and AOF, so a restarted node comes back) in ``data_dir``,
-    synced every second: the fsync barrier does not cover a cluster (its
-    syncer would ask each node for a key most of them do not serve)."""
+    without the fsync barrier, which does not cover a cluster (its syncer
+    would ask each node for a key most of them do not serve)."""
     cli = find_binary("redis-cli")
     if cli is None:
         raise ServerError("redis-cli not found: apt-get install redis-tools")

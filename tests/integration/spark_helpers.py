@@ -70,7 +70,9 @@ def local_spark():
                .config("spark.ui.enabled", "false")
                .config("spark.sql.shuffle.partitions", "2")  # tests' ledgers are small
                .config("spark.sql.session.timeZone", "UTC")
-               .config("spark.driver.extraJavaOptions", job.LOCAL_JAVA_OPTIONS)
+               # short-lived: the quick compiler only (tests/unit/test_pipeline.py)
+               .config("spark.driver.extraJavaOptions",
+                       job.LOCAL_JAVA_OPTIONS + " -XX:TieredStopAtLevel=1")
                .getOrCreate())
     session.sparkContext.setLogLevel("ERROR")
     return session
