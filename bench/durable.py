@@ -6,6 +6,9 @@
     python bench/durable.py --latency 2000     # what the fsync barrier adds to one fanout
     python bench/durable.py --modes redis,redis-written   # the fsync barrier against
                                                           # acknowledging when written
+    python bench/durable.py --modes redis,none   # every default, and no queue, each
+                                                 # against gearmand alone (its ceiling)
+    python bench/durable.py --modes redis --gearmands 2   # two gearmand, copies by queue
 
 Each gearhorn mode gets fresh servers on free loopback ports, with their data
 on disk (a temporary folder under the current directory): the registry's
@@ -18,6 +21,10 @@ every copy (JOB_CREATED) and then an fsync of both Redis covered them
 (``durability = fsync``, the default; ``redis-written`` answers without
 waiting for the disk, as gearhorn did before). The fsyncs each run took, and
 the copies one fsync covered, are printed beside the default's rates.
+For the redis and none modes, gearmand alone on the same servers: the same
+copies pipelined by 2 processes of the workers' own Gearman client, each
+1,000 covered by the fsync barrier, as the pool's answers are. What a pool
+could reach if a fanout cost it nothing: the ceiling (issue 52).
 
 gearmand's MySQL queue runs on Debian's MariaDB (durable defaults) when
 installed. The peer is RabbitMQ (Debian's rabbitmq-server), in the same run: N durable
@@ -41,6 +48,7 @@ import sys
 import tempfile
 import threading
 import time
+from concurrent.futures import ProcessPoolExecutor
 
 import redis
 import stomp
@@ -64,36 +72,45 @@ class GearhornServers:
     and with ``bridge`` a STOMP bridge."""
 
     def __init__(self, queue: str, processes: int, pinned: bool = True,
-                 bridge: bool = False, durability: str = "fsync") -> None:
+                 bridge: bool = False, durability: str = "fsync", gearmands: int = 1) -> None:
         self.queue = queue
-        # as gearhorn up does: gearmand and the Redis of its queue on one core
-        cpus = servers.queue_cpus() if pinned and queue == "redis" else None
         self.tmp = tempfile.mkdtemp(prefix="bench-durable-", dir=os.getcwd())
         self.redis = servers.start_redis(data_dir=os.path.join(self.tmp, "redis"),
                                          appendonly=True)
-        self.queue_redis = self.mariadb = None
-        address = None
-        if queue == "redis":
-            self.queue_redis = servers.start_redis(
-                data_dir=os.path.join(self.tmp, "queue-redis"), appendonly=True, cpus=cpus)
-            address = (self.queue_redis.host, self.queue_redis.port)
-        elif queue == "mysql":
+        self.mariadb = None
+        self.queue_redises: list[servers.Managed] = []
+        self.gearmands: list[servers.Managed] = []
+        if queue == "mysql":
             self.mariadb = MariaDB(self.tmp)
-            address = ("127.0.0.1", self.mariadb.port)
+        for n in range(gearmands):
+            # as gearhorn up does: gearmand and the Redis of its queue on one
+            # core; a second pair on the other core
+            cpus = pair_cpus(n) if pinned and queue == "redis" else None
+            address = None
+            if queue == "redis":
+                self.queue_redises.append(servers.start_redis(
+                    data_dir=os.path.join(self.tmp, f"queue-redis{n}"), appendonly=True,
+                    cpus=cpus))
+                address = (self.queue_redises[-1].host, self.queue_redises[-1].port)
+            elif queue == "mysql":
+                address = ("127.0.0.1", self.mariadb.port)
+            self.gearmands.append(servers.start_gearmand(
+                data_dir=os.path.join(self.tmp, f"gearmand{n}"), queue=queue,
+                queue_server=address, cpus=cpus))
+        self.gearmand = self.gearmands[0]
         # Where gearmand keeps its queue, and what an answer waits for:
         # with fsync, the syncers servers.start_redis runs beside each Redis.
         self.env = {"GEARHORN_PERSISTENCE": queue if queue in ("redis", "sqlite") else "none",
                     "GEARHORN_DURABILITY": durability}
-        if self.queue_redis:
-            self.env["GEARHORN_QUEUE_REDIS_URL"] = self.queue_redis.details["url"]
-        self.syncers = [c for r in (self.redis, self.queue_redis) if r for c in r.companions]
-        self.gearmand = servers.start_gearmand(
-            data_dir=os.path.join(self.tmp, "gearmand"), queue=queue, queue_server=address,
-            cpus=cpus)
+        if self.queue_redises:
+            self.env["GEARHORN_QUEUE_REDIS_URL"] = ",".join(
+                r.details["url"] for r in self.queue_redises)
+        self.syncers = [c for r in (self.redis, *self.queue_redises) for c in r.companions]
         self.registry = Registry(redis.Redis.from_url(self.redis.details["url"]), Keys())
         for width in WIDTHS:
             subscribe_many(self.registry, f"bench{width}", width)
-        self.pool = start_pool(self.gearmand, self.redis.details["url"], processes, env=self.env)
+        self.pool = start_pool(self.gearmand, self.redis.details["url"], processes, env=self.env,
+                               also=tuple(self.gearmands[1:]))
         self.bridge = self.start_bridge() if bridge else None
 
     def start_bridge(self) -> subprocess.Popen:
@@ -101,7 +118,7 @@ class GearhornServers:
         self.bridge_port = servers.free_port()
         bridge = subprocess.Popen(
             [sys.executable, "-m", "gearhorn", "bridge", "--port", str(self.bridge_port),
-             "--ws-port", "0", "--gearman", self.gearmand.address,
+             "--ws-port", "0", *(a for g in self.gearmands for a in ("--gearman", g.address)),
              "--redis-url", self.redis.details["url"], "--log-level", "WARNING"],
             env={**os.environ, **self.env}, preexec_fn=servers.die_with_parent)
         deadline = time.monotonic() + 60
@@ -116,6 +133,24 @@ class GearhornServers:
         gearhorn_rate(self.gearmand, f"bench{width}", max(1, fanouts // 10), width)  # warm-up
         return self.counting_fsyncs(lambda: gearhorn_rate(self.gearmand, f"bench{width}",
                                                           fanouts, width))
+
+    def gearmand_rate(self, width: int, copies: int, clients: int = 2) -> float:
+        """Copies/s gearmand itself takes on this setup, acknowledged as the
+        pool's are: the copies of a fanout to ``width`` pipelined by the
+        workers' own Gearman client, 1,000 a batch, each batch then covered
+        by the fsync barrier of gearmand's queue Redis; ``clients``
+        processes at once, as the pool's. What a pool could reach with this
+        gearmand if a fanout cost it nothing (no JSON, look-up, ledger,
+        tally): the ceiling of issue 52."""
+        addresses = [g.address for g in self.gearmands]
+        queue_urls = [r.details["url"] for r in self.queue_redises]
+        share = max(1, copies // clients)
+        start = time.perf_counter()
+        with ProcessPoolExecutor(clients) as pool:
+            list(pool.map(_submit_acknowledged, [addresses] * clients, [queue_urls] * clients,
+                          [f"bench{width}"] * clients, [width] * clients, [share] * clients,
+                          range(clients)))
+        return share * clients / (time.perf_counter() - start)
 
     def stomp_rate(self, width: int, copies: int) -> float:
         return self.counting_fsyncs(lambda: stomp_persistent_rate(self.bridge_port, {}, width,
@@ -137,10 +172,39 @@ class GearhornServers:
             if process is not None:
                 process.send_signal(signal.SIGTERM)
                 process.wait(30)
-        for server in (self.gearmand, self.queue_redis, self.mariadb, self.redis):
+        for server in (*self.gearmands, *self.queue_redises, self.mariadb, self.redis):
             if server is not None:
                 server.stop()
         shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+def pair_cpus(n: int) -> set[int] | None:
+    """The core of gearmand number ``n`` and its queue's Redis: the last
+    core for the first pair (servers.queue_cpus), the one before for the next."""
+    allowed = sorted(os.sched_getaffinity(0))
+    return {allowed[-1 - n % len(allowed)]} if len(allowed) > 1 else None
+
+
+def _submit_acknowledged(addresses: list[str], queue_urls: list[str], topic: str, width: int,
+                         copies: int, part: int) -> None:
+    """One client of :meth:`GearhornServers.gearmand_rate` (in a process of its own)."""
+    from gearhorn.store.fsync import Durability, FsyncBarrier
+
+    client = gearman.Client([(a.rpartition(":")[0], int(a.rpartition(":")[2]))
+                             for a in addresses])
+    durability = Durability([FsyncBarrier(redis.Redis.from_url(url), url)
+                             for url in queue_urls])
+    run = os.urandom(4).hex()
+    try:
+        for at in range(0, copies, 1000):
+            client.submit_background([
+                gearman.Copy(f"{topic}_c{n % width}", f"ceiling:{run}:{part}:{n}",
+                             f'"m{n}"'.encode())
+                for n in range(at, min(at + 1000, copies))])
+            durability.wait()
+    finally:
+        durability.close()
+        client.close()
 
 
 class MariaDB:
@@ -237,8 +301,8 @@ def stomp_persistent_rate(port: int, login: dict, width: int, copies: int) -> fl
 MODES = ("redis", "redis-written", "redis-unpinned", "sqlite", "mysql", "none")
 
 
-def bench_modes(processes: int, quick: bool,
-                chosen: tuple[str, ...] = MODES) -> dict[str, dict[int, float]]:
+def bench_modes(processes: int, quick: bool, chosen: tuple[str, ...] = MODES,
+                gearmands: int = 1) -> dict[str, dict[int, float]]:
     # sqlite syncs every job: a few thousand copies take seconds already.
     durable = 20_000 if quick else 100_000
     slow = 2_000 if quick else 5_000
@@ -257,13 +321,16 @@ def bench_modes(processes: int, quick: bool,
             continue
         through_bridge = mode in ("redis", "redis-written")  # also measured as RabbitMQ is
         running = GearhornServers(queue, processes, pinned, bridge=through_bridge,
-                                  durability=durability)
+                                  durability=durability, gearmands=gearmands)
         fsyncs = {}
         try:
             rates[mode] = {}
             for width in WIDTHS:
                 rates[mode][width] = running.rate(width, budget)
                 fsyncs[width] = running.fsyncs
+            if mode in ("redis", "none"):  # the ceiling: gearmand alone, same setup
+                rates[f"{mode} gearmand"] = {w: running.gearmand_rate(w, budget)
+                                             for w in WIDTHS}
             if through_bridge:
                 rates[f"{mode} stomp"] = {}
                 for width in WIDTHS:
@@ -272,6 +339,8 @@ def bench_modes(processes: int, quick: bool,
         finally:
             running.close()
         show(f"gearmand queue {label}", rates[mode])
+        if f"{mode} gearmand" in rates:
+            show("  gearmand alone, the same acks", rates[f"{mode} gearmand"])
         if through_bridge:
             show("  the same, STOMP persistent", rates[f"{mode} stomp"])
         if durability == "fsync" and queue == "redis":
@@ -422,6 +491,8 @@ def main() -> None:
                         help="only measure the latency of single fanouts, fsync against written")
     parser.add_argument("--replay", type=int, metavar="COPIES",
                         help="only measure gearmand's restart with COPIES queued")
+    parser.add_argument("--gearmands", type=int, default=1,
+                        help="gearmand servers (each with its queue's Redis, a core each)")
     args = parser.parse_args()
     if args.latency:
         print(f"latency of one foreground fanout at a time ({os.cpu_count()} cores)", flush=True)
@@ -432,14 +503,18 @@ def main() -> None:
         bench_replay(args.replay)
         return
     print(f"durable copies/s, 1 topic x {', '.join(map(str, WIDTHS))} subscribers "
-          f"({os.cpu_count()} cores, {args.processes} worker processes, data on disk, "
+          f"({os.cpu_count()} cores, {args.processes} worker processes, "
+          f"{args.gearmands} gearmand, data on disk, "
           f"{'quick' if args.quick else 'full'} run)", flush=True)
-    rates = bench_modes(args.processes, args.quick, tuple(args.modes.split(",")))
+    rates = bench_modes(args.processes, args.quick, tuple(args.modes.split(",")),
+                        args.gearmands)
     print("ratios (same run):")
     for width in WIDTHS:
         parts = [f"{name} {rates[a][width] / rates[b][width]:5.2f}" for name, a, b in (
             ("fsync/written", "redis", "redis-written"), ("redis/sqlite", "redis", "sqlite"),
             ("redis/none", "redis", "none"), ("redis/RabbitMQ", "redis", "rabbitmq"),
+            ("redis/gearmand alone", "redis", "redis gearmand"),
+            ("none/gearmand alone", "none", "none gearmand"),
             ("STOMP/RabbitMQ", "redis stomp", "rabbitmq"),
             ("STOMP written/RabbitMQ", "redis-written stomp", "rabbitmq"))
             if a in rates and b in rates]

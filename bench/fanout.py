@@ -44,12 +44,15 @@ from gearhorn.store.registry import Registry  # noqa: E402
 
 def start_pool(gm: servers.Managed, redis_url: str, processes: int,
                ledger: bool = True, env: dict[str, str] | None = None,
-               tree: str | None = None) -> subprocess.Popen:
-    """A ``gearhorn worker`` pool; ``tree``: run the gearhorn of that checkout."""
+               tree: str | None = None, also: tuple[servers.Managed, ...] = ()
+               ) -> subprocess.Popen:
+    """A ``gearhorn worker`` pool; ``tree``: run the gearhorn of that checkout;
+    ``also``: more gearmand it serves."""
     source = {"PYTHONPATH": tree} if tree else {}
     pool = subprocess.Popen(
         [sys.executable, "-m", "gearhorn", "worker", "--processes", str(processes),
-         "--gearman", gm.address, "--redis-url", redis_url, "--log-level", "WARNING"],
+         *(arg for server in (gm, *also) for arg in ("--gearman", server.address)),
+         "--redis-url", redis_url, "--log-level", "WARNING"],
         # gearmand here keeps no queue (start_gearmand's default): no queue
         # Redis for the acknowledgements to wait for (gearhorn/store/fsync.py).
         env={**os.environ, "GEARHORN_PERSISTENCE": "none",

@@ -78,7 +78,7 @@ def cmd_replay(config: Config, args: argparse.Namespace) -> int:
     from gearhorn.worker import replay
 
     keys = Keys.for_config(config)
-    queue = redis.Redis.from_url(config.queue_redis_url, socket_timeout=60)
+    queue = redis.Redis.from_url(config.queue_redis_urls[0], socket_timeout=60)
     dashed = replay.DashedFunctions(redisconn.for_config(config), keys).load()
     if args.step == "hold":
         print(f"held {replay.hold(queue, dashed, keys):,} jobs")

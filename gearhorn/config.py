@@ -81,6 +81,9 @@ class Config:
     persistence: str = "redis"
     # The Redis that holds gearmand's queue with persistence = redis
     # (gearmand's plugin uses database 0); gearhorn up starts it when absent.
+    # With several gearmand, each keeping its queue in a Redis of its own,
+    # list them all, comma-separated: an acknowledgement waits for the fsync
+    # of each (gearhorn up, replay and the warden's memory check use the first).
     queue_redis_url: str = "redis://127.0.0.1:6380/0"
     # gearhorn up puts gearmand and the Redis of its queue on one core: they
     # work in lockstep, and a hand-over within a core is 1.4-3.3x faster here.
@@ -211,6 +214,11 @@ class Config:
     def history_policy(self) -> HistoryPolicy:
         return _history_policy(self.history_topics, self.history_size, self.history_ttl,
                                self.realtime_history_size, self.realtime_history_ttl)
+
+    @property
+    def queue_redis_urls(self) -> tuple[str, ...]:
+        """Every Redis gearmand keeps its queue in (``queue_redis_url``, split)."""
+        return tuple(url.strip() for url in self.queue_redis_url.split(",") if url.strip())
 
     @property
     def gearman_tls(self) -> TlsFiles | None:

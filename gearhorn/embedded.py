@@ -136,10 +136,10 @@ class Embedded:
         version = " ".join(gearman.admin(host, port, "version", tls=self.config.gearman_tls))
         self.notes["gearman"] = f"started gearmand ({version})"
         self.notes["persistence"] = _PERSISTENCE_NOTES[self.config.persistence].format(
-            url=self.config.queue_redis_url, dir=self.config.data_dir)
+            url=self.config.queue_redis_urls[0], dir=self.config.data_dir)
 
     def _ensure_queue_redis(self) -> None:
-        url = urlparse(self.config.queue_redis_url)
+        url = urlparse(self.config.queue_redis_urls[0])
         host, port = url.hostname or "127.0.0.1", url.port or 6379
         if servers.is_listening(host, port):
             if not ports.answers_as_redis(host, port):
@@ -152,7 +152,7 @@ class Embedded:
         self.started.append(self.queue_redis)
 
     def _start_queue_redis(self) -> servers.Managed:
-        port = urlparse(self.config.queue_redis_url).port or 6379
+        port = urlparse(self.config.queue_redis_urls[0]).port or 6379
         # A maxmemory with noeviction: a full queue Redis refuses new jobs
         # (the workers refuse fanouts at queue_store_guard of it) instead of
         # growing until the OOM killer stops it, or evicting queued jobs.
@@ -173,8 +173,8 @@ class Embedded:
         if self.config.persistence != "redis":
             return servers.start_gearmand(port, self.config.data_dir,
                                           queue=self.config.persistence)
-        url = urlparse(self.config.queue_redis_url)
-        queue = redis.Redis.from_url(self.config.queue_redis_url, socket_timeout=60)
+        url = urlparse(self.config.queue_redis_urls[0])
+        queue = redis.Redis.from_url(self.config.queue_redis_urls[0], socket_timeout=60)
         return replay.start_mended(queue, self._registry_redis(), self._keys(), lambda: (
             servers.start_gearmand(port, self.config.data_dir, queue="redis",
                                    queue_server=(url.hostname or "127.0.0.1", url.port or 6379),

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import time
+import zlib
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
@@ -53,11 +54,21 @@ def wait_for_results(conn: Connection, handles: Sequence[bytes],
     return [o or late for o in outcomes]
 
 
+def home_index(function: str, servers: int) -> int:
+    """Which of ``servers`` (sorted by address) is ``function``'s home."""
+    return zlib.crc32(function.encode()) % servers
+
+
 class Client:
     """Submits jobs to a list of gearmand servers, failing over in turn.
 
-    Each call starts at the next server (spreading load); when a server
-    fails mid-batch, the copies it did not accept go to the next one.
+    Background jobs go to their function's home server: one of the servers,
+    sorted by address, chosen by a hash of the name. A queue's jobs then
+    stay on one server, in the order they were sent, whichever process sent
+    them, and a batch's jobs for several servers are written to all of them
+    before their replies are read, so the servers work at once. Foreground
+    calls start at the next server in turn (spreading load). When a server
+    fails mid-batch, the jobs it did not accept go to the next one.
 
     With a gearmand on 127.0.0.1:4730::
 
@@ -74,6 +85,10 @@ class Client:
         self.connections = [Connection(h, p, connect_timeout, tls) for h, p in servers]
         self.batch = batch
         self._next = 0
+        # The connections by address: every process, whatever order its
+        # servers were listed in, gives a function the same home.
+        self._by_address = sorted(range(len(self.connections)), key=lambda i: (
+            self.connections[i].host, self.connections[i].port))
         # Told the functions of every background batch before it is sent
         # (gearhorn/worker/replay.py records names gearmand's redis queue misreads).
         self.before_background = before_background
@@ -82,17 +97,61 @@ class Client:
         for conn in self.connections:
             conn.close()
 
-    def _rotation(self) -> list[Connection]:
-        start = self._next
-        self._next = (self._next + 1) % len(self.connections)
+    def _rotation(self, start: int | None = None) -> list[Connection]:
+        if start is None:
+            start = self._next
+            self._next = (self._next + 1) % len(self.connections)
         return self.connections[start:] + self.connections[:start]
+
+    def home(self, function: str) -> int:
+        """The index of ``function``'s home server in this client's list."""
+        return self._by_address[home_index(function, len(self.connections))]
 
     def submit_background(self, copies: Sequence[Copy], precedence: str = "normal") -> int:
         """Submit background jobs; returns once gearmand accepted them all."""
         if self.before_background is not None:
             self.before_background({c.function for c in copies})
-        self._submit(copies, background=True, precedence=precedence)
+        if len(self.connections) == 1:
+            self._submit(copies, background=True, precedence=precedence)
+            return len(copies)
+        for at in range(0, len(copies), self.batch):
+            self._submit_homed(copies[at:at + self.batch], precedence)
         return len(copies)
+
+    def _submit_homed(self, copies: Sequence[Copy], precedence: str) -> None:
+        """Each job to its function's home: every server's part written
+        first, then every server's replies read. A part a server did not
+        take goes on to the next server (its home once more first when the
+        connection was an old one that broke before taking any: gearmand
+        restarted since)."""
+        parts: dict[int, list[Copy]] = {}
+        for copy in copies:
+            parts.setdefault(self.home(copy.function), []).append(copy)
+        started: list[tuple[int, list[Copy], bool, PartialSubmit | None]] = []
+        for index, part in parts.items():
+            conn = self.connections[index]
+            reused = conn.is_open
+            try:
+                conn.start_background(part, precedence)
+                started.append((index, part, reused, None))
+            except PartialSubmit as exc:
+                started.append((index, part, reused, exc))
+        left: list[tuple[int, list[Copy]]] = []
+        for index, part, reused, failed in started:
+            conn = self.connections[index]
+            if failed is None:
+                try:
+                    conn.finish_background(len(part))
+                    continue
+                except PartialSubmit as exc:
+                    failed = exc
+            log.warning("gearmand %s:%s failed: %s", conn.host, conn.port, failed)
+            conn.close()
+            stale = reused and not failed.accepted
+            left.append((index if stale else (index + 1) % len(self.connections),
+                         part[failed.accepted:]))
+        for start, rest in left:
+            self._submit(rest, background=True, precedence=precedence, start=start)
 
     def submit_foreground(self, copies: Sequence[Copy], timeout: float,
                           precedence: str = "normal") -> list[Outcome]:
@@ -112,9 +171,10 @@ class Client:
         unique = call_unique()
         return self.submit_foreground([Copy(function, unique, data)], timeout, precedence)[0]
 
-    def _submit(self, copies: Sequence[Copy], *, background: bool,
-                precedence: str) -> list[tuple[Connection | None, int | list[bytes]]]:
-        """Place ``copies`` on the servers in turn.
+    def _submit(self, copies: Sequence[Copy], *, background: bool, precedence: str,
+                start: int | None = None) -> list[tuple[Connection | None, int | list[bytes]]]:
+        """Place ``copies`` on the servers in turn, from ``start`` (default:
+        the next server).
 
         Returns ``(connection, handles)`` per server used; a server that broke
         after accepting some appears as ``(None, count)``: its jobs are in
@@ -122,7 +182,7 @@ class Client:
         """
         placed: list[tuple[Connection | None, int | list[bytes]]] = []
         done, errors = 0, []
-        for conn in self._rotation():
+        for conn in self._rotation(start):
             handles: list[bytes] = []
             try:
                 while done < len(copies):

@@ -73,6 +73,11 @@ def connect(host: str, port: int, timeout: float = 5.0,
     return sock
 
 
+def _wire(ptype: int, copies: Sequence[Copy]) -> bytes:
+    return b"".join(encode(ptype, c.function.encode(), c.unique.encode(), c.data)
+                    for c in copies)
+
+
 def _option_answer(packet: Packet) -> bool:
     """gearmand's answer to OPTION_REQ: OPTION_RES, or ERROR for a server that
     does not know the option (it then sends no exceptions; nothing else changes)."""
@@ -99,6 +104,7 @@ class Connection:
         self._sock: socket.socket | None = None
         self._reader = PacketReader()
         self._pending: deque[Packet] = deque()
+        self._replies_due = 0.0  # the deadline of start_background's replies
 
     def __repr__(self) -> str:
         return f"<gearman {self.host}:{self.port}>"
@@ -206,17 +212,16 @@ class Connection:
 
         On failure raises :class:`PartialSubmit` saying how many were accepted.
         """
-        ptype = _SUBMIT[(background, precedence)]
-        wire = b"".join(encode(ptype, c.function.encode(), c.unique.encode(), c.data)
-                        for c in copies)
+        if background:
+            self.start_background(copies, precedence)
+            self.finish_background(len(copies))
+            return []
+        wire = _wire(_SUBMIT[(False, precedence)], copies)
         handles: list[bytes] = []
         early: list[Packet] = []  # results of jobs done before all JOB_CREATED came
         deadline = time.monotonic() + self.reply_timeout
         try:
             self.send(wire)
-            if background:
-                self._count_created(len(copies), early, deadline)
-                return []
             while len(handles) < len(copies):
                 packet = self._read_reply(deadline)
                 if packet.type == P.JOB_CREATED:
@@ -228,6 +233,26 @@ class Connection:
             raise
         except GearmanError as exc:
             raise PartialSubmit(len(handles), str(exc)) from exc
+        finally:
+            self._pending.extendleft(reversed(early))  # read them next, in order
+
+    def start_background(self, copies: Sequence[Copy], precedence: str = "normal") -> None:
+        """Write background ``copies`` without reading gearmand's replies
+        (:meth:`finish_background` reads them): several servers then work on
+        their parts at once. Raises :class:`PartialSubmit` (none accepted)."""
+        wire = _wire(_SUBMIT[(True, precedence)], copies)
+        self._replies_due = time.monotonic() + self.reply_timeout
+        try:
+            self.send(wire)
+        except GearmanError as exc:
+            raise PartialSubmit(0, str(exc)) from exc
+
+    def finish_background(self, count: int) -> None:
+        """Read the ``count`` JOB_CREATED replies of :meth:`start_background`;
+        raises :class:`PartialSubmit` with how many were accepted."""
+        early: list[Packet] = []  # results of jobs done before all JOB_CREATED came
+        try:
+            self._count_created(count, early, self._replies_due)
         finally:
             self._pending.extendleft(reversed(early))  # read them next, in order
 

@@ -407,8 +407,8 @@ NO_DURABILITY = Durability()
 
 def for_config(config: Config, registry: redis.Redis | None = None) -> Durability:
     """The barriers of one process: the registry's Redis (``registry``, or
-    a client of its own), and gearmand's queue Redis when gearmand keeps
-    its queue there (``persistence = redis``). None with ``durability =
+    a client of its own), and each gearmand's queue Redis when gearmand
+    keeps its queue there (``persistence = redis``). None with ``durability =
     written``."""
     if config.durability != "fsync":
         return NO_DURABILITY
@@ -416,11 +416,12 @@ def for_config(config: Config, registry: redis.Redis | None = None) -> Durabilit
                                                 socket_connect_timeout=5)
     name = f"the registry's Redis ({redisconn.safe(config.redis_url)})"
     barriers = [FsyncBarrier(registry, name)]
-    if config.persistence == "redis":
-        queue = redis.Redis.from_url(config.queue_redis_url, socket_timeout=10,
-                                     socket_connect_timeout=5)
-        barriers.append(FsyncBarrier(
-            queue, f"gearmand's queue Redis ({redisconn.safe(config.queue_redis_url)})",
-            hint=" (persistence = redis says gearmand keeps its queue there: set "
-                 "queue_redis_url to that Redis, or persistence to the queue gearmand runs)"))
+    if config.persistence == "redis":  # one per gearmand, each with its Redis
+        for url in config.queue_redis_urls:
+            queue = redis.Redis.from_url(url, socket_timeout=10, socket_connect_timeout=5)
+            barriers.append(FsyncBarrier(
+                queue, f"gearmand's queue Redis ({redisconn.safe(url)})",
+                hint=" (persistence = redis says gearmand keeps its queue there: set "
+                     "queue_redis_url to that Redis, or persistence to the queue gearmand "
+                     "runs)"))
     return Durability(barriers)

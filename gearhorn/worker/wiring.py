@@ -70,7 +70,7 @@ def _queue_store(config: Config) -> Callable[[], redis.Redis | None]:
     (None when gearmand keeps its queue elsewhere)."""
     if config.persistence != "redis":
         return lambda: None
-    client = redis.Redis.from_url(config.queue_redis_url, socket_timeout=2,
+    client = redis.Redis.from_url(config.queue_redis_urls[0], socket_timeout=2,
                                   socket_connect_timeout=1)
     return lambda: client
 

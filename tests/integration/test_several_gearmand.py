@@ -1,5 +1,5 @@
 """Two gearmand, two worker pools and two bridges: copies spread over both
-servers, every subscriber gets every copy, bridges serve each other's
+servers by queue, every subscriber gets every copy in order, bridges serve each other's
 clients, and a gearmand killed mid-broadcast loses nothing acknowledged."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import threading
 
 import pytest
 
-from gearhorn import servers
+from gearhorn import gearman, servers
 from gearhorn.client import Consumer, Producer
 from tests.needs import require_binary
 
@@ -60,25 +60,44 @@ def status(redis_url, *servers_):
     return json.loads(out.stdout)
 
 
-def test_copies_spread_over_both_servers_and_every_subscriber_gets_all(two, redis_url):
+def homed_subscribers(servers_, topic, count=3):
+    """``count`` client ids whose queues have homes on both servers."""
+    client = gearman.Client(addresses(*servers_))
+    chosen: dict[str, int] = {}
+    for n in range(100):
+        home = client.home(f"{topic}_s{n}")
+        if len(chosen) < count - 1 or home not in chosen.values():
+            chosen[f"s{n}"] = home
+        if len(chosen) == count and len(set(chosen.values())) == 2:
+            return chosen
+    raise AssertionError("no ids with homes on both servers")
+
+
+def test_each_queue_stays_on_its_home_server_in_order_and_both_serve(two, redis_url):
+    """Copies spread over both servers by queue: one subscriber's copies on
+    one server, whichever pool (listing the servers in either order) made
+    them, so each subscriber gets them in the order they were published."""
     topic = unique_topic()
+    homes = homed_subscribers(two, topic)
     producer = Producer(addresses(*two))
-    for who in ("a", "b", "c"):
+    for who in homes:
         producer.subscribe(topic, who)
     for i in range(60):
         assert producer.publish(topic, f"m{i}", background=True)["copies"] == 3
     producer.close()
 
     report = status(redis_url, *two)
-    per_server = [{f["queue"]: f["queued"] for f in server["functions"]}
-                  for server in report["gearmand"]]
+    per_server = {s["server"]: {f["queue"]: f["queued"] for f in s["functions"]}
+                  for s in report["gearmand"]}
     assert len(per_server) == 2
-    assert all(depths.get(f"{topic}_a", 0) > 0 for depths in per_server)  # spread
+    holding = {who: {key: depths[f"{topic}_{who}"] for key, depths in per_server.items()
+                     if depths.get(f"{topic}_{who}")} for who in homes}
+    assert all(list(held.values()) == [60] for held in holding.values()), holding
+    assert len({key for held in holding.values() for key in held}) == 2  # both serve
     summed = {q["queue"]: q for q in report["queues"]}
-    assert summed[f"{topic}_a"]["queued"] == 60 == sum(d[f"{topic}_a"] for d in per_server)
-    for who in ("a", "b", "c"):
-        got = consume_all(two, topic, who, 60)
-        assert sorted(got) == sorted(f"m{i}".encode() for i in range(60))
+    assert all(summed[f"{topic}_{who}"]["queued"] == 60 for who in homes)
+    for who in homes:
+        assert consume_all(two, topic, who, 60) == [f"m{i}".encode() for i in range(60)]
 
 
 def test_bridges_on_both_servers_serve_each_other(two, start_bridge, stomp_clients):

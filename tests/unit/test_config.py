@@ -83,3 +83,22 @@ def test_every_config_survives_the_trip_through_the_environment():
     assert c.load({}, env=c.to_env(config)) == config
     with pytest.raises(c.ConfigError, match="bridge_processes must be 1 to 256"):
         c.load({}, env={"GEARHORN_BRIDGE_PROCESSES": "300"})
+
+
+def test_an_acknowledgement_waits_for_the_queue_redis_of_every_gearmand():
+    """Several gearmand, each with its queue in a Redis of its own: one
+    barrier each, besides the registry's (none connects before it is used)."""
+    import redis
+
+    from gearhorn.store import fsync
+
+    config = c.Config(persistence="redis", queue_redis_url=(
+        "redis://127.0.0.1:6380/0, redis://127.0.0.1:6390/0"))
+    assert config.queue_redis_urls == ("redis://127.0.0.1:6380/0", "redis://127.0.0.1:6390/0")
+    durability = fsync.for_config(config, redis.Redis.from_url("redis://127.0.0.1:1/0"))
+    assert [b.name for b in durability.barriers] == [
+        "the registry's Redis (redis://127.0.0.1:6379/0)",
+        "gearmand's queue Redis (redis://127.0.0.1:6380/0)",
+        "gearmand's queue Redis (redis://127.0.0.1:6390/0)"]
+    assert fsync.for_config(config.replace(persistence="none"),
+                            redis.Redis.from_url("redis://127.0.0.1:1/0")).barriers[1:] == []
