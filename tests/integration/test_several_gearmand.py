@@ -60,17 +60,13 @@ def status(redis_url, *servers_):
     return json.loads(out.stdout)
 
 
-def homed_subscribers(servers_, topic, count=3):
-    """``count`` client ids whose queues have homes on both servers."""
+def one_homed_on_each(servers_, topic):
+    """A client id whose queue's home is each of ``servers_``, in order."""
     client = gearman.Client(addresses(*servers_))
-    chosen: dict[str, int] = {}
+    found: dict[int, str] = {}
     for n in range(100):
-        home = client.home(f"{topic}_s{n}")
-        if len(chosen) < count - 1 or home not in chosen.values():
-            chosen[f"s{n}"] = home
-        if len(chosen) == count and len(set(chosen.values())) == 2:
-            return chosen
-    raise AssertionError("no ids with homes on both servers")
+        found.setdefault(client.home(f"{topic}_s{n}"), f"s{n}")
+    return [found[index] for index in range(len(servers_))]
 
 
 def test_each_queue_stays_on_its_home_server_in_order_and_both_serve(two, redis_url):
@@ -78,9 +74,9 @@ def test_each_queue_stays_on_its_home_server_in_order_and_both_serve(two, redis_
     one server, whichever pool (listing the servers in either order) made
     them, so each subscriber gets them in the order they were published."""
     topic = unique_topic()
-    homes = homed_subscribers(two, topic)
+    subscribers = [*one_homed_on_each(two, topic), "third"]  # the third: either home
     producer = Producer(addresses(*two))
-    for who in homes:
+    for who in subscribers:
         producer.subscribe(topic, who)
     for i in range(60):
         assert producer.publish(topic, f"m{i}", background=True)["copies"] == 3
@@ -91,12 +87,12 @@ def test_each_queue_stays_on_its_home_server_in_order_and_both_serve(two, redis_
                   for s in report["gearmand"]}
     assert len(per_server) == 2
     holding = {who: {key: depths[f"{topic}_{who}"] for key, depths in per_server.items()
-                     if depths.get(f"{topic}_{who}")} for who in homes}
+                     if depths.get(f"{topic}_{who}")} for who in subscribers}
     assert all(list(held.values()) == [60] for held in holding.values()), holding
     assert len({key for held in holding.values() for key in held}) == 2  # both serve
     summed = {q["queue"]: q for q in report["queues"]}
-    assert all(summed[f"{topic}_{who}"]["queued"] == 60 for who in homes)
-    for who in homes:
+    assert all(summed[f"{topic}_{who}"]["queued"] == 60 for who in subscribers)
+    for who in subscribers:
         assert consume_all(two, topic, who, 60) == [f"m{i}".encode() for i in range(60)]
 
 
@@ -143,8 +139,9 @@ def test_a_gearmand_killed_mid_broadcast_loses_nothing_acknowledged(
         start_pool([g1, g2], processes=1)
         start_pool([g2, g1], processes=1)
         topic = unique_topic()
+        x, y = one_homed_on_each((g1, g2), topic)  # x's copies on g1, y's on g2
         producer = Producer(addresses(g1, g2), timeout=60)
-        for who in ("x", "y"):
+        for who in (x, y):
             producer.subscribe(topic, who)
         acknowledged, resubmitted = [], 0
         halfway = threading.Event()
@@ -165,7 +162,7 @@ def test_a_gearmand_killed_mid_broadcast_loses_nothing_acknowledged(
         thread = threading.Thread(target=publish)
         thread.start()
         assert halfway.wait(120)
-        held = queue_depth(g1, f"{topic}_x")
+        held = queue_depth(g1, f"{topic}_{x}")
         assert held > 0  # copies only g1's queue holds when it dies
         g1_port = g1.port
         os.kill(g1.process.pid, signal.SIGKILL)
@@ -173,8 +170,8 @@ def test_a_gearmand_killed_mid_broadcast_loses_nothing_acknowledged(
         thread.join(180)
         assert not thread.is_alive() and len(acknowledged) == 300
         g1 = servers.start_gearmand(g1_port, dirs[0], queue="sqlite")
-        assert queue_depth(g1, f"{topic}_x") >= held  # replayed from its sqlite file
-        for who in ("x", "y"):
+        assert queue_depth(g1, f"{topic}_{x}") >= held  # replayed from its sqlite file
+        for who in (x, y):
             got = wait_for(lambda who=who: _drain_until(g1, g2, topic, who, acknowledged),
                            timeout=120, message=f"{who}'s copies")
             assert set(got) >= set(acknowledged)
