@@ -119,7 +119,7 @@ def build_bridge(config: Config) -> Bridge:
     history = History(client, keys, config.history_policy, direct)
     streams = TopicStreams(history, observer)
     history_first = HistoryFirst(history, SubscriberCache(registry), streams,
-                                 Observers(observer, StatsObserver(stats)))
+                                 Observers(observer, StatsObserver(stats)), caller=bridge_id)
     publisher = Publisher(servers, tls, headers,
                           Scheduler(client, keys, config.delay_shard_seconds,
                                     config.delay_lease, config.delay_lanes),

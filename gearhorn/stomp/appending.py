@@ -13,14 +13,16 @@ records the message in the ledger and the metrics itself.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from gearhorn.messages import DEDUP_HEADER
 from gearhorn.naming import new_message_id
 from gearhorn.observers import Observer
+from gearhorn.stomp.pens import PEN_MS, TopicPen
 from gearhorn.stomp.sending import SendOptions, TopicSend
-from gearhorn.store.history import Entry, History
+from gearhorn.store.history import NO_PEN, Entry, History, PenArgs, Plan
 from gearhorn.store.subscribers import SubscriberCache
 
 
@@ -38,6 +40,10 @@ class Readers(Protocol):
 
     def worker_appended(self, topic: str) -> None: ...
 
+    def at(self, topic: str) -> tuple[str | None, int | None] | None:
+        """(epoch, last offset) of the topic's feed here, when it has one
+        that may be handed a SEND's messages now; else None."""
+
 
 class HistoryFirst:
     """Appends topic SENDs to their history; ``readers`` hear of each (the
@@ -48,11 +54,20 @@ class HistoryFirst:
     can read on while the connection's outbox appends (gearhorn/stomp/outbox.py)."""
 
     def __init__(self, history: History, cache: SubscriberCache | None = None,
-                 readers: Readers | None = None, observer: Observer | None = None) -> None:
+                 readers: Readers | None = None, observer: Observer | None = None,
+                 caller: str | None = None) -> None:
+        """``caller``: this bridge's id, to hold topics' pens with
+        (gearhorn/stomp/pens.py); None: offsets always come from Redis."""
         self.history = history
         self.cache = cache
         self.readers = readers
         self.observer = observer or Observer()
+        self.caller = caller
+        self.pens: dict[str, TopicPen] = {}
+        # Topic -> SENDs announced here without offsets, not yet appended: no
+        # pen gives offsets meanwhile, or a later SEND would overtake them.
+        self._unstored: dict[str, int] = {}
+        self._resets: set[str] = set()  # topics whose pen broke: a new epoch next
 
     def takes(self, topic: str, options: SendOptions) -> bool:
         """Whether the bridge appends this SEND: not a delayed or
@@ -71,36 +86,112 @@ class HistoryFirst:
         here; the SEND, to be stored before its job."""
         send = TopicSend(topic, list(bodies), options, [new_message_id() for _ in bodies],
                          to_append=True)
-        if self.readers is not None:
-            send.taken_early = bool(self.readers.sending(topic, _entries(send)))
+        if self.readers is None:
+            return send
+        pen = self.pens.get(topic)
+        if (pen is not None and topic not in self._unstored and pen.can_give()
+                and self.readers.at(topic) == (pen.epoch, pen.last)):
+            entries = _entries(send)
+            where, ticket = pen.give(entries)
+            send.tickets.append(ticket)
+            self.readers.appended(topic, where, entries)  # its readers here have it now
+            return send
+        self._unstored[topic] = self._unstored.get(topic, 0) + len(send.bodies)
+        send.taken_early = bool(self.readers.sending(topic, _entries(send)))
         return send
+
+    def _stored(self, topic: str, count: int) -> None:
+        """``count`` messages announced without offsets were appended (or never will be)."""
+        if self.readers is not None and topic in self._unstored:
+            self._unstored[topic] -= count
+            if self._unstored[topic] <= 0:
+                del self._unstored[topic]
 
     def store(self, send: TopicSend) -> None:
         """Append an announced SEND (sets ``needs_job``); raises what Redis raised."""
         topic, messages = send.topic, _entries(send)
         send.to_append = False
-        needs_job = True
-        try:
-            if self.cache is None:
-                (where,) = self.history.append([(topic, messages)])
-            else:
-                plan = self.history.plan([(topic, messages)])
-                recipients, replies = self.cache.recipients_with([topic], plan.calls)
-                (where,), needs_job = plan.settle(replies), bool(recipients[topic])
-        except BaseException:
-            if self.readers is not None:
-                self.readers.not_appended(topic, messages)
-            raise
-        if self.readers is not None:
-            self.readers.appended(topic, where, messages)
+        if send.tickets:
+            needs_job = any([ticket.wait() for ticket in send.tickets])
+        else:
+            try:
+                if (pen := self.pens.get(topic)) is not None:  # it writes every append here
+                    needs_job = pen.write(messages).wait()
+                else:
+                    needs_job = self._store(topic, messages)
+            except BaseException:
+                self._not_appended(topic, messages)
+                raise
+            finally:
+                self._stored(topic, len(messages))
         send.needs_job = needs_job
         if not needs_job:  # what the worker would have recorded: no copies
             self.observer.fanned_out(topic, [(message_id, ()) for message_id, _, _ in messages],
                                      0)
 
+    def _store(self, topic: str, messages: list[Entry]) -> bool:
+        """Appended with an offset from Redis, asking for the topic's pen when
+        readers here read it; whether a fanout job is needed."""
+        pen = NO_PEN
+        if self.caller is not None:
+            ask = self.readers is not None and self.readers.at(topic) is not None
+            pen = PenArgs(self.caller, -1 if topic in self._resets else 0,
+                          PEN_MS if ask else 0)
+        granted_at = time.monotonic()
+        plan = self.history.plan([(topic, messages)], pen=pen)
+        (where,), needs_job = self._look_up(topic, plan)
+        self._resets.discard(topic)
+        if self.readers is not None:
+            self.readers.appended(topic, where, messages)
+        epoch, _, last = where
+        held = self.pens.get(topic)
+        if held is not None and held.epoch == epoch:
+            # Given the pen by another append in flight with this one: its
+            # offsets start after both (no pen gives while one is unstored).
+            held.last = max(held.last, last)
+        elif plan.pens.get(topic) == "held" and held is None and epoch:
+            self.pens[topic] = TopicPen(self.history, topic, pen.caller, epoch,
+                                        last or self.history.position(topic)[2],
+                                        self._look_up_calls(topic), self._appended,
+                                        self._pen_ended, granted_at)
+        return needs_job
+
+    def _look_up(self, topic: str, plan: Plan) -> tuple[list[tuple[str, int, int]], bool]:
+        """Run ``plan`` with the topic's subscriber look-up riding along."""
+        needs_job, replies = self._look_up_calls(topic)(plan.calls)
+        return plan.settle(replies), needs_job
+
+    def _look_up_calls(self, topic: str) -> Callable[[list], tuple[bool, list]]:
+        def look_up(calls: list) -> tuple[bool, list]:
+            if self.cache is None:
+                return True, self.history.direct.run_scripts(calls) if calls else []
+            recipients, replies = self.cache.recipients_with([topic], calls)
+            return bool(recipients[topic]), replies
+        return look_up
+
+    def _appended(self, topic: str, where: tuple[str, int, int],
+                  messages: list[Entry]) -> None:
+        if self.readers is not None:
+            self.readers.appended(topic, where, messages)
+
+    def _not_appended(self, topic: str, messages: list[Entry]) -> None:
+        if self.readers is not None:
+            self.readers.not_appended(topic, messages)
+
+    def _pen_ended(self, pen: TopicPen) -> None:
+        if self.pens.get(pen.topic) is pen:
+            del self.pens[pen.topic]
+        if pen.reset_due:
+            self._resets.add(pen.topic)
+
     def abandon(self, send: TopicSend) -> None:
-        """An announced SEND that will not be stored (its connection failed first)."""
+        """An announced SEND that will not be stored (its connection failed
+        first). What a pen gave is written all the same: its readers have it."""
+        if send.tickets:
+            send.to_append = False
+            return
         if send.to_append:
+            self._stored(send.topic, len(send.bodies))
             send.to_append = False
             if self.readers is not None:
                 self.readers.not_appended(send.topic, _entries(send))

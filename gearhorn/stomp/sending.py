@@ -68,6 +68,9 @@ class TopicSend:
     needs_job: bool = True
     to_append: bool = False  # ids given and live readers told; not appended yet
     taken_early: bool = False  # live readers on this bridge have some of it already
+    # Its writes by the topic's pen on this bridge (gearhorn/stomp/pens.py):
+    # its readers here have it, offsets and all; appended once these are done.
+    tickets: list = field(default_factory=list)
     size: int = field(init=False)  # bytes of all bodies
 
     def __post_init__(self) -> None:
@@ -78,6 +81,7 @@ class TopicSend:
         if (other.topic != self.topic or other.options != self.options
                 or (other.message_ids is None) != (self.message_ids is None)
                 or other.needs_job != self.needs_job or other.to_append != self.to_append
+                or bool(other.tickets) != bool(self.tickets)
                 or len(self.bodies) + len(other.bodies) > MAX_BATCH
                 or self.size + other.size > max_bytes):
             return False
@@ -86,6 +90,7 @@ class TopicSend:
         if self.message_ids is not None and other.message_ids is not None:
             self.message_ids += other.message_ids
         self.taken_early = self.taken_early or other.taken_early
+        self.tickets += other.tickets
         return True
 
 

@@ -68,6 +68,14 @@ class TopicStreams:
         if feed is not None:
             feed.forget([message_id for message_id, _, _ in messages])
 
+    def at(self, topic: str) -> tuple[str | None, int | None] | None:
+        """(epoch, last offset) of ``topic``'s feed here, unless it has none
+        or must first pass a SEND a worker appended (``hold_until``)."""
+        feed = self.feeds.get(topic)
+        if feed is None or feed.stopped or (feed.last or 0) < feed.hold_until:
+            return None
+        return feed.epoch, feed.last
+
     def worker_appended(self, topic: str) -> None:
         """A SEND on this bridge was appended by a worker (its fanout job
         answered): the bridge's later SENDs wait for the feed to pass it

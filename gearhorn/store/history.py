@@ -18,6 +18,7 @@ import json
 import time
 import uuid
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import redis
 
@@ -31,6 +32,24 @@ from gearhorn.store.redisutil import ScriptCall, script, text
 # newest: JetStream's default duplicate window, bounded for a busy topic.
 REPEAT_WINDOW = 120.0
 REPEAT_IDS = 10_000
+# An append refused while another caller holds the topic's pen
+# (lua/history_append.lua) is tried again after these pauses, growing; the
+# holder gives it back once it hears it is wanted, or it lapses.
+RETRY_FIRST, RETRY_MOST = 0.001, 0.05
+REFUSED, LOST = -1, -2  # an append's first offset when it did not go in
+
+
+class PenArgs(NamedTuple):
+    """What an append says of the topic's pen: the caller's id ('' for none:
+    a worker), the first offset it gave these messages itself (0: none; -1:
+    its pen broke), and for how long it asks for the pen (ms, 0: not asked)."""
+
+    caller: str = ""
+    given: int = 0
+    ask_ms: int = 0
+
+
+NO_PEN = PenArgs()
 
 
 class History:
@@ -43,6 +62,7 @@ class History:
         # everyone else's through the client's pool.
         self.direct = direct or DirectCalls.pooled(client)
         self._append = script(client, "history_append.lua")
+        self._pen = script(client, "history_pen.lua")
         self._is_live = script(client, "history_live.lua")
         # Real-time topics found kept (True) or not (False) by this process's
         # last call: one it believes unread gets the one-key question, not
@@ -53,24 +73,30 @@ class History:
     def enabled(self) -> bool:
         return self.policy.enabled
 
-    def append(self, fanouts: Sequence[tuple[str, Sequence[Entry]]], once_each: bool = False
-               ) -> list[tuple[str, int, int]]:
+    def append(self, fanouts: Sequence[tuple[str, Sequence[Entry]]], once_each: bool = False,
+               pen: PenArgs = NO_PEN) -> list[tuple[str, int, int]]:
         """Each (topic, [(message id, payload, headers), ...]), in order, in
         one round trip: one script call per topic that keeps a history (a
         group of fanouts to one topic is one call), in the order given.
         Returns (epoch, first offset, last offset) of each call."""
-        plan = self.plan(fanouts, once_each)
+        plan = self.plan(fanouts, once_each, pen)
         return plan.settle(self.direct.run_scripts(plan.calls) if plan.calls else [])
 
     def plan(self, fanouts: Sequence[tuple[str, Sequence[Entry]]],
-             once_each: bool = False) -> Plan:
+             once_each: bool = False, pen: PenArgs = NO_PEN) -> Plan:
         """What :meth:`append` runs, for a caller that runs it with other
         scripts in one round trip (the look-ups of the workers and the
         bridge), then hands the replies to :meth:`Plan.settle`."""
-        return Plan(self, fanouts, once_each)
+        return Plan(self, fanouts, once_each, pen)
+
+    def give_back(self, topic: str, caller: str, calm_ms: int) -> bool:
+        """``caller`` has written every offset it gave with ``topic``'s pen:
+        others append again (lua/history_pen.lua). Whether it held it."""
+        return bool(self.direct.run_scripts([(self._pen, [self.keys.history_meta(topic)],
+                                              [caller, calm_ms])])[0])
 
     def calls(self, fanouts: Sequence[tuple[str, Sequence[Entry]]],
-              once_each: bool = False) -> list[ScriptCall]:
+              once_each: bool = False, pen: PenArgs = NO_PEN) -> list[ScriptCall]:
         """What :meth:`append` runs, for a caller that runs it with other
         scripts in one round trip (the workers' look-up: gearhorn/worker/fanout.py).
         Made again, they append nothing; with ``once_each``, no message
@@ -89,7 +115,7 @@ class History:
         return [(self._append, [self.keys.history(topic), self.keys.history_meta(topic),
                                 self.keys.history_ids(topic)],
                  [*_size_ttl(mode := self.policy.mode(topic)), uuid.uuid4().hex[:12], now,
-                  window, REPEAT_IDS, "1" if mode.while_read else "0", *args])
+                  window, REPEAT_IDS, "1" if mode.while_read else "0", *pen, *args])
                 for topic, args in by_topic.items()]
 
     def questions(self, topics: Sequence[str]) -> list[ScriptCall]:
@@ -200,47 +226,60 @@ class Plan:
     process believes unread is asked whether it is kept (one key, no
     payload); when it is, its append is made after, in a round trip of its
     own (:meth:`settle`): a topic only Gearman subscribers read costs one
-    tiny script call per group, not its payloads."""
+    tiny script call per group, not its payloads. An append refused while
+    another caller holds the topic's pen is made again until it goes in."""
 
     def __init__(self, history: History, fanouts: Sequence[tuple[str, Sequence[Entry]]],
-                 once_each: bool) -> None:
-        self.history, self.once_each = history, once_each
+                 once_each: bool, pen: PenArgs = NO_PEN) -> None:
+        self.history, self.once_each, self.pen = history, once_each, pen
         by_topic: dict[str, list[Entry]] = {}
         for topic, messages in fanouts:
             if history.policy.readable(topic):
                 by_topic.setdefault(topic, []).extend(messages)
+        self.by_topic = by_topic
         self.asked = [topic for topic in by_topic if history.policy.mode(topic).while_read
                       and not history.live.get(topic, False)]
         self.appended = [(topic, messages) for topic, messages in by_topic.items()
                          if topic not in self.asked]
-        self.later = {topic: by_topic[topic] for topic in self.asked}
         self.topics = list(by_topic)
-        self.calls: list[ScriptCall] = (history.calls(self.appended, once_each)
+        self.calls: list[ScriptCall] = (history.calls(self.appended, once_each, pen)
                                         + history.questions(self.asked))
+        self.pens: dict[str, str] = {}  # topic -> what its reply said of the pen
 
     def settle(self, replies: Sequence[object]) -> list[tuple[str, int, int]]:
         """(epoch, first, last) of each topic of the group with a history, in
-        order (('', 0, 0): not kept); appends the topics the questions found
-        kept. ``replies``: those of :attr:`calls`, in order."""
+        order (('', 0, 0): not kept; first :data:`LOST`: the caller's pen was
+        lost, nothing appended); appends the topics the questions found kept,
+        and those refused for another's pen. ``replies``: those of
+        :attr:`calls`, in order."""
         history, live = self.history, self.history.live
         if len(live) > 100_000:
             live.clear()  # a belief, not a record: asking again is always right
-        where = {}
-        for (topic, _), reply in zip(self.appended, replies[:len(self.appended)],
-                                     strict=True):
-            where[topic] = appended_at(reply)
-            if history.policy.mode(topic).while_read:
-                live[topic] = bool(where[topic][0])
+        where: dict[str, tuple[str, int, int]] = {}
+        self._took([topic for topic, _ in self.appended], replies[:len(self.appended)], where)
         found = [topic for topic, reply in zip(self.asked, replies[len(self.appended):],
                                                strict=True) if int(reply)]
         for topic in self.asked:
             live[topic] = topic in found
-        if found:
-            calls = history.calls([(topic, self.later[topic]) for topic in found],
-                                  self.once_each)
-            for topic, reply in zip(found, history.direct.run_scripts(calls), strict=True):
-                where[topic] = appended_at(reply)
+        found += [topic for topic, _ in self.appended if where[topic][1] == REFUSED]
+        pause = RETRY_FIRST
+        while found := [topic for topic in found if where.get(topic, ("", REFUSED))[1] == REFUSED]:
+            calls = history.calls([(topic, self.by_topic[topic]) for topic in found],
+                                  self.once_each, self.pen)
+            self._took(found, history.direct.run_scripts(calls), where)
+            if any(where[topic][1] == REFUSED for topic in found):
+                time.sleep(pause)  # the holder gives it back once it hears, or it lapses
+                pause = min(pause * 2, RETRY_MOST)
         return [where.get(topic, ("", 0, 0)) for topic in self.topics]
+
+    def _took(self, topics: Sequence[str], replies: Sequence[object],
+              where: dict[str, tuple[str, int, int]]) -> None:
+        live = self.history.live
+        for topic, reply in zip(topics, replies, strict=True):
+            where[topic] = appended_at(reply)
+            self.pens[topic] = pen_of(reply)
+            if self.history.policy.mode(topic).while_read:
+                live[topic] = bool(where[topic][0])
 
 
 def _size_ttl(mode: Mode) -> tuple[int, int]:
@@ -249,5 +288,11 @@ def _size_ttl(mode: Mode) -> tuple[int, int]:
 
 def appended_at(reply: list) -> tuple[str, int, int]:
     """An append call's reply: (epoch, first offset, last offset)."""
-    epoch, first, last = reply
+    epoch, first, last = reply[:3]
     return text(epoch), int(first), int(last)
+
+
+def pen_of(reply: list) -> str:
+    """What an append call's reply says of the topic's pen: 'held',
+    'wanted' (held, and another caller waits for it) or ''."""
+    return text(reply[3]) if len(reply) > 3 else ""

@@ -285,14 +285,21 @@ def test_a_topic_only_streams_read_needs_no_fanout_job_until_a_queue_subscriber_
     assert collections.Counter(published.values()) == {("bridge", 0): 50, ("worker", 1): 51}
 
 
-def test_a_live_subscriber_has_its_bridges_sends_before_redis_stores_them(
+def test_subscribers_on_the_producers_bridge_have_its_sends_before_redis_stores_them(
         configured_bridges, stomp_clients, redis_url, report):
     """With Redis taking no writes (CLIENT PAUSE WRITE) no SEND can be
     appended, yet a live (plain) subscriber on the producer's bridge gets
-    it; the stream subscriber beside it, which needs the offset, gets it
-    only once Redis takes writes again, and so does a live subscriber on
-    the other bridge. Nobody gets anything twice."""
+    it, and so does the stream subscriber beside it, offset and all, once
+    the bridge holds the topic's pen (docs/design.rst, "Offsets given by
+    the bridge"); a live subscriber on the other bridge gets it only once
+    Redis takes writes again, and the history then has each message at the
+    offset the stream subscriber was given. Nobody gets anything twice."""
     import redis
+
+    from gearhorn.config import Config
+    from gearhorn.historypolicy import HistoryPolicy
+    from gearhorn.store.history import History
+    from gearhorn.store.keys import Keys
 
     here, there = configured_bridges
     topic = unique_topic("live.")
@@ -306,26 +313,38 @@ def test_a_live_subscriber_has_its_bridges_sends_before_redis_stores_them(
 
     def a_probe_arrives_while_redis_is_paused():
         # A live reader takes SENDs early once it has joined its topic's
-        # feed, a moment after its SUBSCRIBE: probe until one shows it.
+        # feed, a moment after its SUBSCRIBE, and the bridge holds the pen
+        # from an append until the topic is quiet a moment: probe until
+        # both show it.
         nonlocal probes
         probes += 1
+        probe = f"probe:{probes}".encode()
+        producer.send(f"/topic/{topic}", f"warm:{probes}")
         admin.execute_command("CLIENT", "PAUSE", "60000", "WRITE")
         try:
-            producer.conn.send(destination=f"/topic/{topic}", body=f"probe:{probes}")
+            producer.conn.send(destination=f"/topic/{topic}", body=probe.decode())
             try:
-                live.wait(lambda: any(m.body == f"probe:{probes}".encode()
-                                      for m in live.listener.messages), 2, "a probe")
+                for client in (live, stream):
+                    client.wait(lambda c=client: any(m.body == probe
+                                                     for m in c.listener.messages),
+                                2, "a probe")
             except AssertionError:
                 return False
-            assert f"probe:{probes}".encode() not in [m.body for m in stream.listener.messages]
+            assert probe not in [m.body for m in far.listener.messages]
             return True
         finally:
             admin.execute_command("CLIENT", "UNPAUSE")
     wait_for(a_probe_arrives_while_redis_is_paused, timeout=120, interval=0.1,
-             message="a live subscriber given a SEND while Redis takes no writes")
+             message="subscribers given a SEND while Redis took no writes")
     producer.send(f"/topic/{topic}", "end:0")
-    sent = [f"probe:{i}" for i in range(1, probes + 1)]
+    sent = [f"{kind}:{i}" for i in range(1, probes + 1) for kind in ("warm", "probe")]
     for client in (live, stream, far):
         assert [m.body.decode() for m in client.until(b"end:0", timeout=60)] == sent
-    report(f"a SEND reached the live subscriber on its bridge while Redis took no writes "
-           f"(probe {probes}); the stream and far subscribers got it after, none twice")
+    given = {int(m.headers["x-stream-offset"]): m.body.decode()
+             for m in stream.listener.messages}
+    config = Config(redis_url=redis_url)
+    kept = History(admin, Keys.for_config(config), HistoryPolicy(1000, 3600)).read(topic)
+    assert {m["offset"]: m["payload"] for m in kept["messages"]} == given
+    report(f"a SEND reached the live and stream subscribers on its bridge while Redis took "
+           f"no writes (probe {probes}), the stream one with the offset the history then "
+           "gave it; the far subscriber got it after, none twice")

@@ -9,6 +9,11 @@
 -- that many ms, ARGV[6] ids kept at most, ARGV[7] '1': a real-time topic's
 -- history, kept only while it has readers (lua/history_readers.lua): with
 -- no epoch (none read it lately) nothing is appended,
+-- ARGV[8] the caller's id when it asks for the topic's pen or writes with
+-- it (a bridge), else '', ARGV[9] the first offset the caller already gave
+-- these messages with its pen ('0': none; '-1': the caller's pen broke,
+-- offsets it gave may not be written), ARGV[10] ms a pen is granted for
+-- ('0': not asked),
 -- then message id, payload and headers (JSON, or "" for none), triples,
 -- in order.
 -- An entry's stream id is "<offset>-1": offsets count per topic from 1, so
@@ -22,26 +27,70 @@
 -- - the call once (a bridge's SENDs, new ids each time): only the same call
 --   can come again (the look-up it rode with failed); the hash keeps the
 --   first message id of the last call, 'mid'.
--- Returns {epoch, first offset appended, last offset appended} ({epoch, 0,
--- 0} when nothing was; {'', 0, 0} for a real-time topic nobody reads).
-local FIRST = 8
-local epoch = redis.call('HGET', KEYS[2], 'epoch')
+-- The pen (docs/design.rst, "Offsets given by the bridge"): the one caller
+-- that may give a topic's next offsets itself, before they are written
+-- ('pen', 'pen_until' in the meta hash). Another caller is refused while
+-- it is held (first -1: try again shortly) and marks it 'wanted'; the
+-- holder hears so in its next reply, writes what it gave, and gives it
+-- back (lua/history_pen.lua), and for a while none is granted ('calm_until').
+-- A pen that lapsed unreturned may have given offsets never written: the
+-- next caller starts a new epoch, so no reader takes another message for
+-- one it had (x-recovered:false instead).
+-- Returns {epoch, first offset appended, last offset appended, pen} ({epoch,
+-- 0, 0} when nothing was; {'', 0, 0} for a real-time topic nobody reads;
+-- first -1: refused, another holds the pen; -2: the caller's pen was lost,
+-- nothing appended); pen: 'held' (the caller holds it now), 'wanted'
+-- (it holds it and another waits) or ''.
+local FIRST = 11
+local meta = KEYS[2]
+local caller, given, pen_ms = ARGV[8], tonumber(ARGV[9]), tonumber(ARGV[10])
+local epoch = redis.call('HGET', meta, 'epoch')
 local window = tonumber(ARGV[5])
 local while_read = ARGV[7] == '1'
-if not epoch and while_read then
-  return {'', 0, 0}
-elseif not epoch then
+local function new_epoch()
+  -- What is left of an old epoch's stream is not this epoch's.
   epoch = ARGV[3]
   redis.call('DEL', KEYS[1], KEYS[3])
-  redis.call('HSET', KEYS[2], 'epoch', epoch)
-elseif window == 0 and redis.call('HGET', KEYS[2], 'mid') == ARGV[FIRST] then
-  return {epoch, 0, 0}
+  redis.call('HDEL', meta, 'offset', 'mid', 'pen', 'pen_until', 'wanted')
+  redis.call('HSET', meta, 'epoch', epoch)
+end
+if not epoch and while_read then
+  return {'', 0, 0, ''}
+elseif not epoch then
+  new_epoch()
+elseif window == 0 and redis.call('HGET', meta, 'mid') == ARGV[FIRST] then
+  return {epoch, 0, 0, ''}
+end
+local clock = redis.call('TIME')  -- Redis's clock, not the callers': theirs may differ
+local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
+local holder = redis.call('HGET', meta, 'pen')
+if holder and holder ~= caller then
+  if now < tonumber(redis.call('HGET', meta, 'pen_until') or '0') then
+    redis.call('HSET', meta, 'wanted', '1')
+    return {epoch, -1, 0, ''}
+  end
+  new_epoch()  -- lapsed unreturned: what it gave may never be written
+  holder = nil
+end
+if holder == caller and given == -1 then
+  new_epoch()  -- the caller's writes failed after it gave their offsets
+  holder = nil
+elseif given > 0 and (holder ~= caller
+                      or given ~= tonumber(redis.call('HGET', meta, 'offset') or '0') + 1) then
+  return {epoch, -2, 0, ''}
+end
+local pen = ''
+if caller ~= '' and pen_ms > 0 then
+  if redis.call('HGET', meta, 'wanted') then
+    if holder == caller then pen = 'wanted' end
+  elseif holder == caller
+      or now >= tonumber(redis.call('HGET', meta, 'calm_until') or '0') then
+    redis.call('HSET', meta, 'pen', caller, 'pen_until', now + pen_ms)
+    pen = 'held'
+  end
 end
 local new = {}
-local now = 0  -- Redis's clock, not the callers': their clocks may differ
 if window > 0 then
-  local time = redis.call('TIME')
-  now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
   local ids = {}
   for at = FIRST, #ARGV, 3 do
     ids[#ids + 1] = ARGV[at]
@@ -56,15 +105,15 @@ if window > 0 then
     end
   end
 else
-  redis.call('HSET', KEYS[2], 'mid', ARGV[FIRST])
+  redis.call('HSET', meta, 'mid', ARGV[FIRST])
   for at = FIRST, #ARGV, 3 do
     new[#new + 1] = at
   end
 end
 if #new == 0 then
-  return {epoch, 0, 0}
+  return {epoch, 0, 0, pen}
 end
-local last = redis.call('HINCRBY', KEYS[2], 'offset', #new)
+local last = redis.call('HINCRBY', meta, 'offset', #new)
 local first = last - #new + 1
 for i, at in ipairs(new) do
   local offset = first + i - 1
@@ -99,14 +148,14 @@ else
   redis.call('XTRIM', KEYS[1], 'MAXLEN', '~', ARGV[1])
 end
 redis.call('EXPIRE', KEYS[1], ARGV[2])
-if tonumber(redis.call('HGET', KEYS[2], 'readers') or '0') > 0 then
-  redis.call('PERSIST', KEYS[2])  -- kept while read (lua/history_readers.lua)
+if tonumber(redis.call('HGET', meta, 'readers') or '0') > 0 then
+  redis.call('PERSIST', meta)  -- kept while read (lua/history_readers.lua)
 elseif not while_read then
-  redis.call('EXPIRE', KEYS[2], ARGV[2])
+  redis.call('EXPIRE', meta, ARGV[2])
 end  -- else it lingers for what history_readers.lua set when the last left
 if window > 0 then
   redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now - window)
   redis.call('ZREMRANGEBYRANK', KEYS[3], 0, -tonumber(ARGV[6]) - 1)
   redis.call('PEXPIRE', KEYS[3], window)
 end
-return {epoch, first, last}
+return {epoch, first, last, pen}
