@@ -17,6 +17,8 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
+import gevent
+
 from gearhorn.messages import DEDUP_HEADER
 from gearhorn.naming import new_message_id
 from gearhorn.observers import Observer
@@ -95,6 +97,7 @@ class HistoryFirst:
             where, ticket = pen.give(entries)
             send.tickets.append(ticket)
             self.readers.appended(topic, where, entries)  # its readers here have it now
+            send.taken_early = True  # so its outbox lingers too, reading on meanwhile
             return send
         self._unstored[topic] = self._unstored.get(topic, 0) + len(send.bodies)
         send.taken_early = bool(self.readers.sending(topic, _entries(send)))
@@ -195,6 +198,13 @@ class HistoryFirst:
             send.to_append = False
             if self.readers is not None:
                 self.readers.not_appended(send.topic, _entries(send))
+
+    def give_back_pens(self, timeout: float) -> None:
+        """Write what the pens here gave, and give them back (the bridge stops)."""
+        pens = list(self.pens.values())
+        for pen in pens:
+            pen.finish()
+        gevent.joinall([pen.greenlet for pen in pens], timeout=timeout)
 
     def appended_by_worker(self, topic: str) -> None:
         """A SEND to ``topic`` it did not take was appended by its fanout job."""

@@ -38,6 +38,12 @@ IDLE = 0.25
 # After another caller waited for the pen, none is granted for this long.
 CALM_MS = 5000
 MOST_AT_ONCE = 1000  # messages a write carries
+# What the pen gave is written this much later, or when the next SEND is
+# given its offsets: the write and the Redis work it starts then run after
+# the readers here read their MESSAGEs, not beside them on the same cores,
+# and the next SEND shares the round trip (the outbox lingers as long:
+# gearhorn/stomp/outbox.py).
+LINGER = 0.002
 
 
 class Ticket:
@@ -109,10 +115,18 @@ class TopicPen:
         self._more.set()
         return ticket
 
+    def finish(self) -> None:
+        """Give no more offsets; write what was given, and give the pen back."""
+        self.wanted = True
+        self._more.set()
+
     def _run(self) -> None:
         try:
             while self.queue or not self.closing:
                 if self.queue:
+                    if self.queue[-1].given and not self.closing:
+                        self._more.clear()
+                        self._more.wait(LINGER)  # returns at the next SEND's offsets
                     self._write(self._batch())
                 elif self.wanted or self.broken:
                     self._close()

@@ -139,3 +139,15 @@ def test_a_failed_write_costs_the_topic_its_epoch_not_a_wrong_offset(history):
     assert kept["epoch"] != old_epoch
     assert [(m["offset"], m["message_id"]) for m in kept["messages"]] == [
         (1, after.message_ids[0])]
+
+
+def test_a_stopping_bridge_writes_what_it_gave_and_gives_its_pens_back(history, monkeypatch):
+    monkeypatch.setattr(pens, "IDLE", 30.0)
+    feed = Feed()
+    first = HistoryFirst(history, None, feed, caller="bridge-1")
+    first.append("news", [b"a"], PLAIN)
+    given = first.announce("news", [b"b"], PLAIN)  # its readers have it; not written yet
+    first.give_back_pens(timeout=10)
+    assert not first.pens and pen_in_redis(history) is None
+    assert stored(history)[-1] == (2, given.message_ids[0])
+    first.store(given)  # its write is done already
