@@ -7,6 +7,8 @@
                                            # the defaults against one setting, in turns
     python bench/fanout.py --commits bf1f1be . --turns 4
                                            # two commits' pools, in turns
+    python bench/fanout.py --defaults-off --turns 3
+                                           # the defaults against each turned off
 
 Starts its own redis-server and gearmand on free loopback ports (they stop
 with this process) and a ``gearhorn worker`` pool, then measures:
@@ -21,6 +23,7 @@ with this process) and a ``gearhorn worker`` pool, then measures:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -167,6 +170,16 @@ def pool_rates(gm, redis_url, processes: int, quick: bool, ledger: bool = True,
     finally:
         pool.send_signal(signal.SIGTERM)
         pool.wait(30)
+        drop_ledger(redis_url)
+
+
+def drop_ledger(redis_url: str) -> None:
+    """Each pool starts with an empty ledger: 20 MB of it a pool, kept,
+    slowed each pool after by a few percent (ten turns of five pools: a
+    rate at the last turn 0.4 of the first's), whichever setting it had."""
+    client = redis.Redis.from_url(redis_url)
+    for key in client.scan_iter(match="{gearhorn:ledger:*", count=1000):
+        client.delete(key)
 
 
 def bench_ledger_cost(gm, registry, redis_url, processes: int, quick: bool) -> None:
@@ -183,26 +196,67 @@ def bench_ledger_cost(gm, registry, redis_url, processes: int, quick: bool) -> N
 
 
 def bench_in_turns(gm, redis_url, processes: int, quick: bool, pools: dict[str, dict],
-                   turns: int) -> None:
-    """The same fanouts through two pools (label -> ``pool_rates`` keywords:
-    an ``env``, a source ``tree``), in alternating turns (A B, B A, ...):
-    each turn's figures to read the spread by, then the medians and the
-    first's over the second's."""
+                   turns: int, fresh: bool = False) -> None:
+    """The same fanouts through each pool (label -> ``pool_rates`` keywords:
+    an ``env``, a source ``tree``), in turns whose order rotates (A B C,
+    B C A, ...; two pools: A B, B A): each turn's figures to read the
+    spread by, then the medians and each pool's over the first's.
+    ``fresh``: each turn on a Redis and a gearmand of its own (``gm`` and
+    ``redis_url`` unused): fifty pools on the same servers ran each slower
+    than the one before, whatever its setting (a rate at the tenth turn of
+    five pools 0.4 of the first's, the ledger dropped between pools)."""
     import statistics
 
-    first, second = pools
-    rates: dict[str, list[list[float]]] = {first: [], second: []}
+    labels = list(pools)
+    rates: dict[str, list[list[float]]] = {label: [] for label in labels}
     for turn in range(turns):
-        for label in ([first, second] if turn % 2 == 0 else [second, first]):
-            rates[label].append(pool_rates(gm, redis_url, processes, quick, **pools[label]))
+        shift = turn % len(labels)
+        with turn_servers(gm, redis_url, fresh) as (turn_gm, turn_url):
+            for label in labels[shift:] + labels[:shift]:
+                rates[label].append(pool_rates(turn_gm, turn_url, processes, quick,
+                                               **pools[label]))
         print(f"  turn {turn + 1}: " + "   ".join(
-            f"x{w} {rates[first][-1][i]:,.0f} / {rates[second][-1][i]:,.0f}"
+            f"x{w} " + " / ".join(f"{rates[label][-1][i]:,.0f}" for label in labels)
             for i, w in enumerate((10, 100, 1000))), flush=True)
+    first = labels[0]
     for i, width in enumerate((10, 100, 1000)):
-        a = statistics.median(r[i] for r in rates[first])
-        b = statistics.median(r[i] for r in rates[second])
-        print(f"  1 topic x {width:>5} subscribers: {first} {a:>9,.0f} copies/s   "
-              f"{second} {b:>9,.0f} copies/s   ratio {a / b:5.2f}", flush=True)
+        base = statistics.median(r[i] for r in rates[first])
+        print(f"  1 topic x {width:>5} subscribers: {first} {base:>9,.0f} copies/s", flush=True)
+        for label in labels[1:]:
+            rate = statistics.median(r[i] for r in rates[label])
+            print(f"      {label:<34} {rate:>9,.0f} copies/s   {first} / it "
+                  f"{base / rate:5.2f}", flush=True)
+
+
+@contextlib.contextmanager
+def turn_servers(gm, redis_url: str, fresh: bool):
+    """(gearmand, Redis URL) for one turn: the given ones, or new ones with
+    the benchmark's subscriptions, stopped after."""
+    if not fresh:
+        yield gm, redis_url
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        r_server = servers.start_redis()
+        turn_gm = servers.start_gearmand(data_dir=tmp)
+        try:
+            url = r_server.details["url"]
+            registry = Registry(redis.Redis.from_url(url), Keys())
+            for width in (10, 100, 1000):
+                subscribe_many(registry, f"bench{width}", width)
+            yield turn_gm, url
+        finally:
+            turn_gm.stop()
+            r_server.stop()
+
+
+# Each default a fanout pays for, and the setting that turns it off
+# (--defaults-off): what the defaults cost, one at a time.
+DEFAULTS_OFF = {
+    "ledger off": {"GEARHORN_LEDGER_ENABLED": "false"},
+    "metrics off": {"GEARHORN_METRICS_ENABLED": "false"},
+    "bounded queues off (tally, warden)": {"GEARHORN_RETENTION_INTERVAL": "0"},
+    "real-time topics off": {"GEARHORN_REALTIME_HISTORY_SIZE": "0"},
+}
 
 
 def bench_worker_memory(gm, registry, pool, total: int) -> list[tuple[int, int]]:
@@ -263,7 +317,11 @@ def main() -> None:
     parser.add_argument("--commits", nargs=2, metavar="REV",
                         help="only compare two commits' pools in turns (. is the working "
                              "tree; others are checked out into a temporary worktree)")
-    parser.add_argument("--turns", type=int, default=3, help="of --setting-cost, --commits")
+    parser.add_argument("--defaults-off", action="store_true",
+                        help="only compare the defaults with each default turned off in "
+                             "turn (ledger, metrics, bounded queues, real-time topics)")
+    parser.add_argument("--turns", type=int, default=3,
+                        help="of --setting-cost, --commits, --defaults-off")
     args = parser.parse_args()
     print(f"gearhorn fanout benchmark ({os.cpu_count()} cores, {args.processes} worker "
           f"processes, {'quick' if args.quick else 'full'} run)", flush=True)
@@ -282,6 +340,16 @@ def main() -> None:
             bench_in_turns(gm, redis_url, args.processes, args.quick,
                            {"defaults": {}, args.setting_cost: {"env": {name: value}}},
                            args.turns)
+            gm.stop()
+            r_server.stop()
+            return
+        if args.defaults_off:
+            print(f"the defaults and each turned off, {args.turns} turns (each: "
+                  f"defaults / {' / '.join(DEFAULTS_OFF)}, copies/s; no queue persistence):")
+            bench_in_turns(gm, redis_url, args.processes, args.quick,
+                           {"defaults": {}, **{label: {"env": env}
+                                               for label, env in DEFAULTS_OFF.items()}},
+                           args.turns, fresh=True)
             gm.stop()
             r_server.stop()
             return
