@@ -178,7 +178,9 @@ class TopicPen:
                             "written in a new epoch", self.topic)
                 self.broken = True
                 where = self.history.append([(self.topic, entries)])[0]
-        except REDIS_ERRORS as exc:
+        except Exception as exc:  # noqa: BLE001 - told to every SEND waiting for it
+            if not isinstance(exc, REDIS_ERRORS):
+                log.exception("topic %s: writing what the pen gave failed", self.topic)
             # Its readers may have offsets Redis never got: a new epoch next.
             self.broken = self.reset_due = True
             for ticket in batch:
