@@ -174,9 +174,8 @@ def pool_rates(gm, redis_url, processes: int, quick: bool, ledger: bool = True,
 
 
 def drop_ledger(redis_url: str) -> None:
-    """Each pool starts with an empty ledger: 20 MB of it a pool, kept,
-    slowed each pool after by a few percent (ten turns of five pools: a
-    rate at the last turn 0.4 of the first's), whichever setting it had."""
+    """Each pool starts with an empty ledger (20 MB of it a pool would stay
+    in Redis for the pools after)."""
     client = redis.Redis.from_url(redis_url)
     for key in client.scan_iter(match="{gearhorn:ledger:*", count=1000):
         client.delete(key)
@@ -339,7 +338,7 @@ def main() -> None:
             name, _, value = args.setting_cost.partition("=")
             bench_in_turns(gm, redis_url, args.processes, args.quick,
                            {"defaults": {}, args.setting_cost: {"env": {name: value}}},
-                           args.turns)
+                           args.turns, fresh=True)
             gm.stop()
             r_server.stop()
             return
@@ -361,7 +360,7 @@ def main() -> None:
             with checkouts(args.commits) as trees:
                 bench_in_turns(gm, redis_url, args.processes, args.quick,
                                {rev: {"tree": trees[rev]} for rev in args.commits},
-                               args.turns)
+                               args.turns, fresh=True)
             gm.stop()
             r_server.stop()
             return
