@@ -94,9 +94,10 @@ class HistoryFirst:
         if (pen is not None and topic not in self._unstored and pen.can_give()
                 and self.readers.at(topic) == (pen.epoch, pen.last)):
             entries = _entries(send)
-            where, ticket = pen.give(entries)
-            send.tickets.append(ticket)
+            where = pen.give(len(entries))
             self.readers.appended(topic, where, entries)  # its readers here have it now
+            # Queued after the MESSAGEs: the writer wakes after their writes.
+            send.tickets.append(pen.write(entries, where[1]))
             send.taken_early = True  # so its outbox lingers too, reading on meanwhile
             return send
         self._unstored[topic] = self._unstored.get(topic, 0) + len(send.bodies)

@@ -100,11 +100,12 @@ class TopicPen:
         return (not (self.wanted or self.broken or self.closing)
                 and time.monotonic() < self.until and not self.unnumbered)
 
-    def give(self, entries: list[Entry]) -> tuple[tuple[str, int, int], Ticket]:
-        """Offsets for ``entries``: (epoch, first, last), and their write."""
+    def give(self, count: int) -> tuple[str, int, int]:
+        """Offsets for ``count`` messages, (epoch, first, last), to hand them
+        to the readers with, then to :meth:`write` them with."""
         first = self.last + 1
-        self.last += len(entries)
-        return (self.epoch, first, self.last), self.write(entries, first)
+        self.last += count
+        return self.epoch, first, self.last
 
     def write(self, entries: list[Entry], given: int = 0) -> Ticket:
         """``entries`` written after every SEND queued before them."""
