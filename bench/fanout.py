@@ -194,23 +194,22 @@ def bench_ledger_cost(gm, registry, redis_url, processes: int, quick: bool) -> N
               f"off {off:>9,.0f} copies/s   cost {100 * (1 - on / off):5.1f}%", flush=True)
 
 
-def bench_in_turns(gm, redis_url, processes: int, quick: bool, pools: dict[str, dict],
-                   turns: int, fresh: bool = False) -> None:
+def bench_in_turns(processes: int, quick: bool, pools: dict[str, dict], turns: int) -> None:
     """The same fanouts through each pool (label -> ``pool_rates`` keywords:
     an ``env``, a source ``tree``), in turns whose order rotates (A B C,
     B C A, ...; two pools: A B, B A): each turn's figures to read the
-    spread by, then the medians and each pool's over the first's.
-    ``fresh``: each turn on a Redis and a gearmand of its own (``gm`` and
-    ``redis_url`` unused): fifty pools on the same servers ran each slower
-    than the one before, whatever its setting (a rate at the tenth turn of
-    five pools 0.4 of the first's, the ledger dropped between pools)."""
+    spread by, then the medians and each pool's over the first's. Each
+    turn runs on a Redis and a gearmand of its own: fifty pools on the same
+    servers ran each slower than the one before, whatever its setting (a
+    rate at the tenth turn of five pools 0.4 of the first's, the ledger
+    dropped between pools)."""
     import statistics
 
     labels = list(pools)
     rates: dict[str, list[list[float]]] = {label: [] for label in labels}
     for turn in range(turns):
         shift = turn % len(labels)
-        with turn_servers(gm, redis_url, fresh) as (turn_gm, turn_url):
+        with turn_servers() as (turn_gm, turn_url):
             for label in labels[shift:] + labels[:shift]:
                 rates[label].append(pool_rates(turn_gm, turn_url, processes, quick,
                                                **pools[label]))
@@ -228,23 +227,20 @@ def bench_in_turns(gm, redis_url, processes: int, quick: bool, pools: dict[str, 
 
 
 @contextlib.contextmanager
-def turn_servers(gm, redis_url: str, fresh: bool):
-    """(gearmand, Redis URL) for one turn: the given ones, or new ones with
-    the benchmark's subscriptions, stopped after."""
-    if not fresh:
-        yield gm, redis_url
-        return
+def turn_servers():
+    """(gearmand, Redis URL) for one turn, with the benchmark's
+    subscriptions; stopped after."""
     with tempfile.TemporaryDirectory() as tmp:
         r_server = servers.start_redis()
-        turn_gm = servers.start_gearmand(data_dir=tmp)
+        gm = servers.start_gearmand(data_dir=tmp)
         try:
             url = r_server.details["url"]
             registry = Registry(redis.Redis.from_url(url), Keys())
             for width in (10, 100, 1000):
                 subscribe_many(registry, f"bench{width}", width)
-            yield turn_gm, url
+            yield gm, url
         finally:
-            turn_gm.stop()
+            gm.stop()
             r_server.stop()
 
 
@@ -304,6 +300,33 @@ def bench_redis_memory(quick: bool) -> float:
         r_server.stop()
 
 
+def in_turns(args: argparse.Namespace) -> bool:
+    """The modes that compare pools in turns (each turn on servers of its
+    own); whether one was asked for."""
+    if args.setting_cost:
+        print(f"the defaults against {args.setting_cost}, {args.turns} alternating "
+              "turns (each: defaults / with it, copies/s):")
+        name, _, value = args.setting_cost.partition("=")
+        pools = {"defaults": {}, args.setting_cost: {"env": {name: value}}}
+    elif args.defaults_off:
+        print(f"the defaults and each turned off, {args.turns} turns (each: "
+              f"defaults / {' / '.join(DEFAULTS_OFF)}, copies/s; no queue persistence):")
+        pools = {"defaults": {}, **{label: {"env": env} for label, env in DEFAULTS_OFF.items()}}
+    elif args.commits:
+        from bench.ab import checkouts
+
+        print(f"{args.commits[0]} against {args.commits[1]}, {args.turns} alternating "
+              "turns (copies/s of each):")
+        with checkouts(args.commits) as trees:
+            bench_in_turns(args.processes, args.quick,
+                           {rev: {"tree": trees[rev]} for rev in args.commits}, args.turns)
+        return True
+    else:
+        return False
+    bench_in_turns(args.processes, args.quick, pools, args.turns)
+    return True
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
@@ -324,6 +347,8 @@ def main() -> None:
     args = parser.parse_args()
     print(f"gearhorn fanout benchmark ({os.cpu_count()} cores, {args.processes} worker "
           f"processes, {'quick' if args.quick else 'full'} run)", flush=True)
+    if in_turns(args):
+        return
     with tempfile.TemporaryDirectory() as tmp:
         r_server = servers.start_redis()
         gm = servers.start_gearmand(data_dir=tmp)
@@ -332,38 +357,6 @@ def main() -> None:
         registry = Registry(redis.Redis.from_url(redis_url), Keys())
         for width in (10, 100, 1000):
             subscribe_many(registry, f"bench{width}", width)
-        if args.setting_cost:
-            print(f"the defaults against {args.setting_cost}, {args.turns} alternating "
-                  "turns (each: defaults / with it, copies/s):")
-            name, _, value = args.setting_cost.partition("=")
-            bench_in_turns(gm, redis_url, args.processes, args.quick,
-                           {"defaults": {}, args.setting_cost: {"env": {name: value}}},
-                           args.turns, fresh=True)
-            gm.stop()
-            r_server.stop()
-            return
-        if args.defaults_off:
-            print(f"the defaults and each turned off, {args.turns} turns (each: "
-                  f"defaults / {' / '.join(DEFAULTS_OFF)}, copies/s; no queue persistence):")
-            bench_in_turns(gm, redis_url, args.processes, args.quick,
-                           {"defaults": {}, **{label: {"env": env}
-                                               for label, env in DEFAULTS_OFF.items()}},
-                           args.turns, fresh=True)
-            gm.stop()
-            r_server.stop()
-            return
-        if args.commits:
-            from bench.ab import checkouts
-
-            print(f"{args.commits[0]} against {args.commits[1]}, {args.turns} alternating "
-                  "turns (copies/s of each):")
-            with checkouts(args.commits) as trees:
-                bench_in_turns(gm, redis_url, args.processes, args.quick,
-                               {rev: {"tree": trees[rev]} for rev in args.commits},
-                               args.turns, fresh=True)
-            gm.stop()
-            r_server.stop()
-            return
         if args.ledger_cost:
             print("delivery ledger cost (ledger on: mean of a run before and after off):")
             bench_ledger_cost(gm, registry, redis_url, args.processes, args.quick)

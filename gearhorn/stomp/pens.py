@@ -211,14 +211,3 @@ class TopicPen:
             self.unnumbered -= 1
         ticket.error = error
         ticket.event.set()
-
-    def _give_back(self) -> None:
-        """Ends the pen here; Redis is told unless a write broke (the next
-        append from here starts a new epoch instead: see HistoryFirst)."""
-        self.ended(self)
-        if self.broken:
-            return
-        try:
-            self.history.give_back(self.topic, self.caller, CALM_MS)
-        except REDIS_ERRORS as exc:  # it lapses by itself; the next taker sees a new epoch
-            log.warning("topic %s: giving the pen back failed: %s", self.topic, exc)

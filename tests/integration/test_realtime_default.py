@@ -165,3 +165,48 @@ def test_gearhorn_up_serves_a_plain_subscriber_in_real_time_with_receipts_after_
     assert bodies(got) == ["m0", "m1", "m2", "m3", "m4", "g0"]
     assert offsets(got) == list(range(1, 7))
     assert queues_of(up.gearmand, topic) == []
+
+
+def test_a_gearman_producer_beside_a_stomp_one_waits_for_the_pen_and_no_offset_lies(
+        stack, stomp_clients, redis_url):
+    """The bridge gives its STOMP producer's messages their offsets itself
+    while it holds the topic's pen (docs/design.rst); a Gearman producer's
+    fanouts to the same topic wait until it is given back. The subscriber
+    gets every message of both once, each producer's in order, offsets
+    without a gap, and the history holds each message at the very offset
+    the subscriber was given."""
+    import threading
+
+    from gearhorn.historypolicy import HistoryPolicy
+    from gearhorn.store.history import History
+
+    gearmand, bridge = stack
+    topic, count = unique_topic("mix."), 200
+    reader = stomp_clients(bridge.port)
+    reader.subscribe(f"/topic/{topic}", "s")
+    producer = stomp_clients(bridge.port)
+    producer.send(f"/topic/{topic}", "warm")  # the pen comes with an append
+    sending = threading.Thread(target=lambda: [
+        producer.conn.send(destination=f"/topic/{topic}", body=f"stomp:{i}")
+        for i in range(count)])
+    sending.start()
+    publish(gearmand, topic, [f"gear:{i}" for i in range(count)])
+    sending.join(120)
+    assert not sending.is_alive()
+    producer.send(f"/topic/{topic}", "end")
+    got = reader.until(b"end", timeout=120)  # without the marker
+    names = bodies(got)
+    assert offsets(got) == list(range(1, len(got) + 1))
+    for kind in ("stomp", "gear"):
+        assert [n for n in names if n.startswith(f"{kind}:")] == [
+            f"{kind}:{i}" for i in range(count)]
+    assert len(names) == 2 * count + 1  # and "warm"
+    kept = History(redisconn.connect(redis_url), Keys.for_config(Config()),
+                   HistoryPolicy(1000, 3600)).read(topic, limit=1000)
+    stored = {m["offset"]: m["payload"] for m in kept["messages"]}
+    assert stored.pop(len(got) + 1) == "end"
+    assert stored == dict(zip(offsets(got), names, strict=True))
+    # The workers waited for the bridge's pen at least once: given back
+    # when wanted, it leaves the topic a calm spell without pens.
+    meta = redisconn.connect(redis_url).hgetall(Keys.for_config(Config()).history_meta(topic))
+    assert b"calm_until" in meta, meta
