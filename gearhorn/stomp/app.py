@@ -124,6 +124,7 @@ def build_bridge(config: Config) -> Bridge:
     streams = TopicStreams(history, observer)
     history_first = HistoryFirst(history, SubscriberCache(registry), streams,
                                  Observers(observer, StatsObserver(stats)), caller=bridge_id)
+    streams.own_pens = history_first.pens  # their topics' feeds need not read meanwhile
     publisher = Publisher(servers, tls, headers,
                           Scheduler(client, keys, config.delay_shard_seconds,
                                     config.delay_lease, config.delay_lanes),

@@ -1,15 +1,23 @@
 """A topic's feed on one bridge (runs under gevent): one blocking XREAD of
 its history per topic and bridge, handing each new message to the stream
 readers live on it (gearhorn/stomp/streams.py), and the SENDs of this
-bridge its live readers may take before their append."""
+bridge its live readers may take before their append.
+
+While this bridge holds the topic's pen (gearhorn/stomp/pens.py) and the
+feed has all it gave, the feed does not read: no other caller can append
+then, and each message the pen gives or writes is handed over here, so an
+XREAD would only wake for what the readers have (a round trip, and a
+reply, per write)."""
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Protocol
 
 import gevent
+import gevent.event
 
 from gearhorn.background import Fault
 from gearhorn.stomp.streams import BLOCK_MS, IN_FLIGHT_SECONDS, PAGE, RedisCalls, StreamReader
@@ -18,12 +26,24 @@ from gearhorn.store.history import Entry, History, Stored
 log = logging.getLogger(__name__)
 
 
+class OwnWriter(Protocol):
+    """This bridge's pen of a topic (gearhorn/stomp/pens.py)."""
+
+    epoch: str
+    last: int  # the last offset it gave or wrote
+    released: gevent.event.Event  # set once other callers may append again
+
+    def writes_alone(self) -> bool:
+        """Whether no other caller can append to the topic now."""
+
+
 class TopicFeed:
     """One blocking read of a topic's history per bridge, handing each new
     message to the readers live on it."""
 
     def __init__(self, history: History, topic: str, on_idle: Callable[[TopicFeed], None],
-                 epoch: str | None = None, last: int | None = None) -> None:
+                 epoch: str | None = None, last: int | None = None,
+                 own_pens: Mapping[str, OwnWriter] | None = None) -> None:
         """``epoch`` and ``last``: where the topic's history stood when the
         first reader read it (one read), so that reader joins at once and a
         burst sent right after its RECEIPT reaches it from here, not from a
@@ -39,6 +59,7 @@ class TopicFeed:
         self.in_flight: dict[str, float] = {}
         self.hold_until = 0  # no SEND is taken early before this offset is passed
         self._on_idle = on_idle
+        self._own_pens = own_pens if own_pens is not None else {}
         self.stopped = False
         gevent.spawn(self._run)
 
@@ -97,6 +118,10 @@ class TopicFeed:
         redis_calls = RedisCalls(f"feed of {self.topic}")
         fault = Fault(log, f"feed of {self.topic}")
         while not self.stopped:
+            if (pen := self._own_pen()) is not None:
+                pen.released.wait(BLOCK_MS / 1000)
+                self._forget_stale()
+                continue
             try:
                 found = redis_calls.attempt(self._read)
                 fault.succeeded()
@@ -107,6 +132,15 @@ class TopicFeed:
             for stored in found or ():
                 if stored[0] > self.last:  # not handed over already (appended)
                     self.hand_over(stored)
+
+    def _own_pen(self) -> OwnWriter | None:
+        """This bridge's pen of the topic, when it alone writes the topic and
+        the feed has passed all it gave: nothing to read meanwhile."""
+        pen = self._own_pens.get(self.topic)
+        if (pen is not None and pen.writes_alone() and pen.epoch == self.epoch
+                and pen.last == self.last):
+            return pen
+        return None
 
     def _read(self) -> list[Stored]:
         """What follows the feed's last offset (waiting up to BLOCK_MS)."""

@@ -90,6 +90,9 @@ class TopicPen:
         self.reset_due = False  # a write failed: the next starts a new epoch
         self.closing = False  # given back (or broken): what is queued goes plainly
         self.unnumbered = 0  # SENDs queued or being written without offsets
+        # Set once other callers may append again (given back, broken, ended):
+        # this bridge's feed of the topic reads again (gearhorn/stomp/feed.py).
+        self.released = gevent.event.Event()
         self.queue: collections.deque[Ticket] = collections.deque()
         self._more = gevent.event.Event()
         self.greenlet = gevent.spawn(self._run)
@@ -99,6 +102,12 @@ class TopicPen:
         not wanted, and every SEND queued has its offset already."""
         return (not (self.wanted or self.broken or self.closing)
                 and time.monotonic() < self.until and not self.unnumbered)
+
+    def writes_alone(self) -> bool:
+        """Whether no other caller can append to the topic now: held, within
+        Redis's grant by this bridge's clock, neither given back nor broken."""
+        return (not (self.broken or self.closing or self.released.is_set())
+                and time.monotonic() < self.until)
 
     def give(self, count: int) -> tuple[str, int, int]:
         """Offsets for ``count`` messages, (epoch, first, last), to hand them
@@ -140,6 +149,7 @@ class TopicPen:
             self._fail_all(exc)
             raise
         finally:
+            self.released.set()
             self.ended(self)
 
     def _close(self) -> None:
@@ -147,6 +157,7 @@ class TopicPen:
         written after, with offsets from Redis. A broken pen is not given
         back: the next append from here starts a new epoch (``reset_due``)."""
         self.closing = True
+        self.released.set()
         if self.broken:
             return
         try:
@@ -178,12 +189,14 @@ class TopicPen:
                 log.warning("topic %s: the bridge's pen lapsed; what it gave last is "
                             "written in a new epoch", self.topic)
                 self.broken = True
+                self.released.set()
                 where = self.history.append([(self.topic, entries)])[0]
         except Exception as exc:  # noqa: BLE001 - told to every SEND waiting for it
             if not isinstance(exc, REDIS_ERRORS):
                 log.exception("topic %s: writing what the pen gave failed", self.topic)
             # Its readers may have offsets Redis never got: a new epoch next.
             self.broken = self.reset_due = True
+            self.released.set()
             for ticket in batch:
                 self._done(ticket, exc)
             self._fail_all(exc)

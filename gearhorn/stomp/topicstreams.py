@@ -5,8 +5,10 @@ SENDs: gearhorn/stomp/appending.py)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from gearhorn.observers import Observer
-from gearhorn.stomp.feed import TopicFeed
+from gearhorn.stomp.feed import OwnWriter, TopicFeed
 from gearhorn.stomp.offsets import Kept
 from gearhorn.stomp.spans import Spans
 from gearhorn.stomp.streams import StreamConsumer, StreamReader
@@ -20,6 +22,9 @@ class TopicStreams:
         self.history = history
         self.observer = observer  # told the runs of offsets each reader gave
         self.feeds: dict[str, TopicFeed] = {}
+        # The pens this bridge holds, by topic (HistoryFirst's): a feed whose
+        # topic only this bridge writes meanwhile does not read it.
+        self.own_pens: Mapping[str, OwnWriter] = {}
 
     def keeps_history(self, topic: str) -> bool:
         """Whether a subscription may read ``topic``'s history (a real-time
@@ -45,7 +50,8 @@ class TopicStreams:
         """``last``: the topic's last offset, read with ``epoch``."""
         feed = self.feeds.get(topic)
         if feed is None:
-            feed = self.feeds[topic] = TopicFeed(self.history, topic, self._idle, epoch, last)
+            feed = self.feeds[topic] = TopicFeed(self.history, topic, self._idle, epoch, last,
+                                                       self.own_pens)
         feed.added()
         spans = None
         if self.observer is not None:

@@ -155,3 +155,46 @@ def test_a_stopping_bridge_writes_what_it_gave_and_gives_its_pens_back(history, 
     assert not first.pens and pen_in_redis(history) is None
     assert stored(history)[-1] == (2, given.message_ids[0])
     first.store(given)  # its write is done already
+
+
+def test_a_feed_does_not_read_a_topic_its_bridge_alone_writes(history, monkeypatch):
+    """While the bridge holds the pen and its feed has all the pen gave, no
+    one else appends and every message reaches the feed by hand: it waits
+    for the pen's release instead of reading. It reads again once the pen
+    is given back, broken, or past its grant by the bridge's clock."""
+    from gearhorn.stomp.topicstreams import TopicStreams
+
+    monkeypatch.setattr(pens, "IDLE", 30.0)
+    streams = TopicStreams(history)
+    first = HistoryFirst(history, None, streams, caller="bridge-1")
+    streams.own_pens = first.pens
+    history.append([("news", [("w", b"w", None)])])  # a worker's, before
+    reader_feed = streams.feeds["news"] = _idle_feed(history, streams)
+    first.append("news", [b"a"], PLAIN)  # the pen comes with it
+    pen = first.pens["news"]
+    assert reader_feed.last == 2 and reader_feed._own_pen() is pen
+    given = first.announce("news", [b"b"], PLAIN)  # handed over: still all it gave
+    assert reader_feed.last == 3 and reader_feed._own_pen() is pen
+    pen.last += 1  # given, not yet handed to this feed: read
+    assert reader_feed._own_pen() is None
+    pen.last -= 1
+    pen.until = 0.0  # past the grant by the bridge's clock
+    assert reader_feed._own_pen() is None
+    pen.until = float("inf")
+    first.store(given)
+    pen.finish()  # given back
+    pen.greenlet.join(10)
+    assert pen.released.is_set() and reader_feed._own_pen() is None
+
+
+def _idle_feed(history, streams):
+    """A feed where the topic's history stands, its read loop not running
+    (what this test drives is its choice whether to read)."""
+    from gearhorn.stomp.feed import TopicFeed
+
+    epoch, _, last = history.position("news")
+    feed = TopicFeed(history, "news", streams._idle, epoch, last, streams.own_pens)
+    feed.stopped = True
+    gevent.sleep(0)  # its loop sees it stopped, and ends
+    feed.stopped = False
+    return feed
