@@ -5,8 +5,10 @@ A worker that waited for each group's fsync before taking the next sat
 idle for the disk: measured with bench/durable.py, 0.75 to 0.83 of the
 rate of answering when written. Here the worker hands each group's
 answers to a :class:`Committer` thread and goes on; the committer takes
-every group waiting, waits for one fsync that covers them all
-(gearhorn/store/fsync.py), and only then writes their answers. So the
+every group waiting, writes what must be in Redis before their answers
+(the ledger's entries: one round trip for them all, off the worker's
+thread), waits for one fsync that covers it all (gearhorn/store/fsync.py),
+and only then writes their answers. So the
 disk's pace sets how late an answer comes, not how many jobs a worker
 runs; at most ``most`` groups wait, then the worker waits too.
 
@@ -49,9 +51,12 @@ class Group:
 class Committer(threading.Thread):
     def __init__(self, durability: Durability, flush: Callable[[set], None],
                  wake: Callable[[], None], most: int = 8,
-                 leaving: threading.Event | None = None) -> None:
+                 leaving: threading.Event | None = None,
+                 before_answers: Callable[[], None] = lambda: None) -> None:
+        """``before_answers``: writes what the answers must follow (never raises)."""
         super().__init__(name="gearhorn-commit", daemon=True)
         self.durability, self._flush, self._wake = durability, flush, wake
+        self._before_answers = before_answers
         self.most = most
         # Set when the worker leaves: a group that cannot be queued then is
         # dropped unanswered (gearmand gives its jobs to another worker).
@@ -112,6 +117,7 @@ class Committer(threading.Thread):
                     self._changed.notify_all()
 
     def _commit(self, groups: list[Group]) -> None:
+        self._before_answers()  # before the fsync too: it covers them
         reason, lost = self._on_disk([g for g in groups if g.durable])
         workers: set = set()
         for group in groups:

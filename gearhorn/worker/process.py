@@ -63,8 +63,12 @@ class WorkerProcess:
         self._draining = threading.Event()
         # Answers wait for an fsync that covers them, in a thread of their
         # own while this one takes the next jobs.
+        # The answers' ledger entries are in Redis before them (the committer
+        # writes them, a round trip for all the groups it answers): a worker
+        # killed after answering takes no entry with it, so the
+        # reconciliation knows every copy it made.
         self.committer = Committer(self.durability, self._flush, self.jobs.wake,
-                                   leaving=self._draining)
+                                   leaving=self._draining, before_answers=self.ledger.flush)
         self.started = time.time()
 
     def run(self) -> None:
@@ -137,10 +141,6 @@ class WorkerProcess:
                 outcomes: list[Answer], marks: tuple[int, ...]) -> None:
         """Hand a group's answers to the committer, which sends them once an
         fsync covers what they acknowledge (gearhorn/worker/commits.py)."""
-        # The group's ledger entries are in Redis before its jobs are answered
-        # (one round trip a group): a worker killed after answering takes no
-        # entry with it, so the reconciliation knows every copy it made.
-        self.ledger.flush()
         for (_, _, job), outcome in zip(done, outcomes, strict=True):
             if isinstance(outcome, BadRequest):
                 self.service.record_rejection(job.function, str(outcome))
@@ -168,7 +168,6 @@ class WorkerProcess:
         log.warning("%s refused: %s", _jobs_named(pending), reason)
         for _, _, job in pending:
             self.service.record_rejection(job.function, reason)
-        self.ledger.flush()
 
         def answer(_: str) -> set[gearman.WorkerConnection]:
             for worker, grabbed, job in pending:

@@ -117,3 +117,33 @@ def test_a_worker_leaving_while_answers_wait_for_the_disk_is_not_held_back():
         disk.open.set()
         c.stop()
     assert ("c", "") not in log
+
+
+def test_what_the_answers_must_follow_is_written_first_once_for_every_group_waiting():
+    """The ledger's entries (``before_answers``) are written before the fsync
+    that covers the answers, once for all the groups answered together, and
+    from the committer's thread, not the worker's."""
+    disk, order = Disk(), []
+    real_wait = disk.wait
+
+    def wait(marks=None):
+        order.append("fsync")
+        real_wait(marks)
+    disk.wait = wait
+    c = Committer(disk, lambda workers: None, lambda: None, most=4,
+                  before_answers=lambda: order.append(("ledger", threading.current_thread())))
+    c.start()
+    try:
+        log = []
+        c.put(group("a", log))
+        while "fsync" not in order:  # a waits for its fsync
+            threading.Event().wait(0.001)
+        c.put(group("b", log))
+        c.put(group("c", log))
+        disk.open.set()
+        assert c.wait_idle(10)
+    finally:
+        disk.open.set()
+        c.stop()
+    assert order == [("ledger", c), "fsync", ("ledger", c), "fsync"]
+    assert log == [("a", ""), ("b", ""), ("c", "")]
