@@ -119,8 +119,7 @@ class Ledger:
         accepted; the reconciliation checks the one against the other."""
         if self.enabled:
             self._published.append(published_line(
-                [now_ms(), message_id, topic, len(copies) if width is None else width,
-                 copies]))
+                now_ms(), message_id, topic, len(copies) if width is None else width, copies))
 
     def failed(self, reason: str, topic: str = "", subscriber: str = "", unique: str = "",
                message_id: str = "") -> None:

@@ -5,7 +5,9 @@ Kinds of entry (``e``):
 
 - ``published-batch``: messages published, a JSON line each,
   ``[ts, message_id, topic, count, [[queue, unique], ...]]`` (``count``:
-  the subscribers looked up; the pairs: the copies gearmand accepted).
+  the subscribers looked up; the pairs: the copies gearmand accepted), or
+  ``[ts, message_id, topic, count, {"to": [client_id, ...]}]`` when every
+  copy is named the plain way (:class:`SubscriberCopies`).
 - ``batch``: bridge events, a line each,
   ``event TAB ts TAB subscriber TAB unique TAB redelivered``.
 - any other event name (failed, dropped): an entry of its own, its fields
@@ -20,6 +22,7 @@ import json
 from collections.abc import Iterable, Iterator, Sequence
 
 from gearhorn.events import Event, copy_key, message_key
+from gearhorn.naming import copy_unique, queue_name
 
 PUBLISHED_BATCH = "published-batch"
 BATCH = "batch"
@@ -28,10 +31,53 @@ BATCH = "batch"
 _dumps = json.JSONEncoder(separators=(",", ":")).encode
 
 
-def published_line(fields: list) -> str:
+class SharedSubscribers:
+    """The direct subscribers every message of a fanout went to, each copy
+    named the plain way: queue ``<topic>_<client_id>``, unique
+    ``<message_id>:<client_id>`` (gearhorn/naming.py). Their ledger form
+    (``ledger_json``) is made once for the fanout, not a pair per copy."""
+
+    __slots__ = ("topic", "client_ids", "ledger_json")
+
+    def __init__(self, topic: str, client_ids: Sequence[str]) -> None:
+        self.topic = topic
+        self.client_ids = tuple(client_ids)
+        self.ledger_json = _dumps({"to": self.client_ids})
+
+
+class SubscriberCopies(Sequence[tuple[str, str]]):
+    """One message's copies (queue, unique) to :class:`SharedSubscribers`."""
+
+    __slots__ = ("message_id", "shared")
+
+    def __init__(self, message_id: str, shared: SharedSubscribers) -> None:
+        self.message_id = message_id
+        self.shared = shared
+
+    def __len__(self) -> int:
+        return len(self.shared.client_ids)
+
+    def __getitem__(self, index):  # type: ignore[override]
+        if isinstance(index, slice):
+            return list(self)[index]
+        return self._copy(self.shared.client_ids[index])
+
+    def __iter__(self) -> Iterator[tuple[str, str]]:
+        return map(self._copy, self.shared.client_ids)
+
+    def _copy(self, client_id: str) -> tuple[str, str]:
+        return (queue_name(self.shared.topic, client_id),
+                copy_unique(self.message_id, client_id))
+
+
+def published_line(ts: int, message_id: str, topic: str, count: int,
+                   copies: Sequence[tuple[str, str]]) -> str:
     """One message of a ``published-batch``: ``[ts, message_id, topic,
-    count, copies]``."""
-    return _dumps(fields)
+    count, copies]``, copies to :class:`SharedSubscribers` by client id."""
+    if isinstance(copies, SubscriberCopies):
+        return (f"[{ts},{_dumps(message_id)},{_dumps(topic)},{count},"
+                f"{copies.shared.ledger_json}]")
+    return _dumps([ts, message_id, topic, count, copies])
 
 
 def batch_entry(kind: str, lines: Sequence[str], source: str) -> dict[str, str]:
@@ -91,8 +137,8 @@ def rows_from_entries(entries: Iterable[tuple[str, dict[str, str]]]) -> Iterator
 
 
 def _published_rows(stream_id: str, fields: dict[str, str]) -> Iterator[dict]:
-    """Lines ``[ts, message_id, topic, count, [[queue, unique], ...]]``: what
-    a ``published`` entry each gave."""
+    """Lines ``[ts, message_id, topic, count, copies]``: what a
+    ``published`` entry each gave."""
     source = fields.get("src") or None
     for line in filter(None, fields.get("events", "").split("\n")):
         ts, message_id, topic, count, copies = json.loads(line)
@@ -102,6 +148,8 @@ def _published_rows(stream_id: str, fields: dict[str, str]) -> Iterator[dict]:
                 "stream_id": stream_id, "copy_key": None,
                 "message_key": message_key(message_id)}
         yield base
+        if isinstance(copies, dict):  # to subscribers by client id, named the plain way
+            copies = SubscriberCopies(message_id, SharedSubscribers(topic, copies["to"]))
         for queue, unique in copies:
             yield {**base, "event": Event.ENQUEUED.value, "subscriber": queue,
                    "unique": unique or None, "count": None, "copy_key": copy_key(queue, unique)}

@@ -18,12 +18,13 @@ from dataclasses import dataclass
 from gearhorn import gearman
 from gearhorn.limits import FULL
 from gearhorn.messages import BadRequest, Fanout, header_id_for
-from gearhorn.naming import delayed_unique, new_message_id
+from gearhorn.naming import delayed_unique, new_message_id, queue_name
 from gearhorn.observers import FailedCopy, Observer
 from gearhorn.store.dedup import Deduplicator
 from gearhorn.store.delayed import DelayedItem, Scheduler
 from gearhorn.store.headers import HeaderStore
 from gearhorn.store.history import Entry, History
+from gearhorn.store.ledgerentries import SharedSubscribers, SubscriberCopies
 from gearhorn.store.pressure import Pressure
 from gearhorn.store.registry import Recipient
 from gearhorn.store.room import RoomKeeper
@@ -32,6 +33,8 @@ from gearhorn.store.tally import TallyWriter
 from gearhorn.worker import foreground
 from gearhorn.worker.copies import Made, admit, claim_room, cut_copies, make_copies, result_ids
 from gearhorn.worker.foreground import ForegroundSettings
+
+PLAIN_KEPT = 10_000  # topics whose plain subscribers are remembered (the cache's size)
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +82,9 @@ class Fanouts:
         self.tally = tally  # when each queue's copies were queued (gearhorn/store/tally.py)
         self.pressure = pressure  # full queues, a full store (gearhorn/store/pressure.py)
         self._sleep = sleep  # between retries of failed copies
+        # topic -> (its recipients as last looked up, their SharedSubscribers
+        # or None when some copy is not named the plain way)
+        self._plain: dict[str, tuple[tuple[Recipient, ...], SharedSubscribers | None]] = {}
 
     def publish(self, request: Fanout, job_unique: str = "",
                 received: float | None = None) -> dict[str, object]:
@@ -240,8 +246,33 @@ class Fanouts:
                    received: float | None) -> None:
         """Ledger and metrics of a fanout, before its job is answered."""
         elapsed = None if received is None else time.monotonic() - received
-        per_message = [(message_id, [(c.function, c.unique) for c in mine])
-                       for message_id, mine in zip(made.message_ids, made.per, strict=True)]
+        shared = self._shared(made)
+        if shared is not None:  # no (queue, unique) pair per copy to build or record
+            per_message = [(message_id, SubscriberCopies(message_id, shared))
+                           for message_id in made.message_ids]
+        else:
+            per_message = [(message_id, [(c.function, c.unique) for c in mine])
+                           for message_id, mine in zip(made.message_ids, made.per, strict=True)]
         self.observer.fanned_out(made.request.topic, per_message, made.width, [
             FailedCopy(f["queue"], unique, f"{f['status']}: {f['reason']}")
             for f, unique in failed], elapsed)
+
+    def _shared(self, made: Made) -> SharedSubscribers | None:
+        """The subscribers of a fanout whose every copy is named the plain
+        way (one per direct subscriber and message; no unique key, headers or
+        foreground mark of its own), found once per subscriber list: the
+        look-up hands out the same tuple while the topic's members stay."""
+        request, recipients = made.request, made.recipients
+        if (not request.background or request.unique is not None or request.headers
+                or any(len(copies) != len(recipients) for copies in made.per)):
+            return None
+        known = self._plain.get(request.topic)
+        if known is None or known[0] is not recipients:
+            plain = all(r.pattern is None and r.queue == queue_name(request.topic, r.client_id)
+                        for r in recipients)
+            if len(self._plain) >= PLAIN_KEPT:
+                self._plain.clear()
+            known = self._plain[request.topic] = (
+                recipients, SharedSubscribers(request.topic, [r.client_id for r in recipients])
+                if plain else None)
+        return known[1]

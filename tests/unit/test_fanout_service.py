@@ -337,3 +337,67 @@ def test_a_reject_publish_subscriber_is_bounded_from_its_first_copy(registry):
     capped = [c.data for c in client.background if c.function == "news_capped"]
     assert capped == [f"0-{i}".encode() for i in range(5)]
     assert [r.get("full") for r in results] == [["capped"]] * 3
+
+
+@pytest.mark.parametrize("extra, by_client_id", [
+    ({}, True),  # direct subscribers only: the ledger names them by client id
+    ({"payloads": ["1", "2", "3"]}, True),  # several messages sharing them
+    ({"long_id": True}, True),  # a client id whose unique key is digested
+    ({"unique": "order-7"}, False),  # a unique key of its own: pairs
+    ({"headers": {"k": "v"}}, False),  # headers: pairs
+    ({"prefix": True}, False),  # a prefix subscriber among them: pairs
+])
+def test_the_ledger_records_exactly_the_copies_gearmand_got(registry, extra, by_client_id):
+    """Whatever form the ledger's line takes, it reads back as the very
+    (queue, unique) of every copy submitted, and the look-up's width."""
+    from gearhorn.observers import LedgerObserver
+    from gearhorn.store.ledger import Ledger, entries, rows_from_entries
+
+    ledger = Ledger(registry.redis, registry.keys)
+    client = RecordingClient()
+    svc = build_service(Config(), registry, SubscriberCache(registry), client,
+                        observer=LedgerObserver(ledger))
+    extra = dict(extra)
+    clients = ["alice", "bob", "x" * 60 if extra.pop("long_id", False) else "carol"]
+    for who in clients:
+        call(svc, "subscribe_fanout", topic="news.eu", client_id=who)
+    if extra.pop("prefix", False):
+        call(svc, "subscribe_fanout", topic="news.*", client_id="dave")
+    for _ in range(2):  # the second finds the subscribers remembered
+        call(svc, "fanout", topic="news.eu", background=True,
+             **({"payload": "hi"} if "payloads" not in extra else {}), **extra)
+    ledger.flush()
+    raw = registry.redis.xrange(registry.keys.ledger(0))
+    assert any(b'{"to":' in fields[b"events"] for _, fields in raw) is by_client_id
+    rows = list(rows_from_entries(entries(registry.redis, registry.keys, 1)))
+    enqueued = sorted((r["subscriber"], r["unique"]) for r in rows if r["event"] == "enqueued")
+    assert enqueued == sorted((c.function, c.unique) for c in client.background)
+    published = [r for r in rows if r["event"] == "published"]
+    assert {r["count"] for r in published} == {len(client.background) // len(published)}
+
+
+def test_a_fanouts_plain_subscribers_are_recorded_by_client_id():
+    from gearhorn.events import Event
+    from gearhorn.store.ledgerentries import (
+        PUBLISHED_BATCH,
+        SharedSubscribers,
+        SubscriberCopies,
+        batch_entry,
+        published_line,
+        rows_from_entries,
+    )
+
+    shared = SharedSubscribers("news", ["alice", "bob"])
+    copies = SubscriberCopies("m1", shared)
+    assert list(copies) == [("news_alice", "m1:alice"), ("news_bob", "m1:bob")]
+    assert len(copies) == 2 and copies[1] == ("news_bob", "m1:bob")
+    short = published_line(5, "m1", "news", 2, copies)
+    assert short == '[5,"m1","news",2,{"to":["alice","bob"]}]'
+    long = published_line(5, "m1", "news", 2, list(copies))
+
+    def rows(line):
+        entry = batch_entry(PUBLISHED_BATCH, [line], "w1")
+        return [{k: v for k, v in r.items() if k != "stream_id"}
+                for r in rows_from_entries([("1-0", entry)])]
+    assert rows(short) == rows(long)
+    assert [r["event"] for r in rows(short)] == [Event.PUBLISHED, Event.ENQUEUED, Event.ENQUEUED]
