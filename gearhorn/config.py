@@ -67,7 +67,7 @@ class Config:
     # waits (one at a time otherwise); plain fanouts among them share one
     # subscriber look-up (all their topics in one round trip) and one write
     # of their copies.
-    worker_batch: int = 32
+    worker_batch: int = 128
     heartbeat_interval: float = 2.0
     # A worker silent for this long is dead: it leaves the live set.
     worker_ttl: float = 6.0

@@ -189,13 +189,19 @@ class _Server:
         return (not self.asleep or not self.worker.is_open) and now >= self.retry_at
 
 
+# A backlog's batches stop growing once one brings this many bytes of job
+# data: a worker holds at most about this much (or one job) at a time.
+BATCH_BYTES = 4 * 1024 * 1024
+
+
 class JobSource:
     """Takes jobs for ``functions`` from every gearmand of a list, several
     per round trip.
 
     A wake-up sends its GRABs and a PRE_SLEEP in one write: twice as many
     GRABs as the last wake-up of that server got when it got all it asked
-    for (up to ``most``), else one. So a backlog is taken in batches and a
+    for (up to ``most``; jobs whose data reach :data:`BATCH_BYTES` are
+    taken as many as fit in it), else one. So a backlog is taken in batches and a
     quiet queue costs one GRAB per job. Then it waits for gearmand's NOOP,
     which comes at once when jobs are left. A server that fails is closed
     (gearmand gives the jobs held on it to other workers) and tried again
@@ -212,7 +218,7 @@ class JobSource:
     """
 
     def __init__(self, servers: Sequence[tuple[str, int]], functions: Sequence[str],
-                 client_id: str, tls: TlsFiles | None = None, most: int = 32) -> None:
+                 client_id: str, tls: TlsFiles | None = None, most: int = 128) -> None:
         self.most = most
         self.servers = [_Server(WorkerConnection(h, p, functions, client_id, tls),
                                 Outage(log, f"gearmand {h}:{p} (worker)")) for h, p in servers]
@@ -260,7 +266,13 @@ class JobSource:
         server.outage.succeeded()
         server.backoff.succeeded()
         server.asleep = True
-        server.ask = min(self.most, server.ask * 2) if len(jobs) == server.ask else 1
+        size = sum(len(job.data) for job in jobs)
+        if len(jobs) < server.ask:
+            server.ask = 1
+        elif size < BATCH_BYTES:
+            server.ask = min(self.most, server.ask * 2)
+        else:  # as many as fit in BATCH_BYTES, at this batch's size
+            server.ask = max(1, len(jobs) * BATCH_BYTES // size)
         return [(server.worker, job) for job in jobs]
 
     def _failed(self, server: _Server, exc: GearmanError) -> None:

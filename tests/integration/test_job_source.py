@@ -47,6 +47,38 @@ def test_a_backlog_comes_in_growing_batches_and_a_quiet_queue_one_at_a_time(gear
         source.close()
 
 
+def test_large_jobs_come_as_many_as_fit_in_the_batch_bytes(gearmand, monkeypatch):
+    """A backlog of large jobs does not grow a batch past BATCH_BYTES of job
+    data (a worker holds about that much at a time), and small ones after
+    it grow again."""
+    from gearhorn.gearman import worker as worker_module
+
+    monkeypatch.setattr(worker_module, "BATCH_BYTES", 40_000)
+    function = unique_topic("jsbig")
+    client = gearman.Client([(gearmand.host, gearmand.port)])
+    try:
+        client.submit_background([gearman.Copy(function, f"big-{i}", b"x" * 10_000)
+                                  for i in range(40)])
+        client.submit_background([gearman.Copy(function, f"small-{i}", b"s")
+                                  for i in range(100)])
+    finally:
+        client.close()
+    source = gearman.JobSource([(gearmand.host, gearmand.port)], [function], "js-big", most=32)
+    try:
+        batches = []
+        while sum(len(b) for b in batches) < 140:
+            taken = source.take(timeout=10)
+            assert taken, "gearmand still had jobs"
+            batches.append([job.unique for _, job in taken])
+            answer(taken)
+        big = [len(b) for b in batches if all(u.startswith("big-") for u in b)]
+        assert max(big) <= 8  # 1, 2, 4, 8 (80,000 bytes), then 4 at a time
+        assert 4 in big[4:]
+        assert max(len(b) for b in batches) == 32  # the small ones grow again
+    finally:
+        source.close()
+
+
 def test_a_server_down_at_start_is_served_once_it_is_up(gearmand, tmp_path):
     function = unique_topic("js")
     port = servers.free_port()
