@@ -13,7 +13,9 @@ from functools import cached_property
 import gear
 
 from gearhorn.gearman.packets import (
+    _HEADER,
     _SUBMIT,
+    REQ,
     Copy,
     GearmanError,
     P,
@@ -74,8 +76,13 @@ def connect(host: str, port: int, timeout: float = 5.0,
 
 
 def _wire(ptype: int, copies: Sequence[Copy]) -> bytes:
-    return b"".join(encode(ptype, c.function.encode(), c.unique.encode(), c.data)
-                    for c in copies)
+    """Every copy's packet, in one buffer (``encode``'s work, inlined: this
+    runs once per copy)."""
+    header, parts = _HEADER.pack, []
+    for function, unique, data in copies:
+        body = b"\0".join((function.encode(), unique.encode(), data))
+        parts += (header(REQ, ptype, len(body)), body)
+    return b"".join(parts)
 
 
 def _option_answer(packet: Packet) -> bool:
