@@ -91,10 +91,12 @@ def _add_up(sub, common) -> None:
 
 
 def _durability(command) -> None:
-    command.add_argument("--durability", choices=("fsync", "written"),
-                         help="fsync (default): acknowledge only after an fsync covering "
-                              "it; written: once Redis wrote it (a power cut loses up to "
-                              "a second)")
+    command.add_argument("--durability", choices=("auto", "fsync", "written"),
+                         help="auto (default): after an fsync where a syncer serves the "
+                              "Redis (or appendfsync always), once written elsewhere; "
+                              "fsync: only after an fsync covering it (a Redis no syncer "
+                              "serves stops the start); written: once Redis wrote it (a "
+                              "power cut loses up to a second)")
 
 
 def _add_fsyncd(sub, common) -> None:

@@ -19,8 +19,10 @@ class CommandError(GearhornError):
 
 
 def cmd_worker(config: Config, args: argparse.Namespace) -> int:
+    from gearhorn.store.durability import check_at_start
     from gearhorn.worker.pool import Pool
 
+    check_at_start(config)  # a setting that cannot be kept stops the start here
     return Pool(config).run()
 
 

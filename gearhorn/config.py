@@ -30,8 +30,8 @@ ENV_PREFIX = "GEARHORN_"
 _ENV_ALIASES = {"gearman_servers": "GEARHORN_GEARMAN"}
 
 
-PERSISTENCE = ("redis", "sqlite", "none")
-DURABILITY = ("fsync", "written")
+PERSISTENCE = ("auto", "redis", "sqlite", "none")
+DURABILITY = ("auto", "fsync", "written")
 REDIS_CLUSTER_MODES = ("auto", "yes", "no")
 
 
@@ -75,10 +75,13 @@ class Config:
     log_level: str = "INFO"
     # Used by `gearhorn up`: where the Redis and gearmand it starts keep data.
     data_dir: str = ".gearhorn"
-    # How `gearhorn up` makes gearmand keep queued jobs: "redis" (its redis
-    # queue, in a Redis of its own with AOF), "sqlite", or "none" (memory only:
-    # fastest, and a gearmand crash loses every queued copy). docs/reliability.rst.
-    persistence: str = "redis"
+    # How gearmand keeps queued jobs: "redis" (its redis queue, in
+    # queue_redis_url), "sqlite", "none" (memory only: a gearmand crash loses
+    # every queued copy), or "auto": `gearhorn up` starts its gearmand with
+    # the redis queue, and a worker or bridge beside a gearmand of yours
+    # assumes nothing of it (no queue Redis to wait for; the start-up line
+    # says what that promises). docs/operations.rst, "Beside your gearmand".
+    persistence: str = "auto"
     # The Redis that holds gearmand's queue with persistence = redis
     # (gearmand's plugin uses database 0); gearhorn up starts it when absent.
     # With several gearmand, each keeping its queue in a Redis of its own,
@@ -91,9 +94,16 @@ class Config:
     # What an acknowledgement (a fanout's result, a STOMP RECEIPT) promises:
     # "fsync": it comes after an fsync of every Redis holding what it
     # acknowledges (the fsync barrier, gearhorn/store/fsync.py; a power cut
-    # loses nothing acknowledged); "written": once Redis has written it
-    # (a kill -9 loses nothing, a power cut the last second).
-    durability: str = "fsync"
+    # loses nothing acknowledged), and a Redis no syncer serves stops the
+    # start; "written": once Redis has written it (a kill -9 loses nothing,
+    # a power cut the last second); "auto": fsync for each Redis a syncer
+    # serves (or with appendfsync always), written for the others, as each
+    # Redis is set up (the start-up line and gearhorn status say which).
+    durability: str = "auto"
+    # Seconds an acknowledgement waits for an fsync barrier that became
+    # unavailable (its syncer or Redis gone) before the operation fails with
+    # the reason; a slow disk that is still syncing is waited for.
+    barrier_timeout: float = 5.0
     # The STOMP bridge.
     bridge_host: str = "127.0.0.1"
     bridge_port: int = 61613
@@ -363,6 +373,12 @@ def load(
     if config.durability not in DURABILITY:
         raise ConfigError(f"durability must be one of {', '.join(DURABILITY)}, "
                           f"got {config.durability!r}")
+    if config.persistence == "redis" and not config.queue_redis_urls:
+        raise ConfigError("persistence = redis needs queue_redis_url: the Redis that "
+                          "gearmand -q redis keeps its queue in")
+    if config.barrier_timeout <= 0:
+        raise ConfigError(f"barrier_timeout must be above 0 seconds, got "
+                          f"{config.barrier_timeout}")
     if config.redis_cluster not in REDIS_CLUSTER_MODES:
         raise ConfigError(f"redis_cluster must be one of {', '.join(REDIS_CLUSTER_MODES)}, "
                           f"got {config.redis_cluster!r}")

@@ -19,7 +19,7 @@ import redis
 
 from gearhorn import gearman, ports, servers
 from gearhorn.config import Config, to_env
-from gearhorn.store import redisconn
+from gearhorn.store import durability, redisconn
 from gearhorn.store.keys import Keys
 from gearhorn.store.redisconn import REDIS_ERRORS
 from gearhorn.store.registry import Registry
@@ -37,14 +37,6 @@ _PERSISTENCE_NOTES = {
 }
 
 
-_ACKS = {
-    "fsync": "after an fsync that covers them (one fsync for all waiting): "
-             "a power cut loses nothing acknowledged",
-    "written": "WRITTEN, NOT FSYNCED (--durability written): a power cut loses up to "
-               "a second of acknowledged messages",
-}
-
-
 class Embedded:
     def __init__(self, config: Config) -> None:
         self.config = config
@@ -58,6 +50,7 @@ class Embedded:
         try:
             self._ensure_redis()
             self._ensure_gearman()
+            self.notes["acks"] = "\n            ".join(durability.check_at_start(self.config))
             self._ensure_bridge()
             self._ensure_web()
             threading.Thread(target=self._announce_when_ready, daemon=True).start()
@@ -121,14 +114,17 @@ class Embedded:
                 raise ports.not_what_was_expected(host, port, ports.GEARMAN_SERVERS, "gearmand")
             self.notes["gearman"] = "already running, used as is"
             self.notes["persistence"] = "whatever the running gearmand was started with"
-            return
+            return  # persistence auto assumes nothing of it
         if host not in _LOOPBACK:
             raise servers.ServerError(f"gearmand at {host}:{port} is not reachable")
         if not servers.find_binary("gearmand"):
             self.started.append(servers.start_gear_server(port, self.config.data_dir))
             self.notes["gearman"] = "started gear.Server (gearmand is not installed)"
             self.notes["persistence"] = "none: gear.Server keeps jobs in memory only"
+            self.config = self.config.replace(persistence="none")
             return
+        if self.config.persistence == "auto":  # the gearmand started here: its redis queue
+            self.config = self.config.replace(persistence="redis")
         if self.config.persistence == "redis":
             self._ensure_queue_redis()
         self.gearmand = self._start_gearmand(port)
@@ -253,7 +249,7 @@ gearhorn is up.
   redis     {config.redis_url}  ({notes.get('redis', '')})
   gearman   {host}:{port}  ({notes.get('gearman', '')})
   queue     {notes.get('persistence', '')}
-  acks      {_ACKS[config.durability]}
+  acks      {notes.get('acks', '')}
   stomp     {config.bridge_host}:{config.bridge_port}  ({notes.get('stomp', '')})
   websocket {websocket_url(config) or notes.get('websocket', 'off')}
   console   {notes.get('web', 'off')}

@@ -4,8 +4,9 @@ as text or JSON. One collector feeds both, so they never disagree."""
 from __future__ import annotations
 
 from gearhorn.config import Config
-from gearhorn.store import redisconn
+from gearhorn.store import durability, redisconn
 from gearhorn.store.keys import Keys
+from gearhorn.store.redisconn import REDIS_ERRORS
 from gearhorn.store.registry import Registry
 from gearhorn.web.snapshot import Collector
 
@@ -20,7 +21,20 @@ def collect(config: Config) -> dict:
                           tls=config.gearman_tls)
     snapshot = collector.collect()
     snapshot["redis"]["url"] = config.redis_url
+    snapshot["acknowledgements"] = _acknowledgements(config)
     return snapshot
+
+
+def _acknowledgements(config: Config) -> list[str]:
+    """What an acknowledgement covers, as a worker starting now would say."""
+    try:
+        found = durability.for_config(config)
+        try:
+            return durability.promises(config, durability.verdicts(config, found))
+        finally:
+            found.close()
+    except (durability.SetupError, *REDIS_ERRORS) as exc:
+        return [f"a worker would not start: {exc}"]
 
 
 def render(snap: dict) -> str:
@@ -28,6 +42,8 @@ def render(snap: dict) -> str:
     lines = [f"redis {redis.get('url', '')}"]
     if not redis["up"]:
         lines.append(f"  unreachable: {redis['error']}")
+    lines.append("acknowledgements:")
+    lines += [f"  {line}" for line in snap.get("acknowledgements", [])]
     lines.append(f"topics ({snap.get('topic_count', 0) + snap.get('pattern_count', 0)}):")
     lines += [f"  {t['topic']:40} {t['subscribers']:>8} subscribers"
               for t in sorted(snap.get("topics", []), key=lambda t: t["topic"])]

@@ -36,7 +36,7 @@ from gearhorn.stomp.replies import Requester
 from gearhorn.stomp.rules import SessionSettings
 from gearhorn.stomp.server import BridgeServer
 from gearhorn.stomp.topicstreams import TopicStreams
-from gearhorn.store import fsync, redisconn
+from gearhorn.store import durability, redisconn
 from gearhorn.store.dashed import DashedFunctions
 from gearhorn.store.deadletters import DeadLetterIndex
 from gearhorn.store.delayed import Scheduler
@@ -145,7 +145,7 @@ def build_bridge(config: Config) -> Bridge:
                                          config.request_timeout),
                       queues=attachments, registrations=registrations,
                       counts=QueueCounts(attachments, registry), observer=observer,
-                      streams=streams, durability=fsync.for_config(config, client))
+                      streams=streams, durability=durability.for_config(config, client))
     server = _server(config, backend)
     registrations.describe = lambda: {"connections": len(server.connections)}
     return Bridge(server, registrations, flusher, attachments, history_first)
@@ -175,6 +175,7 @@ def run_bridge(config: Config) -> int:
     this process is one of N bridges on the same ports (each a bridge of
     its own in the registry: topic subscriptions stay right whichever one
     a client reaches); it starts the others and stops them with itself."""
+    durability.check_at_start(config)  # a setting that cannot be kept stops the start here
     bridge = build_bridge(config)
     stop = gevent.event.Event()
     gevent.signal_handler(signal.SIGTERM, stop.set)

@@ -30,8 +30,9 @@ import redis
 from gearhorn import gearman
 from gearhorn.messages import header_id_of
 from gearhorn.naming import dead_letter_queue, queue_copy_unique, stomp_unique
-from gearhorn.store import fsync
+from gearhorn.store import durability
 from gearhorn.store.dashed import DashedFunctions
+from gearhorn.store.durability import NO_DURABILITY, Durability
 from gearhorn.store.headers import HeaderStore
 from gearhorn.store.keys import Keys
 from gearhorn.store.redisutil import text
@@ -121,7 +122,7 @@ class DeadLetterMover:
 
     def __init__(self, servers: Sequence[tuple[str, int]], index: DeadLetterIndex,
                  headers: HeaderStore, tls: gearman.TlsFiles | None = None,
-                 durability: fsync.Durability = fsync.NO_DURABILITY) -> None:
+                 durability: Durability = NO_DURABILITY) -> None:
         self.servers = tuple(servers)
         self.index = index
         self.headers = headers
@@ -207,5 +208,5 @@ def for_config(config, client: redis.Redis) -> tuple[DeadLetterIndex, DeadLetter
     index = DeadLetterIndex(client, keys, Stats(client, keys, config.metrics_enabled))
     mover = DeadLetterMover(config.gearman_servers, index,
                             HeaderStore(client, keys, config.headers_ttl), config.gearman_tls,
-                            fsync.for_config(config, client))
+                            durability.for_config(config, client))
     return index, mover

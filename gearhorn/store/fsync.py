@@ -27,9 +27,14 @@ barrier through Redis itself, with one counter and two channels:
 Which Redis needs waiting for is asked, not assumed (:func:`verdict`): one
 without an AOF keeps nothing on disk (the acknowledgement cannot wait for
 what will never happen; logged once), one with ``appendfsync always`` has
-synced before it answered, and any other needs its syncer. A Redis
-Cluster's masters are not covered by the barrier: run them with
-``appendfsync always`` (docs/reliability.rst).
+synced before it answered, and any other needs its syncer. With
+``durability = auto`` an AOF no syncer serves is acknowledged once written
+(Redis's own appendfsync decides when it reaches the disk), until a syncer
+is seen; from then on its absence is an outage. The barriers of a process,
+and how long an outage is waited out, are gearhorn/store/durability.py's.
+A Redis Cluster's masters are not
+covered by the barrier: run them with ``appendfsync always``
+(docs/reliability.rst).
 """
 
 from __future__ import annotations
@@ -39,18 +44,13 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import redis
 
 from gearhorn.errors import GearhornError
-from gearhorn.store import redisconn
 from gearhorn.store.redisconn import REDIS_ERRORS, is_cluster_client
-
-if TYPE_CHECKING:
-    from gearhorn.config import Config
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +62,8 @@ SYNCED = "gearhorn:fsync:synced"
 BARRIER = "barrier"  # its syncer's fsync
 ALWAYS = "always"  # nothing: Redis synced before it answered
 VOLATILE = "volatile"  # nothing: it keeps no append-only file
-WRITTEN = "written"  # nothing: durability = written was asked for
+UNSERVED = "unserved"  # nothing: an AOF no syncer serves (durability = auto)
+CLUSTER = "cluster"  # nothing: a Redis Cluster, which the barrier does not cover
 
 # How long a verdict holds before Redis is asked again (its settings may change).
 VERDICT_TTL = 5.0
@@ -166,6 +167,11 @@ class Progress:
         return "" if ticket <= self.synced else None
 
 
+def served(client: redis.Redis) -> bool:
+    """Does a syncer listen for this Redis's wakes?"""
+    return any(count for _, count in client.pubsub_numsub(WAKE))
+
+
 def verdict(client: redis.Redis) -> str:
     """What an acknowledgement waits for on the Redis of ``client``."""
     try:
@@ -265,40 +271,38 @@ class Watcher:
 class FsyncBarrier:
     """The barrier of one Redis, for every thread of one process."""
 
-    def __init__(self, client: redis.Redis, name: str, required: bool = True,
+    def __init__(self, client: redis.Redis, name: str, strict: bool = True,
                  clock: Callable[[], float] = time.monotonic, hint: str = "") -> None:
         self.client, self.name = client, name
         self.hint = hint  # said when the Redis cannot be reached
-        self.required = required  # False: durability = written
+        # True (durability = fsync): an AOF must have its syncer; False
+        # (auto): one without is acknowledged once written, until one is seen.
+        self.strict = strict
         self.watcher = Watcher(client, name)
         self._clock = clock
         self._verdict, self._asked = "", float("-inf")
-        self._said: set[str] = set()
+        self._served = False  # a syncer was seen: from then on it is waited for
 
     def needed(self) -> bool:
         """Must an acknowledgement wait for this Redis's syncer?"""
-        if not self.required:
-            return False
+        return self.verdict() == BARRIER
+
+    def verdict(self) -> str:
+        """What an acknowledgement waits for here (asked again after
+        VERDICT_TTL); raises Redis's errors when it cannot be asked."""
         if self._clock() - self._asked > VERDICT_TTL:
             self._verdict, self._asked = self._ask(), self._clock()
-        return self._verdict == BARRIER
+        return self._verdict
 
     def _ask(self) -> str:
         if is_cluster_client(self.client):
-            self._once("cluster", "fsync barrier: %s is a Redis Cluster, which the barrier "
-                       "does not cover: acknowledgements are written, fsynced only as the "
-                       "masters' appendfsync says (run them with always)", self.name)
-            return ALWAYS
+            return CLUSTER
         found = verdict(self.client)
-        if found == VOLATILE:
-            self._once(found, "fsync barrier: %s keeps no append-only file: what it holds is "
-                       "lost with it, so acknowledgements do not wait for a disk", self.name)
+        if found == BARRIER and not self._served:
+            self._served = served(self.client)
+            if not self._served and not self.strict:
+                return UNSERVED  # said once, at start (gearhorn/store/promises.py)
         return found
-
-    def _once(self, what: str, message: str, *args: object) -> None:
-        if what not in self._said:
-            self._said.add(what)
-            log.warning(message, *args)
 
     def ticket(self) -> tuple[int, int]:
         """(ticket, epoch) for what this process's writes have made so far;
@@ -356,72 +360,3 @@ class FsyncBarrier:
 
     def close(self) -> None:
         self.watcher.stop()
-
-
-class Durability:
-    """Every barrier an acknowledgement of this process waits for (the
-    registry's Redis, gearmand's queue Redis): :meth:`wait` after the writes
-    it covers were answered, before the acknowledgement is sent."""
-
-    def __init__(self, barriers: Sequence[FsyncBarrier] = ()) -> None:
-        self.barriers = list(barriers)
-        self.waits = 0  # acknowledgements that waited for a disk (tests, metrics)
-
-    def marks(self) -> tuple[int, ...]:
-        """Before the writes an acknowledgement will cover (see :meth:`wait`)."""
-        return tuple(b.mark() for b in self.barriers)
-
-    def wait(self, marks: tuple[int, ...] | None = None) -> None:
-        """Raises BarrierUnavailable (an outage; RedisLost when a connection
-        broke since ``marks`` were taken) or FsyncFailed."""
-        needed = [b for b in self.barriers if _needed(b)]
-        if not needed:
-            return
-        try:
-            tickets = [(b, *b.ticket()) for b in needed]  # every syncer woken first
-        except REDIS_ERRORS as exc:
-            raise RedisLost(f"fsync barrier: {exc}") from None
-        if marks is not None:
-            for barrier, mark in zip(self.barriers, marks, strict=True):
-                if barrier in needed and barrier.mark() != mark:
-                    raise RedisLost(f"connection to {barrier.name} lost since the writes")
-        for barrier, ticket, epoch in tickets:
-            barrier.wait(ticket, epoch)
-        self.waits += 1
-
-    def close(self) -> None:
-        for barrier in self.barriers:
-            barrier.close()
-
-
-def _needed(barrier: FsyncBarrier) -> bool:
-    try:
-        return barrier.needed()
-    except REDIS_ERRORS as exc:
-        raise BarrierUnavailable(f"fsync barrier: cannot ask {barrier.name}: {exc}"
-                                 f"{barrier.hint}") from None
-
-
-NO_DURABILITY = Durability()
-
-
-def for_config(config: Config, registry: redis.Redis | None = None) -> Durability:
-    """The barriers of one process: the registry's Redis (``registry``, or
-    a client of its own), and each gearmand's queue Redis when gearmand
-    keeps its queue there (``persistence = redis``). None with ``durability =
-    written``."""
-    if config.durability != "fsync":
-        return NO_DURABILITY
-    registry = registry or redisconn.for_config(config, socket_timeout=10,
-                                                socket_connect_timeout=5)
-    name = f"the registry's Redis ({redisconn.safe(config.redis_url)})"
-    barriers = [FsyncBarrier(registry, name)]
-    if config.persistence == "redis":  # one per gearmand, each with its Redis
-        for url in config.queue_redis_urls:
-            queue = redis.Redis.from_url(url, socket_timeout=10, socket_connect_timeout=5)
-            barriers.append(FsyncBarrier(
-                queue, f"gearmand's queue Redis ({redisconn.safe(url)})",
-                hint=" (persistence = redis says gearmand keeps its queue there: set "
-                     "queue_redis_url to that Redis, or persistence to the queue gearmand "
-                     "runs)"))
-    return Durability(barriers)

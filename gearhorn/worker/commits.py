@@ -17,8 +17,9 @@ warnings too), so one thread writes a connection's answers. When an fsync
 fails, the group's jobs are refused with the reason; when a connection to
 Redis broke after the group's writes, the group goes back to the worker to
 run again (:meth:`Committer.take_redo`: its copies have the same unique
-keys, so gearmand coalesces those still queued); when no syncer serves,
-the committer waits, logging it once, and answers nothing.
+keys, so gearmand coalesces those still queued); when the barrier is
+unavailable (no syncer serves, its Redis is away) for ``barrier_timeout``,
+the group's jobs fail with the reason, logged once for the outage.
 """
 
 from __future__ import annotations
@@ -29,8 +30,9 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from gearhorn.background import Backoff, Outage
-from gearhorn.store.fsync import BarrierUnavailable, Durability, FsyncFailed
+from gearhorn.background import Outage
+from gearhorn.store.durability import Durability
+from gearhorn.store.fsync import BarrierUnavailable, FsyncFailed
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +69,7 @@ class Committer(threading.Thread):
         self._changed = threading.Condition()
         self._busy = False
         self._stopping = False
+        self._outage = Outage(log, "fsync barrier")
 
     def put(self, group: Group) -> None:
         """Queue a group's answers (waits while ``most`` groups wait: the
@@ -133,26 +136,22 @@ class Committer(threading.Thread):
 
     def _on_disk(self, durable: list[Group]) -> tuple[str, bool]:
         """One fsync for every durable group: ("", False) once on disk, (the
-        reason, False) if the fsync failed, ("", True) if Redis may have lost
-        their writes (they go back to the worker)."""
+        reason, False) if the fsync failed or the barrier stayed unavailable
+        for barrier_timeout, ("", True) if Redis may have lost their writes
+        (they go back to the worker)."""
         if not durable:
             return "", False
         marks = durable[0].marks  # the oldest writes: a break since then covers all
-        outage, backoff = Outage(log, "fsync barrier (answers wait)"), Backoff(0.1, 2.0)
-        while True:
-            try:
-                self.durability.wait(marks)
-                outage.succeeded()
-                return "", False
-            except FsyncFailed as exc:
-                log.error("%s", exc)
-                return str(exc), False
-            except BarrierUnavailable as exc:
-                if exc.lost:
-                    log.warning("%s: %d groups of jobs run again", exc, len(durable))
-                    return "", True
-                outage.failed(exc)
-            with self._changed:
-                if self._stopping:
-                    return "", True
-            threading.Event().wait(backoff.failed())
+        try:
+            self.durability.wait(marks)
+            self._outage.succeeded()
+            return "", False
+        except FsyncFailed as exc:
+            log.error("%s", exc)
+            return str(exc), False
+        except BarrierUnavailable as exc:
+            if exc.lost:
+                log.warning("%s: %d groups of jobs run again", exc, len(durable))
+                return "", True
+            self._outage.failed(exc, f": {len(durable)} groups of jobs fail with the reason")
+            return str(exc), False

@@ -19,11 +19,12 @@ from gearhorn import gearman
 from gearhorn.config import Config
 from gearhorn.observers import LedgerObserver, Observer, Observers, StatsObserver
 from gearhorn.presenceevents import PresenceEvents, announce_changes
-from gearhorn.store import fsync, redisconn
+from gearhorn.store import durability, redisconn
 from gearhorn.store.dashed import DashedFunctions
 from gearhorn.store.deadletters import DeadLetterIndex
 from gearhorn.store.dedup import Deduplicator
 from gearhorn.store.delayed import DelayedItem, Releaser, Scheduler
+from gearhorn.store.durability import Durability
 from gearhorn.store.headers import HeaderStore
 from gearhorn.store.history import History
 from gearhorn.store.keys import Keys
@@ -87,7 +88,7 @@ class WorkerParts:
     pressure: Pressure | None
     service: FanoutService
     flusher: Flusher
-    durability: fsync.Durability
+    durability: Durability
     warden: Warden | None  # None when retention_interval is 0
     releaser: Releaser
     listener: InvalidationListener
@@ -150,8 +151,8 @@ def build_worker(config: Config, worker_id: str, functions: tuple[str, ...]) -> 
         config.gearman_servers, function, config.gearman_tls))
     return WorkerParts(
         worker_id, registry, client, release_client, ledger, pressure, service, flusher,
-        # Answers wait for an fsync that covers them (gearhorn/store/fsync.py).
-        fsync.for_config(config, client_redis), warden, releaser, listener, janitor,
+        # Answers wait for an fsync that covers them (gearhorn/store/durability.py).
+        durability.for_config(config, client_redis), warden, releaser, listener, janitor,
         # Subscriptions change through the service, the janitor and the warden: one registry.
         announce_changes(config, registry),
         gearman.JobSource(config.gearman_servers, functions, worker_id, config.gearman_tls,

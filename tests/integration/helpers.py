@@ -92,10 +92,11 @@ class PoolProcess(ChildProcess):
     # waits 20 s for its receivers, so a loaded machine cannot fake either.
     # A test that needs a shorter fanout timeout (a receiver that never
     # answers) sets its own.
-    # gearmand keeps no queue in Redis unless a test says where (persistence
-    # = redis and queue_redis_url): answers then wait for that Redis's fsync.
+    # Where gearmand keeps its queue is the default's (persistence = auto:
+    # nothing assumed) unless a test says (persistence = redis and
+    # queue_redis_url): answers then wait for that Redis's fsync too.
     SETTINGS = {"GEARHORN_HEARTBEAT_INTERVAL": "1", "GEARHORN_WORKER_TTL": "10",
-                "GEARHORN_FANOUT_TIMEOUT": "20", "GEARHORN_PERSISTENCE": "none"}
+                "GEARHORN_FANOUT_TIMEOUT": "20"}
 
     def __init__(self, gearman_servers, redis_url, processes=2, log_dir=None, extra=(),
                  tls=None, env=None):

@@ -34,8 +34,6 @@ class BridgeProcess(ChildProcess):
                 "--redis-url", redis_url]
         for server in gearman_servers:
             argv += ["--gearman", server.address]
-        # As the test pools: no queue Redis unless a test names one.
-        env = {"GEARHORN_PERSISTENCE": "none", **(env or {})}
         super().__init__(argv, os.path.join(log_dir, f"bridge-{self.port}.log"), env)
         self.wait_listening(self.port, *([self.ws_port] if self.ws_port else []))
 

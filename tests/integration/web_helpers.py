@@ -25,8 +25,6 @@ class WebProcess(ChildProcess):
         argv = ["web", "--port", str(self.port), "--redis-url", redis_url]
         for server in gearman_servers:
             argv += ["--gearman", server.address]
-        # As the test pools: gearmand keeps no queue in Redis unless a test says so.
-        env = {"GEARHORN_PERSISTENCE": "none", **(env or {})}
         super().__init__(argv, os.path.join(log_dir, f"web-{self.port}.log"), env)
         self.wait_listening(self.port)
 

@@ -40,4 +40,5 @@ def test_the_sample_config_loads_as_it_is():
     from gearhorn.config import load
 
     config = load({}, os.path.join(ROOT, "etc", "gearhorn.conf"), env={})
-    assert config.persistence == "redis" and config.ledger_enabled is True
+    assert config.persistence == "auto" and config.durability == "auto"
+    assert config.ledger_enabled is True

@@ -90,15 +90,23 @@ def test_an_acknowledgement_waits_for_the_queue_redis_of_every_gearmand():
     barrier each, besides the registry's (none connects before it is used)."""
     import redis
 
-    from gearhorn.store import fsync
+    from gearhorn.store import durability
 
     config = c.Config(persistence="redis", queue_redis_url=(
         "redis://127.0.0.1:6380/0, redis://127.0.0.1:6390/0"))
     assert config.queue_redis_urls == ("redis://127.0.0.1:6380/0", "redis://127.0.0.1:6390/0")
-    durability = fsync.for_config(config, redis.Redis.from_url("redis://127.0.0.1:1/0"))
-    assert [b.name for b in durability.barriers] == [
+    barriers = durability.for_config(config, redis.Redis.from_url("redis://127.0.0.1:1/0"))
+    assert [b.name for b in barriers.barriers] == [
         "the registry's Redis (redis://127.0.0.1:6379/0)",
         "gearmand's queue Redis (redis://127.0.0.1:6380/0)",
         "gearmand's queue Redis (redis://127.0.0.1:6390/0)"]
-    assert fsync.for_config(config.replace(persistence="none"),
-                            redis.Redis.from_url("redis://127.0.0.1:1/0")).barriers[1:] == []
+    for persistence in ("none", "auto", "sqlite"):  # gearmand's queue is not in a Redis
+        assert durability.for_config(config.replace(persistence=persistence), redis.Redis.from_url(
+            "redis://127.0.0.1:1/0")).barriers[1:] == []
+
+
+def test_persistence_redis_without_a_queue_redis_stops_the_start():
+    with pytest.raises(c.ConfigError, match="persistence = redis needs queue_redis_url"):
+        c.load({"persistence": "redis", "queue_redis_url": " "}, env={})
+    with pytest.raises(c.ConfigError, match="barrier_timeout must be above 0"):
+        c.load({"barrier_timeout": 0.0}, env={})

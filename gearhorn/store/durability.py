@@ -1,0 +1,280 @@
+"""What a process's acknowledgements wait for, and what they promise.
+
+:class:`Durability` holds every fsync barrier (gearhorn/store/fsync.py) an
+acknowledgement of this process waits for: the registry's Redis, and
+gearmand's queue Redis when gearmand keeps its queue there. An outage of one
+(no syncer, its Redis unreachable) is waited out for ``barrier_timeout``
+seconds; then the operation fails with the reason, so a producer is never
+left waiting for ever.
+
+:func:`promises` says, once at start (the worker pool, the bridge) and in
+``gearhorn status``, what an acknowledgement covers in the setup found, and
+stops the start when a setting cannot be kept (a Redis it names that does
+not answer; ``durability = fsync`` with a Redis no syncer serves).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
+import redis
+
+from gearhorn.background import Backoff
+from gearhorn.errors import GearhornError
+from gearhorn.store import redisconn
+from gearhorn.store.fsync import (
+    ALWAYS,
+    BARRIER,
+    CLUSTER,
+    UNSERVED,
+    VOLATILE,
+    BarrierUnavailable,
+    FsyncBarrier,
+    RedisLost,
+    served,
+)
+from gearhorn.store.redisconn import REDIS_ERRORS
+
+if TYPE_CHECKING:
+    from gearhorn.config import Config
+
+log = logging.getLogger(__name__)
+
+# Seconds an outage of a barrier is waited out (the config's barrier_timeout).
+PATIENCE = 5.0
+
+
+class SetupError(GearhornError):
+    """A durability setting that cannot be kept in the setup found: the
+    start stops with this one line."""
+
+    exit_code = 2
+
+
+class Durability:
+    """Every barrier an acknowledgement of this process waits for (the
+    registry's Redis, gearmand's queue Redis): :meth:`wait` after the writes
+    it covers were answered, before the acknowledgement is sent."""
+
+    def __init__(self, barriers: Sequence[FsyncBarrier] = (), patience: float = PATIENCE,
+                 sleep: Callable[[float], None] = time.sleep,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.barriers = list(barriers)
+        self.patience = patience  # seconds an outage is waited out
+        self._sleep, self._clock = sleep, clock
+        self.waits = 0  # acknowledgements that waited for a disk (tests, metrics)
+
+    def marks(self) -> tuple[int, ...]:
+        """Before the writes an acknowledgement will cover (see :meth:`wait`)."""
+        return tuple(b.mark() for b in self.barriers)
+
+    def wait(self, marks: tuple[int, ...] | None = None) -> None:
+        """Return once every barrier covers what was written before the call.
+
+        Raises FsyncFailed; RedisLost when a connection broke since
+        ``marks`` were taken (raised once that Redis answers again: the
+        work is to be done again); BarrierUnavailable when an outage lasted
+        ``patience`` seconds (the reason says which barrier and why)."""
+        backoff, given_up_at = Backoff(0.05, cap=1.0), None
+        while True:
+            try:
+                self._wait_once(marks)
+                return
+            except RedisLost as exc:
+                self._until_answered(exc)
+                raise
+            except BarrierUnavailable as exc:
+                now = self._clock()
+                given_up_at = given_up_at or now + self.patience
+                if now >= given_up_at:
+                    raise BarrierUnavailable(f"{exc} (waited {self.patience:g}s for it)") from None
+                self._sleep(min(backoff.failed(), given_up_at - now))
+
+    def _wait_once(self, marks: tuple[int, ...] | None) -> None:
+        needed = [b for b in self.barriers if _needed(b)]
+        if not needed:
+            return
+        try:
+            tickets = [(b, *b.ticket()) for b in needed]  # every syncer woken first
+        except REDIS_ERRORS as exc:
+            raise RedisLost(f"fsync barrier: {exc}") from None
+        if marks is not None:
+            for barrier, mark in zip(self.barriers, marks, strict=True):
+                if barrier in needed and barrier.mark() != mark:
+                    raise RedisLost(f"connection to {barrier.name} lost since the writes")
+        for barrier, ticket, epoch in tickets:
+            barrier.wait(ticket, epoch)
+        self.waits += 1
+
+    def _until_answered(self, lost: RedisLost) -> None:
+        """Wait (``patience`` at most) until every barrier's Redis answers
+        again, so that the work done again can be acknowledged; raises
+        BarrierUnavailable when one stays away."""
+        backoff, give_up = Backoff(0.05, cap=1.0), self._clock() + self.patience
+        while True:
+            try:
+                for barrier in self.barriers:
+                    barrier.client.ping()
+                return
+            except REDIS_ERRORS as exc:
+                if self._clock() >= give_up:
+                    raise BarrierUnavailable(f"{lost}; still unreachable after "
+                                             f"{self.patience:g}s: {exc}") from None
+                self._sleep(backoff.failed())
+
+    def close(self) -> None:
+        for barrier in self.barriers:
+            barrier.close()
+
+
+def _needed(barrier: FsyncBarrier) -> bool:
+    try:
+        return barrier.needed()
+    except REDIS_ERRORS as exc:
+        raise BarrierUnavailable(f"fsync barrier: cannot ask {barrier.name}: {exc}"
+                                 f"{barrier.hint}") from None
+
+
+NO_DURABILITY = Durability()
+
+
+def for_config(config: Config, registry: redis.Redis | None = None) -> Durability:
+    """The barriers of one process: the registry's Redis (``registry``, or
+    a client of its own), and each gearmand's queue Redis when gearmand
+    keeps its queue there (``persistence = redis``). None with ``durability =
+    written``; with ``auto``, an AOF no syncer serves is not waited for."""
+    if config.durability == "written":
+        return NO_DURABILITY
+    strict = config.durability == "fsync"
+    registry = registry or redisconn.for_config(config, socket_timeout=10,
+                                                socket_connect_timeout=5)
+    name = f"the registry's Redis ({redisconn.safe(config.redis_url)})"
+    barriers = [FsyncBarrier(registry, name, strict)]
+    if config.persistence == "redis":  # one per gearmand, each with its Redis
+        for url in config.queue_redis_urls:
+            queue = redis.Redis.from_url(url, socket_timeout=10, socket_connect_timeout=5)
+            barriers.append(FsyncBarrier(
+                queue, f"gearmand's queue Redis ({redisconn.safe(url)})", strict,
+                hint=" (persistence = redis says gearmand keeps its queue there: set "
+                     "queue_redis_url to that Redis, or persistence to the queue gearmand "
+                     "runs)"))
+    return Durability(barriers, config.barrier_timeout)
+
+
+# -- what an acknowledgement covers, in words (pure) --------------------------
+
+WRITTEN = "written"  # durability = written: no barrier is asked
+
+COVERS = {
+    BARRIER: "on disk: after an fsync by its syncer (a power cut loses nothing "
+             "acknowledged)",
+    ALWAYS: "on disk: appendfsync always syncs before Redis answers",
+    UNSERVED: "written, not fsynced: no syncer serves its append-only file, so its "
+              "appendfsync decides (everysec: a power cut may lose the last second or two; "
+              "gearhorn fsyncd beside it makes acknowledgements wait for the disk)",
+    VOLATILE: "in memory only: it keeps no append-only file, so a restart of it loses what "
+              "it holds (appendonly yes keeps it)",
+    CLUSTER: "written: a Redis Cluster's masters reach the disk as their appendfsync says "
+             "(always: before they answer)",
+    WRITTEN: "written, not fsynced (durability = written): a kill -9 loses nothing, a power "
+             "cut the last second",
+}
+
+
+def gearmand_covers(persistence: str, queue_urls: Sequence[str]) -> str:
+    """What a copy queued in gearmand survives, as ``persistence`` says.
+
+    >>> gearmand_covers("none", ())
+    "copies queued in gearmand: in gearmand's memory, lost when it stops"
+    """
+    if persistence == "redis":
+        where = ", ".join(redisconn.safe(url) for url in queue_urls)
+        return (f"copies queued in gearmand: background ones in its redis queue ({where}), "
+                f"foreground ones in its memory")
+    if persistence == "sqlite":
+        return ("copies queued in gearmand: background ones in its sqlite queue on "
+                "gearmand's host, foreground ones in its memory")
+    if persistence == "none":
+        return "copies queued in gearmand: in gearmand's memory, lost when it stops"
+    return ("copies queued in gearmand: kept as that gearmand keeps its queue; with its "
+            "memory queue (started without -q) a restart of it loses them "
+            "(persistence = redis or sqlite says otherwise: docs/operations.rst)")
+
+
+def promises(config: Config, found: Sequence[tuple[str, str]]) -> list[str]:
+    """A line for each (store, verdict) of :func:`verdicts`, and one for gearmand."""
+    return [f"{name}: {COVERS[verdict]}" for name, verdict in found] + [
+        gearmand_covers(config.persistence, config.queue_redis_urls)]
+
+
+# -- asking the servers ------------------------------------------------------
+
+
+def verdicts(config: Config, durability: Durability) -> list[tuple[str, str]]:
+    """(store, verdict) for every Redis an acknowledgement covers, asked
+    now; raises SetupError when a setting cannot be kept."""
+    if config.persistence == "redis":
+        for url in config.queue_redis_urls:  # written or not, gearmand needs it
+            _reachable(url)
+    if not durability.barriers:
+        return [(f"the registry's Redis ({redisconn.safe(config.redis_url)})", WRITTEN)]
+    return [(b.name, _verdict(b, config.durability)) for b in durability.barriers]
+
+
+def _verdict(barrier: FsyncBarrier, durability: str) -> str:
+    try:
+        found = barrier.verdict()
+    except REDIS_ERRORS as exc:
+        raise SetupError(f"cannot reach {barrier.name}: {exc}{barrier.hint}") from None
+    if durability != "fsync":
+        return found
+    if found == VOLATILE:
+        raise SetupError(f"durability = fsync, but {barrier.name} keeps no append-only file: "
+                         "turn on appendonly, or set durability = auto")
+    if found == BARRIER and not _serving(barrier):
+        raise SetupError(f"durability = fsync, but no syncer serves {barrier.name}: run "
+                         "gearhorn fsyncd beside it, or set its appendfsync to always, or "
+                         "durability = auto")
+    return found
+
+
+def _serving(barrier: FsyncBarrier) -> bool:
+    try:
+        return served(barrier.client)
+    except REDIS_ERRORS:
+        return False
+
+
+def _reachable(url: str) -> None:
+    client = redis.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=5)
+    try:
+        client.ping()
+    except REDIS_ERRORS as exc:
+        raise SetupError(f"persistence = redis, but gearmand's queue Redis "
+                         f"({redisconn.safe(url)}) does not answer: {exc} (set "
+                         f"queue_redis_url to the Redis gearmand -q redis uses, or "
+                         f"persistence to the queue your gearmand runs)") from None
+    finally:
+        client.close()
+
+
+def check_at_start(config: Config) -> list[str]:
+    """What acknowledgements promise here, said in one log line before a
+    worker pool or a bridge serves; raises SetupError (the start stops)."""
+    try:
+        barriers = for_config(config)
+    except REDIS_ERRORS as exc:
+        raise SetupError(f"cannot reach the registry's Redis "
+                         f"({redisconn.safe(config.redis_url)}): {exc}") from None
+    try:
+        found = verdicts(config, barriers)
+    finally:
+        barriers.close()
+    lines = promises(config, found)
+    on_disk = all(v in (BARRIER, ALWAYS) for _, v in found)
+    log.log(logging.INFO if on_disk else logging.WARNING, "acknowledgements: %s",
+            "; ".join(lines))
+    return lines
