@@ -175,8 +175,8 @@ def run_bridge(config: Config) -> int:
     this process is one of N bridges on the same ports (each a bridge of
     its own in the registry: topic subscriptions stay right whichever one
     a client reaches); it starts the others and stops them with itself."""
-    durability.check_at_start(config)  # a setting that cannot be kept stops the start here
     bridge = build_bridge(config)
+    durability.check_at_start(config)  # a setting that cannot be kept stops the start here
     stop = gevent.event.Event()
     gevent.signal_handler(signal.SIGTERM, stop.set)
     gevent.signal_handler(signal.SIGINT, stop.set)

@@ -141,4 +141,4 @@ def test_a_bad_setting_is_one_line_and_exit_status_2():
     out = gearhorn("status", env=dict(os.environ, GEARHORN_PERSISTENCE="sometimes"))
     assert out.returncode == 2
     assert out.stderr.decode().strip() == (
-        "gearhorn status: persistence must be one of redis, sqlite, none, got 'sometimes'")
+        "gearhorn status: persistence must be one of auto, redis, sqlite, none, got 'sometimes'")

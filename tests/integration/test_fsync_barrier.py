@@ -14,8 +14,10 @@ import threading
 import time
 
 import pytest
+import redis
 
 from gearhorn import aofsync, servers
+from gearhorn.store import fsync
 
 from .helpers import GearClient, PoolProcess, unique_topic, wait_for
 from .stomp_helpers import BridgeProcess, StompClient
@@ -181,24 +183,40 @@ def test_one_fsync_covers_the_answers_of_many_at_once(durable_redis, gearmand, t
         pool.stop()
 
 
-def test_without_a_syncer_answers_wait_and_say_why_until_one_serves(
+def test_without_a_syncer_answers_come_once_written_until_one_serves(
         durable_redis, gearmand, tmp_path):
-    server, disk = durable_redis
+    """durability = auto (the default) beside a Redis whose AOF no syncer
+    serves: the start says so and answers come once written; once a syncer
+    serves, answers wait for its fsync (a stalled disk holds them back)."""
+    server, _ = durable_redis
     syncer = server.companions.pop()
     syncer.stop()
     pool = PoolProcess([gearmand], server.details["url"], processes=1, log_dir=str(tmp_path))
     client = GearClient(gearmand)
     try:
         pool.wait_ready()
+        assert "written, not fsynced: no syncer serves its append-only file" in pool.log(True)
+        client.call("subscribe_fanout", {"topic": unique_topic(), "client_id": "carol"})
+        served = aofsync.AofSyncer(server.details["url"], syncer.data_dir).start()
+        server.companions.append(served)
+        disk = Disk(served)
+        tickets = redis.Redis.from_url(server.details["url"])
+        before = int(tickets.get(fsync.TICKET) or 0)
+
+        def waits_for_the_syncer():  # the worker asks again every VERDICT_TTL
+            client.call("subscribe_fanout", {"topic": unique_topic(), "client_id": "dave"})
+            return int(tickets.get(fsync.TICKET) or 0) > before
+        wait_for(waits_for_the_syncer, 60, interval=0.5, message="the worker to take tickets")
+        disk.stall()
+        while disk.entered.acquire(timeout=0):  # forget the rounds before the stall
+            pass
         done, thread = submit_in_background(
-            client, "subscribe_fanout", {"topic": unique_topic(), "client_id": "carol"})
-        wait_for(lambda: "no fsync barrier serves the registry's Redis" in pool.log(full=True),
-                 30, message="the worker to say why it waits")
-        assert "job" not in done
-        server.companions.append(aofsync.AofSyncer(server.details["url"],
-                                                   syncer.data_dir).start())
-        thread.join(60)
-        assert "job" in done and not done["job"].failure
+            client, "subscribe_fanout", {"topic": unique_topic(), "client_id": "erin"})
+        assert disk.entered.acquire(timeout=30), "the syncer was never asked"
+        assert not thread.join(0.5) and "job" not in done, "answered before the fsync"
+        disk.release()
+        thread.join(30)
+        assert not done["job"].failure and done["at"] > disk.released_at
     finally:
         client.close()
         pool.stop()
