@@ -188,7 +188,8 @@ def pair_cpus(n: int) -> set[int] | None:
 def _submit_acknowledged(addresses: list[str], queue_urls: list[str], topic: str, width: int,
                          copies: int, part: int) -> None:
     """One client of :meth:`GearhornServers.gearmand_rate` (in a process of its own)."""
-    from gearhorn.store.fsync import Durability, FsyncBarrier
+    from gearhorn.store.durability import Durability
+    from gearhorn.store.fsync import FsyncBarrier
 
     client = gearman.Client([(a.rpartition(":")[0], int(a.rpartition(":")[2]))
                              for a in addresses])
