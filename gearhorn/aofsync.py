@@ -21,6 +21,7 @@ import logging
 import os
 import threading
 import time
+from dataclasses import dataclass
 
 import redis
 
@@ -34,61 +35,94 @@ log = logging.getLogger(__name__)
 INTERVAL = 1.0
 
 
-def aof_files(data_dir: str, folder_name: str = "appendonlydir") -> list[str]:
-    """The append-only files Redis keeps in ``data_dir``: Redis 7's
-    ``appendonlydir/`` (base, increments, manifest, and the folder itself, so
-    that a new increment's name is on disk too) or Redis 6's one file."""
+@dataclass(frozen=True)
+class AofLayout:
+    """Where a Redis keeps its append-only file: its ``dir``, and in it
+    Redis 7's ``appenddirname`` folder or Redis 6's ``appendfilename``."""
+
+    data_dir: str
+    folder: str = "appendonlydir"
+    filename: str = "appendonly.aof"
+
+
+def layout_of(client: redis.Redis, data_dir: str | None = None) -> AofLayout:
+    """Ask Redis where its AOF is (``data_dir`` given: that folder, as on
+    this host); raises Redis's errors when it will not say."""
+    names = {**client.config_get("appenddirname"), **client.config_get("appendfilename")}
+    names = {_text(k): _text(v) for k, v in names.items()}
+    return AofLayout(data_dir or _text(client.config_get("dir")["dir"]),
+                     names.get("appenddirname", "appendonlydir"),
+                     names.get("appendfilename", "appendonly.aof"))
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def aof_files(layout: AofLayout) -> list[str]:
+    """The append-only files of ``layout``: Redis 7's folder (base,
+    increments, manifest) or Redis 6's one file."""
     found = []
-    folder = os.path.join(data_dir, folder_name)
+    folder = os.path.join(layout.data_dir, layout.folder)
     if os.path.isdir(folder):
         found += [os.path.join(folder, name) for name in sorted(os.listdir(folder))]
-        found.append(folder)
-    single = os.path.join(data_dir, "appendonly.aof")
+    single = os.path.join(layout.data_dir, layout.filename)
     if os.path.isfile(single):
         found.append(single)
     return found
 
 
-def sync(data_dir: str, folder_name: str = "appendonlydir") -> int:
-    """fsync every AOF file in ``data_dir`` (a file Redis removed meanwhile,
-    after a rewrite, is skipped); returns how many were synced. An fsync
-    that fails raises OSError."""
+def folders(layout: AofLayout) -> list[str]:
+    """The folders whose entries name those files: a new increment's, a
+    renamed manifest's or Redis 6's renamed file's name is on disk only
+    once its folder is synced (and a new ``appendonlydir`` once ``dir`` is)."""
+    folder = os.path.join(layout.data_dir, layout.folder)
+    return [folder, layout.data_dir] if os.path.isdir(folder) else [layout.data_dir]
+
+
+def sync(layout: AofLayout) -> int:
+    """fsync every AOF file of ``layout`` and the folders that name them (a
+    file Redis removed meanwhile, after a rewrite, is skipped); returns how
+    many files were synced. An fsync that fails raises OSError."""
     synced = 0
-    for path in aof_files(data_dir, folder_name):
-        try:
-            fd = os.open(path, os.O_RDONLY)
-        except FileNotFoundError:
-            continue
-        try:
-            os.fsync(fd)
-            synced += 1
-        finally:
-            os.close(fd)
+    for path in aof_files(layout):
+        synced += _fsync(path)
+    for folder in folders(layout):
+        _fsync(folder)
     return synced
 
 
-def data_dir_of(client: redis.Redis) -> tuple[str, str]:
-    """Where the Redis of ``client`` keeps its AOF: (dir, appenddirname)."""
-    config = client.config_get("dir")
-    folder = client.config_get("appenddirname").get("appenddirname", "appendonlydir")
-    return config["dir"], folder
+def _fsync(path: str) -> int:
+    """1 once ``path`` is synced, 0 when it is gone."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return 0
+    try:
+        os.fsync(fd)
+        return 1
+    finally:
+        os.close(fd)
 
 
 class AofSyncer:
     """A thread serving the fsync barrier of the Redis at ``url``, whose
-    files are in ``data_dir`` (asked of Redis when not given)."""
+    files are in ``data_dir`` (asked of Redis when not given; the names of
+    its AOF are always asked: ``CONFIG GET appenddirname appendfilename``)."""
 
     def __init__(self, url: str, data_dir: str | None = None, *,
                  interval: float = INTERVAL, fsync=sync) -> None:
         self.url = url
         self.data_dir = data_dir
-        self.folder = "appendonlydir"
+        self.layout: AofLayout | None = None  # found when it starts serving
+        self.refused = ""  # why it does not serve, when it cannot
         self.interval = interval
         self.rounds = 0  # fsyncs made (tests, the benchmark)
         self.covered = 0  # tickets those fsyncs covered
         self._fsync = fsync
         self._done = 0  # the last ticket synced (or failed)
         self._last_sync = float("-inf")
+        self._missing = Outage(log, f"the append-only files of {url}")
         self.serving = threading.Event()
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._run, name="gearhorn-aof-sync", daemon=True)
@@ -118,14 +152,19 @@ class AofSyncer:
                 client.close()
 
     def _serve(self, client: redis.Redis) -> None:
-        if self.data_dir is None:
-            self.data_dir, self.folder = data_dir_of(client)
-        if not os.path.isdir(self.data_dir):  # an fsync here would cover nothing: never say ok
-            log.error("the Redis at %s keeps its files in %s, which is not on this host: "
-                      "no fsync barrier served (run the syncer where Redis runs)",
-                      self.url, self.data_dir)
-            self._stopping.wait(10)
+        try:
+            self.layout = layout_of(client, self.data_dir)
+        except redis.ResponseError as exc:  # CONFIG refused: the files cannot be found
+            self._refuse(f"it will not say where its append-only file is ({exc})")
             return
+        self.data_dir = self.layout.data_dir
+        if not os.path.isdir(self.data_dir):  # an fsync here would cover nothing: never say ok
+            self._refuse(f"it keeps its files in {self.data_dir}, which is not on this host "
+                         f"(run the syncer where Redis runs)")
+            return
+        # A Redis (re)connected to may have restarted with a lower ticket
+        # counter: what was synced before says nothing of its tickets now.
+        self._done = 0
         pubsub = client.pubsub()
         try:
             pubsub.subscribe(WAKE)
@@ -141,6 +180,11 @@ class AofSyncer:
         finally:
             pubsub.close()
 
+    def _refuse(self, reason: str) -> None:
+        self.refused = reason
+        log.error("the Redis at %s: %s: no fsync barrier served", self.url, reason)
+        self._stopping.wait(10)
+
     def _woken(self, pubsub: redis.client.PubSub) -> bool:
         """Wait for a wake (at most ``interval``); swallow the others
         already queued: this round covers them all."""
@@ -153,14 +197,26 @@ class AofSyncer:
     def _round(self, client: redis.Redis, ticket: int) -> None:
         """fsync, then tell the waiters which tickets it covered."""
         first = self._done if ticket >= self._done else 0  # lower: Redis started again
-        try:
-            self._fsync(self.data_dir, self.folder)
-        except OSError as exc:
-            log.error("fsync of Redis's append-only files in %s failed: %s", self.data_dir, exc)
-            round_ = Round(first, ticket, f"{exc}")
-        else:
-            round_ = Round(first, ticket)
+        round_ = Round(first, ticket, self._sync())
+        if not round_.reason:
             self.rounds += 1
             self.covered += ticket - first
         self._done, self._last_sync = ticket, time.monotonic()
         client.publish(SYNCED, round_.encode())
+
+    def _sync(self) -> str:
+        """"" once the files are synced, else why not: a round that synced
+        no file is never reported as synced."""
+        layout = self.layout
+        try:
+            synced = self._fsync(layout)
+        except OSError as exc:
+            log.error("fsync of Redis's append-only files in %s failed: %s", layout.data_dir, exc)
+            return f"{exc}"
+        if not synced:
+            reason = (f"no append-only file found in {layout.data_dir} ({layout.folder}/ or "
+                      f"{layout.filename}): nothing was synced")
+            self._missing.failed(reason)  # logged once: idle rounds find the same
+            return reason
+        self._missing.succeeded()
+        return ""

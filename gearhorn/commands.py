@@ -49,7 +49,7 @@ def cmd_fsyncd(config: Config, args: argparse.Namespace) -> int:
     import signal
     import threading
 
-    from gearhorn.aofsync import AofSyncer
+    from gearhorn.aofsync import AofSyncer, aof_files
 
     url = args.url or config.redis_url
     if args.dir and not os.path.isdir(args.dir):
@@ -60,12 +60,16 @@ def cmd_fsyncd(config: Config, args: argparse.Namespace) -> int:
         signal.signal(sig, lambda *_: stop.set())
     if not syncer.serving.wait(30):
         syncer.stop()
-        raise CommandError(f"cannot serve the fsync barrier of {url}: is Redis there?")
-    if not os.path.isdir(syncer.data_dir):
+        raise CommandError(f"cannot serve the fsync barrier of {url}: "
+                           f"{syncer.refused or 'is Redis there?'}")
+    layout = syncer.layout
+    if not aof_files(layout):
         syncer.stop()
-        raise CommandError(f"Redis keeps its files in {syncer.data_dir}, which is not on this "
-                           "host: run fsyncd where Redis runs")
-    print(f"serving the fsync barrier of {url} (files in {syncer.data_dir})", flush=True)
+        raise CommandError(f"no append-only file of the Redis at {url} in {layout.data_dir} "
+                           f"({layout.folder}/ or {layout.filename}): is appendonly on, and "
+                           f"is this its host?")
+    print(f"serving the fsync barrier of {url} (files in {layout.data_dir}/{layout.folder})",
+          flush=True)
     stop.wait()
     syncer.stop()
     return 0

@@ -38,12 +38,12 @@ class Disk:
         self.released_at = None
         syncer._fsync = self.fsync
 
-    def fsync(self, data_dir, folder):
+    def fsync(self, layout):
         self.entered.release()
         self.open.wait()
         if self.failing:
             raise OSError(errno.EIO, "Input/output error (the test's disk)")
-        aofsync.sync(data_dir, folder)
+        return aofsync.sync(layout)
 
     def stall(self):
         self.open.clear()

@@ -22,34 +22,76 @@ def make_files(data_dir, *names, data=b"*1\r\n$4\r\nPING\r\n"):
             fp.write(data)
 
 
-def test_every_aof_file_of_redis_7_and_6_is_synced(tmp_path, monkeypatch):
-    make_files(str(tmp_path), "appendonlydir/appendonly.aof.1.base.rdb",
-               "appendonlydir/appendonly.aof.1.incr.aof", "appendonlydir/appendonly.aof.manifest",
-               "appendonly.aof", "dump.rdb")
-    synced = []
-    real_fsync = os.fsync
-    test_thread = threading.get_ident()
+def synced_paths(monkeypatch):
+    """The paths this thread fsyncs (os.fsync is the process's: a syncer
+    thread of another test's server, alive in this pytest worker, calls it
+    too)."""
+    synced, real_fsync, opened = [], os.fsync, {}
+    real_open, test_thread = os.open, threading.get_ident()
+
+    def opening(path, flags, *args):
+        fd = real_open(path, flags, *args)
+        opened[fd] = str(path)
+        return fd
 
     def counting(fd):
-        # os.fsync is the process's: a syncer thread of another test's
-        # server, alive in this pytest worker, calls it too
         if threading.get_ident() == test_thread:
-            synced.append(fd)
+            synced.append(opened.get(fd, fd))
         return real_fsync(fd)
+    monkeypatch.setattr(aofsync.os, "open", opening)
     monkeypatch.setattr(aofsync.os, "fsync", counting)
-    # 3 files and their folder, and Redis 6's file; not the RDB snapshot beside them
-    assert aofsync.sync(str(tmp_path)) == 5
-    assert len(synced) == 5
-    assert aofsync.sync(str(tmp_path / "nothing-here")) == 0
+    return synced
+
+
+def test_every_aof_file_of_redis_7_and_the_folders_naming_them_are_synced(tmp_path, monkeypatch):
+    make_files(str(tmp_path), "appendonlydir/appendonly.aof.1.base.rdb",
+               "appendonlydir/appendonly.aof.1.incr.aof", "appendonlydir/appendonly.aof.manifest",
+               "dump.rdb")
+    synced = synced_paths(monkeypatch)
+    layout = aofsync.AofLayout(str(tmp_path))
+    assert aofsync.sync(layout) == 3
+    folder = str(tmp_path / "appendonlydir")
+    assert synced == [f"{folder}/appendonly.aof.1.base.rdb", f"{folder}/appendonly.aof.1.incr.aof",
+                      f"{folder}/appendonly.aof.manifest", folder, str(tmp_path)]
+    # A rewrite's new increment is listed at the next round, and its name synced with it.
+    make_files(str(tmp_path), "appendonlydir/appendonly.aof.2.incr.aof")
+    synced.clear()
+    assert aofsync.sync(layout) == 4 and f"{folder}/appendonly.aof.2.incr.aof" in synced
+
+
+def test_redis_6s_renamed_file_is_synced_with_its_folder(tmp_path, monkeypatch):
+    make_files(str(tmp_path), "custom.aof", "dump.rdb")
+    synced = synced_paths(monkeypatch)
+    assert aofsync.sync(aofsync.AofLayout(str(tmp_path), filename="custom.aof")) == 1
+    assert synced == [str(tmp_path / "custom.aof"), str(tmp_path)]
+
+
+def test_the_folder_redis_names_is_the_one_synced(tmp_path, monkeypatch):
+    """appenddirname other than appendonlydir: its files, not a guess's."""
+    make_files(str(tmp_path), "mine/appendonly.aof.1.incr.aof", "appendonlydir/stale.aof")
+    synced = synced_paths(monkeypatch)
+    assert aofsync.sync(aofsync.AofLayout(str(tmp_path), folder="mine")) == 1
+    assert str(tmp_path / "appendonlydir" / "stale.aof") not in synced
+    assert aofsync.sync(aofsync.AofLayout(str(tmp_path / "nothing-here"))) == 0
+
+
+def test_the_layout_is_asked_of_redis():
+    class Asked:
+        def config_get(self, name):
+            return {"dir": {"dir": "/var/lib/redis"}, "appenddirname": {b"appenddirname": b"aof"},
+                    "appendfilename": {"appendfilename": "x.aof"}}[name]
+    assert aofsync.layout_of(Asked()) == aofsync.AofLayout("/var/lib/redis", "aof", "x.aof")
+    assert aofsync.layout_of(Asked(), "/mnt/r").data_dir == "/mnt/r"
 
 
 def test_a_file_removed_meanwhile_is_skipped(tmp_path, monkeypatch):
     """Redis removes old increments after a rewrite, between listing and opening."""
     make_files(str(tmp_path), "appendonlydir/a.incr.aof", "appendonlydir/b.incr.aof")
-    listed = aofsync.aof_files(str(tmp_path))
+    layout = aofsync.AofLayout(str(tmp_path))
+    listed = aofsync.aof_files(layout)
     os.remove(listed[0])
-    monkeypatch.setattr(aofsync, "aof_files", lambda data_dir, folder: listed)
-    assert aofsync.sync(str(tmp_path)) == 2  # the other file and the folder
+    monkeypatch.setattr(aofsync, "aof_files", lambda layout: listed)
+    assert aofsync.sync(layout) == 1  # the other file (and the folders)
 
 
 def test_a_failed_fsync_is_an_error_for_the_caller(tmp_path, monkeypatch):
@@ -64,7 +106,74 @@ def test_a_failed_fsync_is_an_error_for_the_caller(tmp_path, monkeypatch):
         raise OSError(5, "Input/output error")
     monkeypatch.setattr(aofsync.os, "fsync", broken)
     with pytest.raises(OSError, match="Input/output"):
-        aofsync.sync(str(tmp_path))
+        aofsync.sync(aofsync.AofLayout(str(tmp_path)))
+
+
+class Published:
+    def __init__(self):
+        self.said = []
+
+    def publish(self, channel, data):
+        self.said.append(Round.decode(data))
+
+
+def syncer_with(synced_files):
+    syncer = aofsync.AofSyncer("redis://127.0.0.1:1/0", "/data",
+                               fsync=lambda layout: synced_files)
+    syncer.layout = aofsync.AofLayout("/data")
+    return syncer
+
+
+def test_a_round_that_synced_no_file_is_told_as_a_failure():
+    client, syncer = Published(), syncer_with(0)
+    syncer._round(client, 5)
+    [round_] = client.said
+    assert round_.last == 5 and "no append-only file found in /data" in round_.reason
+    assert syncer.rounds == 0
+
+
+def test_a_syncer_forgets_its_progress_when_it_connects_again(tmp_path):
+    """A Redis that came back with its ticket counter one below the last
+    round's: its next ticket equals that round's, and gets an fsync, not an
+    ``ok`` from memory."""
+    class Redis(Published):
+        def __init__(self, tickets):
+            super().__init__()
+            self.tickets = tickets
+
+        def config_get(self, name):
+            return {"dir": {"dir": str(tmp_path)}}.get(name, {})
+
+        def pubsub(self):
+            syncer_ = syncer
+
+            class PubSub:
+                woken = False
+
+                def subscribe(self, channel):
+                    pass
+
+                def get_message(self, timeout):  # one wake, then one pass of the loop
+                    syncer_._stopping.set()
+                    if self.woken:
+                        return None
+                    self.woken = True
+                    return {"type": "message", "data": b"1"}
+
+                def close(self):
+                    pass
+            return PubSub()
+
+        def get(self, key):
+            return self.tickets
+
+    syncs = []
+    syncer = aofsync.AofSyncer("redis://127.0.0.1:1/0",
+                               fsync=lambda layout: syncs.append(layout) or 1)
+    syncer._done, syncer._last_sync = 8, float("inf")  # synced up to 8, just now
+    client = Redis(8)  # came back at 7; a waiter's INCR made it 8 again
+    syncer._serve(client)
+    assert syncs and client.said == [Round(0, 8)]
 
 
 def test_a_syncer_never_started_stops_all_the_same():
