@@ -250,3 +250,42 @@ def test_a_barrier_that_goes_away_fails_the_waiting_fanouts_then_serves_again(
         client.close()
         worker.stop()
         gearmand.stop()
+
+
+def test_a_queue_redis_that_stops_fails_the_waiting_fanouts_then_serves_again(tmp_path):
+    """persistence = redis: acknowledgements wait for gearmand's queue Redis
+    too. Stopped mid-run, the fanouts fail with the reason within the bound;
+    started again with its data, the pool serves again."""
+    queue_dir = str(tmp_path / "queue-redis")
+    queue = servers.start_redis(data_dir=queue_dir, appendonly=True)
+    registry = servers.start_redis()
+    gearmand = servers.start_gearmand(data_dir=str(tmp_path / "gearmand"))
+    env = gearhorn_env(gearmand, registry.details["url"], GEARHORN_PERSISTENCE="redis",
+                       GEARHORN_QUEUE_REDIS_URL=queue.details["url"])
+    worker = start_worker(tmp_path, env, processes=1)
+    client = GearClient(gearmand)
+    try:
+        topic = unique_topic("queue")
+        client.call("subscribe_fanout", {"topic": topic, "client_id": "alice"})
+        queue.stop()
+        started = time.monotonic()
+        job = client.submit("fanout", {"topic": topic, "payload": "x"}, timeout=120)
+        waited = time.monotonic() - started
+        reason = b"".join(job.data).decode()
+        assert job.failure and "gearmand's queue Redis" in reason, reason
+        assert "5s" in reason and waited >= BARRIER_TIMEOUT * 0.9, (waited, reason)
+        queue = servers.start_redis(port=queue.port, data_dir=queue_dir, appendonly=True)
+
+        def serves():
+            job = client.submit("subscribe_fanout", {"topic": topic, "client_id": "bob"},
+                                timeout=60)
+            return not job.failure
+        wait_for(serves, 120, interval=0.5, message="the pool to serve again")
+        assert client.call("fanout", {"topic": topic, "payload": "y",
+                                      "background": True})["copies"] == 2
+    finally:
+        client.close()
+        worker.stop()
+        gearmand.stop()
+        queue.stop()
+        registry.stop()
