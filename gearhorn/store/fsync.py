@@ -26,7 +26,7 @@ barrier through Redis itself, with one counter and two channels:
 
 Which Redis needs waiting for is asked, not assumed (:func:`verdict`): one
 without an AOF keeps nothing on disk (the acknowledgement cannot wait for
-what will never happen; logged once), one with ``appendfsync always`` has
+what will never happen; the start-up line says so), one with ``appendfsync always`` has
 synced before it answered, and any other needs its syncer. With
 ``durability = auto`` an AOF no syncer serves is acknowledged once written
 (Redis's own appendfsync decides when it reaches the disk), until a syncer
@@ -301,7 +301,7 @@ class FsyncBarrier:
         if found == BARRIER and not self._served:
             self._served = served(self.client)
             if not self._served and not self.strict:
-                return UNSERVED  # said once, at start (gearhorn/store/promises.py)
+                return UNSERVED  # said once, at start (gearhorn/store/durability.py)
         return found
 
     def ticket(self) -> tuple[int, int]:

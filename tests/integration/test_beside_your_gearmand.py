@@ -184,6 +184,27 @@ def test_a_setting_that_cannot_be_kept_stops_the_start_with_one_line(plain_serve
         assert done.stderr.strip().splitlines()[-1] == said[0]
 
 
+def fails_after_the_bound(client, topic):
+    """A fanout submitted during the outage: it fails, and only once the
+    bound was waited out; returns the reason its client saw."""
+    started = time.monotonic()
+    job = client.submit("fanout", {"topic": topic, "payload": "x"}, timeout=120)
+    waited = time.monotonic() - started
+    reason = b"".join(job.data).decode()
+    assert job.failure, reason
+    assert waited >= BARRIER_TIMEOUT * 0.9, (waited, reason)
+    return reason
+
+
+def serves_again(client, topic, client_id):
+    """Subscribe ``client_id`` until the pool answers it as done."""
+    def served():
+        job = client.submit("subscribe_fanout", {"topic": topic, "client_id": client_id},
+                            timeout=60)
+        return not job.failure
+    wait_for(served, 120, interval=0.5, message="the pool to serve again")
+
+
 @pytest.fixture
 def served_redis(tmp_path):
     """A Redis with an AOF whose fsync barrier ``gearhorn fsyncd`` serves, as
@@ -224,23 +245,14 @@ def test_a_barrier_that_goes_away_fails_the_waiting_fanouts_then_serves_again(
         topic = unique_topic("gone")
         client.call("subscribe_fanout", {"topic": topic, "client_id": "alice"})
         syncer.stop()
-        started = time.monotonic()
-        job = client.submit("fanout", {"topic": topic, "payload": "x"}, timeout=120)
-        waited = time.monotonic() - started
-        reason = b"".join(job.data).decode()
-        assert job.failure and "fsync barrier" in reason and "waited 5s" in reason, reason
-        assert waited >= BARRIER_TIMEOUT * 0.9, waited  # waited the bound out first
+        reason = fails_after_the_bound(client, topic)
+        assert "fsync barrier" in reason and "waited 5s" in reason, reason
         # The stock CLI sees the reason too (WORK_WARNING, then WORK_FAIL).
         failed = gearman_cli(gearmand, "-f", "subscribe_fanout",
                              json.dumps({"topic": topic, "client_id": "bob"}), timeout=60)
         assert failed.returncode != 0 and b"fsync barrier" in failed.stdout + failed.stderr
         syncer.start()
-
-        def serves():
-            job = client.submit("subscribe_fanout", {"topic": topic, "client_id": "carol"},
-                                timeout=60)
-            return not job.failure
-        wait_for(serves, 120, interval=0.5, message="the pool to serve again")
+        serves_again(client, topic, "carol")
         assert client.call("fanout", {"topic": topic, "payload": "y",
                                       "background": True})["copies"] >= 2
         said = [line for line in worker.log(full=True).splitlines()
@@ -268,19 +280,10 @@ def test_a_queue_redis_that_stops_fails_the_waiting_fanouts_then_serves_again(tm
         topic = unique_topic("queue")
         client.call("subscribe_fanout", {"topic": topic, "client_id": "alice"})
         queue.stop()
-        started = time.monotonic()
-        job = client.submit("fanout", {"topic": topic, "payload": "x"}, timeout=120)
-        waited = time.monotonic() - started
-        reason = b"".join(job.data).decode()
-        assert job.failure and "gearmand's queue Redis" in reason, reason
-        assert "5s" in reason and waited >= BARRIER_TIMEOUT * 0.9, (waited, reason)
+        reason = fails_after_the_bound(client, topic)
+        assert "gearmand's queue Redis" in reason and "5s" in reason, reason
         queue = servers.start_redis(port=queue.port, data_dir=queue_dir, appendonly=True)
-
-        def serves():
-            job = client.submit("subscribe_fanout", {"topic": topic, "client_id": "bob"},
-                                timeout=60)
-            return not job.failure
-        wait_for(serves, 120, interval=0.5, message="the pool to serve again")
+        serves_again(client, topic, "bob")
         assert client.call("fanout", {"topic": topic, "payload": "y",
                                       "background": True})["copies"] == 2
     finally:
