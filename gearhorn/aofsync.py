@@ -80,6 +80,17 @@ def folders(layout: AofLayout) -> list[str]:
     return [folder, layout.data_dir] if os.path.isdir(folder) else [layout.data_dir]
 
 
+def ancestors(data_dir: str) -> list[str]:
+    """The folders above ``data_dir`` on its file system, nearest first:
+    a ``dir`` made just before Redis started (``gearhorn up`` makes its
+    own) is on disk only once each of them is synced."""
+    found, path = [], os.path.abspath(data_dir)
+    while not os.path.ismount(path):
+        path = os.path.dirname(path)
+        found.append(path)
+    return found
+
+
 def sync(layout: AofLayout) -> int:
     """fsync every AOF file of ``layout`` and the folders that name them (a
     file Redis removed meanwhile, after a rewrite, is skipped); returns how
@@ -162,6 +173,8 @@ class AofSyncer:
             self._refuse(f"it keeps its files in {self.data_dir}, which is not on this host "
                          f"(run the syncer where Redis runs)")
             return
+        for folder in ancestors(self.data_dir):  # once: they change no more
+            _fsync(folder)
         # A Redis (re)connected to may have restarted with a lower ticket
         # counter: what was synced before says nothing of its tickets now.
         self._done = 0

@@ -285,16 +285,19 @@ def ups():
 
 class LossyDisk:
     """tests/lossyfs.py mounted in a folder of the test's: a disk whose
-    power can be cut (:meth:`power_cut`: every write not fsynced is gone)."""
+    power can be cut (:meth:`power_cut`: every write not fsynced is gone);
+    ``strict``: names and sizes too, until their folder or file is fsynced."""
 
-    def __init__(self, root):
+    def __init__(self, root, strict=False):
+        self.strict = strict
         self.backing = os.path.join(root, "backing")
         self.path = os.path.join(root, "mnt")
         self.control = os.path.join(root, "control.sock")
         os.makedirs(self.backing)
         os.makedirs(self.path)
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "tests.lossyfs", self.backing, self.path, self.control],
+            [sys.executable, "-m", "tests.lossyfs", self.backing, self.path, self.control,
+             *(["--strict"] if strict else [])],
             stdout=subprocess.DEVNULL, stderr=open(os.path.join(root, "lossyfs.log"), "ab"),  # noqa: SIM115
             preexec_fn=servers.die_with_parent)
         wait_for(lambda: self.process.poll() is None and os.path.ismount(self.path)
@@ -323,6 +326,7 @@ class LazyDisk(LossyDisk):
     docs/reliability.rst). Not in CI: its source is not reachable there."""
 
     def __init__(self, root, lazyfs):
+        self.strict = False
         self.backing = os.path.join(root, "backing")
         self.path = os.path.join(root, "mnt")
         self.fifo, self.done = os.path.join(root, "faults.fifo"), os.path.join(root, "done.fifo")
@@ -357,18 +361,20 @@ class LazyDisk(LossyDisk):
 
 
 @pytest.fixture
-def lossy_disk(tmp_path):
-    """A folder on a file system that forgets what was not fsynced, on demand."""
+def lossy_disk(tmp_path, request):
+    """A folder on a file system that forgets what was not fsynced, on
+    demand; parametrized indirectly with "strict" for the harsher metadata."""
+    strict = getattr(request, "param", "lazyfs") == "strict"
     require_binary("fusermount3", "fuse3")
     if not os.access("/dev/fuse", os.R_OK | os.W_OK):
         missing("/dev/fuse is not usable here: the power-cut tests need FUSE")
     lazyfs = os.environ.get("GEARHORN_LAZYFS")
-    if lazyfs:
+    if lazyfs and not strict:
         disk = LazyDisk(str(tmp_path / "lazy"), lazyfs)
         yield disk
         disk.unmount()
         return
     require_module("mfusepy")
-    disk = LossyDisk(str(tmp_path / "lossy"))
+    disk = LossyDisk(str(tmp_path / "lossy"), strict=strict)
     yield disk
     disk.unmount()

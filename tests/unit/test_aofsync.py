@@ -11,7 +11,6 @@ import pytest
 
 from gearhorn import aofrepair, aofsync
 from gearhorn.store.fsync import Progress, Round
-from tests.lossyfs import Dirty
 
 
 def make_files(data_dir, *names, data=b"*1\r\n$4\r\nPING\r\n"):
@@ -73,6 +72,16 @@ def test_the_folder_redis_names_is_the_one_synced(tmp_path, monkeypatch):
     assert aofsync.sync(aofsync.AofLayout(str(tmp_path), folder="mine")) == 1
     assert str(tmp_path / "appendonlydir" / "stale.aof") not in synced
     assert aofsync.sync(aofsync.AofLayout(str(tmp_path / "nothing-here"))) == 0
+
+
+def test_the_folders_above_redis_dir_are_named_up_to_its_mount(tmp_path, monkeypatch):
+    """``gearhorn up`` makes its data folders just before Redis starts:
+    their names are on disk only once the folders above them are synced."""
+    mounts = {str(tmp_path)}
+    monkeypatch.setattr(aofsync.os.path, "ismount", lambda path: path in mounts or path == "/")
+    deep = tmp_path / "data" / "registry"
+    assert aofsync.ancestors(str(deep)) == [str(tmp_path / "data"), str(tmp_path)]
+    assert aofsync.ancestors(str(tmp_path)) == []
 
 
 def test_the_layout_is_asked_of_redis():
@@ -274,20 +283,3 @@ def test_redis_6s_single_file_is_repaired_too(tmp_path):
     (tmp_path / "appendonly.aof").write_bytes(SET + b"*2\r\n$3")
     aofrepair.repair(str(tmp_path))
     assert (tmp_path / "appendonly.aof").read_bytes() == SET
-
-
-# -- the power-cut file system's memory of unsynced writes ------------------------
-
-
-def test_unsynced_writes_overlay_what_a_reader_sees_in_order():
-    dirty = Dirty()
-    dirty.add(2, b"abcd")
-    dirty.add(4, b"XY")
-    buf = bytearray(b"........")
-    dirty.overlay(buf, 0)
-    assert bytes(buf) == b"..abXY.."
-    part = bytearray(b"..")
-    dirty.overlay(part, 3)
-    assert bytes(part) == b"bX"
-    dirty.truncate(5)
-    assert dirty.writes == [(2, b"abc"), (4, b"X")] and dirty.size == 4
