@@ -130,6 +130,7 @@ class AofSyncer:
         self.interval = interval
         self.rounds = 0  # fsyncs made (tests, the benchmark)
         self.covered = 0  # tickets those fsyncs covered
+        self.waited_on = 0  # fsyncs that covered a ticket (the idle ones not)
         self._fsync = fsync
         self._done = 0  # the last ticket synced (or failed)
         self._last_sync = float("-inf")
@@ -214,6 +215,7 @@ class AofSyncer:
         if not round_.reason:
             self.rounds += 1
             self.covered += ticket - first
+            self.waited_on += ticket > first
         self._done, self._last_sync = ticket, time.monotonic()
         client.publish(SYNCED, round_.encode())
 

@@ -234,13 +234,17 @@ class FakeBroker:
         self.streams = getattr(self, "streams", []) + [(topic, after, epoch, recovered, live)]
         return FakeReader(consumer)
 
-    # The fsync barrier: what the session waited for, in order with what it
-    # sent, so a test sees that a RECEIPT came after the wait covering it.
+    # The fsync barrier: each wait records what was handed to gearmand and
+    # how many frames the session had written by then (``frames``: the
+    # transport's list, when a test sets it), so a test sees that a RECEIPT
+    # came after the wait covering its SEND.
     disk_fails = None  # an exception the next wait raises
+    frames = None
 
     def wait(self):
         self.disk_waits = getattr(self, "disk_waits", 0) + 1
-        self.disk_log = getattr(self, "disk_log", []) + [len(self.sent) + len(self.published)]
+        self.disk_log = getattr(self, "disk_log", []) + [
+            (len(self.sent) + len(self.published), len(self.frames or ()))]
         if self.disk_fails is not None:
             raise self.disk_fails
 

@@ -91,6 +91,7 @@ class Collector(stomp.ConnectionListener):
         self.lock = threading.Condition()
         self.messages = []
         self.receipts = []
+        self.arrived: dict[str, float] = {}  # receipt-id -> when (time.monotonic)
         self.errors = []
         self.disconnected = threading.Event()
 
@@ -101,6 +102,7 @@ class Collector(stomp.ConnectionListener):
 
     def on_receipt(self, frame):
         with self.lock:
+            self.arrived[frame.headers.get("receipt-id")] = time.monotonic()
             self.receipts.append(frame)
             self.lock.notify_all()
 

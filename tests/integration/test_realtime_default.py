@@ -9,10 +9,11 @@ its offsets like any stream subscriber's."""
 import socket
 
 import pytest
+import redis
 
 from gearhorn import gearman
 from gearhorn.config import Config
-from gearhorn.store import redisconn
+from gearhorn.store import fsync, redisconn
 from gearhorn.store.keys import Keys
 from gearhorn.store.ledger import Ledger
 
@@ -152,19 +153,29 @@ def test_gearhorn_up_serves_a_plain_subscriber_in_real_time_with_receipts_after_
     """What a new user runs (README): ``gearhorn up`` with every default,
     the fsync barrier included. A plain subscriber gets offsets and no
     queue; the producer's receipted SENDs (no job: the reader alone reads
-    the topic) are answered, and a Gearman fanout reaches it too."""
+    the topic) are answered, and a Gearman fanout reaches it too.
+
+    "After the disk": up says its acknowledgements wait for the syncer, and
+    each receipted SEND took a ticket of the registry's barrier (no ticket:
+    no wait). That a RECEIPT never comes before the fsync covering it, a
+    stalled disk shows in test_fsync_barrier.py (the receipt test)."""
     up = ups(tmp_path)
+    assert "on disk: after an fsync by its syncer" in up.text()
+    registry = redis.Redis(port=up.ports["redis"])
     topic = unique_topic("up.")
     reader = stomp_clients(up.ports["stomp"])
     assert reader.subscribe(f"/topic/{topic}", "s").headers["x-stream-offset"] == "1"
     producer = stomp_clients(up.ports["stomp"])
     for i in range(5):
+        before = int(registry.get(fsync.TICKET) or 0)
         producer.send(f"/topic/{topic}", f"m{i}")  # each waits for its RECEIPT
+        assert int(registry.get(fsync.TICKET) or 0) > before, f"m{i}: answered without a wait"
     publish(up.gearmand, topic, ["g0"])
     got = reader.messages(6, timeout=60)
     assert bodies(got) == ["m0", "m1", "m2", "m3", "m4", "g0"]
     assert offsets(got) == list(range(1, 7))
     assert queues_of(up.gearmand, topic) == []
+    registry.close()
 
 
 def test_a_gearman_producer_beside_a_stomp_one_waits_for_the_pen_and_no_offset_lies(

@@ -557,3 +557,36 @@ def test_no_receipt_follows_the_error_of_a_failed_fanout():
     assert [(f.command, f.headers.get("receipt-id")) for f in transport.frames[1:]] == [
         ("ERROR", "t")]
     assert broker.sent == [] and transport.closed
+
+
+def test_a_receipt_comes_only_after_the_disk_wait_covering_its_send(session):
+    """Each receipted SEND is handed to gearmand, then waited on (the fsync
+    barrier), then answered: the wait saw the SEND's body handed over and
+    no RECEIPT of it written yet. A SEND without a receipt waits for nothing,
+    and a topic SEND's RECEIPT waits for its fanout job's answer instead
+    (the worker answers after the fsync covering it)."""
+    s, transport, broker = session
+    connect(session)
+    broker.frames = transport.frames
+    s.handle(Frame("SEND", {"destination": "/queue/jobs"}, b"no receipt"))
+    assert getattr(broker, "disk_waits", 0) == 0
+    s.handle(Frame("SEND", {"destination": "/queue/jobs", "receipt": "q"}, b"a"))
+    s.handle(Frame("SEND", {"destination": "/topic/news", "receipt": "t"}, b"b"))
+    receipts = [f.headers["receipt-id"] for f in transport.frames]
+    assert receipts == ["q", "t"]
+    # (bodies handed over, frames written) at the wait: the queue SEND's
+    # body was out and its RECEIPT not yet written.
+    assert broker.disk_log == [(2, 0)]
+
+
+def test_a_failed_disk_wait_is_an_error_and_no_receipt(session):
+    from gearhorn.store.fsync import FsyncFailed
+
+    s, transport, broker = session
+    connect(session)
+    broker.disk_fails = FsyncFailed("fsync of the registry's Redis failed: Input/output error")
+    s.handle(Frame("SEND", {"destination": "/queue/jobs", "receipt": "q"}, b"a"))
+    (error,) = transport.frames
+    assert error.command == "ERROR" and error.headers["receipt-id"] == "q"
+    assert "Input/output error" in error.headers["message"] + detail(error)
+    assert broker.disk_waits == 1
