@@ -246,3 +246,42 @@ def test_without_a_syncer_answers_come_once_written_until_one_serves(
     finally:
         client.close()
         pool.stop()
+
+
+@pytest.mark.parametrize("persistent_servers", ["redis"], indirect=True)
+@pytest.mark.parametrize("durability", ["fsync", "written"])
+def test_a_fanout_answer_waits_for_the_fsync_of_gearmands_queue_redis(
+        persistent_servers, tmp_path, durability):
+    """persistence = redis: the background copies a fanout queued are in
+    gearmand's queue Redis, so its answer waits for that Redis's syncer too. Stalled,
+    it holds the answer back; skipped (written), the answer comes anyway."""
+    running = persistent_servers
+    disk = Disk(running.queue_redis.companions[0])
+    pool = PoolProcess([running.gearmand], running.redis_url, processes=1,
+                       log_dir=str(tmp_path),
+                       env={**running.worker_env(), "GEARHORN_DURABILITY": durability})
+    client = GearClient(running.gearmand)
+    try:
+        pool.wait_ready()
+        topic = unique_topic()
+        client.call("subscribe_fanout", {"topic": topic, "client_id": "a"})
+        client.call("fanout", {"topic": topic, "payload": "warm", "background": True})
+        disk.stall()
+        while disk.entered.acquire(timeout=0):
+            pass
+        done, thread = submit_in_background(client, "fanout", {"topic": topic, "payload": "held",
+                                                             "background": True})
+        if durability == "fsync":
+            assert disk.entered.acquire(timeout=30), "the queue Redis's syncer was never asked"
+            assert not thread.join(0.5) and "job" not in done, "answered before its fsync"
+            disk.release()
+            thread.join(30)
+            assert done["at"] > disk.released_at, "answered before the fsync ended"
+        else:
+            thread.join(30)
+            assert "job" in done and disk.released_at is None
+        assert not done["job"].failure
+    finally:
+        disk.release()
+        client.close()
+        pool.stop()
