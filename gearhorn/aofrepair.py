@@ -88,21 +88,19 @@ def _number(data: bytes, pos: int, marker: bytes) -> tuple[int | None, int]:
     return int(digits), line_end + 2
 
 
-def increments(data_dir: str, folder: str = "appendonlydir") -> list[str]:
+def increments(data_dir: str, folder: str = "appendonlydir",
+               filename: str = "appendonly.aof") -> list[str]:
     """The AOF files Redis appends to, oldest first: the ``incr`` files its
-    manifest lists (Redis 7), or Redis 6's ``appendonly.aof``."""
-    manifest = _manifest(os.path.join(data_dir, folder))
-    if manifest is not None:
+    manifest lists (Redis 7), or Redis 6's ``appendonly.aof``.
+
+    The manifest is the one Redis loads, ``<filename>.manifest``: a crash in
+    the middle of a rewrite leaves ``temp-<filename>.manifest`` beside it,
+    which Redis never reads."""
+    manifest = os.path.join(data_dir, folder, filename + MANIFEST_SUFFIX)
+    if os.path.isfile(manifest):
         return [os.path.join(data_dir, folder, name) for name in _incr_names(manifest)]
-    single = os.path.join(data_dir, "appendonly.aof")
+    single = os.path.join(data_dir, filename)
     return [single] if os.path.isfile(single) else []
-
-
-def _manifest(folder: str) -> str | None:
-    if not os.path.isdir(folder):
-        return None
-    names = [n for n in os.listdir(folder) if n.endswith(MANIFEST_SUFFIX)]
-    return os.path.join(folder, names[0]) if len(names) == 1 else None
 
 
 def _incr_names(manifest: str) -> list[str]:
@@ -117,13 +115,14 @@ def _incr_names(manifest: str) -> list[str]:
     return [name for _, name in sorted(found)]
 
 
-def repair(data_dir: str, folder: str = "appendonlydir") -> list[str]:
+def repair(data_dir: str, folder: str = "appendonlydir",
+           filename: str = "appendonly.aof") -> list[str]:
     """Cut the torn files of the AOF in ``data_dir``; returns one line per
     file changed (also logged). Safe to run on a whole AOF: it changes
     nothing."""
     done: list[str] = []
     torn = False
-    for path in increments(data_dir, folder):
+    for path in increments(data_dir, folder, filename):
         if not os.path.isfile(path):
             continue
         size = os.path.getsize(path)

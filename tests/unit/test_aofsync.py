@@ -279,6 +279,16 @@ def test_a_whole_aof_is_left_as_it_is(tmp_path):
     assert aofrepair.repair(str(tmp_path / "no-aof-here")) == []
 
 
+def test_a_crash_in_mid_rewrite_leaves_a_temp_manifest_that_is_not_read(tmp_path):
+    """Redis writes temp-appendonly.aof.manifest, then renames it: killed
+    between the two, it leaves both, and loads only appendonly.aof.manifest."""
+    folder = redis7_dir(tmp_path, [("a.1.incr.aof", SET + b"\0" * 10)])
+    (folder / "temp-appendonly.aof.manifest").write_text(
+        "file appendonly.aof.2.base.rdb seq 2 type b\nfile a.9.incr.aof seq 9 type i\n")
+    said = aofrepair.repair(str(tmp_path))
+    assert (folder / "a.1.incr.aof").read_bytes() == SET and len(said) == 1
+
+
 def test_redis_6s_single_file_is_repaired_too(tmp_path):
     (tmp_path / "appendonly.aof").write_bytes(SET + b"*2\r\n$3")
     aofrepair.repair(str(tmp_path))
