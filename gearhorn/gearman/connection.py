@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import ssl
 import time
@@ -85,6 +86,11 @@ def _wire(ptype: int, copies: Sequence[Copy]) -> bytes:
     return b"".join(parts)
 
 
+def foreground_jobs(copies: Sequence[Copy], precedence: str = "normal") -> bytes:
+    """SUBMIT_JOB packets (``_HIGH``, ``_LOW``: ``precedence``) for ``copies``."""
+    return _wire(_SUBMIT[(False, precedence)], copies)
+
+
 def _option_answer(packet: Packet) -> bool:
     """gearmand's answer to OPTION_REQ: OPTION_RES, or ERROR for a server that
     does not know the option (it then sends no exceptions; nothing else changes)."""
@@ -135,6 +141,15 @@ class Connection:
         if self._sock is not None:
             self._sock.close()
             self._sock = None
+
+    def shutdown(self) -> None:
+        """Close, ending the TCP connection at once: close() alone does not
+        while another thread is blocked reading the socket (Linux keeps it
+        open under that read, and gearmand never sees the client go)."""
+        if self._sock is not None:
+            with contextlib.suppress(OSError):
+                self._sock.shutdown(socket.SHUT_RDWR)
+        self.close()
 
     @property
     def is_open(self) -> bool:

@@ -7,6 +7,7 @@ import json
 import os
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import threading
@@ -254,6 +255,27 @@ def queue_depth(server, function):
         if f.name == function:
             return f.queued
     return 0
+
+
+def clients_waiting(server, unique):
+    """GET_STATUS_UNIQUE (41): (is the job known, how many clients wait for it)."""
+    with socket.create_connection((server.host, server.port), timeout=20) as sock:
+        sock.sendall(b"\0REQ" + struct.pack(">II", 41, len(unique))
+                     + unique.encode())
+        header = _exactly(sock, 12)
+        kind, size = struct.unpack(">II", header[4:])
+        fields = _exactly(sock, size).split(b"\0")
+    assert kind == 42, kind  # STATUS_RES_UNIQUE
+    return fields[1] == b"1", int(fields[5])
+
+
+def _exactly(sock, count):
+    data = b""
+    while len(data) < count:
+        chunk = sock.recv(count - len(data))
+        assert chunk, "gearmand closed the connection"
+        data += chunk
+    return data
 
 
 def self_signed_certificate(folder, name):

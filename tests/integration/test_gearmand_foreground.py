@@ -20,21 +20,15 @@ gearman_server_job_peek and _take), the same at its HEAD:
 
 from __future__ import annotations
 
-import socket
-import struct
-
 import gear
 import pytest
 
 from gearhorn import servers
 from gearhorn.gearman import WorkerConnection
 
-from .helpers import queue_depth, unique_topic, wait_for
+from .helpers import clients_waiting, queue_depth, unique_topic, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
-
-GET_STATUS_UNIQUE, STATUS_RES_UNIQUE = 41, 42
-
 
 @pytest.fixture
 def gearmand(tmp_path):
@@ -56,27 +50,6 @@ def submit(client, function, unique, data=b"copy"):
     client.submitJob(job, background=False)
     wait_for(lambda: job.handle is not None, 20, message="JOB_CREATED")
     return job
-
-
-def clients_waiting(server, unique):
-    """GET_STATUS_UNIQUE: (known, how many clients wait for the job)."""
-    with socket.create_connection((server.host, server.port), timeout=20) as sock:
-        sock.sendall(b"\0REQ" + struct.pack(">II", GET_STATUS_UNIQUE, len(unique))
-                     + unique.encode())
-        header = _exactly(sock, 12)
-        kind, size = struct.unpack(">II", header[4:])
-        fields = _exactly(sock, size).split(b"\0")
-    assert kind == STATUS_RES_UNIQUE, kind
-    return fields[1] == b"1", int(fields[5])
-
-
-def _exactly(sock, count):
-    data = b""
-    while len(data) < count:
-        chunk = sock.recv(count - len(data))
-        assert chunk, "gearmand closed the connection"
-        data += chunk
-    return data
 
 
 def grab_one(server, function):

@@ -1,0 +1,163 @@
+"""Foreground jobs held open on one gearmand connection, and their answers.
+
+Issue 63's held copies: gearhorn keeps each copy in Redis and hands it to
+gearmand as a foreground job, so that its receiver's answer (WORK_COMPLETE,
+WORK_FAIL, WORK_EXCEPTION) comes back to gearhorn, which then forgets the
+copy. A :class:`Holder` is one connection's life: it submits copies in
+pipelined writes, returns once gearmand created them, and reports each
+answer from a reader thread of its own.
+
+When the connection breaks, every job it held is lost to gearhorn for good:
+gearmand marks a foreground job whose last submitter left ``ignore_job``,
+never runs it, and frees it (with any later submitter that attached to it
+under the same unique) when a worker next looks for its function
+(tests/integration/test_gearmand_foreground.py). So :attr:`on_lost` is told
+every copy not answered, to be placed again under a unique of its own
+(docs/design.rst, "Held copies").
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import deque
+from collections.abc import Callable, Sequence
+
+from gearhorn.gearman.connection import Connection, TlsFiles, foreground_jobs
+from gearhorn.gearman.packets import (
+    Answers,
+    Copy,
+    GearmanError,
+    Outcome,
+    P,
+    Packet,
+    Unavailable,
+)
+
+log = logging.getLogger(__name__)
+
+Answered = Callable[[Copy, Outcome], None]
+Lost = Callable[[list[Copy], str], None]
+
+
+class Holder:
+    """Holds foreground jobs on one connection to the gearmand at ``host``:``port``.
+
+    ``answered(copy, outcome)`` is called, from the reader thread, for each
+    job that ended (and for one gearmand refused, with status ``refused``);
+    ``on_lost(copies, reason)`` once, when the connection broke or was
+    closed, with every copy not yet answered.
+    """
+
+    def __init__(self, host: str, port: int, answered: Answered, on_lost: Lost,
+                 connect_timeout: float = 5.0, tls: TlsFiles | None = None) -> None:
+        self.conn = Connection(host, port, connect_timeout, tls)
+        self.answered, self.on_lost = answered, on_lost
+        self._writing = threading.Lock()
+        self._changed = threading.Condition()
+        self._awaiting: deque[Copy] = deque()  # sent; gearmand answers JOB_CREATED in order
+        self._held: dict[bytes, Copy] = {}  # by job handle
+        self._sent = self._created = 0  # copies written, and created or refused
+        self.broken = ""  # why the connection is gone ("" while it holds)
+        self._reader: threading.Thread | None = None
+
+    def hold(self, copies: Sequence[Copy], precedence: str = "normal",
+             timeout: float = 60.0) -> None:
+        """Submit ``copies`` as foreground jobs in one write; return once
+        gearmand created (or refused) every one. Raises Unavailable when the
+        connection is gone or breaks first: the copies not created are then
+        among those :attr:`on_lost` is told."""
+        if not copies:
+            return
+        with self._writing:
+            if self.broken:
+                raise Unavailable(f"holder of gearmand {self.conn.host}:{self.conn.port} "
+                                  f"is gone: {self.broken}")
+            try:
+                self.conn.open()
+            except GearmanError as exc:
+                self._lose(str(exc))
+                raise Unavailable(str(exc)) from None
+            self._start_reader()
+            with self._changed:
+                self._awaiting.extend(copies)
+                self._sent += len(copies)
+                target = self._sent
+            try:
+                self.conn.send(foreground_jobs(copies, precedence))
+            except GearmanError as exc:
+                self._lose(str(exc))
+                raise Unavailable(str(exc)) from None
+        with self._changed:
+            if not self._changed.wait_for(lambda: self._created >= target or self.broken,
+                                          timeout):
+                reason = f"gearmand created no job within {timeout:.3g}s"
+            else:
+                reason = self.broken
+        if reason:
+            self.close(reason)
+            raise Unavailable(reason)
+
+    def held(self) -> int:
+        """How many jobs this connection holds (created, not answered)."""
+        with self._changed:
+            return len(self._held)
+
+    def close(self, reason: str = "closed") -> None:
+        """Let go of every job: :attr:`on_lost` is told them."""
+        self._lose(reason)
+
+    def _start_reader(self) -> None:
+        if self._reader is None:
+            self._reader = threading.Thread(target=self._read, daemon=True,
+                                            name=f"gearhorn-holder-{self.conn.port}")
+            self._reader.start()
+
+    def _read(self) -> None:
+        answers = Answers()
+        try:
+            while not self.broken:
+                packet = self.conn.read()
+                if packet is None:
+                    raise GearmanError("gearmand closed the connection")
+                self._heard(packet, answers)
+        except (GearmanError, OSError) as exc:
+            self._lose(str(exc))
+
+    def _heard(self, packet: Packet, answers: Answers) -> None:
+        if packet.type in (P.JOB_CREATED, P.ERROR):
+            with self._changed:
+                if not self._awaiting:  # not ours: an answer to no submission
+                    return
+                copy = self._awaiting.popleft()
+                self._created += 1
+                if packet.type == P.JOB_CREATED:
+                    self._held[packet.args[0]] = copy
+                self._changed.notify_all()
+            if packet.type == P.ERROR:  # the job was not made (a full queue, say)
+                said = b": ".join(packet.args).decode(errors="replace")
+                self.answered(copy, Outcome("refused", reason=f"gearmand refused it: {said}"))
+            return
+        outcome = answers.heard(packet)
+        if outcome is None:
+            return
+        with self._changed:
+            copy = self._held.pop(packet.args[0], None)
+        if copy is not None:
+            self.answered(copy, outcome)
+
+    def _lose(self, reason: str) -> None:
+        with self._changed:
+            if self.broken:
+                return
+            self.broken = reason or "lost"
+            lost = list(self._held.values()) + list(self._awaiting)
+            self._held.clear()
+            self._awaiting.clear()
+            self._changed.notify_all()
+        self.conn.shutdown()  # wakes the reader, and gearmand sees the holder go
+        if lost:
+            log.warning("gearmand %s:%s: lost the connection holding %d jobs (%s); they "
+                        "go again under new uniques", self.conn.host, self.conn.port,
+                        len(lost), reason)
+        self.on_lost(lost, self.broken)
