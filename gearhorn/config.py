@@ -31,6 +31,7 @@ _ENV_ALIASES = {"gearman_servers": "GEARHORN_GEARMAN"}
 
 
 PERSISTENCE = ("auto", "redis", "sqlite", "none")
+COPIES = ("gearmand", "held")
 DURABILITY = ("auto", "fsync", "written")
 REDIS_CLUSTER_MODES = ("auto", "yes", "no")
 
@@ -82,6 +83,12 @@ class Config:
     # assumes nothing of it (no queue Redis to wait for; the start-up line
     # says what that promises). docs/operations.rst, "Beside your gearmand".
     persistence: str = "auto"
+    # Who keeps a fanout's background copies until their receivers take them:
+    # "gearmand" (its queue, as persistence says) or "held" (gearhorn, in the
+    # registry's Redis; gearmand gets each as a foreground job held open and
+    # only dispatches it: docs/design.rst, "Held copies"). Held copies are
+    # the worker pool's fanouts only, for now.
+    copies: str = "gearmand"
     # The Redis that holds gearmand's queue with persistence = redis
     # (gearmand's plugin uses database 0); gearhorn up starts it when absent.
     # With several gearmand, each keeping its queue in a Redis of its own,
@@ -370,6 +377,8 @@ def load(
     if config.persistence not in PERSISTENCE:
         raise ConfigError(f"persistence must be one of {', '.join(PERSISTENCE)}, "
                           f"got {config.persistence!r}")
+    if config.copies not in COPIES:
+        raise ConfigError(f"copies must be one of {', '.join(COPIES)}, got {config.copies!r}")
     if config.durability not in DURABILITY:
         raise ConfigError(f"durability must be one of {', '.join(DURABILITY)}, "
                           f"got {config.durability!r}")

@@ -102,6 +102,13 @@ Redis the braces are just characters.
 ``<p>backlogs``                 string: JSON of the largest backlogs, their age, consumers
                                 and limits (the warden's last round)
 ``<p>warden``                   string: the warden's lease (one process of the pool)
+``<p>copies:{Q}``               hash: queue Q's held copies (``copies = held``), unique
+                                -> holder, precedence, generation and body
+                                (gearhorn/store/heldcopies.py)
+``<p>holding:<id>``             set: the queues holder (worker) <id> has copies in
+``<p>holders``                  set: the holders with copies
+``<p>taking-over:<id>``         string: the claim of the process taking over a dead
+                                holder's copies
 ==============================  ====================================================
 
 The matchmaking channel (default ``__matchmaking``, not prefixed so other
@@ -288,3 +295,16 @@ class Keys:
 
     def held_job(self, queue_key: bytes) -> bytes:
         return f"{self.prefix}held:".encode() + queue_key
+
+    def copies(self, queue: str) -> str:
+        return f"{self.prefix}copies:{{{queue}}}"
+
+    def holding(self, holder: str) -> str:
+        return f"{self.prefix}holding:{holder}"
+
+    @property
+    def holders(self) -> str:
+        return self.prefix + "holders"
+
+    def taking_over(self, holder: str) -> str:
+        return f"{self.prefix}taking-over:{holder}"

@@ -78,6 +78,11 @@ class WorkerProcess:
         self.committer.start()
         self.flusher.start()
         self.parts.releaser.start()
+        if self.parts.holding is not None:
+            # Alive before holding anything: a holder not seen alive has its
+            # copies taken over by the other processes.
+            self.registry.heartbeat(self.worker_id, self.config.worker_ttl, {})
+            self.parts.holding.start()
         threading.Thread(target=self._heartbeats, name="gearhorn-heartbeat", daemon=True).start()
         if self.parts.warden is not None:
             threading.Thread(target=self._guard_queues, name="gearhorn-warden",
@@ -241,6 +246,8 @@ class WorkerProcess:
         parts.listener.stop()
         parts.releaser.stop()
         parts.releaser.join(timeout=10)
+        if parts.holding is not None:
+            parts.holding.stop()
         self.flusher.stop()
         if not self.committer.wait_idle(10):  # answers waiting for a disk that never came
             log.warning("leaving with answers unsent: gearmand gives their jobs to another worker")

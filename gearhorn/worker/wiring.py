@@ -26,6 +26,7 @@ from gearhorn.store.dedup import Deduplicator
 from gearhorn.store.delayed import DelayedItem, Releaser, Scheduler
 from gearhorn.store.durability import Durability
 from gearhorn.store.headers import HeaderStore
+from gearhorn.store.heldcopies import HeldCopies
 from gearhorn.store.history import History
 from gearhorn.store.keys import Keys
 from gearhorn.store.ledger import Flusher, Ledger
@@ -37,6 +38,7 @@ from gearhorn.store.subscribers import InvalidationListener, SubscriberCache
 from gearhorn.store.tally import TallyWriter
 from gearhorn.worker.fanout import Fanouts, FanoutStores
 from gearhorn.worker.foreground import ForegroundSettings
+from gearhorn.worker.holding import HoldingClient
 from gearhorn.worker.janitor import Janitor
 from gearhorn.worker.reaper import Reaper
 from gearhorn.worker.service import FanoutService
@@ -95,6 +97,7 @@ class WorkerParts:
     janitor: Janitor
     presence_events: PresenceEvents | None
     jobs: gearman.JobSource
+    holding: HoldingClient | None = None  # copies = held
 
 
 def build_worker(config: Config, worker_id: str, functions: tuple[str, ...]) -> WorkerParts:
@@ -110,6 +113,11 @@ def build_worker(config: Config, worker_id: str, functions: tuple[str, ...]) -> 
                               before_background=dashed.record, tls=config.gearman_tls)
 
     client, release_client = gearman_client(), gearman_client()
+    holding = None
+    if config.copies == "held":  # gearhorn keeps the copies; gearmand dispatches them
+        holding = HoldingClient(client, HeldCopies(client_redis, keys), worker_id,
+                                registry.workers.alive, config.gearman_tls)
+        client, release_client = holding, holding.beside(release_client)
     ledger = Ledger(client_redis, keys, config.ledger_maxlen, config.ledger_enabled,
                     source=worker_id, shards=config.ledger_shards)
     stats = Stats(client_redis, keys, config.metrics_enabled,
@@ -156,4 +164,4 @@ def build_worker(config: Config, worker_id: str, functions: tuple[str, ...]) -> 
         # Subscriptions change through the service, the janitor and the warden: one registry.
         announce_changes(config, registry),
         gearman.JobSource(config.gearman_servers, functions, worker_id, config.gearman_tls,
-                          most=config.worker_batch))
+                          most=config.worker_batch), holding)

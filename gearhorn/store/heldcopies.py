@@ -1,0 +1,177 @@
+"""The copies gearhorn holds itself (``copies = held``): one record per copy
+in Redis until its receiver answers (docs/design.rst, "Held copies").
+
+A queue's records are one hash, ``<p>copies:{Q}`` (one hash slot per queue,
+as a Redis Cluster needs), field = the copy's key (its unique, or a digest
+of a long one), value = the record: which holder (worker process) holds
+it, its precedence, its generation, its unique and its body. Each holder
+lists the queues it has records in (``<p>holding:<id>``), so that when it
+dies another process finds its copies without reading every queue.
+
+A copy's generation counts how often it was handed to gearmand; each goes
+under ``<key>^<generation>`` (:func:`handed_unique`), a unique of its own:
+gearmand never runs a foreground job whose holder left, nor one attached
+to it later under the same unique (tests/integration/test_gearmand_foreground.py).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import redis
+
+from gearhorn.gearman import Copy
+from gearhorn.store.keys import Keys
+from gearhorn.store.redisutil import text
+
+GENERATION_MARK = "^"
+# Room for "^" and three base-36 digits within gearmand's 63 bytes of unique.
+KEY_BYTES = 59
+_DIGITS = "0123456789abcdefghijklmnopqrstuvwxyz"
+
+
+@dataclass(frozen=True, slots=True)
+class HeldCopy:
+    """One copy as its record says. Pure."""
+
+    queue: str
+    unique: str  # the copy's own
+    data: bytes
+    holder: str
+    precedence: str = "normal"
+    generation: int = 0
+
+    @property
+    def key(self) -> str:
+        return record_key(self.unique)
+
+    def encode(self) -> bytes:
+        return (f"{self.holder}\0{self.precedence}\0{self.generation}\0{self.unique}\0"
+                .encode() + self.data)
+
+    @classmethod
+    def decode(cls, queue: str, record: bytes) -> HeldCopy:
+        holder, precedence, generation, unique, data = record.split(b"\0", 4)
+        return cls(queue, unique.decode(), data, holder.decode(), precedence.decode(),
+                   int(generation))
+
+    def handed(self) -> Copy:
+        """The job gearmand is given for this generation of the copy."""
+        return Copy(self.queue, handed_unique(self.key, self.generation), self.data)
+
+    def again(self, holder: str) -> HeldCopy:
+        """The next generation, held by ``holder``."""
+        return HeldCopy(self.queue, self.unique, self.data, holder, self.precedence,
+                        self.generation + 1)
+
+
+def record_key(unique: str) -> str:
+    """The record's field: the copy's unique, or a digest of it when the
+    generation mark would not fit after it.
+
+    >>> record_key("m1:alice")
+    'm1:alice'
+    >>> len(record_key("m" * 63))
+    59
+    """
+    if len(unique.encode()) <= KEY_BYTES:
+        return unique
+    return "h:" + hashlib.sha256(unique.encode()).hexdigest()[:KEY_BYTES - 2]
+
+
+def handed_unique(key: str, generation: int) -> str:
+    """The unique gearmand is given: the record's key and the generation,
+    always marked, so no generation of one copy is another copy's unique.
+
+    >>> handed_unique("m1:alice", 0), handed_unique("m1:bob^3", 40)
+    ('m1:alice^0', 'm1:bob^3^14')
+    """
+    number, digits = generation % 36 ** 3, ""
+    while True:
+        number, digit = divmod(number, 36)
+        digits = _DIGITS[digit] + digits
+        if not number:
+            return f"{key}{GENERATION_MARK}{digits}"
+
+
+def key_of(handed: str) -> str:
+    """The record's key in the unique gearmand was given.
+
+    >>> key_of("m1:bob^3^14")
+    'm1:bob^3'
+    """
+    return handed.rpartition(GENERATION_MARK)[0]
+
+
+class HeldCopies:
+    """The records of held copies, on the registry's Redis."""
+
+    def __init__(self, client: redis.Redis, keys: Keys) -> None:
+        self.redis, self.keys = client, keys
+
+    def keep(self, copies: Sequence[HeldCopy]) -> None:
+        """Write the records of ``copies`` (one round trip). Their
+        acknowledgement waits for the fsync that covers this write."""
+        pipe = self.redis.pipeline(transaction=False)
+        for copy in copies:
+            pipe.hset(self.keys.copies(copy.queue), copy.key, copy.encode())
+        for holder, queues in _queues_by_holder(copies).items():
+            pipe.sadd(self.keys.holding(holder), *queues)
+            pipe.sadd(self.keys.holders, holder)
+        pipe.execute()
+
+    def forget(self, answered: Sequence[tuple[str, str]]) -> None:
+        """The receivers answered these copies, each (queue, the unique
+        gearmand was given): drop their records, in one round trip. Only a
+        copy's last generation can be answered: gearmand runs no job whose
+        holder left."""
+        if not answered:
+            return
+        pipe = self.redis.pipeline(transaction=False)
+        for queue, handed in answered:
+            pipe.hdel(self.keys.copies(queue), key_of(handed))
+        pipe.execute()
+
+    def count(self, queue: str) -> int:
+        return int(self.redis.hlen(self.keys.copies(queue)))
+
+    def held_by(self, holder: str) -> Iterator[HeldCopy]:
+        """Every copy ``holder`` holds, queue by queue."""
+        for queue in sorted(text(q) for q in self.redis.smembers(self.keys.holding(holder))):
+            for _, record in self.redis.hscan_iter(self.keys.copies(queue), count=1000):
+                copy = HeldCopy.decode(queue, record)
+                if copy.holder == holder:
+                    yield copy
+
+    def holders(self) -> list[str]:
+        return sorted(text(h) for h in self.redis.smembers(self.keys.holders))
+
+    def hand_over(self, copies: Sequence[HeldCopy], holder: str) -> list[HeldCopy]:
+        """The next generation of ``copies``, held by ``holder``, written
+        before it goes to gearmand: a later takeover then never submits a
+        generation that was handed out already."""
+        moved = [copy.again(holder) for copy in copies]
+        for at in range(0, len(moved), 1000):
+            self.keep(moved[at:at + 1000])
+        return moved
+
+    def retire(self, holder: str) -> None:
+        """``holder`` holds nothing any more (its copies were handed over)."""
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.delete(self.keys.holding(holder))
+        pipe.srem(self.keys.holders, holder)
+        pipe.execute()
+
+    def claim(self, holder: str, seconds: int = 60) -> bool:
+        """Take over ``holder``'s copies: True for one process at a time (the
+        claim expires if that one dies too)."""
+        return bool(self.redis.set(self.keys.taking_over(holder), "1", nx=True, ex=seconds))
+
+
+def _queues_by_holder(copies: Sequence[HeldCopy]) -> dict[str, set[str]]:
+    found: dict[str, set[str]] = {}
+    for copy in copies:
+        found.setdefault(copy.holder, set()).add(copy.queue)
+    return found

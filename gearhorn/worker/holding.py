@@ -1,0 +1,207 @@
+"""A worker process's held copies (``copies = held``): kept in Redis, handed
+to gearmand as foreground jobs this process holds open, forgotten once
+their receivers answer, and handed again when a holding connection is lost
+or a holder dies (docs/design.rst, "Held copies").
+
+:class:`HoldingClient` stands in for the fanout path's ``gearman.Client``:
+its ``submit_background`` writes the records (the acknowledgement then waits
+for the fsync covering them, as for every write) and hands the copies to a
+:class:`~gearhorn.gearman.holder.Holder` per gearmand, on each function's
+home server. A thread of its own forgets answered copies in batches, hands
+again the copies of a server whose connection broke (the next generation,
+once that gearmand answers), and takes over the copies of holders whose
+heartbeat ran out.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+
+from gearhorn import gearman
+from gearhorn.background import Backoff, Outage
+from gearhorn.gearman.holder import Holder
+from gearhorn.store.heldcopies import HeldCopies, HeldCopy
+from gearhorn.store.redisconn import REDIS_ERRORS
+
+log = logging.getLogger(__name__)
+
+TAKEOVER_EVERY = 1.0  # seconds between looks for dead holders
+FORGET_EVERY = 0.05  # seconds an answered copy's record may wait to be dropped
+
+
+class HoldingClient:
+    """``submit_background`` through held copies; the rest of a
+    ``gearman.Client`` (foreground calls, ``home``) is ``client``'s."""
+
+    def __init__(self, client: gearman.Client, store: HeldCopies, holder_id: str,
+                 alive: Callable[[], list[str]],
+                 tls: gearman.TlsFiles | None = None) -> None:
+        self.client, self.store, self.holder_id = client, store, holder_id
+        self.alive = alive  # the ids of the holders (workers) alive now
+        self.tls = tls
+        self._lock = threading.Lock()
+        self._holders: dict[int, Holder] = {}  # by index in client.connections
+        self._lost: set[int] = set()  # servers whose copies are to be handed again
+        self._answered: list[tuple[str, str]] = []
+        self._wake = threading.Event()
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="gearhorn-holding", daemon=True)
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.client, name)
+
+    def beside(self, client: gearman.Client) -> Beside:
+        """``client`` (another thread's) with its background copies held here."""
+        return Beside(self, client)
+
+    def start(self) -> HoldingClient:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop handing copies; the connections stay until the process ends
+        (gearmand then drops their jobs, and another holder takes them over)."""
+        self._stopping.set()
+        self._wake.set()
+        self._thread.join(10)
+
+    def submit_background(self, copies: Sequence[gearman.Copy],
+                          precedence: str = "normal") -> int:
+        """Keep ``copies`` and hand them to gearmand. A gearmand that is away
+        loses nothing: the records stay, and go to it once it is back."""
+        held = [HeldCopy(c.function, c.unique, c.data, self.holder_id, precedence)
+                for c in copies]
+        self.store.keep(held)
+        self._hand(held)
+        return len(copies)
+
+    def _hand(self, held: Sequence[HeldCopy]) -> None:
+        parts: dict[tuple[int, str], list[gearman.Copy]] = {}
+        for copy in held:
+            parts.setdefault((self.client.home(copy.queue), copy.precedence), []).append(
+                copy.handed())
+        for (index, precedence), jobs in parts.items():
+            holder = self._holder(index)
+            if holder is None:
+                continue  # the server is away: its copies wait in Redis
+            try:
+                holder.hold(jobs, precedence)
+            except gearman.GearmanError:
+                # However it broke (even before this call, unnoticed), the
+                # server's copies are handed again once it answers: these too.
+                with self._lock:
+                    self._lost.add(index)
+                self._wake.set()
+
+    def _holder(self, index: int) -> Holder | None:
+        with self._lock:
+            if index in self._lost:
+                return None
+            holder = self._holders.get(index)
+            if holder is None or holder.broken:
+                conn = self.client.connections[index]
+                holder = self._holders[index] = Holder(
+                    conn.host, conn.port, self._answered_by, self._lost_on(index),
+                    tls=self.tls)
+            return holder
+
+    def _answered_by(self, copy: gearman.Copy, outcome: gearman.Outcome) -> None:
+        if outcome.status == "refused":
+            log.warning("gearmand refused held copy %s of %s: %s; it is handed again",
+                        copy.unique, copy.function, outcome.reason)
+            return
+        with self._lock:
+            self._answered.append((copy.function, copy.unique))
+        self._wake.set()
+
+    def _lost_on(self, index: int) -> Callable[[list[gearman.Copy], str], None]:
+        def lost(copies: list[gearman.Copy], reason: str) -> None:
+            if self._stopping.is_set():
+                return
+            with self._lock:
+                self._lost.add(index)
+            self._wake.set()
+        return lost
+
+    # -- the thread -------------------------------------------------------------
+
+    def _run(self) -> None:
+        outage, backoff = Outage(log, "held copies"), Backoff(0.2, cap=5.0)
+        next_look = 0.0
+        while not self._stopping.is_set():
+            self._wake.wait(FORGET_EVERY)
+            self._wake.clear()
+            try:
+                self._forget()
+                self._hand_again()
+                next_look = self._take_over_dead(next_look)
+                outage.succeeded()
+                backoff.succeeded()
+            except (*REDIS_ERRORS, gearman.GearmanError) as exc:
+                outage.failed(exc)
+                self._stopping.wait(backoff.failed())
+
+    def _forget(self) -> None:
+        with self._lock:
+            answered, self._answered = self._answered, []
+        try:
+            self.store.forget(answered)
+        except REDIS_ERRORS:
+            with self._lock:
+                self._answered[:0] = answered
+            raise
+
+    def _hand_again(self) -> None:
+        """The copies of each server whose connection broke, as their next
+        generation, once that server takes a connection again."""
+        with self._lock:
+            lost = sorted(self._lost)
+        for index in lost:
+            conn = self.client.connections[index]
+            probe = Holder(conn.host, conn.port, self._answered_by, self._lost_on(index),
+                           tls=self.tls)
+            probe.conn.open()  # raises GearmanError while the server is away
+            with self._lock:  # new copies go to it from now on: none falls between
+                self._holders[index] = probe
+                self._lost.discard(index)
+            copies = [c for c in self.store.held_by(self.holder_id)
+                      if self.client.home(c.queue) == index]
+            moved = self.store.hand_over(copies, self.holder_id)
+            self._hand(moved)
+            if moved:
+                log.info("gearmand %s:%s: %d held copies handed again", conn.host, conn.port,
+                         len(moved))
+
+    def _take_over_dead(self, next_look: float) -> float:
+        now = time.monotonic()
+        if now < next_look:
+            return next_look
+        alive = set(self.alive())
+        for holder in self.store.holders():
+            if holder == self.holder_id or holder in alive or not self.store.claim(holder):
+                continue
+            copies = list(self.store.held_by(holder))
+            moved = self.store.hand_over(copies, self.holder_id)
+            self._hand(moved)
+            self.store.retire(holder)
+            log.info("holder %s is gone: took over its %d copies", holder, len(moved))
+        return now + TAKEOVER_EVERY
+
+
+class Beside:
+    """A thread's own ``gearman.Client`` whose background copies go to a
+    shared :class:`HoldingClient` (one holder per process)."""
+
+    def __init__(self, holding: HoldingClient, client: gearman.Client) -> None:
+        self.holding, self.client = holding, client
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.client, name)
+
+    def submit_background(self, copies: Sequence[gearman.Copy],
+                          precedence: str = "normal") -> int:
+        return self.holding.submit_background(copies, precedence)
+

@@ -1,0 +1,199 @@
+"""copies = held: gearhorn keeps every copy in Redis and gearmand only
+dispatches it, so a gearmand started with no queue options, killed with -9
+mid-run and started again, loses no acknowledged copy; neither does a
+worker process killed while it holds copies (another one takes them
+over). With copies = gearmand, the same gearmand crash loses the copies it
+had queued: the difference this mode makes.
+
+Every acknowledged fanout's id is looked up in every subscriber's queue,
+drained by a plain Gearman worker as any consumer would; duplicates are
+allowed (a copy a receiver held when its holder went comes again)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+
+import pytest
+import redis
+
+from gearhorn import servers
+from gearhorn.client import Producer
+from gearhorn.store.keys import Keys
+
+from .helpers import PoolProcess, drain_jobs, queue_depth, unique_topic, wait_for
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
+
+SUBSCRIBERS = ["alice", "bob", "carol"]
+HELD = {"GEARHORN_COPIES": "held", "GEARHORN_QUEUE_MAX_LENGTH": "0",
+        "GEARHORN_QUEUE_MAX_BYTES": "0", "GEARHORN_HEARTBEAT_INTERVAL": "0.3",
+        "GEARHORN_WORKER_TTL": "2"}
+
+
+class Restartable:
+    """A gearmand with no queue options, killed and started again on its port."""
+
+    def __init__(self, data_dir):
+        self.data_dir = data_dir
+        self.server = servers.start_gearmand(data_dir=data_dir)
+
+    def kill_and_start(self):
+        self.server.kill()
+        self.server = servers.start_gearmand(self.server.port, self.data_dir)
+
+    def stop(self):
+        self.server.stop()
+
+
+@pytest.fixture
+def gearmand_again(tmp_path):
+    running = Restartable(str(tmp_path / "gearmand"))
+    yield running
+    running.stop()
+
+
+class Publishing:
+    """Background fanouts at full speed; the ids gearhorn acknowledged."""
+
+    def __init__(self, server, topic):
+        self.server, self.topic = server, topic
+        self.acked: list[str] = []
+        self.lock = threading.Lock()
+        self.stopping = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def count(self):
+        with self.lock:
+            return len(self.acked)
+
+    def stop(self):
+        self.stopping.set()
+        self.thread.join(60)
+
+    def _run(self):
+        i = 0
+        while not self.stopping.is_set():
+            producer = Producer([(self.server.host, self.server.port)], timeout=30)
+            try:
+                while not self.stopping.is_set():
+                    ident = f"m{i}"
+                    i += 1
+                    result = producer.publish(self.topic, ident, background=True)
+                    if result.get("copies") == len(SUBSCRIBERS):
+                        with self.lock:
+                            self.acked.append(ident)
+            except Exception:  # noqa: BLE001 - gearmand went away: not acknowledged
+                self.stopping.wait(0.2)
+            finally:
+                producer.client.close()
+
+
+def delivered(server, topic):
+    """What each subscriber's queue holds now, drained as a consumer would."""
+    return {who: {j.data.decode() for j in drain_jobs(server, f"{topic}_{who}")}
+            for who in SUBSCRIBERS}
+
+
+def subscribe_all(server, topic):
+    with Producer([(server.host, server.port)]) as producer:
+        for who in SUBSCRIBERS:
+            producer.subscribe(topic, who)
+
+
+def run_through_a_gearmand_crash(gearmand_again, redis_url, tmp_path, env):
+    server = gearmand_again.server
+    pool = PoolProcess([server], redis_url, processes=2, log_dir=str(tmp_path), env=env)
+    topic = unique_topic("held")
+    try:
+        pool.wait_ready()
+        subscribe_all(server, topic)
+        load = Publishing(server, topic)
+        wait_for(lambda: load.count() >= 300, 120, message="300 fanouts acknowledged")
+        gearmand_again.kill_and_start()
+        before = load.count()
+        wait_for(lambda: load.count() >= before + 100, 120,
+                 message="fanouts acknowledged after the restart")
+        load.stop()
+        acked = set(load.acked)
+        return acked, pool, topic
+    except BaseException:
+        pool.stop()
+        raise
+
+
+def test_a_plain_gearmand_killed_mid_run_loses_no_acknowledged_copy(
+        gearmand_again, redis_url, tmp_path, report):
+    acked, pool, topic = run_through_a_gearmand_crash(gearmand_again, redis_url, tmp_path,
+                                                      HELD)
+    server = gearmand_again.server
+    records = redis.Redis.from_url(redis_url)
+    try:
+        got = {who: set() for who in SUBSCRIBERS}
+
+        def all_delivered():
+            for who, found in delivered(server, topic).items():
+                got[who] |= found
+            return all(acked <= found for found in got.values())
+        try:
+            wait_for(all_delivered, 180, interval=0.5,
+                     message="every acknowledged copy at every subscriber")
+        except AssertionError:
+            missing = {w: sorted(acked - got[w], key=lambda m: int(m[1:]))[:8] for w in got}
+            left = {w: records.hlen(Keys().copies(f"{topic}_{w}")) for w in SUBSCRIBERS}
+            raise AssertionError(f"missing {missing}; records left {left}") from None
+        wait_for(lambda: all(records.hlen(Keys().copies(f"{topic}_{w}")) == 0
+                             for w in SUBSCRIBERS), 60,
+                 message="every answered copy forgotten")
+    finally:
+        pool.stop()
+        records.close()
+    report(f"copies = held: {len(acked):,} fanouts acknowledged across a kill -9 of a plain "
+           f"gearmand; all reached all {len(SUBSCRIBERS)} subscribers, and their records "
+           f"were dropped once taken")
+
+
+def test_with_copies_in_gearmand_the_same_crash_loses_acknowledged_copies(
+        gearmand_again, redis_url, tmp_path, report):
+    """The code before held copies, on the same run: what it cost."""
+    env = {**HELD, "GEARHORN_COPIES": "gearmand"}
+    acked, pool, topic = run_through_a_gearmand_crash(gearmand_again, redis_url, tmp_path, env)
+    try:
+        got = delivered(gearmand_again.server, topic)
+    finally:
+        pool.stop()
+    lost = {who: len(acked - found) for who, found in got.items()}
+    assert all(lost.values()), f"nothing lost without held copies? {lost}"
+    report(f"copies = gearmand: {len(acked):,} acknowledged, lost per subscriber {lost}")
+
+
+def test_a_worker_killed_while_it_holds_copies_loses_none(
+        gearmand_again, redis_url, tmp_path, report):
+    server = gearmand_again.server
+    pool = PoolProcess([server], redis_url, processes=2, log_dir=str(tmp_path), env=HELD)
+    topic = unique_topic("heldw")
+    try:
+        pool.wait_ready()
+        subscribe_all(server, topic)
+        with Producer([(server.host, server.port)]) as producer:
+            acked = {f"m{i}" for i in range(200)
+                     if producer.publish(topic, f"m{i}", background=True)["copies"] == 3}
+        assert len(acked) == 200
+        first = f"{topic}_{SUBSCRIBERS[0]}"
+        wait_for(lambda: queue_depth(server, first) == 200, 60, message="all 200 held")
+        victim = int(next(iter(pool.live().values()))["pid"])
+        os.kill(victim, signal.SIGKILL)  # its holding connections go with it
+        got = {who: set() for who in SUBSCRIBERS}
+
+        def all_delivered():
+            for who, found in delivered(server, topic).items():
+                got[who] |= found
+            return all(acked <= found for found in got.values())
+        wait_for(all_delivered, 180, interval=0.5,
+                 message="every acknowledged copy at every subscriber after the kill")
+    finally:
+        pool.stop()
+    report(f"copies = held: a worker killed -9 with copies held; all {len(acked)} reached "
+           f"every subscriber (the other worker took them over)")

@@ -1,0 +1,64 @@
+"""The records of held copies (gearhorn/store/heldcopies.py) on fakeredis:
+what a record keeps, the unique each generation goes under, and what a
+holder that takes over another's copies finds."""
+
+from __future__ import annotations
+
+import fakeredis
+import pytest
+
+from gearhorn.store.heldcopies import HeldCopies, HeldCopy, key_of
+from gearhorn.store.keys import Keys
+
+pytestmark = pytest.mark.timeout(30)
+
+
+@pytest.fixture
+def store():
+    return HeldCopies(fakeredis.FakeRedis(), Keys())
+
+
+def test_a_record_keeps_everything_a_copy_is_handed_with():
+    copy = HeldCopy("news_alice", "m1:alice", b"a\0binary\nbody", "w1", "high", 3)
+    again = HeldCopy.decode("news_alice", copy.encode())
+    assert again == copy
+    assert copy.handed().unique == "m1:alice^3" and copy.handed().data == copy.data
+    long = HeldCopy("q", "m" * 63, b"x", "w1", generation=46655)
+    assert len(long.handed().unique) == 63 and key_of(long.handed().unique) == long.key
+
+
+@pytest.mark.parametrize("unique", ["m1:alice", "@" + "a" * 32 + ":bob", "h:" + "f" * 60,
+                                    "m1:bob^3", "m1:carol^", "!m2:dave^07"])
+@pytest.mark.parametrize("generation", [0, 1, 3, 17])
+def test_an_answer_forgets_exactly_the_copy_it_was_for(store, unique, generation):
+    """Whatever the copy's own unique holds (a client id may end in ^3), the
+    answer to any of its generations drops its record and no other's."""
+    other = HeldCopy("q", "m1:bob", b"x", "w1", generation=3)  # "m1:bob^3" handed
+    copy = HeldCopy("q", unique, b"x", "w1", generation=generation)
+    store.keep([other, copy])
+    store.forget([("q", copy.handed().unique)])
+    left = {c.unique for c in store.held_by("w1")}
+    assert unique not in left
+    assert left == {"m1:bob"} - {unique}
+
+
+def test_a_holders_copies_are_found_queue_by_queue_and_only_its_own(store):
+    store.keep([HeldCopy("q1", "m1", b"a", "w1"), HeldCopy("q2", "m1", b"b", "w1"),
+                HeldCopy("q1", "m2", b"c", "w2")])
+    assert sorted((c.queue, c.unique) for c in store.held_by("w1")) == [("q1", "m1"),
+                                                                        ("q2", "m1")]
+    assert store.holders() == ["w1", "w2"]
+    store.keep([HeldCopy("q1", "m1", b"a", "w1", generation=4)])
+    store.forget([("q1", "m1^4")])  # an answer names its generation
+    assert store.count("q1") == 1 and [c.unique for c in store.held_by("w1")] == ["m1"]
+
+
+def test_a_takeover_hands_the_next_generation_and_retires_the_dead_holder(store):
+    store.keep([HeldCopy("q1", "m1", b"a", "dead", "low", 2)])
+    assert store.claim("dead") and not store.claim("dead")  # one taker at a time
+    [moved] = store.hand_over(list(store.held_by("dead")), "alive")
+    store.retire("dead")
+    assert (moved.holder, moved.generation, moved.precedence) == ("alive", 3, "low")
+    assert list(store.held_by("dead")) == [] and store.holders() == ["alive"]
+    [kept] = list(store.held_by("alive"))
+    assert kept == moved  # written before it is handed: a second loss goes to 4
