@@ -11,6 +11,7 @@ allowed (a copy a receiver held when its holder went comes again)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import threading
@@ -20,9 +21,11 @@ import redis
 
 from gearhorn import servers
 from gearhorn.client import Producer
+from gearhorn.naming import durable_client_id
 from gearhorn.store.keys import Keys
 
 from .helpers import PoolProcess, drain_jobs, queue_depth, unique_topic, wait_for
+from .stomp_helpers import BridgeProcess, StompClient
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -197,3 +200,46 @@ def test_a_worker_killed_while_it_holds_copies_loses_none(
         pool.stop()
     report(f"copies = held: a worker killed -9 with copies held; all {len(acked)} reached "
            f"every subscriber (the other worker took them over)")
+
+
+def test_a_durable_stomp_subscriber_gets_every_copy_held_across_a_gearmand_crash(
+        gearmand_again, redis_url, tmp_path, report):
+    """The bridge takes held copies as any Gearman worker does, and its
+    ACKs are the answers that drop their records."""
+    server = gearmand_again.server
+    pool = PoolProcess([server], redis_url, processes=2, log_dir=str(tmp_path), env=HELD)
+    bridge = BridgeProcess([server], redis_url, str(tmp_path), env=HELD)
+    topic = unique_topic("heldst")
+    try:
+        pool.wait_ready()
+        away = StompClient(bridge.port, **{"client-id": "held-stomp"})
+        away.subscribe(f"/topic/{topic}", "d", durable="true")
+        away.close()  # away: its queue fills with held copies
+        with Producer([(server.host, server.port)]) as producer:
+            acked = {f"m{i}" for i in range(100)
+                     if producer.publish(topic, f"m{i}", background=True)["copies"] == 1}
+        gearmand_again.kill_and_start()
+        back = StompClient(bridge.port, **{"client-id": "held-stomp"})
+        try:
+            back.subscribe(f"/topic/{topic}", "d", durable="true")
+
+            def got():
+                with back.listener.lock:
+                    return {m.body.decode() for m in back.listener.messages}
+            # Handed again after the crash, copies come in no promised order.
+            with contextlib.suppress(AssertionError):  # said below, with what is missing
+                back.wait(lambda: acked <= got(), 120, "every acknowledged copy")
+            got = got()
+        finally:
+            back.close()
+        assert not acked - got, f"the STOMP subscriber lost {sorted(acked - got)[:5]}"
+        records = redis.Redis.from_url(redis_url)
+        queue = f"{topic}_{durable_client_id('held-stomp')}"
+        wait_for(lambda: records.hlen(Keys().copies(queue)) == 0, 60,
+                 message="the ACKed copies forgotten")
+        records.close()
+    finally:
+        bridge.stop()
+        pool.stop()
+    report(f"copies = held: a durable STOMP subscriber got all {len(acked)} copies held across "
+           f"a kill -9 of gearmand; its ACKs dropped their records")
