@@ -9,6 +9,8 @@
     python bench/durable.py --modes redis,none   # every default, and no queue, each
                                                  # against gearmand alone (its ceiling)
     python bench/durable.py --modes redis --gearmands 2   # two gearmand, copies by queue
+    python bench/durable.py --modes redis,held   # gearmand's redis queue against
+                                                 # copies held by gearhorn (issue 63)
 
 Each gearhorn mode gets fresh servers on free loopback ports, with their data
 on disk (a temporary folder under the current directory): the registry's
@@ -72,7 +74,8 @@ class GearhornServers:
     and with ``bridge`` a STOMP bridge."""
 
     def __init__(self, queue: str, processes: int, pinned: bool = True,
-                 bridge: bool = False, durability: str = "fsync", gearmands: int = 1) -> None:
+                 bridge: bool = False, durability: str = "fsync", gearmands: int = 1,
+                 copies: str = "gearmand") -> None:
         self.queue = queue
         self.tmp = tempfile.mkdtemp(prefix="bench-durable-", dir=os.getcwd())
         self.redis = servers.start_redis(data_dir=os.path.join(self.tmp, "redis"),
@@ -101,7 +104,7 @@ class GearhornServers:
         # Where gearmand keeps its queue, and what an answer waits for:
         # with fsync, the syncers servers.start_redis runs beside each Redis.
         self.env = {"GEARHORN_PERSISTENCE": queue if queue in ("redis", "sqlite") else "none",
-                    "GEARHORN_DURABILITY": durability}
+                    "GEARHORN_DURABILITY": durability, "GEARHORN_COPIES": copies}
         if self.queue_redises:
             self.env["GEARHORN_QUEUE_REDIS_URL"] = ",".join(
                 r.details["url"] for r in self.queue_redises)
@@ -299,7 +302,7 @@ def stomp_persistent_rate(port: int, login: dict, width: int, copies: int) -> fl
     return messages * width / elapsed
 
 
-MODES = ("redis", "redis-written", "redis-unpinned", "sqlite", "mysql", "none")
+MODES = ("redis", "held", "redis-written", "redis-unpinned", "sqlite", "mysql", "none")
 
 
 def bench_modes(processes: int, quick: bool, chosen: tuple[str, ...] = MODES,
@@ -313,7 +316,9 @@ def bench_modes(processes: int, quick: bool, chosen: tuple[str, ...] = MODES,
              "redis-unpinned": ("redis", False, durable, "fsync", "redis, not pinned"),
              "sqlite": ("sqlite", False, slow, "fsync", "sqlite"),
              "mysql": ("mysql", False, slow, "fsync", "MySQL (MariaDB)"),
-             "none": ("none", False, durable, "fsync", "none (memory only)")}
+             "none": ("none", False, durable, "fsync", "none (memory only)"),
+             # gearhorn keeps the copies in its Redis; gearmand (memory) dispatches
+             "held": ("none", False, durable, "fsync", "none, copies held by gearhorn")}
     rates: dict[str, dict[int, float]] = {}
     for mode in chosen:
         queue, pinned, budget, durability, label = modes[mode]
@@ -322,7 +327,8 @@ def bench_modes(processes: int, quick: bool, chosen: tuple[str, ...] = MODES,
             continue
         through_bridge = mode in ("redis", "redis-written")  # also measured as RabbitMQ is
         running = GearhornServers(queue, processes, pinned, bridge=through_bridge,
-                                  durability=durability, gearmands=gearmands)
+                                  durability=durability, gearmands=gearmands,
+                                  copies="held" if mode == "held" else "gearmand")
         fsyncs = {}
         try:
             rates[mode] = {}
@@ -514,6 +520,7 @@ def main() -> None:
         parts = [f"{name} {rates[a][width] / rates[b][width]:5.2f}" for name, a, b in (
             ("fsync/written", "redis", "redis-written"), ("redis/sqlite", "redis", "sqlite"),
             ("redis/none", "redis", "none"), ("redis/RabbitMQ", "redis", "rabbitmq"),
+            ("held/RabbitMQ", "held", "rabbitmq"), ("held/redis", "held", "redis"),
             ("redis/gearmand alone", "redis", "redis gearmand"),
             ("none/gearmand alone", "none", "none gearmand"),
             ("STOMP/RabbitMQ", "redis stomp", "rabbitmq"),
