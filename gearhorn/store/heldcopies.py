@@ -114,9 +114,12 @@ class HeldCopies:
     def keep(self, copies: Sequence[HeldCopy]) -> None:
         """Write the records of ``copies`` (one round trip). Their
         acknowledgement waits for the fsync that covers this write."""
-        pipe = self.redis.pipeline(transaction=False)
+        by_queue: dict[str, dict[str, bytes]] = {}
         for copy in copies:
-            pipe.hset(self.keys.copies(copy.queue), copy.key, copy.encode())
+            by_queue.setdefault(copy.queue, {})[copy.key] = copy.encode()
+        pipe = self.redis.pipeline(transaction=False)
+        for queue, records in by_queue.items():  # one HSET a queue: a batch has many
+            pipe.hset(self.keys.copies(queue), mapping=records)
         for holder, queues in _queues_by_holder(copies).items():
             pipe.sadd(self.keys.holding(holder), *queues)
             pipe.sadd(self.keys.holders, holder)
