@@ -18,6 +18,9 @@ class Event(enum.StrEnum):
     ATTACHED = "attached"  # a bridge started consuming a queue for a subscriber
     DELIVERED = "delivered"  # the bridge gave a copy to a STOMP client
     ACKED = "acked"  # the STOMP client acknowledged it
+    # A held copy's receiver answered its job (copies = held; reason: complete,
+    # failed or exception): any Gearman consumer's delivery, seen by gearhorn.
+    ANSWERED = "answered"
     FAILED = "failed"  # a fanout or a copy failed (reason)
     # A copy not kept by the subscription's limits (reason: maxlen, maxbytes,
     # expired, removed; full: never made, with its message id): "not

@@ -87,19 +87,31 @@ def copies(events: DataFrame) -> DataFrame:
         return F.when(event == kind, value)
 
     one = F.lit(1)
-    return (events.filter(event.isin(E.ENQUEUED, E.DELIVERED, E.ACKED)
+    # A held copy's answer (a plain Gearman consumer's) stands for its
+    # delivery, and a complete one for its ack, where the bridge recorded none.
+    completed = (event == E.ANSWERED) & (F.col("reason") == "complete")
+    return (events.filter(event.isin(E.ENQUEUED, E.DELIVERED, E.ACKED, E.ANSWERED)
                           & F.col("copy_key").isNotNull())
             .groupBy("subscriber", "copy_key")
             .agg(F.min(when(E.ENQUEUED, F.col("ts"))).alias("enqueued_ts"),
                  F.count(when(E.ENQUEUED, one)).alias("enqueues"),
                  F.max(when(E.ENQUEUED, F.xxhash64("topic"))).alias("topic_key"),
-                 F.min(when(E.DELIVERED, F.col("ts"))).alias("delivered_ts"),
-                 F.count(when(E.DELIVERED, one)).alias("deliveries"),
+                 F.coalesce(F.min(when(E.DELIVERED, F.col("ts"))),
+                            F.min(when(E.ANSWERED, F.col("ts")))).alias("delivered_ts"),
+                 _either(F.count(when(E.DELIVERED, one)), F.count(when(E.ANSWERED, one)))
+                 .alias("deliveries"),
                  F.count(F.when((event == E.DELIVERED) & F.col("redelivered"), one))
                  .alias("redeliveries"),
-                 F.min(when(E.ACKED, F.col("ts"))).alias("acked_ts"),
-                 F.count(when(E.ACKED, one)).alias("acks"))
+                 F.coalesce(F.min(when(E.ACKED, F.col("ts"))),
+                            F.min(F.when(completed, F.col("ts")))).alias("acked_ts"),
+                 _either(F.count(when(E.ACKED, one)), F.count(F.when(completed, one)))
+                 .alias("acks"))
             .filter(F.col("enqueues") > 0))  # queue messages are not fanout copies
+
+
+def _either(recorded: Column, answered: Column) -> Column:
+    """The bridge's count where it recorded any, else the answers'."""
+    return F.when(recorded > 0, recorded).otherwise(answered)
 
 
 def latency_per_topic(copy_rows: DataFrame, events: DataFrame) -> DataFrame:
@@ -122,9 +134,10 @@ def latency_per_topic(copy_rows: DataFrame, events: DataFrame) -> DataFrame:
 
 def tracked_subscribers(events: DataFrame) -> DataFrame:
     """Subscribers whose deliveries the ledger sees (a bridge attached them,
-    or delivered to them). Plain Gearman consumers report nothing, so the
-    pipeline cannot say whether their copies arrived."""
-    return (events.filter(F.col("event").isin(E.ATTACHED, E.DELIVERED))
+    or delivered to them, or their held copies were answered). Plain Gearman
+    consumers of copies in gearmand's queue report nothing, so the pipeline
+    cannot say whether their copies arrived."""
+    return (events.filter(F.col("event").isin(E.ATTACHED, E.DELIVERED, E.ANSWERED))
             .select("subscriber").distinct())
 
 
@@ -191,22 +204,26 @@ def copy_problems(events: DataFrame) -> DataFrame:
     """copy_key, deliveries, first_deliveries of every copy that was never
     delivered or delivered more than once without the ``redelivered`` flag.
 
-    Keyed events (:func:`with_keys`) in. Only ``enqueued``, ``delivered``
-    and ``dropped`` rows are read; queue messages (delivered, never
-    enqueued) are not fanout copies and are left out. A copy its queue's
-    limits dropped was not delivered by policy: not a problem.
+    Keyed events (:func:`with_keys`) in. Only ``enqueued``, ``delivered``,
+    ``answered`` and ``dropped`` rows are read; queue messages (delivered,
+    never enqueued) are not fanout copies and are left out. A copy its
+    queue's limits dropped was not delivered by policy: not a problem. A
+    held copy's answer counts as a delivery but never as a first one: the
+    bridge records its own deliveries of the same copy, and a copy handed
+    again after a crash may be answered twice (at least once, as a
+    redelivery is).
     """
     event = F.col("event")
     counted = (F.when(event == E.ENQUEUED, F.lit(_ENQUEUE))
                .when(event == E.DROPPED, F.lit(_DROP))
-               .when(F.col("redelivered"), F.lit(_DELIVERY))
+               .when(F.col("redelivered") | (event == E.ANSWERED), F.lit(_DELIVERY))
                .otherwise(F.lit(_DELIVERY + _FIRST)))
     total = F.col("total")
     deliveries = F.shiftright(total, 20).bitwiseAND(_LOW20)
     firsts = total.bitwiseAND(_LOW20)
     enqueues = F.shiftright(total, 40).bitwiseAND(_LOW20)
     dropped = F.shiftright(total, 60)
-    return (events.filter(event.isin(E.ENQUEUED, E.DELIVERED, E.DROPPED)
+    return (events.filter(event.isin(E.ENQUEUED, E.DELIVERED, E.ANSWERED, E.DROPPED)
                           & F.col("copy_key").isNotNull())
             .groupBy("copy_key").agg(F.sum(counted).alias("total"))
             .filter((enqueues > 0) & (((deliveries == 0) & (dropped == 0)) | (firsts > 1)))

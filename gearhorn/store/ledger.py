@@ -134,13 +134,14 @@ class Ledger:
                    "topic": topic, "sub": queue, "u": unique, "mid": message_id})
 
     def record(self, event: str, subscriber: str, unique: str = "",
-               redelivered: bool = False) -> None:
-        """A bridge event: attached, delivered, acked. These are many (two per
+               redelivered: bool = False, reason: str = "") -> None:
+        """A bridge event (attached, delivered, acked) or a held copy's
+        answer (answered, ``reason`` its status). These are many (two per
         message and subscriber), so they travel as lines of one ``batch``
         entry per flush instead of an entry each."""
         if self.enabled:
-            self._lines.append(
-                f"{event}\t{now_ms()}\t{subscriber}\t{unique}\t{'1' if redelivered else ''}")
+            line = f"{event}\t{now_ms()}\t{subscriber}\t{unique}\t{'1' if redelivered else ''}"
+            self._lines.append(f"{line}\t{reason}" if reason else line)
 
     def _add(self, fields: dict[str, str]) -> None:
         if self.enabled:

@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 from gearhorn import gearman
 from gearhorn.background import Backoff, Outage
 from gearhorn.gearman.holder import Holder
-from gearhorn.store.heldcopies import HeldCopies, HeldCopy
+from gearhorn.store.heldcopies import HeldCopies, HeldCopy, key_of
 from gearhorn.store.redisconn import REDIS_ERRORS
 
 log = logging.getLogger(__name__)
@@ -38,9 +38,12 @@ class HoldingClient:
 
     def __init__(self, client: gearman.Client, store: HeldCopies, holder_id: str,
                  alive: Callable[[], list[str]],
-                 tls: gearman.TlsFiles | None = None) -> None:
+                 tls: gearman.TlsFiles | None = None,
+                 record: Callable[[str, str, str], None] | None = None) -> None:
         self.client, self.store, self.holder_id = client, store, holder_id
         self.alive = alive  # the ids of the holders (workers) alive now
+        # (queue, copy key, status) of each answer, for the ledger
+        self.record = record or (lambda queue, key, status: None)
         self.tls = tls
         self._lock = threading.Lock()
         self._holders: dict[int, Holder] = {}  # by index in client.connections
@@ -115,6 +118,7 @@ class HoldingClient:
             return
         with self._lock:
             self._answered.append((copy.function, copy.unique))
+        self.record(copy.function, key_of(copy.unique), outcome.status)
         self._wake.set()
 
     def _lost_on(self, index: int) -> Callable[[list[gearman.Copy], str], None]:

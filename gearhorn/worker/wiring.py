@@ -17,6 +17,7 @@ import redis
 
 from gearhorn import gearman
 from gearhorn.config import Config
+from gearhorn.events import Event
 from gearhorn.observers import LedgerObserver, Observer, Observers, StatsObserver
 from gearhorn.presenceevents import PresenceEvents, announce_changes
 from gearhorn.store import durability, redisconn
@@ -113,13 +114,15 @@ def build_worker(config: Config, worker_id: str, functions: tuple[str, ...]) -> 
                               before_background=dashed.record, tls=config.gearman_tls)
 
     client, release_client = gearman_client(), gearman_client()
-    holding = None
-    if config.copies == "held":  # gearhorn keeps the copies; gearmand dispatches them
-        holding = HoldingClient(client, HeldCopies(client_redis, keys), worker_id,
-                                registry.workers.alive, config.gearman_tls)
-        client, release_client = holding, holding.beside(release_client)
     ledger = Ledger(client_redis, keys, config.ledger_maxlen, config.ledger_enabled,
                     source=worker_id, shards=config.ledger_shards)
+    holding = None
+    if config.copies == "held":  # gearhorn keeps the copies; gearmand dispatches them
+        holding = HoldingClient(
+            client, HeldCopies(client_redis, keys), worker_id, registry.workers.alive,
+            config.gearman_tls, lambda queue, key, status: ledger.record(
+                Event.ANSWERED, queue, key, reason=status))
+        client, release_client = holding, holding.beside(release_client)
     stats = Stats(client_redis, keys, config.metrics_enabled,
                   buffered=not config.metrics_write_through)
     # Bounded queues (gearhorn/worker/warden.py); retention_interval 0: off.

@@ -33,6 +33,16 @@ def test_a_published_entry_becomes_one_row_per_copy(book, fake_redis):
     assert set(rows[0]) == set(ROW_FIELDS)
 
 
+def test_a_held_copys_answer_keeps_its_status_beside_the_bridges_events(book, fake_redis):
+    book.record("answered", "news_a", "m1:a", reason="exception")
+    book.record("acked", "news_b", "m1:b")  # a line without a reason, as before
+    book.flush()
+    entries = [(i.decode(), L._decode(f)) for i, f in fake_redis.xrange("{t:ledger:0}")]
+    rows = [(r["event"], r["subscriber"], r["reason"], r["redelivered"])
+            for r in L.rows_from_entries(entries)]
+    assert rows == [("answered", "news_a", "exception", False), ("acked", "news_b", None, False)]
+
+
 def test_disabled_ledger_writes_nothing(fake_redis):
     off = L.Ledger(fake_redis, Keys("t:"), enabled=False)
     off.published("t", "m", [("t_a", "u")])

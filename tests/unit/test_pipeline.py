@@ -372,3 +372,30 @@ def test_stream_subscriptions_reconcile_by_their_runs_of_offsets(spark):
         ("stream_duplicate", "news", "news_+b", "e1:8-12", "offsets 8-9 given again"),
         ("stream_gap", "news", "news_+b", "e1:6-9", "offsets 5-5 never given"),
     ]
+
+
+def test_a_held_copys_answer_tracks_a_plain_gearman_subscriber_and_counts_as_delivered(spark):
+    """copies = held: the answer a plain Gearman consumer gave a copy is in
+    the ledger, so its subscriber is tracked: an answered copy reconciles,
+    one never answered is reported, and the bridge's own delivery of a copy
+    it also answered is no duplicate."""
+    rows = published("h1", "jobs", 1000, ["worker", "php", "stomp"])
+    rows += [ev("answered", 1010, subscriber="jobs_worker", unique="h1:worker",
+                reason="complete"),
+             ev("delivered", 1011, subscriber="jobs_stomp", unique="h1:stomp"),
+             ev("answered", 1012, subscriber="jobs_stomp", unique="h1:stomp",
+                reason="complete")]
+    rows += published("h2", "jobs", 2000, ["worker", "php"])
+    rows += [ev("answered", 2010, subscriber="jobs_worker", unique="h2:worker",
+                reason="failed"),  # taken, and its receiver failed: delivered, not acked
+             ev("answered", 2011, subscriber="jobs_worker", unique="h2:worker",
+                reason="complete"),  # handed again after a crash: at least once
+             ev("answered", 2020, subscriber="jobs_php", unique="h2:php", reason="complete")]
+    events = T.with_keys(frame(spark, rows))
+    found = sorted((r.kind, r.message_id, r.subscriber) for r in reconcile(events).collect())
+    assert found == [("never_delivered", "h1", "jobs_php")]
+    subs = {r.subscriber: r for r in T.subscriber_backlog(T.copies(events), events, 10_000,
+                                                          60_000).collect()}
+    assert all(subs[s].tracked for s in ("jobs_worker", "jobs_php", "jobs_stomp"))
+    assert (subs["jobs_worker"].acked, subs["jobs_worker"].backlog) == (2, 0)
+    assert (subs["jobs_php"].acked, subs["jobs_php"].backlog) == (1, 1)
