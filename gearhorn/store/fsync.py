@@ -219,8 +219,12 @@ class Watcher:
             raise BarrierUnavailable(f"cannot listen for the fsync barrier of {self.name}")
         return self.epoch
 
-    def stop(self) -> None:
+    def stop(self, wait: float = 0.0) -> None:
+        """Stop listening; ``wait`` > 0: until the thread ended (before its
+        client is closed under it), at most that many seconds."""
         self._stopping.set()
+        if wait > 0 and self._thread is not None:
+            self._thread.join(wait)
 
     def _run(self) -> None:
         while not self._stopping.is_set():
@@ -236,10 +240,14 @@ class Watcher:
             except REDIS_ERRORS as exc:
                 log.warning("fsync barrier of %s: connection lost (%s); the waits it held "
                             "are retried", self.name, exc)
+            except Exception as exc:  # noqa: BLE001 - a dead listener would hang every wait
+                # redis-py raises TypeError when its socket is closed under a read.
+                log.warning("fsync barrier of %s: listener failed (%r); listening again",
+                            self.name, exc)
             finally:
                 self.listening.clear()
                 self._broke()
-                with contextlib.suppress(*REDIS_ERRORS):
+                with contextlib.suppress(Exception):
                     pubsub.close()
             self._stopping.wait(0.2)
 
@@ -358,5 +366,5 @@ class FsyncBarrier:
             raise BarrierUnavailable(f"the fsync barrier of {self.name} stopped serving")
         return warned
 
-    def close(self) -> None:
-        self.watcher.stop()
+    def close(self, wait: float = 0.0) -> None:
+        self.watcher.stop(wait)

@@ -77,7 +77,7 @@ class Writers:
                     self.acked.append(key)
                 i += 1
         finally:
-            barrier.close()
+            barrier.close(wait=10)  # its listener gone before the client closes under it
             client.close()
 
 
