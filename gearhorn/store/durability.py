@@ -204,9 +204,16 @@ def gearmand_covers(persistence: str, queue_urls: Sequence[str]) -> str:
             "(persistence = redis or sqlite says otherwise: docs/operations.rst)")
 
 
+HELD_COVERS = ("the worker pool's fanout copies (copies = held): in the registry's Redis "
+               "until their receivers answer, as that Redis keeps them (above); a crash of "
+               "gearmand loses none, it only dispatches them")
+
+
 def promises(config: Config, found: Sequence[tuple[str, str]]) -> list[str]:
-    """A line for each (store, verdict) of :func:`verdicts`, and one for gearmand."""
-    return [f"{name}: {COVERS[verdict]}" for name, verdict in found] + [
+    """A line for each (store, verdict) of :func:`verdicts`, one for held
+    copies (``copies = held``) and one for what gearmand queues."""
+    held = [HELD_COVERS] if config.copies == "held" else []
+    return [f"{name}: {COVERS[verdict]}" for name, verdict in found] + held + [
         gearmand_covers(config.persistence, config.queue_redis_urls)]
 
 

@@ -203,6 +203,15 @@ def test_the_start_says_what_an_acknowledgement_covers_beside_a_plain_gearmand()
     assert "on disk" in check(RedisOf(syncers=1))[0]
 
 
+def test_with_held_copies_the_start_says_where_they_are_and_what_that_redis_keeps():
+    lines = check(RedisOf(appendonly="no"), copies="held")
+    assert "in memory only" in lines[0]  # what is lost with that Redis, said first
+    assert lines[1].startswith("the worker pool's fanout copies (copies = held): in the "
+                               "registry's Redis until their receivers answer")
+    assert lines[2].startswith("copies queued in gearmand")  # the bridge's, still there
+    assert not any("copies = held" in line for line in check(RedisOf(syncers=1)))
+
+
 @pytest.mark.parametrize(("client", "says"), [
     (RedisOf(syncers=0), "durability = fsync, but no syncer serves the registry's Redis"),
     (RedisOf(appendonly="no"), "durability = fsync, but the registry's Redis .* keeps no "
