@@ -62,7 +62,7 @@ class Writers:
     def _write(self, n):
         client = redis.Redis.from_url(self.url, socket_timeout=10)
         barrier = FsyncBarrier(client, "the test's Redis")
-        durability = Durability([barrier], patience=5)
+        durability = Durability([barrier], patience=1)  # the outage is the kill: end soon
         i = 0
         try:
             while not self.stopping.is_set():
