@@ -23,6 +23,7 @@ from gearhorn import servers
 from gearhorn.client import Producer
 from gearhorn.config import Config
 from gearhorn.naming import durable_client_id
+from gearhorn.store import redisconn
 from gearhorn.store.keys import Keys
 from tests.needs import require_binary
 
@@ -136,13 +137,14 @@ def run_through_a_gearmand_crash(gearmand_again, redis_url, tmp_path, env):
         raise
 
 
+@pytest.mark.cluster_too  # a queue's records in one hash slot, its holder index apart
 def test_a_plain_gearmand_killed_mid_run_loses_no_acknowledged_copy(
         gearmand_again, redis_url, tmp_path, report):
     require_binary("java", "default-jre-headless")  # for the reconciliation at the end
     acked, pool, topic = run_through_a_gearmand_crash(gearmand_again, redis_url, tmp_path,
                                                       HELD)
     server = gearmand_again.server
-    records = redis.Redis.from_url(redis_url)
+    records = redisconn.connect(redis_url)
     try:
         got = {who: set() for who in SUBSCRIBERS}
 
@@ -259,3 +261,57 @@ def test_a_durable_stomp_subscriber_gets_every_copy_held_across_a_gearmand_crash
         pool.stop()
     report(f"copies = held: a durable STOMP subscriber got all {len(acked)} copies held across "
            f"a kill -9 of gearmand; its ACKs dropped their records")
+
+
+def test_with_two_gearmand_one_killed_hands_again_only_its_copies(tmp_path, redis_url, report):
+    """Each queue's copies are held on its home gearmand; one of two killed
+    -9 and started again: its copies are handed again there, and none held
+    on the other is handed twice."""
+    first, second = (Restartable(str(tmp_path / f"gearmand{n}")) for n in (1, 2))
+    both = [first.server, second.server]
+    pool = PoolProcess(both, redis_url, processes=2, log_dir=str(tmp_path), env=HELD)
+    topic = unique_topic("held2")
+    # Two subscribers homed on each gearmand.
+    candidates = [f"s{i}" for i in range(40)]
+    subscribers = ([w for w in candidates if pool_home(both, f"{topic}_{w}") == 0][:2]
+                   + [w for w in candidates if pool_home(both, f"{topic}_{w}") == 1][:2])
+    try:
+        pool.wait_ready()
+        with Producer([(s.host, s.port) for s in both]) as producer:
+            for who in subscribers:
+                producer.subscribe(topic, who)
+            acked = {f"m{i}" for i in range(150) if producer.publish(
+                topic, f"m{i}", background=True)["copies"] == len(subscribers)}
+        first.kill_and_start()
+        got = {who: [] for who in subscribers}
+
+        def all_delivered():
+            for server in (first.server, second.server):
+                for who in subscribers:
+                    got[who] += [(j.data.decode(), j.unique)
+                                 for j in drain_jobs(server, f"{topic}_{who}")]
+            return all(acked <= {data for data, _ in found} for found in got.values())
+        wait_for(all_delivered, 180, interval=0.5, message="every copy at every subscriber")
+        handed_again = {who: sum(1 for _, unique in found if not unique.endswith("^0"))
+                        for who, found in got.items()}
+    finally:
+        pool.stop()
+        first.stop()
+        second.stop()
+    assert len(acked) == 150
+    homes = {who: pool_home(both, f"{topic}_{who}") for who in subscribers}
+    for who in subscribers:  # only the killed gearmand's queues were handed again
+        assert (handed_again[who] > 0) == (homes[who] == 0), (who, homes, handed_again)
+    report(f"copies = held, 2 gearmand: the first killed; copies handed again per subscriber "
+           f"{handed_again} (home server {homes}), all {len(acked)} delivered")
+
+
+def pool_home(servers_, queue):
+    """Which of ``servers_`` (by index in this list) is ``queue``'s home."""
+    from gearhorn import gearman
+
+    client = gearman.Client([(s.host, s.port) for s in servers_])
+    try:
+        return client.home(queue)
+    finally:
+        client.close()
