@@ -66,6 +66,16 @@ def gearmand(tmp_path_factory):
     server.stop()
 
 
+@pytest.fixture
+def own_gearmand(tmp_path):
+    """A gearmand of the test's own, started with no queue options (one it
+    may kill, or whose jobs no other test sees)."""
+    require_binary("gearmand", "gearman-job-server")
+    server = servers.start_gearmand(data_dir=str(tmp_path / "own-gearmand"))
+    yield server
+    server.stop()
+
+
 @pytest.fixture(scope="session")
 def gear_server(tmp_path_factory):
     server = servers.start_gear_server(data_dir=str(tmp_path_factory.mktemp("gear")))

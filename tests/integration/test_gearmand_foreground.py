@@ -23,7 +23,6 @@ from __future__ import annotations
 import gear
 import pytest
 
-from gearhorn import servers
 from gearhorn.gearman import WorkerConnection
 
 from .helpers import clients_waiting, queue_depth, unique_topic, wait_for
@@ -31,11 +30,8 @@ from .helpers import clients_waiting, queue_depth, unique_topic, wait_for
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
 @pytest.fixture
-def gearmand(tmp_path):
-    """A gearmand of this test's own, started with no queue options."""
-    server = servers.start_gearmand(data_dir=str(tmp_path / "gearmand"))
-    yield server
-    server.stop()
+def gearmand(own_gearmand):  # this file's tests kill theirs, or read its jobs
+    return own_gearmand
 
 
 def submitter(server):

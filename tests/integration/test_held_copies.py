@@ -110,6 +110,24 @@ def delivered(server, topic):
             for who in SUBSCRIBERS}
 
 
+def all_delivered(server, topic, acked, timeout=180):
+    """Drain every subscriber's queue until each has had every ``acked`` id
+    (duplicates allowed); what each got. An AssertionError names what is
+    missing."""
+    got = {who: set() for who in SUBSCRIBERS}
+
+    def done():
+        for who, found in delivered(server, topic).items():
+            got[who] |= found
+        return all(acked <= found for found in got.values())
+    try:
+        wait_for(done, timeout, interval=0.5, message="every acknowledged copy everywhere")
+    except AssertionError:
+        missing = {w: sorted(acked - got[w], key=lambda m: int(m[1:]))[:8] for w in got}
+        raise AssertionError(f"missing after {timeout}s: {missing}") from None
+    return got
+
+
 def subscribe_all(server, topic):
     with Producer([(server.host, server.port)]) as producer:
         for who in SUBSCRIBERS:
@@ -146,19 +164,11 @@ def test_a_plain_gearmand_killed_mid_run_loses_no_acknowledged_copy(
     server = gearmand_again.server
     records = redisconn.connect(redis_url)
     try:
-        got = {who: set() for who in SUBSCRIBERS}
-
-        def all_delivered():
-            for who, found in delivered(server, topic).items():
-                got[who] |= found
-            return all(acked <= found for found in got.values())
         try:
-            wait_for(all_delivered, 180, interval=0.5,
-                     message="every acknowledged copy at every subscriber")
-        except AssertionError:
-            missing = {w: sorted(acked - got[w], key=lambda m: int(m[1:]))[:8] for w in got}
+            all_delivered(server, topic, acked)
+        except AssertionError as exc:
             left = {w: records.hlen(Keys().copies(f"{topic}_{w}")) for w in SUBSCRIBERS}
-            raise AssertionError(f"missing {missing}; records left {left}") from None
+            raise AssertionError(f"{exc}; records left {left}") from None
         wait_for(lambda: all(records.hlen(Keys().copies(f"{topic}_{w}")) == 0
                              for w in SUBSCRIBERS), 60,
                  message="every answered copy forgotten")
@@ -206,14 +216,7 @@ def test_a_worker_killed_while_it_holds_copies_loses_none(
         wait_for(lambda: queue_depth(server, first) == 200, 60, message="all 200 held")
         victim = int(next(iter(pool.live().values()))["pid"])
         os.kill(victim, signal.SIGKILL)  # its holding connections go with it
-        got = {who: set() for who in SUBSCRIBERS}
-
-        def all_delivered():
-            for who, found in delivered(server, topic).items():
-                got[who] |= found
-            return all(acked <= found for found in got.values())
-        wait_for(all_delivered, 180, interval=0.5,
-                 message="every acknowledged copy at every subscriber after the kill")
+        all_delivered(server, topic, acked)
     finally:
         pool.stop()
     report(f"copies = held: a worker killed -9 with copies held; all {len(acked)} reached "

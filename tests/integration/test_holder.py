@@ -9,7 +9,6 @@ import threading
 
 import pytest
 
-from gearhorn import servers
 from gearhorn.gearman import Copy, Unavailable, WorkerConnection
 from gearhorn.gearman.holder import Holder
 
@@ -19,10 +18,8 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
 
 @pytest.fixture
-def gearmand(tmp_path):
-    server = servers.start_gearmand(data_dir=str(tmp_path / "gearmand"))
-    yield server
-    server.stop()
+def gearmand(own_gearmand):  # this file's tests kill theirs, or read its jobs
+    return own_gearmand
 
 
 class Heard:
