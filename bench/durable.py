@@ -3,14 +3,16 @@
     python bench/durable.py            # all of it (about 8 minutes on 2 cores)
     python bench/durable.py --quick    # smaller counts, for a smoke run
     python bench/durable.py --replay 1000000   # gearmand's restart with that many copies queued
-    python bench/durable.py --latency 2000     # what the fsync barrier adds to one fanout
+    python bench/durable.py --latency 2000     # one fanout's p50/p99: held, in gearmand's
+                                               # queue, after fsync or when written
     python bench/durable.py --modes redis,redis-written   # the fsync barrier against
                                                           # acknowledging when written
     python bench/durable.py --modes redis,none   # every default, and no queue, each
                                                  # against gearmand alone (its ceiling)
     python bench/durable.py --modes redis --gearmands 2   # two gearmand, copies by queue
-    python bench/durable.py --modes redis,held   # gearmand's redis queue against
-                                                 # copies held by gearhorn (issue 63)
+    python bench/durable.py --modes default,redis,held   # every default (copies held by
+                    # gearhorn, gearmand -q redis for its own jobs) against copies in
+                    # gearmand's redis queue, and held beside a memory gearmand
 
 Each gearhorn mode gets fresh servers on free loopback ports, with their data
 on disk (a temporary folder under the current directory): the registry's
@@ -161,13 +163,20 @@ class GearhornServers:
 
     def counting_fsyncs(self, run) -> float:
         """``run()``'s rate; the fsyncs it took go to ``self.fsyncs``:
-        (fsyncs per second, copies per fsync), summed over both Redis."""
+        (fsyncs per second, copies per fsync), summed over every Redis; the
+        CPU it took to ``self.cpu``: (the pool's, gearmand's) ms per 1,000 copies."""
         rounds = sum(s.rounds for s in self.syncers)
+        pool, gearmand = cpu_seconds([self.pool.pid]), cpu_seconds(
+            [g.process.pid for g in self.gearmands])
         start = time.perf_counter()
         rate = run()
         elapsed = time.perf_counter() - start
         made = sum(s.rounds for s in self.syncers) - rounds
         self.fsyncs = (made / elapsed, rate * elapsed / made if made else 0.0)
+        thousands = rate * elapsed / 1000
+        self.cpu = ((cpu_seconds([self.pool.pid]) - pool) * 1000 / thousands,
+                    (cpu_seconds([g.process.pid for g in self.gearmands]) - gearmand)
+                    * 1000 / thousands)
         return rate
 
     def close(self) -> None:
@@ -179,6 +188,21 @@ class GearhornServers:
             if server is not None:
                 server.stop()
         shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    """User and system CPU of ``pids`` and every process below them, now."""
+    tick, total = os.sysconf("SC_CLK_TCK"), 0.0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as fp:
+                fields = fp.read().rpartition(")")[2].split()
+            with open(f"/proc/{pid}/task/{pid}/children") as fp:
+                children = [int(c) for c in fp.read().split()]
+        except OSError:  # gone meanwhile
+            continue
+        total += (int(fields[11]) + int(fields[12])) / tick + cpu_seconds(children)
+    return total
 
 
 def pair_cpus(n: int) -> set[int] | None:
@@ -302,7 +326,8 @@ def stomp_persistent_rate(port: int, login: dict, width: int, copies: int) -> fl
     return messages * width / elapsed
 
 
-MODES = ("redis", "held", "redis-written", "redis-unpinned", "sqlite", "mysql", "none")
+MODES = ("default", "redis", "held", "redis-written", "redis-unpinned", "sqlite", "mysql",
+         "none")
 
 
 def bench_modes(processes: int, quick: bool, chosen: tuple[str, ...] = MODES,
@@ -310,31 +335,37 @@ def bench_modes(processes: int, quick: bool, chosen: tuple[str, ...] = MODES,
     # sqlite syncs every job: a few thousand copies take seconds already.
     durable = 20_000 if quick else 100_000
     slow = 2_000 if quick else 5_000
-    # name: (gearmand queue, pinned, copies, durability, label)
-    modes = {"redis": ("redis", True, durable, "fsync", "redis (acks after fsync)"),
-             "redis-written": ("redis", True, durable, "written", "redis, acks when written"),
-             "redis-unpinned": ("redis", False, durable, "fsync", "redis, not pinned"),
-             "sqlite": ("sqlite", False, slow, "fsync", "sqlite"),
-             "mysql": ("mysql", False, slow, "fsync", "MySQL (MariaDB)"),
-             "none": ("none", False, durable, "fsync", "none (memory only)"),
-             # gearhorn keeps the copies in its Redis; gearmand (memory) dispatches
-             "held": ("none", False, durable, "fsync", "none, copies held by gearhorn")}
+    # name: (gearmand queue, pinned, copies, durability, who keeps copies, label)
+    modes = {
+        # gearhorn up's setup: copies held by gearhorn, gearmand -q redis for
+        # its own jobs (the bridge's SENDs); acks after fsync
+        "default": ("redis", True, durable, "fsync", "held", "every default (held)"),
+        # the copies in gearmand's redis queue (copies = gearmand; the default until 12-02)
+        "redis": ("redis", True, durable, "fsync", "gearmand", "redis (acks after fsync)"),
+        "redis-written": ("redis", True, durable, "written", "gearmand",
+                          "redis, acks when written"),
+        "redis-unpinned": ("redis", False, durable, "fsync", "gearmand", "redis, not pinned"),
+        "sqlite": ("sqlite", False, slow, "fsync", "gearmand", "sqlite"),
+        "mysql": ("mysql", False, slow, "fsync", "gearmand", "MySQL (MariaDB)"),
+        "none": ("none", False, durable, "fsync", "gearmand", "none (memory only)"),
+        # beside a plain gearmand (memory queue): gearhorn keeps the copies
+        "held": ("none", False, durable, "fsync", "held", "none, copies held by gearhorn")}
     rates: dict[str, dict[int, float]] = {}
     for mode in chosen:
-        queue, pinned, budget, durability, label = modes[mode]
+        queue, pinned, budget, durability, copies, label = modes[mode]
         if queue == "mysql" and not MariaDB.installed():
             print("  MySQL: not installed (apt-get install mariadb-server); not measured")
             continue
-        through_bridge = mode in ("redis", "redis-written")  # also measured as RabbitMQ is
+        # also measured as RabbitMQ is
+        through_bridge = mode in ("default", "redis", "redis-written")
         running = GearhornServers(queue, processes, pinned, bridge=through_bridge,
-                                  durability=durability, gearmands=gearmands,
-                                  copies="held" if mode == "held" else "gearmand")
-        fsyncs = {}
+                                  durability=durability, gearmands=gearmands, copies=copies)
+        fsyncs, cpu = {}, {}
         try:
             rates[mode] = {}
             for width in WIDTHS:
                 rates[mode][width] = running.rate(width, budget)
-                fsyncs[width] = running.fsyncs
+                fsyncs[width], cpu[width] = running.fsyncs, running.cpu
             if mode in ("redis", "none"):  # the ceiling: gearmand alone, same setup
                 rates[f"{mode} gearmand"] = {w: running.gearmand_rate(w, budget)
                                              for w in WIDTHS}
@@ -350,8 +381,10 @@ def bench_modes(processes: int, quick: bool, chosen: tuple[str, ...] = MODES,
             show("  gearmand alone, the same acks", rates[f"{mode} gearmand"])
         if through_bridge:
             show("  the same, STOMP persistent", rates[f"{mode} stomp"])
-        if durability == "fsync" and queue == "redis":
-            print("    fsyncs/s (both Redis), copies per fsync: " + ", ".join(
+        print("    CPU ms per 1,000 copies (pool / gearmand): " + ", ".join(
+            f"x{w} {p:.0f} / {g:.0f}" for w, (p, g) in cpu.items()), flush=True)
+        if durability == "fsync":
+            print("    fsyncs/s (every Redis), copies per fsync: " + ", ".join(
                 f"{k if isinstance(k, str) else f'x{k}'} {f:,.0f}/s {c:,.1f}"
                 for k, (f, c) in fsyncs.items()), flush=True)
     if RabbitMQ.installed():
@@ -365,36 +398,48 @@ def bench_modes(processes: int, quick: bool, chosen: tuple[str, ...] = MODES,
 
 
 def bench_latency(count: int, processes: int) -> None:
-    """One producer, one foreground fanout (``"background": true``) to 10
-    subscribers at a time: the latency an answer after fsync adds, against
-    answers when written, in the same run (the servers of each mode fresh)."""
-    results = {}
-    for durability in ("written", "fsync", "written", "fsync"):  # alternating: noise shows
-        running = GearhornServers("redis", processes, durability=durability)
+    """One producer, one fanout at a time to 10 subscribers (its copies
+    background, the producer waiting for the answer): the latency of the
+    default (copies held, answers after fsync), of copies in gearmand's
+    redis queue, and of each answering when written, alternating in one
+    run (the servers of each fresh)."""
+    setups = [("held", "fsync"), ("gearmand", "fsync"), ("held", "written"),
+              ("gearmand", "written")]
+    results: dict[tuple[str, str], list[tuple[float, float]]] = {}
+    for copies, durability in setups * 2:  # alternating: noise shows
+        running = GearhornServers("redis", processes, durability=durability, copies=copies)
         try:
-            client = gearman.Client([(running.gearmand.host, running.gearmand.port)])
-            times = []
-            for i in range(count):
-                job = json.dumps({"topic": "bench10", "payload": f"m{i}",
-                                  "background": True}).encode()
-                start = time.perf_counter()
-                outcome = client.call("fanout", job, timeout=60)
-                times.append(time.perf_counter() - start)
-                if not outcome.ok:
-                    raise SystemExit(f"fanout failed: {outcome.reason}")
-            client.close()
+            times = _fanout_times(running, count)
         finally:
             running.close()
-        times.sort()
-        results.setdefault(durability, []).append(
-            (times[len(times) // 2] * 1000, times[int(len(times) * 0.99)] * 1000))
-        p50, p99 = results[durability][-1]
-        print(f"  {durability:8} p50 {p50:6.2f} ms   p99 {p99:6.2f} ms  ({count} fanouts x10)",
-              flush=True)
-    for name, index in (("p50", 0), ("p99", 1)):
-        added = [f - w for (f, w) in zip((r[index] for r in results["fsync"]),
-                                         (r[index] for r in results["written"]), strict=True)]
-        print(f"  added by the fsync barrier, {name}: " + ", ".join(f"{a:+.2f} ms" for a in added))
+        p50, p99 = times[len(times) // 2] * 1000, times[int(len(times) * 0.99)] * 1000
+        results.setdefault((copies, durability), []).append((p50, p99))
+        print(f"  copies {copies:8} {durability:8} p50 {p50:6.2f} ms   p99 {p99:6.2f} ms  "
+              f"({count} fanouts x10)", flush=True)
+    for copies in ("held", "gearmand"):
+        for name, index in (("p50", 0), ("p99", 1)):
+            added = [f[index] - w[index] for f, w in zip(
+                results[(copies, "fsync")], results[(copies, "written")], strict=True)]
+            print(f"  copies {copies}: added by the fsync barrier, {name}: "
+                  + ", ".join(f"{a:+.2f} ms" for a in added))
+
+
+def _fanout_times(running: GearhornServers, count: int) -> list[float]:
+    """Seconds each of ``count`` fanouts took, one after another, sorted."""
+    client = gearman.Client([(running.gearmand.host, running.gearmand.port)])
+    times = []
+    try:
+        for i in range(count):
+            job = json.dumps({"topic": "bench10", "payload": f"m{i}",
+                              "background": True}).encode()
+            start = time.perf_counter()
+            outcome = client.call("fanout", job, timeout=60)
+            times.append(time.perf_counter() - start)
+            if not outcome.ok:
+                raise SystemExit(f"fanout failed: {outcome.reason}")
+    finally:
+        client.close()
+    return sorted(times)
 
 
 def show(name: str, rates: dict[int, float]) -> None:
@@ -518,12 +563,14 @@ def main() -> None:
     print("ratios (same run):")
     for width in WIDTHS:
         parts = [f"{name} {rates[a][width] / rates[b][width]:5.2f}" for name, a, b in (
+            ("default/RabbitMQ", "default", "rabbitmq"), ("default/redis", "default", "redis"),
             ("fsync/written", "redis", "redis-written"), ("redis/sqlite", "redis", "sqlite"),
             ("redis/none", "redis", "none"), ("redis/RabbitMQ", "redis", "rabbitmq"),
             ("held/RabbitMQ", "held", "rabbitmq"), ("held/redis", "held", "redis"),
             ("redis/gearmand alone", "redis", "redis gearmand"),
             ("none/gearmand alone", "none", "none gearmand"),
-            ("STOMP/RabbitMQ", "redis stomp", "rabbitmq"),
+            ("STOMP/RabbitMQ", "default stomp", "rabbitmq"),
+            ("STOMP redis/RabbitMQ", "redis stomp", "rabbitmq"),
             ("STOMP written/RabbitMQ", "redis-written stomp", "rabbitmq"))
             if a in rates and b in rates]
         print(f"  x{width}: " + "   ".join(parts))

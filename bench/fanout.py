@@ -57,8 +57,9 @@ def start_pool(gm: servers.Managed, redis_url: str, processes: int,
          *(arg for server in (gm, *also) for arg in ("--gearman", server.address)),
          "--redis-url", redis_url, "--log-level", "WARNING"],
         # gearmand here keeps no queue (start_gearmand's default): no queue
-        # Redis for the acknowledgements to wait for (gearhorn/store/fsync.py).
-        env={**os.environ, "GEARHORN_PERSISTENCE": "none",
+        # Redis for the acknowledgements to wait for (gearhorn/store/fsync.py),
+        # and the copies in its memory (bench/durable.py measures held ones).
+        env={**os.environ, "GEARHORN_PERSISTENCE": "none", "GEARHORN_COPIES": "gearmand",
              "GEARHORN_LEDGER_ENABLED": str(ledger).lower(), **source, **(env or {})},
         cwd=tree, preexec_fn=servers.die_with_parent)
     registry = Registry(redisconn.connect(redis_url), Keys())

@@ -84,11 +84,13 @@ class Config:
     # says what that promises). docs/operations.rst, "Beside your gearmand".
     persistence: str = "auto"
     # Who keeps a fanout's background copies until their receivers take them:
-    # "gearmand" (its queue, as persistence says) or "held" (gearhorn, in the
-    # registry's Redis; gearmand gets each as a foreground job held open and
-    # only dispatches it: docs/design.rst, "Held copies"). Held copies are
-    # the worker pool's fanouts only, for now.
-    copies: str = "gearmand"
+    # "held" (gearhorn, in the registry's Redis; gearmand gets each as a
+    # foreground job held open and only dispatches it, so any gearmand
+    # crash loses none: docs/design.rst, "Held copies") or "gearmand" (its
+    # queue, as persistence says). Held copies are the worker pool's
+    # fanouts, delayed releases and dead letters; the bridge's own SENDs go
+    # to gearmand's queue.
+    copies: str = "held"
     # The Redis that holds gearmand's queue with persistence = redis
     # (gearmand's plugin uses database 0); gearhorn up starts it when absent.
     # With several gearmand, each keeping its queue in a Redis of its own,

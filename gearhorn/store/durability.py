@@ -141,11 +141,14 @@ def _needed(barrier: FsyncBarrier) -> bool:
 NO_DURABILITY = Durability()
 
 
-def for_config(config: Config, registry: redis.Redis | None = None) -> Durability:
+def for_config(config: Config, registry: redis.Redis | None = None,
+               queues: bool = True) -> Durability:
     """The barriers of one process: the registry's Redis (``registry``, or
     a client of its own), and each gearmand's queue Redis when gearmand
-    keeps its queue there (``persistence = redis``). None with ``durability =
-    written``; with ``auto``, an AOF no syncer serves is not waited for."""
+    keeps its queue there (``persistence = redis``) and the process writes
+    to it (``queues``: a worker holding its copies does not). None with
+    ``durability = written``; with ``auto``, an AOF no syncer serves is not
+    waited for."""
     if config.durability == "written":
         return NO_DURABILITY
     strict = config.durability == "fsync"
@@ -153,7 +156,7 @@ def for_config(config: Config, registry: redis.Redis | None = None) -> Durabilit
                                                 socket_connect_timeout=5)
     name = f"the registry's Redis ({redisconn.safe(config.redis_url)})"
     barriers = [FsyncBarrier(registry, name, strict)]
-    if config.persistence == "redis":  # one per gearmand, each with its Redis
+    if queues and config.persistence == "redis":  # one per gearmand, each with its Redis
         for url in config.queue_redis_urls:
             queue = redis.Redis.from_url(url, socket_timeout=10, socket_connect_timeout=5)
             barriers.append(FsyncBarrier(
@@ -184,24 +187,29 @@ COVERS = {
 }
 
 
-def gearmand_covers(persistence: str, queue_urls: Sequence[str]) -> str:
-    """What a copy queued in gearmand survives, as ``persistence`` says.
+QUEUED = "copies queued in gearmand"
+# With copies = held, what gearmand keeps itself: its own jobs only.
+QUEUED_BESIDE_HELD = "jobs queued in gearmand itself (the bridge's SENDs, gearman -b)"
+
+
+def gearmand_covers(persistence: str, queue_urls: Sequence[str], what: str = QUEUED) -> str:
+    """What ``what`` (queued in gearmand) survives, as ``persistence`` says.
 
     >>> gearmand_covers("none", ())
     "copies queued in gearmand: in gearmand's memory, lost when it stops"
     """
     if persistence == "redis":
         where = ", ".join(redisconn.safe(url) for url in queue_urls)
-        return (f"copies queued in gearmand: background ones in its redis queue ({where}), "
-                f"foreground ones in its memory")
+        return (f"{what}: background ones in its redis queue ({where}), foreground ones in "
+                f"its memory")
     if persistence == "sqlite":
-        return ("copies queued in gearmand: background ones in its sqlite queue on "
-                "gearmand's host, foreground ones in its memory")
+        return (f"{what}: background ones in its sqlite queue on gearmand's host, foreground "
+                f"ones in its memory")
     if persistence == "none":
-        return "copies queued in gearmand: in gearmand's memory, lost when it stops"
-    return ("copies queued in gearmand: kept as that gearmand keeps its queue; with its "
-            "memory queue (started without -q) a restart of it loses them "
-            "(persistence = redis or sqlite says otherwise: docs/operations.rst)")
+        return f"{what}: in gearmand's memory, lost when it stops"
+    return (f"{what}: kept as that gearmand keeps its queue; with its memory queue (started "
+            f"without -q) a restart of it loses them (persistence = redis or sqlite says "
+            f"otherwise: docs/operations.rst)")
 
 
 HELD_COVERS = ("the worker pool's fanout copies (copies = held): in the registry's Redis "
@@ -212,9 +220,10 @@ HELD_COVERS = ("the worker pool's fanout copies (copies = held): in the registry
 def promises(config: Config, found: Sequence[tuple[str, str]]) -> list[str]:
     """A line for each (store, verdict) of :func:`verdicts`, one for held
     copies (``copies = held``) and one for what gearmand queues."""
-    held = [HELD_COVERS] if config.copies == "held" else []
-    return [f"{name}: {COVERS[verdict]}" for name, verdict in found] + held + [
-        gearmand_covers(config.persistence, config.queue_redis_urls)]
+    held = config.copies == "held"
+    return [f"{name}: {COVERS[verdict]}" for name, verdict in found] + [HELD_COVERS] * held + [
+        gearmand_covers(config.persistence, config.queue_redis_urls,
+                        QUEUED_BESIDE_HELD if held else QUEUED)]
 
 
 # -- asking the servers ------------------------------------------------------

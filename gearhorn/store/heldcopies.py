@@ -17,19 +17,24 @@ to it later under the same unique (tests/integration/test_gearmand_foreground.py
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import redis
 
 from gearhorn.gearman import Copy
+from gearhorn.naming import FOREGROUND_MARK, HEADER_MARK
 from gearhorn.store.keys import Keys
-from gearhorn.store.redisutil import text
+from gearhorn.store.redisutil import ScriptCall, run_scripts, script, text
 
 GENERATION_MARK = "^"
 # Room for "^" and three base-36 digits within gearmand's 63 bytes of unique.
 KEY_BYTES = 59
 _DIGITS = "0123456789abcdefghijklmnopqrstuvwxyz"
+# A copy's unique that carries its header id: naming.copy_unique's head.
+_HEADED = re.compile(re.escape(FOREGROUND_MARK) + "?" + re.escape(HEADER_MARK)
+                     + "[0-9a-f]{32}:")
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,8 +53,19 @@ class HeldCopy:
         return record_key(self.unique)
 
     def encode(self) -> bytes:
-        return (f"{self.holder}\0{self.precedence}\0{self.generation}\0{self.unique}\0"
-                .encode() + self.data)
+        return self.head() + str(self.generation).encode() + self.tail()
+
+    def head(self) -> bytes:
+        """The record before its generation."""
+        return f"{self.holder}\0{self.precedence}\0".encode()
+
+    def tail(self) -> bytes:
+        """The record after its generation."""
+        return f"\0{self.unique}\0".encode() + self.data
+
+    def at(self, generation: int) -> HeldCopy:
+        return HeldCopy(self.queue, self.unique, self.data, self.holder, self.precedence,
+                        generation)
 
     @classmethod
     def decode(cls, queue: str, record: bytes) -> HeldCopy:
@@ -69,16 +85,23 @@ class HeldCopy:
 
 def record_key(unique: str) -> str:
     """The record's field: the copy's unique, or a digest of it when the
-    generation mark would not fit after it.
+    generation mark would not fit after it. A unique that names its STOMP
+    headers (``@<header id>:``, gearhorn/naming.py) keeps that head, so the
+    receiver still finds them.
 
     >>> record_key("m1:alice")
     'm1:alice'
     >>> len(record_key("m" * 63))
     59
+    >>> record_key("@" + "0" * 32 + ":" + "b" * 30)[:34] == "@" + "0" * 32 + ":"
+    True
     """
     if len(unique.encode()) <= KEY_BYTES:
         return unique
-    return "h:" + hashlib.sha256(unique.encode()).hexdigest()[:KEY_BYTES - 2]
+    digest = hashlib.sha256(unique.encode()).hexdigest()
+    if head := _HEADED.match(unique):
+        return head.group() + digest[:KEY_BYTES - head.end()]
+    return "h:" + digest[:KEY_BYTES - 2]
 
 
 def handed_unique(key: str, generation: int) -> str:
@@ -110,16 +133,34 @@ class HeldCopies:
 
     def __init__(self, client: redis.Redis, keys: Keys) -> None:
         self.redis, self.keys = client, keys
+        self._keep = script(client, "keep_copies.lua")
 
-    def keep(self, copies: Sequence[HeldCopy]) -> None:
-        """Write the records of ``copies`` (one round trip). Their
-        acknowledgement waits for the fsync that covers this write."""
-        by_queue: dict[str, dict[str, bytes]] = {}
+    def keep(self, copies: Sequence[HeldCopy], again: bool = False) -> list[HeldCopy]:
+        """Write the records of ``copies`` (one round trip; their
+        acknowledgement waits for the fsync that covers this write); the
+        copies written, to be handed. A copy whose record is there already
+        (its fanout ran before) takes the next generation, never a unique
+        handed out (lua/keep_copies.lua). With ``again`` (handed over), a
+        copy whose record is gone (answered meanwhile) is left out."""
+        by_queue: dict[str, list[HeldCopy]] = {}
         for copy in copies:
-            by_queue.setdefault(copy.queue, {})[copy.key] = copy.encode()
+            by_queue.setdefault(copy.queue, []).append(copy)
+        calls: list[ScriptCall] = []
+        for queue, some in by_queue.items():  # one call a queue: a batch has many
+            args: list[object] = ["again" if again else "new"]
+            for copy in some:
+                args += [copy.key, copy.head(), copy.generation, copy.tail()]
+            calls.append((self._keep, [self.keys.copies(queue)], args))
+        self._index(copies)  # first: no record is ever missing from its holder's index
+        written = run_scripts(self.redis, calls)
+        return [copy.at(int(generation))
+                for some, generations in zip(by_queue.values(), written, strict=True)
+                for copy, generation in zip(some, generations, strict=True)
+                if int(generation) >= 0]
+
+    def _index(self, copies: Sequence[HeldCopy]) -> None:
+        """Each holder of ``copies`` listed, with the queues it holds copies in."""
         pipe = self.redis.pipeline(transaction=False)
-        for queue, records in by_queue.items():  # one HSET a queue: a batch has many
-            pipe.hset(self.keys.copies(queue), mapping=records)
         for holder, queues in _queues_by_holder(copies).items():
             pipe.sadd(self.keys.holding(holder), *queues)
             pipe.sadd(self.keys.holders, holder)
@@ -156,9 +197,8 @@ class HeldCopies:
         before it goes to gearmand: a later takeover then never submits a
         generation that was handed out already."""
         moved = [copy.again(holder) for copy in copies]
-        for at in range(0, len(moved), 1000):
-            self.keep(moved[at:at + 1000])
-        return moved
+        return [written for at in range(0, len(moved), 1000)
+                for written in self.keep(moved[at:at + 1000], again=True)]
 
     def retire(self, holder: str) -> None:
         """``holder`` holds nothing any more (its copies were handed over)."""

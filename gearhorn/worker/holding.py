@@ -48,7 +48,13 @@ class HoldingClient:
         self._lock = threading.Lock()
         self._holders: dict[int, Holder] = {}  # by index in client.connections
         self._lost: set[int] = set()  # servers whose copies are to be handed again
+        # While a server's copies are read to be handed again: the keys
+        # handed to its new connection meanwhile (not to be handed twice).
+        self._fresh: dict[int, set[str]] = {}
         self._answered: list[tuple[str, str]] = []
+        # The copy's own unique, by the one gearmand was given, where that is
+        # a digest (a long unique): the ledger names a copy as its fanout did.
+        self._own: dict[str, str] = {}
         self._wake = threading.Event()
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._run, name="gearhorn-holding", daemon=True)
@@ -75,19 +81,20 @@ class HoldingClient:
                           precedence: str = "normal") -> int:
         """Keep ``copies`` and hand them to gearmand. A gearmand that is away
         loses nothing: the records stay, and go to it once it is back."""
-        held = [HeldCopy(c.function, c.unique, c.data, self.holder_id, precedence)
-                for c in copies]
-        self.store.keep(held)
-        self._hand(held)
+        self._hand(self.store.keep([HeldCopy(c.function, c.unique, c.data, self.holder_id,
+                                             precedence) for c in copies]))
         return len(copies)
 
     def _hand(self, held: Sequence[HeldCopy]) -> None:
         parts: dict[tuple[int, str], list[gearman.Copy]] = {}
         for copy in held:
-            parts.setdefault((self.client.home(copy.queue), copy.precedence), []).append(
-                copy.handed())
+            handed = copy.handed()
+            if copy.key != copy.unique:
+                with self._lock:
+                    self._own[handed.unique] = copy.unique
+            parts.setdefault((self.client.home(copy.queue), copy.precedence), []).append(handed)
         for (index, precedence), jobs in parts.items():
-            holder = self._holder(index)
+            holder = self._holder(index, jobs)
             if holder is None:
                 continue  # the server is away: its copies wait in Redis
             try:
@@ -99,10 +106,12 @@ class HoldingClient:
                     self._lost.add(index)
                 self._wake.set()
 
-    def _holder(self, index: int) -> Holder | None:
+    def _holder(self, index: int, jobs: Sequence[gearman.Copy]) -> Holder | None:
         with self._lock:
             if index in self._lost:
                 return None
+            if index in self._fresh:
+                self._fresh[index].update(key_of(job.unique) for job in jobs)
             holder = self._holders.get(index)
             if holder is None or holder.broken:
                 conn = self.client.connections[index]
@@ -118,14 +127,17 @@ class HoldingClient:
             return
         with self._lock:
             self._answered.append((copy.function, copy.unique))
-        self.record(copy.function, key_of(copy.unique), outcome.status)
+            own = self._own.pop(copy.unique, None) or key_of(copy.unique)
+        self.record(copy.function, own, outcome.status)
         self._wake.set()
 
     def _lost_on(self, index: int) -> Callable[[list[gearman.Copy], str], None]:
         def lost(copies: list[gearman.Copy], reason: str) -> None:
-            if self._stopping.is_set():
-                return
             with self._lock:
+                for copy in copies:  # handed again, each under a new unique
+                    self._own.pop(copy.unique, None)
+                if self._stopping.is_set():
+                    return
                 self._lost.add(index)
             self._wake.set()
         return lost
@@ -171,10 +183,21 @@ class HoldingClient:
             with self._lock:  # new copies go to it from now on: none falls between
                 self._holders[index] = probe
                 self._lost.discard(index)
-            copies = [c for c in self.store.held_by(self.holder_id)
-                      if self.client.home(c.queue) == index]
-            moved = self.store.hand_over(copies, self.holder_id)
-            self._hand(moved)
+                fresh = self._fresh[index] = set()
+            try:
+                found = list(self.store.held_by(self.holder_id))
+                with self._lock:  # those handed to the new connection already stay
+                    copies = [c for c in found
+                              if self.client.home(c.queue) == index and c.key not in fresh]
+                moved = self.store.hand_over(copies, self.holder_id)
+                self._hand(moved)
+            except BaseException:
+                with self._lock:  # read them again next round (duplicates, never a loss)
+                    self._lost.add(index)
+                raise
+            finally:
+                with self._lock:
+                    self._fresh.pop(index, None)
             if moved:
                 log.info("gearmand %s:%s: %d held copies handed again", conn.host, conn.port,
                          len(moved))

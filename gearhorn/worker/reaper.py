@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from gearhorn import gearman
 from gearhorn.naming import FOREGROUND_MARK, dead_letter_queue, queue_copy_unique
 from gearhorn.store.deadletters import DeadLetterIndex
 from gearhorn.store.headers import HeaderStore
+from gearhorn.store.heldcopies import GENERATION_MARK
 from gearhorn.store.redisconn import REDIS_ERRORS
 
 log = logging.getLogger(__name__)
@@ -51,11 +52,15 @@ class Reaper:
     to what it holds; dead-letters them first when asked."""
 
     def __init__(self, servers: Sequence[Server], headers: HeaderStore,
-                 index: DeadLetterIndex, tls=None) -> None:
+                 index: DeadLetterIndex, tls=None,
+                 submit: Callable[[Sequence[gearman.Copy]], object] | None = None) -> None:
         self.servers = tuple(servers)
         self.headers = headers
         self.index = index
         self.tls = tls
+        # Where dead letters go: held copies' submit (copies = held), or
+        # straight into gearmand's queue.
+        self.submit = submit or self._submit_to_gearmand
 
     def take(self, queue: str, count: int, waiting: dict[Server, int],
              dead_letter_reason: str | None) -> list[str]:
@@ -79,7 +84,9 @@ class Reaper:
                 if dead_letter_reason:
                     self._dead_letter(queue, jobs, dead_letter_reason)
                 for job in jobs:
-                    if job.unique.startswith(FOREGROUND_MARK):
+                    if job.unique.startswith(FOREGROUND_MARK) or GENERATION_MARK in job.unique:
+                        # Its submitter waits for an answer: a foreground
+                        # fanout, or a held copy (whose record then goes).
                         worker.warn(job.handle, f"dropped by the queue's limits "
                                                 f"({dead_letter_reason or 'policy'})".encode())
                         worker.fail(job.handle)
@@ -107,6 +114,9 @@ class Reaper:
                 self.index.record(queue, message_id, reason, 0, job.data)
             except REDIS_ERRORS as exc:
                 log.warning("%s: dead letter %s not indexed: %s", queue, message_id, exc)
+        self.submit(copies)
+
+    def _submit_to_gearmand(self, copies: Sequence[gearman.Copy]) -> None:
         client = gearman.Client(self.servers, tls=self.tls)
         try:
             client.submit_background(copies)

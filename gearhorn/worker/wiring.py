@@ -118,10 +118,12 @@ def build_worker(config: Config, worker_id: str, functions: tuple[str, ...]) -> 
                     source=worker_id, shards=config.ledger_shards)
     holding = None
     if config.copies == "held":  # gearhorn keeps the copies; gearmand dispatches them
-        holding = HoldingClient(
-            client, HeldCopies(client_redis, keys), worker_id, registry.workers.alive,
-            config.gearman_tls, lambda queue, key, status: ledger.record(
-                Event.ANSWERED, queue, key, reason=status))
+        def answered(queue: str, unique: str, status: str) -> None:
+            ledger.record(Event.ANSWERED, queue, unique, reason=status)
+            flusher.poke()  # written within 0.1 s, as a fanout's entries are
+
+        holding = HoldingClient(client, HeldCopies(client_redis, keys), worker_id,
+                                registry.workers.alive, config.gearman_tls, answered)
         client, release_client = holding, holding.beside(release_client)
     stats = Stats(client_redis, keys, config.metrics_enabled,
                   buffered=not config.metrics_write_through)
@@ -139,7 +141,8 @@ def build_worker(config: Config, worker_id: str, functions: tuple[str, ...]) -> 
     warden = None
     if bounded:
         reaper = Reaper(config.gearman_servers, stores.headers,
-                        DeadLetterIndex(client_redis, keys, stats), config.gearman_tls)
+                        DeadLetterIndex(client_redis, keys, stats), config.gearman_tls,
+                        submit=holding.submit_background if holding else None)
         warden = Warden(WardenSettings.of(config), registry, reaper, observer, worker_id,
                         queue_store=_queue_store(config))
 
@@ -162,8 +165,10 @@ def build_worker(config: Config, worker_id: str, functions: tuple[str, ...]) -> 
         config.gearman_servers, function, config.gearman_tls))
     return WorkerParts(
         worker_id, registry, client, release_client, ledger, pressure, service, flusher,
-        # Answers wait for an fsync that covers them (gearhorn/store/durability.py).
-        durability.for_config(config, client_redis), warden, releaser, listener, janitor,
+        # Answers wait for an fsync that covers them (gearhorn/store/durability.py):
+        # held copies are in the registry's Redis alone, gearmand's queue gets none.
+        durability.for_config(config, client_redis, queues=holding is None), warden, releaser,
+        listener, janitor,
         # Subscriptions change through the service, the janitor and the warden: one registry.
         announce_changes(config, registry),
         gearman.JobSource(config.gearman_servers, functions, worker_id, config.gearman_tls,

@@ -11,7 +11,7 @@ import time
 from gearhorn import gearman
 from gearhorn.client import Producer
 
-from .helpers import drain_jobs, queue_depth
+from .helpers import drain_jobs, nothing_held, queue_depth
 from .stomp_helpers import BridgeProcess, StompClient
 
 MESSAGES = 5_000
@@ -28,8 +28,11 @@ def depth(server, function):
         return 0  # gearmand is restarting
 
 
-def drain(server, function):
-    return [job.data.decode() for job in drain_jobs(server, function)]
+def drain(server, function, redis_url=None):
+    """The bodies of every job of ``function``; with ``redis_url``, also
+    every copy held there for it (handed again after a crash)."""
+    until = nothing_held(redis_url, function) if redis_url else None
+    return [job.data.decode() for job in drain_jobs(server, function, until=until)]
 
 
 @contextlib.contextmanager

@@ -226,10 +226,13 @@ def _get_job(worker, timeout):
         timer.cancel()
 
 
-def drain_jobs(server, function, timeout=120.0, limit=None):
+def drain_jobs(server, function, timeout=120.0, limit=None, until=None):
     """Every job in ``function`` (gearhorn.gearman.GrabbedJob), taken in bursts
     and completed, until gearmand reports the queue empty (or ``limit`` jobs
-    were taken); an AssertionError after ``timeout`` seconds."""
+    were taken); an AssertionError after ``timeout`` seconds. With
+    ``until(jobs)``, an empty queue ends it once that is true, or at the
+    deadline (the caller asserts what came): held copies whose holder died
+    reach gearmand again only once another worker takes them over."""
     worker = gearman.WorkerConnection(server.host, server.port, [function], "tests-drain")
     worker.open()
     got = []
@@ -240,14 +243,32 @@ def drain_jobs(server, function, timeout=120.0, limit=None):
             for job in jobs:
                 got.append(job)
                 worker.complete(job.handle)
-            if not jobs and queue_depth(server, function) == 0:
+            late = time.monotonic() > deadline
+            if not jobs and queue_depth(server, function) == 0 and (
+                    until is None or late or until(got)):
                 return got
-            if time.monotonic() > deadline:
+            if not jobs and until is not None:
+                time.sleep(0.05)  # polling for the copies a takeover hands again
+            if late:
                 raise AssertionError(f"{function}: still not empty after {timeout}s "
                                      f"({len(got)} jobs taken)")
         return got
     finally:
         worker.close()
+
+
+def nothing_held(redis_url, queue):
+    """``drain_jobs``'s ``until``: true once no copy of ``queue`` (a glob
+    with ``*``) is held (copies = held, the default: every one was handed
+    and answered)."""
+    from gearhorn.store import redisconn
+    from gearhorn.store.keys import Keys
+
+    client = redisconn.connect(redis_url)  # a Redis Cluster's URL too
+    key = Keys().copies(queue)
+    if "*" in queue:  # a pattern: every queue it matches
+        return lambda jobs=(): not any(client.hlen(k) for k in client.scan_iter(match=key))
+    return lambda jobs=(): client.hlen(key) == 0
 
 
 def queue_depth(server, function):
@@ -380,6 +401,7 @@ class Up:
                 preexec_fn=servers.die_with_parent)  # its children die with it in turn
         wait_for(self._banner, timeout=90, message="the banner of gearhorn up")
         self.gearmand = servers.Managed("gearmand", None, self.ports["gearman"])
+        self.redis_url = f"redis://127.0.0.1:{self.ports['redis']}/0"
 
     def text(self):
         with open(self.log_path, errors="replace") as fp:

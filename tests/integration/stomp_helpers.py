@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import threading
@@ -166,6 +167,18 @@ class StompClient:
                                  f"{len(self.listener.messages)} messages)")
         got = list(self.listener.messages)
         return got[:next(i for i, m in enumerate(got) if m.body == marker)]
+
+    def every(self, bodies: set[bytes], timeout=120.0):
+        """Every message received once each of ``bodies`` came (held copies
+        handed again after a crash come in no promised order, so a marker
+        sent last says nothing); what came, at the deadline, for the caller
+        to say what is missing."""
+        def complete():
+            return bodies <= {m.body for m in self.listener.messages}
+        with contextlib.suppress(AssertionError):
+            self.wait(complete, timeout, f"{len(bodies)} messages")
+        with self.listener.lock:
+            return list(self.listener.messages)
 
     def receipt(self):
         """A receipt id to pass as ``receipt=``; then ``await_receipt(rid)``."""

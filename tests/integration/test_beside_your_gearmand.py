@@ -272,8 +272,9 @@ def test_a_queue_redis_that_stops_fails_the_waiting_fanouts_then_serves_again(tm
     queue = servers.start_redis(data_dir=queue_dir, appendonly=True)
     registry = servers.start_redis()
     gearmand = servers.start_gearmand(data_dir=str(tmp_path / "gearmand"))
+    # copies = gearmand: the pool's copies go to that queue (held ones would not)
     env = gearhorn_env(gearmand, registry.details["url"], GEARHORN_PERSISTENCE="redis",
-                       GEARHORN_QUEUE_REDIS_URL=queue.details["url"])
+                       GEARHORN_QUEUE_REDIS_URL=queue.details["url"], GEARHORN_COPIES="gearmand")
     worker = start_worker(tmp_path, env, processes=1)
     client = GearClient(gearmand)
     try:

@@ -276,7 +276,7 @@ def test_a_full_queue_store_fails_fanouts_with_a_reason_and_recovers(
     queue_redis.config_set("maxmemory", used + 4 * 1024 * 1024)
     start_pool([gearmand], processes=1, env={
         **BRISK, "GEARHORN_QUEUE_REDIS_URL": queue_server.details["url"],
-        "GEARHORN_PERSISTENCE": "redis",
+        "GEARHORN_PERSISTENCE": "redis", "GEARHORN_COPIES": "gearmand",  # copies in that store
         "GEARHORN_FANOUT_TIMEOUT": "10", "GEARHORN_QUEUE_MAX_LENGTH": "0"})
     gc = GearClient(gearmand)
     try:

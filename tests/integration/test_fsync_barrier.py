@@ -261,7 +261,8 @@ def test_a_fanout_answer_waits_for_the_fsync_of_gearmands_queue_redis(
     disk = Disk(running.queue_redis.companions[0])
     pool = PoolProcess([running.gearmand], running.redis_url, processes=1,
                        log_dir=str(tmp_path),
-                       env={**running.worker_env(), "GEARHORN_DURABILITY": durability})
+                       env={**running.worker_env(), "GEARHORN_DURABILITY": durability,
+                            "GEARHORN_COPIES": "gearmand"})  # the copies in that queue
     client = GearClient(running.gearmand)
     try:
         pool.wait_ready()

@@ -55,8 +55,10 @@ def test_traffic_reconciles_and_a_planted_loss_is_found(gearmand, redis_url, sta
                                                         spark_cluster):
     """Two exports (the second adds only new events), then one report on a
     Spark standalone cluster started meanwhile. Spark's local mode runs the
-    same job in tests/unit/test_pipeline.py."""
-    start_pool([gearmand])
+    same job in tests/unit/test_pipeline.py. The losses are planted in
+    gearmand's queue, so the copies are there (copies = gearmand); held
+    copies reconcile clean across a crash in tests/integration/test_held_copies.py."""
+    start_pool([gearmand], env={"GEARHORN_COPIES": "gearmand"})
     bridge = start_bridge([gearmand])
     topic = unique_topic()
     durable = stomp_clients(bridge.port, **{"client-id": "ledger-test"})

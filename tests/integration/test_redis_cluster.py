@@ -38,7 +38,7 @@ from .fault_helpers import (
     publish_marker,
     stomp_subscriber,
 )
-from .helpers import GearClient, PoolProcess, unique_topic, wait_for
+from .helpers import GearClient, PoolProcess, nothing_held, unique_topic, wait_for
 from .spark_helpers import reconcile
 
 pytestmark = [pytest.mark.integration, pytest.mark.cluster, pytest.mark.timeout(240)]
@@ -176,8 +176,11 @@ def test_a_master_killed_mid_broadcast_fails_over_and_nothing_acknowledged_is_lo
                      if owner(cluster, Keys().topic(t)) is not cluster.nodes[0])
         victim = owner(cluster, Keys().topic(topic))
         stack = SimpleNamespace(gearmand=gearmand, redis_url=cluster.url)
+        # copies = gearmand: held copies across a master's failover leave
+        # answers the reconciliation does not match yet (issue 63's note; a
+        # failover's lost writes are issue 65's)
         pool = PoolProcess([gearmand], cluster.url, processes=2, log_dir=str(tmp_path),
-                           env=UNBOUNDED)
+                           env={**UNBOUNDED, "GEARHORN_COPIES": "gearmand"})
         pool.wait_ready()
         subscribers = [f"s{i}" for i in range(SUBSCRIBERS)]
         with Producer([(gearmand.host, gearmand.port)]) as admin:
@@ -201,15 +204,22 @@ def test_a_master_killed_mid_broadcast_fails_over_and_nothing_acknowledged_is_lo
             expected = {f"m{i}" for i in range(MESSAGES)}
             duplicates, distinct = {}, {}
             for who in subscribers:
-                got = Counter(drain(gearmand, f"{topic}_{who}"))
+                # held copies (the default) come once their holder is back or taken over
+                got = Counter(drain(gearmand, f"{topic}_{who}", cluster.url))
                 assert got.pop(marker.decode()) == 1
                 missing = expected - set(got)
                 assert not missing, f"{who} lacks {len(missing)}, e.g. {sorted(missing)[:5]}"
                 duplicates[who] = sum(got.values()) - len(got)
                 distinct[f"{topic}_{who}"] = len(got)
-            got = Counter(m.body.decode() for m in live.until(marker, timeout=180))
+            # handed again after a crash, copies come in no promised order
+            got = Counter(m.body.decode() for m in live.every(
+                {m.encode() for m in expected} | {marker}, 180))
+            assert got.pop(marker.decode()) == 1
             assert set(got) == expected
             duplicates["live"] = sum(got.values()) - len(got)
+            # its acks are the answers that drop the records: all of them, before it goes
+            wait_for(nothing_held(cluster.url, f"{topic}_d-*"), 60,
+                     message="the STOMP subscriber's copies answered")
             logs = {"workers": pool.log(full=True), "bridge": bridge.log(full=True)}
         waited = len(re.findall(r"job .* waits: ", logs["workers"]))
         report(f"{MESSAGES:,} messages x {SUBSCRIBERS} subscribers + 1 live STOMP subscriber "
@@ -223,6 +233,8 @@ def test_a_master_killed_mid_broadcast_fails_over_and_nothing_acknowledged_is_lo
         problems, unaccounted = reconcile(cluster.url, tmp_path, gearmand)
         report(f"ledger reconciliation: {dict(Counter(kind for kind, _ in problems))}")
         assert problems == [], problems[:5]
+        # The ledger knows each Gearman subscriber's copies (every message and the
+        # marker), and gearmand held none of them any more: all drained here.
         assert unaccounted == {queue: n + 1 for queue, n in distinct.items()}
         for who, log in logs.items():
             errors = re.findall(r".* ERROR \[\d+\] gearhorn\..*", log)

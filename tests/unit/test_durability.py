@@ -194,7 +194,7 @@ def check(client, **settings):
 
 
 def test_the_start_says_what_an_acknowledgement_covers_beside_a_plain_gearmand():
-    lines = check(RedisOf(appendonly="no"))
+    lines = check(RedisOf(appendonly="no"), copies="gearmand")
     assert lines[0].startswith("the registry's Redis (redis://127.0.0.1:6379/0): in memory only")
     assert lines[1].startswith("copies queued in gearmand: kept as that gearmand keeps")
     assert "memory queue" in lines[1]
@@ -203,13 +203,16 @@ def test_the_start_says_what_an_acknowledgement_covers_beside_a_plain_gearmand()
     assert "on disk" in check(RedisOf(syncers=1))[0]
 
 
-def test_with_held_copies_the_start_says_where_they_are_and_what_that_redis_keeps():
-    lines = check(RedisOf(appendonly="no"), copies="held")
+def test_held_copies_are_the_default_and_the_start_says_where_they_are():
+    lines = check(RedisOf(appendonly="no"))  # every default
     assert "in memory only" in lines[0]  # what is lost with that Redis, said first
     assert lines[1].startswith("the worker pool's fanout copies (copies = held): in the "
                                "registry's Redis until their receivers answer")
-    assert lines[2].startswith("copies queued in gearmand")  # the bridge's, still there
-    assert not any("copies = held" in line for line in check(RedisOf(syncers=1)))
+    # what gearmand still keeps itself: the bridge's SENDs, other producers' jobs
+    assert lines[2].startswith("jobs queued in gearmand itself (the bridge's SENDs")
+    assert "memory queue" in lines[2]
+    assert not any("copies = held" in line
+                   for line in check(RedisOf(syncers=1), copies="gearmand"))
 
 
 @pytest.mark.parametrize(("client", "says"), [

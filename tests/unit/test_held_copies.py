@@ -7,6 +7,7 @@ from __future__ import annotations
 import fakeredis
 import pytest
 
+from gearhorn.naming import header_id_of
 from gearhorn.store.heldcopies import HeldCopies, HeldCopy, key_of
 from gearhorn.store.keys import Keys
 
@@ -62,3 +63,39 @@ def test_a_takeover_hands_the_next_generation_and_retires_the_dead_holder(store)
     assert list(store.held_by("dead")) == [] and store.holders() == ["alive"]
     [kept] = list(store.held_by("alive"))
     assert kept == moved  # written before it is handed: a second loss goes to 4
+
+
+def test_a_copy_kept_again_takes_the_next_generation_never_one_handed_out(store):
+    """A fanout run again (its worker died, or its write failed half-way)
+    keeps the same copies: each goes out again under a unique gearmand has
+    not seen, since gearmand would attach it to a dead worker's job and
+    never run it, and the run before may have handed none."""
+    [first] = store.keep([HeldCopy("q", "m1:alice", b"a", "dead")])
+    assert first.generation == 0 and first.handed().unique == "m1:alice^0"
+    [second, fresh] = store.keep([HeldCopy("q", "m1:alice", b"a", "w2"),
+                                  HeldCopy("q", "m2:alice", b"b", "w2")])
+    assert (second.generation, second.holder, fresh.generation) == (1, "w2", 0)
+    assert list(store.held_by("dead")) == []  # the record is the new holder's now
+    # a hand-over never goes under a generation that was handed out already
+    [later] = store.hand_over([first.again("dead")], "w4")  # read before w2's keep
+    assert later.generation == 2
+
+
+def test_a_copy_answered_before_its_hand_over_is_not_handed_again(store):
+    store.keep([HeldCopy("q", "m1", b"a", "dead"), HeldCopy("q", "m2", b"b", "dead")])
+    found = list(store.held_by("dead"))
+    store.forget([("q", "m1^0")])  # answered while the taker read the records
+    moved = store.hand_over(found, "alive")
+    assert [(c.unique, c.generation) for c in moved] == [("m2", 1)]
+    assert store.count("q") == 1
+
+
+def test_a_long_unique_that_names_its_headers_keeps_them_when_held():
+    """A STOMP subscriber's copy (``@<header id>:<client id>``, long ids
+    digested) still names its headers under its held unique, so the bridge
+    gives the MESSAGE the destination it was published to."""
+    header_id = "0123456789abcdef" * 2
+    copy = HeldCopy("q", f"@{header_id}:" + "s" * 29, b"x", "w1", generation=5)
+    handed = copy.handed().unique
+    assert len(handed) <= 63 and header_id_of(handed) == header_id
+    assert key_of(handed) == copy.key != copy.unique
