@@ -26,7 +26,7 @@ import redis
 from gearhorn.gearman import Copy
 from gearhorn.naming import FOREGROUND_MARK, HEADER_MARK
 from gearhorn.store.keys import Keys
-from gearhorn.store.redisutil import ScriptCall, run_scripts, script, text
+from gearhorn.store.redisutil import ScriptCall, script, text, with_scripts_loaded
 
 GENERATION_MARK = "^"
 # Room for "^" and three base-36 digits within gearmand's 63 bytes of unique.
@@ -151,20 +151,31 @@ class HeldCopies:
             for copy in some:
                 args += [copy.key, copy.head(), copy.generation, copy.tail()]
             calls.append((self._keep, [self.keys.copies(queue)], args))
-        self._index(copies)  # first: no record is ever missing from its holder's index
-        written = run_scripts(self.redis, calls)
+        # One round trip: each holder's index first, so that no record is
+        # ever missing from it, then the records.
+        written = with_scripts_loaded(self.redis, calls, lambda some: self._write(copies, some))
         return [copy.at(int(generation))
                 for some, generations in zip(by_queue.values(), written, strict=True)
                 for copy, generation in zip(some, generations, strict=True)
                 if int(generation) >= 0]
 
-    def _index(self, copies: Sequence[HeldCopy]) -> None:
-        """Each holder of ``copies`` listed, with the queues it holds copies in."""
+    def _write(self, copies: Sequence[HeldCopy], calls: list[ScriptCall]) -> list[object]:
+        """The holders' index of ``copies`` and the script ``calls``, in one
+        pipeline; each call's reply (an error reply as its exception)."""
+        cluster = isinstance(self.redis, redis.RedisCluster)
         pipe = self.redis.pipeline(transaction=False)
         for holder, queues in _queues_by_holder(copies).items():
             pipe.sadd(self.keys.holding(holder), *queues)
             pipe.sadd(self.keys.holders, holder)
-        pipe.execute()
+        indexed = len(pipe)
+        for script_, keys, args in calls:
+            options = {"target_nodes": self.redis.get_node_from_key(keys[0])} if cluster else {}
+            pipe.execute_command("EVALSHA", script_.sha, len(keys), *keys, *args, **options)
+        replies = pipe.execute(raise_on_error=False)
+        for reply in replies[:indexed]:
+            if isinstance(reply, Exception):
+                raise reply
+        return replies[indexed:]
 
     def forget(self, answered: Sequence[tuple[str, str]]) -> None:
         """The receivers answered these copies, each (queue, the unique

@@ -16,17 +16,19 @@ local again = ARGV[1] == 'again'
 local written = {}
 for i = 2, #ARGV, 4 do
   local generation = tonumber(ARGV[i + 2])
-  local old = redis.call('HGET', KEYS[1], ARGV[i])
-  if old then
-    local was = tonumber(string.match(old, '^[^%z]*%z[^%z]*%z(%d+)%z'))
-    if was and was >= generation then
-      generation = was + 1
+  local field, head, tail = ARGV[i], ARGV[i + 1], ARGV[i + 3]
+  -- a new copy (the common case): one command
+  if again or redis.call('HSETNX', KEYS[1], field, head .. generation .. tail) == 0 then
+    local old = redis.call('HGET', KEYS[1], field)
+    if old then
+      local was = tonumber(string.match(old, '^[^%z]*%z[^%z]*%z(%d+)%z'))
+      if was and was >= generation then
+        generation = was + 1
+      end
+      redis.call('HSET', KEYS[1], field, head .. generation .. tail)
+    else
+      generation = -1  -- again: answered meanwhile
     end
-  elseif again then
-    generation = -1
-  end
-  if generation >= 0 then
-    redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1] .. generation .. ARGV[i + 3])
   end
   written[#written + 1] = generation
 end
