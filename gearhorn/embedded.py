@@ -131,8 +131,13 @@ class Embedded:
         self.started.append(self.gearmand)
         version = " ".join(gearman.admin(host, port, "version", tls=self.config.gearman_tls))
         self.notes["gearman"] = f"started gearmand ({version})"
-        self.notes["persistence"] = _PERSISTENCE_NOTES[self.config.persistence].format(
+        note = _PERSISTENCE_NOTES[self.config.persistence].format(
             url=self.config.queue_redis_urls[0], dir=self.config.data_dir)
+        if self.config.copies == "held":  # gearmand keeps only its own jobs then
+            note = (f"{note}; with copies = held that is the bridge's SENDs and other "
+                    f"producers' jobs: the pool's fanout copies are held in the registry's "
+                    f"Redis whatever gearmand keeps")
+        self.notes["persistence"] = note
 
     def _ensure_queue_redis(self) -> None:
         url = urlparse(self.config.queue_redis_urls[0])

@@ -188,6 +188,17 @@ class Connection:
             self._pending.extend(p for p in self._reader.feed(chunk) if not _option_answer(p))
         return self._pending.popleft()
 
+    def read_all(self) -> list[Packet]:
+        """The next packet and every other one already received (a reader
+        that handles many at once takes its lock once for them all); []
+        when gearmand closed the connection."""
+        first = self.read()
+        if first is None:
+            return []
+        packets = [first, *self._pending]
+        self._pending.clear()
+        return packets
+
     def _recv(self, deadline: float | None = None) -> bytes | None:
         """The next bytes from gearmand; None once ``deadline`` passed."""
         if self._sock is None:

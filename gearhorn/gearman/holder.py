@@ -117,33 +117,35 @@ class Holder:
         answers = Answers()
         try:
             while not self.broken:
-                packet = self.conn.read()
-                if packet is None:
+                packets = self.conn.read_all()
+                if not packets:
                     raise GearmanError("gearmand closed the connection")
-                self._heard(packet, answers)
+                self._heard(packets, answers)
         except (GearmanError, OSError) as exc:
             self._lose(str(exc))
 
-    def _heard(self, packet: Packet, answers: Answers) -> None:
-        if packet.type in (P.JOB_CREATED, P.ERROR):
-            with self._changed:
-                if not self._awaiting:  # not ours: an answer to no submission
-                    return
-                copy = self._awaiting.popleft()
-                self._created += 1
-                if packet.type == P.JOB_CREATED:
-                    self._held[packet.args[0]] = copy
-                self._changed.notify_all()
-            if packet.type == P.ERROR:  # the job was not made (a full queue, say)
-                said = b": ".join(packet.args).decode(errors="replace")
-                self.answered(copy, Outcome("refused", reason=f"gearmand refused it: {said}"))
-            return
-        outcome = answers.heard(packet)
-        if outcome is None:
-            return
+    def _heard(self, packets: list[Packet], answers: Answers) -> None:
+        """Each packet in order; the replies to submissions under one lock
+        (a batch's JOB_CREATED come together: one wake-up for them all)."""
+        refused, ended = [], []
         with self._changed:
-            copy = self._held.pop(packet.args[0], None)
-        if copy is not None:
+            for packet in packets:
+                if packet.type in (P.JOB_CREATED, P.ERROR):
+                    if not self._awaiting:  # not ours: an answer to no submission
+                        continue
+                    copy = self._awaiting.popleft()
+                    self._created += 1
+                    if packet.type == P.JOB_CREATED:
+                        self._held[packet.args[0]] = copy
+                    else:  # the job was not made (a full queue, say)
+                        refused.append((copy, b": ".join(packet.args).decode(errors="replace")))
+                elif ((outcome := answers.heard(packet)) is not None
+                      and (copy := self._held.pop(packet.args[0], None)) is not None):
+                    ended.append((copy, outcome))
+            self._changed.notify_all()
+        for copy, said in refused:
+            self.answered(copy, Outcome("refused", reason=f"gearmand refused it: {said}"))
+        for copy, outcome in ended:
             self.answered(copy, outcome)
 
     def _lose(self, reason: str) -> None:

@@ -104,7 +104,10 @@ class PacketReader:
         packets, at = [], 0
         while (found := self._packet_at(at)) is not None:
             ptype, start, at = found
-            packets.append(_decoded(ptype, bytes(self._buf[start:at])))
+            if ptype == P.JOB_CREATED:  # the handle alone: one per job a holder submits
+                packets.append(Packet(ptype, (bytes(self._buf[start:at]),)))
+            else:
+                packets.append(_decoded(ptype, bytes(self._buf[start:at])))
         del self._buf[:at]
         return packets
 

@@ -146,18 +146,22 @@ class HeldCopies:
         for copy in copies:
             by_queue.setdefault(copy.queue, []).append(copy)
         calls: list[ScriptCall] = []
+        heads: dict[tuple[str, str], bytes] = {}  # a batch has one holder, few precedences
         for queue, some in by_queue.items():  # one call a queue: a batch has many
             args: list[object] = ["again" if again else "new"]
             for copy in some:
-                args += [copy.key, copy.head(), copy.generation, copy.tail()]
+                head = heads.get((copy.holder, copy.precedence))
+                if head is None:
+                    head = heads[copy.holder, copy.precedence] = copy.head()
+                args += (copy.key, head, copy.generation, copy.tail())
             calls.append((self._keep, [self.keys.copies(queue)], args))
         # One round trip: each holder's index first, so that no record is
         # ever missing from it, then the records.
         written = with_scripts_loaded(self.redis, calls, lambda some: self._write(copies, some))
-        return [copy.at(int(generation))
+        return [copy if generation == copy.generation else copy.at(generation)
                 for some, generations in zip(by_queue.values(), written, strict=True)
                 for copy, generation in zip(some, generations, strict=True)
-                if int(generation) >= 0]
+                if generation >= 0]
 
     def _write(self, copies: Sequence[HeldCopy], calls: list[ScriptCall]) -> list[object]:
         """The holders' index of ``copies`` and the script ``calls``, in one
@@ -184,9 +188,12 @@ class HeldCopies:
         holder left."""
         if not answered:
             return
-        pipe = self.redis.pipeline(transaction=False)
+        by_queue: dict[str, list[str]] = {}
         for queue, handed in answered:
-            pipe.hdel(self.keys.copies(queue), key_of(handed))
+            by_queue.setdefault(queue, []).append(key_of(handed))
+        pipe = self.redis.pipeline(transaction=False)
+        for queue, keys in by_queue.items():  # one HDEL a queue
+            pipe.hdel(self.keys.copies(queue), *keys)
         pipe.execute()
 
     def count(self, queue: str) -> int:
@@ -199,6 +206,18 @@ class HeldCopies:
                 copy = HeldCopy.decode(queue, record)
                 if copy.holder == holder:
                     yield copy
+
+    def find(self, wanted: Sequence[tuple[str, str]]) -> list[HeldCopy]:
+        """The records still there of ``wanted``, each (queue, record key)."""
+        by_queue: dict[str, list[str]] = {}
+        for queue, key in wanted:
+            by_queue.setdefault(queue, []).append(key)
+        pipe = self.redis.pipeline(transaction=False)
+        for queue, keys in by_queue.items():
+            pipe.hmget(self.keys.copies(queue), keys)
+        return [HeldCopy.decode(queue, record)
+                for queue, records in zip(by_queue, pipe.execute(), strict=True)
+                for record in records if record is not None]
 
     def holders(self) -> list[str]:
         return sorted(text(h) for h in self.redis.smembers(self.keys.holders))

@@ -29,6 +29,7 @@ from gearhorn.store.redisconn import REDIS_ERRORS
 log = logging.getLogger(__name__)
 
 TAKEOVER_EVERY = 1.0  # seconds between looks for dead holders
+REFUSED_AGAIN_EVERY = 1.0  # seconds before copies gearmand refused are handed again
 FORGET_EVERY = 0.05  # seconds an answered copy's record may wait to be dropped
 
 
@@ -52,6 +53,7 @@ class HoldingClient:
         # handed to its new connection meanwhile (not to be handed twice).
         self._fresh: dict[int, set[str]] = {}
         self._answered: list[tuple[str, str]] = []
+        self._refused: list[tuple[str, str]] = []  # (queue, key): gearmand said no
         # The copy's own unique, by the one gearmand was given, where that is
         # a digest (a long unique): the ledger names a copy as its fanout did.
         self._own: dict[str, str] = {}
@@ -121,9 +123,11 @@ class HoldingClient:
             return holder
 
     def _answered_by(self, copy: gearman.Copy, outcome: gearman.Outcome) -> None:
-        if outcome.status == "refused":
-            log.warning("gearmand refused held copy %s of %s: %s; it is handed again",
-                        copy.unique, copy.function, outcome.reason)
+        if outcome.status == "refused":  # its record stays: handed again in a while
+            log.debug("gearmand refused held copy %s of %s: %s", copy.unique, copy.function,
+                      outcome.reason)
+            with self._lock:
+                self._refused.append((copy.function, key_of(copy.unique)))
             return
         with self._lock:
             self._answered.append((copy.function, copy.unique))
@@ -146,7 +150,7 @@ class HoldingClient:
 
     def _run(self) -> None:
         outage, backoff = Outage(log, "held copies"), Backoff(0.2, cap=5.0)
-        next_look = 0.0
+        next_look = next_refused = 0.0
         while not self._stopping.is_set():
             self._wake.wait(FORGET_EVERY)
             self._wake.clear()
@@ -154,6 +158,7 @@ class HoldingClient:
                 self._forget()
                 self._hand_again()
                 next_look = self._take_over_dead(next_look)
+                next_refused = self._hand_refused(next_refused)
                 outage.succeeded()
                 backoff.succeeded()
             except (*REDIS_ERRORS, gearman.GearmanError) as exc:
@@ -201,6 +206,26 @@ class HoldingClient:
             if moved:
                 log.info("gearmand %s:%s: %d held copies handed again", conn.host, conn.port,
                          len(moved))
+
+    def _hand_refused(self, next_try: float) -> float:
+        """The copies gearmand refused (its queue full: ``maxqueue``), as
+        their next generation, once a while: the records wait meanwhile."""
+        now = time.monotonic()
+        if now < next_try:
+            return next_try
+        with self._lock:
+            refused, self._refused = self._refused, []
+        if refused:
+            try:
+                moved = self.store.hand_over(self.store.find(refused), self.holder_id)
+            except REDIS_ERRORS:
+                with self._lock:
+                    self._refused[:0] = refused
+                raise
+            log.warning("gearmand refused %d held copies (a full queue?); handed again",
+                        len(refused))
+            self._hand(moved)
+        return now + REFUSED_AGAIN_EVERY
 
     def _take_over_dead(self, next_look: float) -> float:
         now = time.monotonic()

@@ -150,17 +150,56 @@ def test_the_redis_servers_up_starts_write_each_command_before_answering(tmp_pat
         client.close()
 
 
-def test_no_persistence_is_said_in_the_banner_and_loses_the_queue(tmp_path, ups):
+def test_no_persistence_is_said_in_the_banner_and_loses_gearmands_own_jobs(tmp_path, ups):
+    """--no-persistence: gearmand keeps its jobs in memory. With held copies
+    (the default) that is the bridge's SENDs only: the pool's copies are in
+    the registry's Redis and come back after a kill -9 of everything."""
     first = ups(tmp_path, extra=["--no-persistence"])
     assert "NONE: queued copies are lost" in first.text()
+    assert "the pool's fanout copies are held in the registry's Redis" in first.text()
     gm = [("127.0.0.1", first.ports["gearman"])]
     with Producer(gm) as producer:
         producer.subscribe("news", "alice")
-        producer.publish("news", "gone", background=True)
-    assert queue_depth(first.gearmand, "news_alice") == 1  # queued: there was a copy to lose
+        producer.publish("news", "kept", background=True)
+    stomp = StompClient(first.ports["stomp"])
+    stomp.send("/queue/orders", b"gone")  # waits for its RECEIPT
+    stomp.close()
+    assert queue_depth(first.gearmand, "orders") == 1  # queued: there was a job to lose
     first.kill_everything()
     second = ups(tmp_path, ports=first.ports, extra=["--no-persistence"])
-    assert queue_depth(second.gearmand, "news_alice") == 0
+    assert queue_depth(second.gearmand, "orders") == 0
+    got = drain_jobs(second.gearmand, "news_alice",
+                     until=nothing_held(second.redis_url, "news_alice"))
+    assert [j.data for j in got] == [b"kept"]
+
+
+def test_copies_queued_in_gearmand_before_the_upgrade_to_held_are_all_delivered(
+        tmp_path, ups):
+    """A data directory of the version before held copies: its copies are
+    in gearmand's redis queue. Started again on every default, gearhorn
+    holds its new copies itself, and gearmand replays the old ones."""
+    first = ups(tmp_path, env={"GEARHORN_COPIES": "gearmand"})
+    assert "copies = held" not in first.text()
+    gm = [("127.0.0.1", first.ports["gearman"])]
+    with Producer(gm) as producer:
+        for who in ("alice", "bob"):
+            producer.subscribe("news", who)
+        for i in range(100):
+            producer.publish("news", f"old{i}", background=True)
+    first.kill_everything()
+
+    second = ups(tmp_path, ports=first.ports)
+    assert "copies = held" in second.text()
+    with Producer(gm) as producer:
+        for i in range(50):
+            producer.publish("news", f"new{i}", background=True)
+    expected = Counter([f"old{i}".encode() for i in range(100)]
+                       + [f"new{i}".encode() for i in range(50)])
+    for who in ("alice", "bob"):
+        queue = f"news_{who}"
+        got = Counter(j.data for j in drain_jobs(second.gearmand, queue,
+                                                 until=nothing_held(second.redis_url, queue)))
+        assert got == expected, f"{queue}: {sorted(set(expected) - set(got))[:5]} missing"
 
 
 def test_up_starts_gearmand_and_its_redis_again_when_that_redis_is_killed(tmp_path, ups):

@@ -27,7 +27,7 @@ from gearhorn.store import redisconn
 from gearhorn.store.keys import Keys
 from tests.needs import require_binary
 
-from .helpers import PoolProcess, drain_jobs, queue_depth, unique_topic, wait_for
+from .helpers import PoolProcess, drain_jobs, nothing_held, queue_depth, unique_topic, wait_for
 from .spark_helpers import reconcile
 from .stomp_helpers import BridgeProcess, StompClient
 
@@ -318,3 +318,34 @@ def pool_home(servers_, queue):
         return client.home(queue)
     finally:
         client.close()
+
+
+def test_copies_gearmand_refuses_wait_in_redis_and_go_once_it_takes_them(
+        gearmand, redis_url, tmp_path):
+    """A queue at gearmand's ``maxqueue`` answers ERROR to a held copy: the
+    fanout was acknowledged (its record is in Redis), so the copy is handed
+    again, a while later, until gearmand takes it."""
+    from gearhorn.gearman.admin import admin
+
+    pool = PoolProcess([gearmand], redis_url, processes=1, log_dir=str(tmp_path), env=HELD)
+    topic = unique_topic("full")
+    queue = f"{topic}_alice"
+    try:
+        pool.wait_ready()
+        with Producer([(gearmand.host, gearmand.port)]) as producer:
+            producer.subscribe(topic, "alice")
+            producer.publish(topic, "m0", background=True)  # the queue exists: it can be bounded
+            assert admin(gearmand.host, gearmand.port, f"maxqueue {queue} 1") == ["OK"]
+            for i in range(1, 5):
+                assert producer.publish(topic, f"m{i}", background=True)["copies"] == 1
+        wait_for(lambda: "gearmand refused" in pool.log(full=True), 60,
+                 message="the refusals logged")
+        assert queue_depth(gearmand, queue) == 1
+        records = redisconn.connect(redis_url)
+        assert records.hlen(Keys().copies(queue)) == 5  # all five kept
+        assert admin(gearmand.host, gearmand.port, f"maxqueue {queue} 0") == ["OK"]  # no bound
+        got = {j.data for j in drain_jobs(gearmand, queue, until=nothing_held(redis_url, queue))}
+        assert got == {f"m{i}".encode() for i in range(5)}
+        records.close()
+    finally:
+        pool.stop()
