@@ -88,7 +88,7 @@ class Config:
     # foreground job held open and only dispatches it, so any gearmand
     # crash loses none: docs/design.rst, "Held copies") or "gearmand" (its
     # queue, as persistence says). Held copies are the worker pool's
-    # fanouts, delayed releases and dead letters; the bridge's own SENDs go
+    # fanouts, delayed releases and dead letters; the bridge's SENDs to /queue/ go
     # to gearmand's queue.
     copies: str = "held"
     # The Redis that holds gearmand's queue with persistence = redis

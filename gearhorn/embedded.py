@@ -134,7 +134,7 @@ class Embedded:
         note = _PERSISTENCE_NOTES[self.config.persistence].format(
             url=self.config.queue_redis_urls[0], dir=self.config.data_dir)
         if self.config.copies == "held":  # gearmand keeps only its own jobs then
-            note = (f"{note}; with copies = held that is the bridge's SENDs and other "
+            note = (f"{note}; with copies = held that is the bridge's /queue/ SENDs and other "
                     f"producers' jobs: the pool's fanout copies are held in the registry's "
                     f"Redis whatever gearmand keeps")
         self.notes["persistence"] = note

@@ -126,6 +126,22 @@ def returned_token(unique: str) -> str | None:
     return unique[1:] if unique.startswith(RETURNED_MARK) else None
 
 
+# A held copy as gearmand was given it: ``<record key>^<generation, base 36>``
+# (gearhorn/store/heldcopies.py). Its holder waits for its answer.
+GENERATION_MARK = "^"
+_HANDED = re.compile(r"\^[0-9a-z]{1,3}")
+
+
+def is_held(unique: str) -> bool:
+    """Whether ``unique`` is a held copy's, as gearmand was given it.
+
+    >>> is_held("m1:alice^0"), is_held("@" + "0" * 32 + ":bob^1a"), is_held("m1:alice")
+    (True, True, False)
+    """
+    at = unique.rfind(GENERATION_MARK)
+    return at > 0 and _HANDED.fullmatch(unique, at) is not None
+
+
 def returnable(function: str, unique: str) -> bool:
     """Whether a job of queue ``function`` is a background job gearhorn made,
     which a bridge may give back by submitting it again and completing the
@@ -137,7 +153,15 @@ def returnable(function: str, unique: str) -> bool:
     (True, False)
     >>> returnable("jobs", "stomp:ab12"), returnable("jobs", "order-17")
     (True, False)
+
+    A held copy is a foreground job of gearhorn's holder: never (given
+    back, it would live on in gearmand alone, its record forgotten).
+
+    >>> returnable("news_alice", "@" + "0" * 32 + ":alice^0")
+    False
     """
+    if is_held(unique):
+        return False
     if unique.startswith((STOMP_MARK, DELAYED_MARK, RETURNED_MARK)):
         return True
     if header_id_of(unique) is not None:

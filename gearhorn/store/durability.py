@@ -189,7 +189,7 @@ COVERS = {
 
 QUEUED = "copies queued in gearmand"
 # With copies = held, what gearmand keeps itself: its own jobs only.
-QUEUED_BESIDE_HELD = "jobs queued in gearmand itself (the bridge's SENDs, gearman -b)"
+QUEUED_BESIDE_HELD = "jobs queued in gearmand itself (the bridge's /queue/ SENDs, gearman -b)"
 
 
 def gearmand_covers(persistence: str, queue_urls: Sequence[str], what: str = QUEUED) -> str:

@@ -24,11 +24,10 @@ from dataclasses import dataclass
 import redis
 
 from gearhorn.gearman import Copy
-from gearhorn.naming import FOREGROUND_MARK, HEADER_MARK
+from gearhorn.naming import FOREGROUND_MARK, GENERATION_MARK, HEADER_MARK
 from gearhorn.store.keys import Keys
 from gearhorn.store.redisutil import ScriptCall, script, text, with_scripts_loaded
 
-GENERATION_MARK = "^"
 # Room for "^" and three base-36 digits within gearmand's 63 bytes of unique.
 KEY_BYTES = 59
 _DIGITS = "0123456789abcdefghijklmnopqrstuvwxyz"

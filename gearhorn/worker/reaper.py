@@ -10,10 +10,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from gearhorn import gearman
-from gearhorn.naming import FOREGROUND_MARK, dead_letter_queue, queue_copy_unique
+from gearhorn.naming import FOREGROUND_MARK, dead_letter_queue, is_held, queue_copy_unique
 from gearhorn.store.deadletters import DeadLetterIndex
 from gearhorn.store.headers import HeaderStore
-from gearhorn.store.heldcopies import GENERATION_MARK
 from gearhorn.store.redisconn import REDIS_ERRORS
 
 log = logging.getLogger(__name__)
@@ -84,7 +83,7 @@ class Reaper:
                 if dead_letter_reason:
                     self._dead_letter(queue, jobs, dead_letter_reason)
                 for job in jobs:
-                    if job.unique.startswith(FOREGROUND_MARK) or GENERATION_MARK in job.unique:
+                    if job.unique.startswith(FOREGROUND_MARK) or is_held(job.unique):
                         # Its submitter waits for an answer: a foreground
                         # fanout, or a held copy (whose record then goes).
                         worker.warn(job.handle, f"dropped by the queue's limits "

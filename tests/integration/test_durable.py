@@ -152,7 +152,7 @@ def test_the_redis_servers_up_starts_write_each_command_before_answering(tmp_pat
 
 def test_no_persistence_is_said_in_the_banner_and_loses_gearmands_own_jobs(tmp_path, ups):
     """--no-persistence: gearmand keeps its jobs in memory. With held copies
-    (the default) that is the bridge's SENDs only: the pool's copies are in
+    (the default) that is the bridge's /queue/ SENDs only: the pool's copies are in
     the registry's Redis and come back after a kill -9 of everything."""
     first = ups(tmp_path, extra=["--no-persistence"])
     assert "NONE: queued copies are lost" in first.text()

@@ -9,6 +9,8 @@ import pytest
 
 from gearhorn.gearman.packets import P
 from gearhorn.stomp.frames import encode
+from gearhorn.store import redisconn
+from gearhorn.store.keys import Keys
 
 from .helpers import GearClient, GearmanTap, gearman_cli, queue_depth, unique_topic, wait_for
 from .stomp_helpers import RawClient, error_detail
@@ -489,3 +491,30 @@ def test_a_message_at_a_time_costs_the_bridge_a_grab_or_two(gearmand, start_brid
         assert tap.count(P.GRAB_JOB_UNIQ) - before <= 30
     finally:
         tap.close()
+
+
+def test_a_held_copy_its_subscriber_left_unacked_stays_held_until_acked(
+        stack, stomp_clients, redis_url):
+    """A durable subscriber's copy with headers (its unique names them) that
+    it leaves unacknowledged goes back to gearmand as the held job it is:
+    never given back as a background job of gearmand's alone, its record
+    forgotten (a gearmand crash would then lose it)."""
+    topic = unique_topic()
+    first = stomp_clients(stack.port, **{"client-id": "keeper"})
+    first.subscribe(f"/topic/{topic}", "d", ack="client", durable="true")
+    producer = stomp_clients(stack.port)
+    producer.send(f"/topic/{topic}", b"precious", **{"x-tag": "kept"})
+    assert first.messages(1)[0].body == b"precious"
+    records = redisconn.connect(redis_url)
+    [held] = records.scan_iter(match=Keys().copies(f"{topic}_d-*"))  # the durable queue's
+    assert records.hlen(held) == 1
+    first.close()  # DISCONNECT, no ACK
+
+    heir = stomp_clients(stack.port, **{"client-id": "keeper"})
+    heir.subscribe(f"/topic/{topic}", "d", ack="client", durable="true")
+    (message,) = heir.messages(1)
+    assert (message.body, message.headers["x-tag"]) == (b"precious", "kept")
+    assert records.hlen(held) == 1  # still held: nobody acknowledged it
+    heir.conn.ack(message.headers["ack"])
+    wait_for(lambda: records.hlen(held) == 0, 30, message="the ACK dropping its record")
+    records.close()

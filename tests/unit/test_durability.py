@@ -208,8 +208,8 @@ def test_held_copies_are_the_default_and_the_start_says_where_they_are():
     assert "in memory only" in lines[0]  # what is lost with that Redis, said first
     assert lines[1].startswith("the worker pool's fanout copies (copies = held): in the "
                                "registry's Redis until their receivers answer")
-    # what gearmand still keeps itself: the bridge's SENDs, other producers' jobs
-    assert lines[2].startswith("jobs queued in gearmand itself (the bridge's SENDs")
+    # what gearmand still keeps itself: the bridge's /queue/ SENDs, other producers' jobs
+    assert lines[2].startswith("jobs queued in gearmand itself (the bridge's /queue/ SENDs")
     assert "memory queue" in lines[2]
     assert not any("copies = held" in line
                    for line in check(RedisOf(syncers=1), copies="gearmand"))
