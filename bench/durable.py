@@ -3,6 +3,7 @@
     python bench/durable.py            # all of it (about 8 minutes on 2 cores)
     python bench/durable.py --quick    # smaller counts, for a smoke run
     python bench/durable.py --replay 1000000   # gearmand's restart with that many copies queued
+    python bench/durable.py --memory 200000    # memory per queued copy: held, in gearmand's queue
     python bench/durable.py --latency 2000     # one fanout's p50/p99: held, in gearmand's
                                                # queue, after fsync or when written
     python bench/durable.py --modes redis,redis-written   # the fsync barrier against
@@ -77,7 +78,7 @@ class GearhornServers:
 
     def __init__(self, queue: str, processes: int, pinned: bool = True,
                  bridge: bool = False, durability: str = "fsync", gearmands: int = 1,
-                 copies: str = "gearmand") -> None:
+                 copies: str = "gearmand", extra_env: dict[str, str] | None = None) -> None:
         self.queue = queue
         self.tmp = tempfile.mkdtemp(prefix="bench-durable-", dir=os.getcwd())
         self.redis = servers.start_redis(data_dir=os.path.join(self.tmp, "redis"),
@@ -106,7 +107,8 @@ class GearhornServers:
         # Where gearmand keeps its queue, and what an answer waits for:
         # with fsync, the syncers servers.start_redis runs beside each Redis.
         self.env = {"GEARHORN_PERSISTENCE": queue if queue in ("redis", "sqlite") else "none",
-                    "GEARHORN_DURABILITY": durability, "GEARHORN_COPIES": copies}
+                    "GEARHORN_DURABILITY": durability, "GEARHORN_COPIES": copies,
+                    **(extra_env or {})}
         if self.queue_redises:
             self.env["GEARHORN_QUEUE_REDIS_URL"] = ",".join(
                 r.details["url"] for r in self.queue_redises)
@@ -179,6 +181,18 @@ class GearhornServers:
                     * 1000 / thousands)
         return rate
 
+    def memory(self) -> dict[str, float]:
+        """Bytes now: the pool's processes (RSS), gearmand's, and each Redis's
+        used_memory."""
+        found = {"pool": tree_rss(self.pool.pid),
+                 "gearmand": sum(tree_rss(g.process.pid) for g in self.gearmands),
+                 "registry Redis": float(self.registry.redis.info("memory")["used_memory"])}
+        if self.queue_redises:
+            found["queue Redis"] = float(sum(
+                redis.Redis.from_url(r.details["url"]).info("memory")["used_memory"]
+                for r in self.queue_redises))
+        return found
+
     def close(self) -> None:
         for process in (self.bridge, self.pool):
             if process is not None:
@@ -188,6 +202,17 @@ class GearhornServers:
             if server is not None:
                 server.stop()
         shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+def tree_rss(pid: int) -> float:
+    """Resident bytes of ``pid`` and every process below it."""
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as fp:
+            children = [int(c) for c in fp.read().split()]
+        total = rss_mib(pid) * 1024 * 1024
+    except OSError:
+        return 0.0
+    return total + sum(tree_rss(c) for c in children)
 
 
 def cpu_seconds(pids: list[int]) -> float:
@@ -525,6 +550,28 @@ class PingProbe(threading.Thread):
         return ordered[int(0.99 * (len(ordered) - 1))]
 
 
+def bench_memory(copies: int, processes: int) -> None:
+    """Memory per queued copy, nobody consuming: held copies (the pool's
+    holders, the registry's Redis, gearmand) against copies in gearmand's
+    redis queue (gearmand, its queue Redis), each on fresh servers. The
+    warden is off (no drops): every copy stays queued."""
+    for copies_in in ("held", "gearmand"):
+        running = GearhornServers("redis", processes, copies=copies_in,
+                                  extra_env={"GEARHORN_QUEUE_MAX_LENGTH": "0",
+                                             "GEARHORN_QUEUE_MAX_BYTES": "0",
+                                             "GEARHORN_LEDGER_ENABLED": "false"})
+        try:
+            before = running.memory()
+            running.rate(100, copies)
+            after = running.memory()
+        finally:
+            running.close()
+        queued = copies + copies // 10  # the rate's warm-up too
+        print(f"  copies {copies_in:8} " + "   ".join(
+            f"{name} {(after[name] - before[name]) / queued:6.0f} B" for name in after)
+            + f"  per copy ({queued:,} queued, x100)", flush=True)
+
+
 def rss_mib(pid: int) -> float:
     with open(f"/proc/{pid}/status") as fp:
         for line in fp:
@@ -541,6 +588,8 @@ def main() -> None:
                         help=f"comma-separated, of {', '.join(MODES)} (default: all)")
     parser.add_argument("--latency", type=int, metavar="FANOUTS",
                         help="only measure the latency of single fanouts, fsync against written")
+    parser.add_argument("--memory", type=int, metavar="COPIES",
+                        help="only measure memory per queued copy, held against gearmand's queue")
     parser.add_argument("--replay", type=int, metavar="COPIES",
                         help="only measure gearmand's restart with COPIES queued")
     parser.add_argument("--gearmands", type=int, default=1,
@@ -549,6 +598,10 @@ def main() -> None:
     if args.latency:
         print(f"latency of one foreground fanout at a time ({os.cpu_count()} cores)", flush=True)
         bench_latency(args.latency, args.processes)
+        return
+    if args.memory:
+        print(f"memory per queued copy ({os.cpu_count()} cores)", flush=True)
+        bench_memory(args.memory, args.processes)
         return
     if args.replay:
         print(f"gearmand -q redis replay ({os.cpu_count()} cores)", flush=True)
