@@ -82,6 +82,7 @@ class Embedded:
                     self._replace(self.queue_redis, self._start_queue_redis())
                 self.gearmand.stop()
                 self._replace(self.gearmand, self._start_gearmand(self.gearmand.port))
+                log.warning("gearmand started again on port %s", self.gearmand.port)
             except (servers.ServerError, *REDIS_ERRORS, gearman.GearmanError) as exc:
                 log.error("could not restart gearmand: %s (trying again)", exc)
 
