@@ -138,9 +138,10 @@ class HeldCopies:
         """Write the records of ``copies`` (one round trip; their
         acknowledgement waits for the fsync that covers this write); the
         copies written, to be handed. A copy whose record is there already
-        (its fanout ran before) takes the next generation, never a unique
-        handed out (lua/keep_copies.lua). With ``again`` (handed over), a
-        copy whose record is gone (answered meanwhile) is left out."""
+        (its fanout ran before) is held already and left out
+        (lua/keep_copies.lua). With ``again`` (handed over), a copy whose
+        record is gone (answered meanwhile) is left out, and the others go
+        at a generation above any handed out."""
         by_queue: dict[str, list[HeldCopy]] = {}
         for copy in copies:
             by_queue.setdefault(copy.queue, []).append(copy)

@@ -29,7 +29,7 @@ from gearhorn.store.redisconn import REDIS_ERRORS
 log = logging.getLogger(__name__)
 
 TAKEOVER_EVERY = 1.0  # seconds between looks for dead holders
-REFUSED_AGAIN_EVERY = 1.0  # seconds before copies gearmand refused are handed again
+AGAIN_EVERY = 1.0  # seconds before copies refused (or not handed) are handed again
 FORGET_EVERY = 0.05  # seconds an answered copy's record may wait to be dropped
 
 
@@ -53,7 +53,9 @@ class HoldingClient:
         # handed to its new connection meanwhile (not to be handed twice).
         self._fresh: dict[int, set[str]] = {}
         self._answered: list[tuple[str, str]] = []
-        self._refused: list[tuple[str, str]] = []  # (queue, key): gearmand said no
+        # (queue, key) of copies to hand again in a while: gearmand refused
+        # them, or their write failed half-way
+        self._again: list[tuple[str, str]] = []
         # The copy's own unique, by the one gearmand was given, where that is
         # a digest (a long unique): the ledger names a copy as its fanout did.
         self._own: dict[str, str] = {}
@@ -83,8 +85,17 @@ class HoldingClient:
                           precedence: str = "normal") -> int:
         """Keep ``copies`` and hand them to gearmand. A gearmand that is away
         loses nothing: the records stay, and go to it once it is back."""
-        self._hand(self.store.keep([HeldCopy(c.function, c.unique, c.data, self.holder_id,
-                                             precedence) for c in copies]))
+        held = [HeldCopy(c.function, c.unique, c.data, self.holder_id, precedence)
+                for c in copies]
+        try:
+            kept = self.store.keep(held)
+        except REDIS_ERRORS:
+            # Some records may be written: a retry of the fanout leaves them
+            # to their holder (this one), which hands them in a while.
+            with self._lock:
+                self._again += [(c.queue, c.key) for c in held]
+            raise
+        self._hand(kept)
         return len(copies)
 
     def _hand(self, held: Sequence[HeldCopy]) -> None:
@@ -127,7 +138,8 @@ class HoldingClient:
             log.debug("gearmand refused held copy %s of %s: %s", copy.unique, copy.function,
                       outcome.reason)
             with self._lock:
-                self._refused.append((copy.function, key_of(copy.unique)))
+                self._again.append((copy.function, key_of(copy.unique)))
+                self._own.pop(copy.unique, None)
             return
         with self._lock:
             self._answered.append((copy.function, copy.unique))
@@ -150,7 +162,7 @@ class HoldingClient:
 
     def _run(self) -> None:
         outage, backoff = Outage(log, "held copies"), Backoff(0.2, cap=5.0)
-        next_look = next_refused = 0.0
+        next_look = next_again = 0.0
         while not self._stopping.is_set():
             self._wake.wait(FORGET_EVERY)
             self._wake.clear()
@@ -158,7 +170,7 @@ class HoldingClient:
                 self._forget()
                 self._hand_again()
                 next_look = self._take_over_dead(next_look)
-                next_refused = self._hand_refused(next_refused)
+                next_again = self._hand_later(next_again)
                 outage.succeeded()
                 backoff.succeeded()
             except (*REDIS_ERRORS, gearman.GearmanError) as exc:
@@ -197,7 +209,10 @@ class HoldingClient:
                 moved = self.store.hand_over(copies, self.holder_id)
                 self._hand(moved)
             except BaseException:
-                with self._lock:  # read them again next round (duplicates, never a loss)
+                # Let the new connection go too (gearmand drops its jobs) and
+                # read them all again next round: never a copy left behind.
+                probe.close("reading the copies to hand again failed")
+                with self._lock:
                     self._lost.add(index)
                 raise
             finally:
@@ -207,25 +222,28 @@ class HoldingClient:
                 log.info("gearmand %s:%s: %d held copies handed again", conn.host, conn.port,
                          len(moved))
 
-    def _hand_refused(self, next_try: float) -> float:
-        """The copies gearmand refused (its queue full: ``maxqueue``), as
-        their next generation, once a while: the records wait meanwhile."""
+    def _hand_later(self, next_try: float) -> float:
+        """The copies gearmand refused (its queue full: ``maxqueue``) or that
+        were written but not handed, as their next generation, once a
+        while: the records wait meanwhile. Only those still this holder's."""
         now = time.monotonic()
         if now < next_try:
             return next_try
         with self._lock:
-            refused, self._refused = self._refused, []
-        if refused:
+            wanted, self._again = self._again, []
+        if wanted:
             try:
-                moved = self.store.hand_over(self.store.find(refused), self.holder_id)
+                mine = [c for c in self.store.find(wanted) if c.holder == self.holder_id]
+                moved = self.store.hand_over(mine, self.holder_id)
             except REDIS_ERRORS:
                 with self._lock:
-                    self._refused[:0] = refused
+                    self._again[:0] = wanted
                 raise
-            log.warning("gearmand refused %d held copies (a full queue?); handed again",
-                        len(refused))
+            if moved:
+                log.warning("%d held copies handed again (refused by gearmand: a full "
+                            "queue?, or not handed when written)", len(moved))
             self._hand(moved)
-        return now + REFUSED_AGAIN_EVERY
+        return now + AGAIN_EVERY
 
     def _take_over_dead(self, next_look: float) -> float:
         now = time.monotonic()

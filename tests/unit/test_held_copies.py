@@ -65,19 +65,20 @@ def test_a_takeover_hands_the_next_generation_and_retires_the_dead_holder(store)
     assert kept == moved  # written before it is handed: a second loss goes to 4
 
 
-def test_a_copy_kept_again_takes_the_next_generation_never_one_handed_out(store):
-    """A fanout run again (its worker died, or its write failed half-way)
-    keeps the same copies: each goes out again under a unique gearmand has
-    not seen, since gearmand would attach it to a dead worker's job and
-    never run it, and the run before may have handed none."""
+def test_a_copy_kept_again_is_not_handed_again_its_holder_has_it(store):
+    """A fanout run again (a producer's retry, or a replay after its worker
+    died) keeps the same copies: each is held already, by its holder or by
+    whoever takes over from it, so it goes out once, as gearmand's
+    coalescing did, and never under a unique handed out before."""
     [first] = store.keep([HeldCopy("q", "m1:alice", b"a", "dead")])
     assert first.generation == 0 and first.handed().unique == "m1:alice^0"
-    [second, fresh] = store.keep([HeldCopy("q", "m1:alice", b"a", "w2"),
-                                  HeldCopy("q", "m2:alice", b"b", "w2")])
-    assert (second.generation, second.holder, fresh.generation) == (1, "w2", 0)
-    assert list(store.held_by("dead")) == []  # the record is the new holder's now
+    assert [c.unique for c in store.keep([HeldCopy("q", "m1:alice", b"a", "w2"),
+                                          HeldCopy("q", "m2:alice", b"b", "w2")])] == [
+        "m2:alice"]
+    [taken] = store.hand_over(list(store.held_by("dead")), "w3")
+    assert (taken.unique, taken.generation, taken.holder) == ("m1:alice", 1, "w3")
     # a hand-over never goes under a generation that was handed out already
-    [later] = store.hand_over([first.again("dead")], "w4")  # read before w2's keep
+    [later] = store.hand_over([first.again("dead")], "w4")  # read before w3's hand-over
     assert later.generation == 2
 
 
