@@ -37,8 +37,9 @@ STOMP subscriptions to one topic (durable queues bound to amq.topic), and
 messages sent ``persistent:true`` with a receipt each, which RabbitMQ gives
 once the message is confirmed in every queue; copies = messages x N. The
 same STOMP producer and durable subscriptions run against gearhorn's bridge
-on the default setup (the redis queue): the like-for-like comparison. A
-bridge RECEIPT, too, comes once every copy is in gearmand's persistent queue.
+(modes default, redis and redis-written): the like-for-like comparison. A
+bridge RECEIPT, too, comes once every copy is kept (held in Redis, or in
+gearmand's persistent queue) and an fsync covered it.
 """
 
 from __future__ import annotations
