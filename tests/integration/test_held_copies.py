@@ -338,7 +338,7 @@ def test_copies_gearmand_refuses_wait_in_redis_and_go_once_it_takes_them(
             assert admin(gearmand.host, gearmand.port, f"maxqueue {queue} 1") == ["OK"]
             for i in range(1, 5):
                 assert producer.publish(topic, f"m{i}", background=True)["copies"] == 1
-        wait_for(lambda: "gearmand refused" in pool.log(full=True), 60,
+        wait_for(lambda: "refused by gearmand" in pool.log(full=True), 60,
                  message="the refusals logged")
         assert queue_depth(gearmand, queue) == 1
         records = redisconn.connect(redis_url)
