@@ -13,9 +13,10 @@ import time
 import gevent
 import gevent.event
 
-from gearhorn import auth, collector
+from gearhorn import auth, collector, gearman
 from gearhorn.background import Backoff
 from gearhorn.config import Config, to_env
+from gearhorn.events import Event
 from gearhorn.naming import process_id
 from gearhorn.observers import LedgerObserver, Observers, StatsObserver
 from gearhorn.presenceevents import announce_changes
@@ -43,9 +44,12 @@ from gearhorn.store.delayed import Scheduler
 from gearhorn.store.directcalls import DirectCalls
 from gearhorn.store.handouts import Handouts
 from gearhorn.store.headers import HeaderStore
+from gearhorn.store.heldcopies import HeldCopies
 from gearhorn.store.history import History
+from gearhorn.store.holding import HoldingClient
 from gearhorn.store.keys import Keys
 from gearhorn.store.ledger import Ledger
+from gearhorn.store.liveness import holders_alive
 from gearhorn.store.registry import Registry
 from gearhorn.store.stats import Stats
 from gearhorn.store.subscribers import SubscriberCache
@@ -69,8 +73,10 @@ class Bridge:
 
     def __init__(self, server: BridgeServer, registrations: Registrations,
                  flusher: LedgerFlusher, attachments: Attachments,
-                 history_first: HistoryFirst | None = None) -> None:
+                 history_first: HistoryFirst | None = None,
+                 holding: HoldingClient | None = None) -> None:
         self.server = server
+        self.holding = holding
         self.registrations = registrations
         self.flusher = flusher
         self.attachments = attachments
@@ -78,6 +84,11 @@ class Bridge:
 
     def start(self) -> None:
         """Heartbeats and the ledger's flusher, then the connections."""
+        if self.holding is not None:
+            # Alive before holding anything: a holder not seen alive has its
+            # copies taken over by the other processes.
+            self.registrations.liveness.heartbeat()
+            self.holding.start()
         self.registrations.start()
         self.flusher.start()
         self.server.start()
@@ -91,6 +102,8 @@ class Bridge:
             self.history_first.give_back_pens(timeout=5)
         self.registrations.stop_heartbeats()
         self.attachments.wait_released(timeout=10)
+        if self.holding is not None:  # let go of them before others take them over
+            self.holding.stop()
         self.flusher.stop()
         self.registrations.retire()
 
@@ -125,15 +138,25 @@ def build_bridge(config: Config) -> Bridge:
     history_first = HistoryFirst(history, SubscriberCache(registry), streams,
                                  Observers(observer, StatsObserver(stats)), caller=bridge_id)
     streams.own_pens = history_first.pens  # their topics' feeds need not read meanwhile
+    holding = None
+    if config.copies == "held":  # the bridge's background jobs are copies it holds
+        def answered(queue: str, unique: str, status: str) -> None:
+            ledger.record(Event.ANSWERED, queue, unique, reason=status)
+            flusher.recorded()
+
+        holding = HoldingClient(gearman.Client(servers, tls=tls), HeldCopies(client, keys),
+                                bridge_id, holders_alive(client, keys), tls, answered)
     publisher = Publisher(servers, tls, headers,
                           Scheduler(client, keys, config.delay_shard_seconds,
                                     config.delay_lease, config.delay_lanes),
                           bounds, config.fanout_timeout, before_background=dashed.record,
-                          history_first=history_first)
+                          history_first=history_first, holding=holding)
     # Five times a worker's: the janitor removes a bridge's subscriptions
     # only when it is surely dead, not merely busy for a few seconds.
+    # Its held copies, though, are taken over as soon as a dead worker's.
     registrations = Registrations(registry, bridge_id, 5 * config.worker_ttl,
-                                  config.heartbeat_interval)
+                                  config.heartbeat_interval,
+                                  holder_ttl=config.worker_ttl if holding else None)
     handouts = Handouts(client, keys, config.headers_ttl, direct)
     dead_letterer = DeadLetterer(publisher, DeadLetterIndex(client, keys, stats), observer)
     attachments = Attachments(servers, tls, bridge_id, headers_of=headers.for_uniques,
@@ -145,10 +168,13 @@ def build_bridge(config: Config) -> Bridge:
                                          config.request_timeout),
                       queues=attachments, registrations=registrations,
                       counts=QueueCounts(attachments, registry), observer=observer,
-                      streams=streams, durability=durability.for_config(config, client))
+                      streams=streams,
+                      # held copies are in the registry's Redis alone
+                      durability=durability.for_config(config, client,
+                                                       queues=holding is None))
     server = _server(config, backend)
     registrations.describe = lambda: {"connections": len(server.connections)}
-    return Bridge(server, registrations, flusher, attachments, history_first)
+    return Bridge(server, registrations, flusher, attachments, history_first, holding)
 
 
 def _server(config: Config, backend: Backend) -> BridgeServer:

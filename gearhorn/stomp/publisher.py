@@ -18,18 +18,24 @@ from gearhorn.stomp.bounds import QueueBounds
 from gearhorn.stomp.sending import PLAIN, SendOptions, TopicSend
 from gearhorn.store.delayed import DelayedItem, Scheduler
 from gearhorn.store.headers import HeaderStore
+from gearhorn.store.holding import HoldingClient
 
 
 class Publisher:
     """Submits what sessions send; ``before_background`` hears of every
-    background job first (dashed function names, gearhorn/worker/replay.py)."""
+    background job first (dashed function names, gearhorn/worker/replay.py).
+    With ``holding`` (``copies = held``) background jobs are held copies:
+    kept in Redis by this bridge and handed to gearmand as foreground jobs
+    it holds open, as the pool's fanout copies are (docs/design.rst)."""
 
     def __init__(self, servers: Sequence[tuple[str, int]], tls: gearman.TlsFiles | None,
                  headers: HeaderStore, scheduler: Scheduler, bounds: QueueBounds,
                  fanout_timeout: float,
                  before_background: Callable[[Iterable[str]], None] | None = None,
-                 history_first: HistoryFirst | None = None) -> None:
+                 history_first: HistoryFirst | None = None,
+                 holding: HoldingClient | None = None) -> None:
         self.servers, self.tls = tuple(servers), tls
+        self.holding = holding
         self.headers = headers
         self.scheduler = scheduler
         self.bounds = bounds
@@ -41,9 +47,11 @@ class Publisher:
         self._own_lock = gevent.lock.Semaphore()
 
     def new_client(self) -> gearman.Client:
-        """A Gearman client for one connection's jobs."""
-        return gearman.Client(self.servers, before_background=self.before_background,
-                              tls=self.tls)
+        """A Gearman client for one connection's jobs (its background jobs
+        held copies, with ``holding``)."""
+        client = gearman.Client(self.servers, before_background=self.before_background,
+                                tls=self.tls)
+        return client if self.holding is None else self.holding.beside(client)
 
     def send_to_queue(self, client: gearman.Client, function: str,
                       bodies: Sequence[bytes], options: SendOptions = PLAIN) -> None:

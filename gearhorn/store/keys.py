@@ -42,6 +42,10 @@ Redis the braces are just characters.
                                 (gearhorn/store/delaylayout.py)
 ``<p>bridges``                  sorted set: bridge id scored by the epoch second at
                                 which it is dead unless it sends a heartbeat
+``<p>holding-bridges``          sorted set: bridge id scored by the epoch second after
+                                which its held copies are taken over (worker_ttl: sooner
+                                than its subscriptions are swept; workers' own heartbeats
+                                serve for theirs)
 ``<p>bridge:<id>``              set: what dies with that bridge: ``topic\t<pattern>\t<client
                                 id>`` (non-durable subscriptions), ``queue\t<function>``
                                 (temp queues); the janitor cleans up after a dead bridge
@@ -189,6 +193,10 @@ class Keys:
     @property
     def bridges(self) -> str:
         return self.prefix + "bridges"
+
+    @property
+    def holding_bridges(self) -> str:
+        return self.prefix + "holding-bridges"
 
     @property
     def temp_queues(self) -> str:

@@ -91,3 +91,17 @@ def of_bridges(client: redis.Redis, keys: Keys) -> Liveness:
 def of_workers(client: redis.Redis, keys: Keys) -> Liveness:
     """The worker processes' heartbeats and what each says about itself."""
     return Liveness(client, keys.workers, keys.worker)
+
+
+def of_holding_bridges(client: redis.Redis, keys: Keys) -> Liveness:
+    """Bridges holding copies: beaten with a worker's ttl, so that a dead
+    bridge's copies are taken over as soon as a dead worker's are (its
+    subscriptions wait for the longer ttl of ``<p>bridges``)."""
+    return Liveness(client, keys.holding_bridges)
+
+
+def holders_alive(client: redis.Redis, keys: Keys) -> Callable[[], list[str]]:
+    """The ids of the processes that may hold copies (workers and bridges)
+    alive now: the others' copies are taken over (gearhorn/store/holding.py)."""
+    workers, bridges = of_workers(client, keys), of_holding_bridges(client, keys)
+    return lambda: workers.alive() + bridges.alive()

@@ -29,8 +29,10 @@ from gearhorn.store.durability import Durability
 from gearhorn.store.headers import HeaderStore
 from gearhorn.store.heldcopies import HeldCopies
 from gearhorn.store.history import History
+from gearhorn.store.holding import HoldingClient
 from gearhorn.store.keys import Keys
 from gearhorn.store.ledger import Flusher, Ledger
+from gearhorn.store.liveness import holders_alive
 from gearhorn.store.pressure import Pressure
 from gearhorn.store.registry import Registry
 from gearhorn.store.room import RoomKeeper
@@ -39,7 +41,6 @@ from gearhorn.store.subscribers import InvalidationListener, SubscriberCache
 from gearhorn.store.tally import TallyWriter
 from gearhorn.worker.fanout import Fanouts, FanoutStores
 from gearhorn.worker.foreground import ForegroundSettings
-from gearhorn.worker.holding import HoldingClient
 from gearhorn.worker.janitor import Janitor
 from gearhorn.worker.reaper import Reaper
 from gearhorn.worker.service import FanoutService
@@ -123,7 +124,8 @@ def build_worker(config: Config, worker_id: str, functions: tuple[str, ...]) -> 
             flusher.poke()  # written within 0.1 s, as a fanout's entries are
 
         holding = HoldingClient(client, HeldCopies(client_redis, keys), worker_id,
-                                registry.workers.alive, config.gearman_tls, answered)
+                                holders_alive(client_redis, keys), config.gearman_tls,
+                                answered)
         client, release_client = holding, holding.beside(release_client)
     stats = Stats(client_redis, keys, config.metrics_enabled,
                   buffered=not config.metrics_write_through)

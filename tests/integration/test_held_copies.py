@@ -266,6 +266,51 @@ def test_a_durable_stomp_subscriber_gets_every_copy_held_across_a_gearmand_crash
            f"a kill -9 of gearmand; its ACKs dropped their records")
 
 
+def test_queue_sends_are_held_by_the_bridge_across_gearmand_and_bridge_crashes(
+        gearmand_again, redis_url, tmp_path, report):
+    """A SEND to a ``/queue/`` is a copy the bridge holds: RECEIPTed after
+    its record's fsync, handed again after a kill -9 of a plain gearmand,
+    and taken over by the pool once the bridge holding it is killed too."""
+    server = gearmand_again.server
+    pool = PoolProcess([server], redis_url, processes=2, log_dir=str(tmp_path), env=HELD)
+    first = BridgeProcess([server], redis_url, str(tmp_path), env=HELD)
+    queue = unique_topic("heldq")
+    second = None
+    try:
+        pool.wait_ready()
+        producer = StompClient(first.port)
+        sent = {f"q{i}".encode() for i in range(100)}
+        for body in sorted(sent):  # every fifth with headers of its own to carry
+            extra = {"correlation-id": body.decode()} if body.endswith(b"5") else {}
+            producer.send(f"/queue/{queue}", body, **extra)  # waits for its RECEIPT
+        producer.close()
+        records = redis.Redis.from_url(redis_url)
+        assert records.hlen(Keys().copies(queue)) == len(sent), "each SEND held once"
+        gearmand_again.kill_and_start()
+        first.process.kill()  # the holder of every one of them
+        first.process.wait()
+        second = BridgeProcess([gearmand_again.server], redis_url, str(tmp_path), env=HELD)
+        consumer = StompClient(second.port)
+        consumer.subscribe(f"/queue/{queue}", "1")
+        got = consumer.every(sent)
+        consumer.close()
+        bodies = {m.body for m in got}
+        assert not sent - bodies, f"lost {sorted(sent - bodies)[:5]}"
+        headed = {m.body: m.headers.get("correlation-id") for m in got if m.body.endswith(b"5")}
+        assert headed == {b: b.decode() for b in sent if b.endswith(b"5")}
+        wait_for(lambda: records.hlen(Keys().copies(queue)) == 0, 60,
+                 message="the delivered copies forgotten")
+        records.close()
+    finally:
+        if second is not None:
+            second.stop()
+        first.stop()
+        pool.stop()
+    report(f"copies = held: {len(sent)} RECEIPTed SENDs to a /queue/ held by their bridge: all "
+           f"delivered after a kill -9 of gearmand and then of that bridge (the pool took "
+           f"them over), headers and all")
+
+
 def test_with_two_gearmand_one_killed_hands_again_only_its_copies(tmp_path, redis_url, report):
     """Each queue's copies are held on its home gearmand; one of two killed
     -9 and started again: its copies are handed again there, and none held

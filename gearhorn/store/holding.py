@@ -75,11 +75,17 @@ class HoldingClient:
         return self
 
     def stop(self) -> None:
-        """Stop handing copies; the connections stay until the process ends
-        (gearmand then drops their jobs, and another holder takes them over)."""
+        """Stop handing copies and let go of those held: gearmand drops their
+        jobs, and another holder takes the records over once this one's
+        heartbeat is gone (not before: no copy is held twice)."""
         self._stopping.set()
         self._wake.set()
-        self._thread.join(10)
+        if self._thread.is_alive():
+            self._thread.join(10)
+        with self._lock:
+            holders = list(self._holders.values())
+        for holder in holders:
+            holder.close("stopping")
 
     def submit_background(self, copies: Sequence[gearman.Copy],
                           precedence: str = "normal") -> int:
