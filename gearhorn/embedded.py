@@ -17,9 +17,11 @@ from urllib.parse import urlparse
 
 import redis
 
-from gearhorn import gearman, ports, servers
+from gearhorn import gearman, ports, queueupgrade, servers
 from gearhorn.config import Config, to_env
 from gearhorn.store import durability, redisconn
+from gearhorn.store.dashed import DashedFunctions
+from gearhorn.store.heldcopies import HeldCopies
 from gearhorn.store.keys import Keys
 from gearhorn.store.redisconn import REDIS_ERRORS
 from gearhorn.store.registry import Registry
@@ -124,8 +126,14 @@ class Embedded:
             self.notes["persistence"] = "none: gear.Server keeps jobs in memory only"
             self.config = self.config.replace(persistence="none")
             return
-        if self.config.persistence == "auto":  # the gearmand started here: its redis queue
-            self.config = self.config.replace(persistence="redis")
+        if self.config.persistence == "auto":  # the gearmand started here
+            if self.config.copies == "held":
+                # gearhorn holds its copies: gearmand keeps only the jobs
+                # submitted straight to it, in sqlite (no Redis of its own).
+                self._upgrade_queue()
+                self.config = self.config.replace(persistence="sqlite")
+            else:  # its redis queue holds the copies
+                self.config = self.config.replace(persistence="redis")
         if self.config.persistence == "redis":
             self._ensure_queue_redis()
         self.gearmand = self._start_gearmand(port)
@@ -135,10 +143,31 @@ class Embedded:
         note = _PERSISTENCE_NOTES[self.config.persistence].format(
             url=self.config.queue_redis_urls[0], dir=self.config.data_dir)
         if self.config.copies == "held":  # gearmand keeps only its own jobs then
-            note = (f"{note}; with copies = held that is the bridge's /queue/ SENDs and other "
-                    f"producers' jobs: the pool's fanout copies are held in the registry's "
-                    f"Redis whatever gearmand keeps")
+            note = (f"{note}, for jobs submitted straight to gearmand (gearman -b): every "
+                    f"copy gearhorn makes, and every SEND, is held in the registry's Redis")
         self.notes["persistence"] = note
+
+    def _upgrade_queue(self) -> None:
+        """Copies an older gearhorn left in gearmand's redis queue in
+        ``data_dir`` become held copies (gearhorn/queueupgrade.py); the
+        directory is then renamed, so later starts skip this."""
+        old = os.path.join(self.config.data_dir, "gearmand-queue")
+        if not os.path.isdir(old):
+            return
+        queue_redis = servers.start_redis(servers.free_port(), old, appendonly=True,
+                                          barrier=False)
+        try:
+            registry = self._registry_redis()
+            keys = self._keys()
+            queue = redis.Redis(queue_redis.host, queue_redis.port, socket_timeout=60)
+            barrier = durability.for_config(self.config, registry, queues=False)
+            queueupgrade.move_to_held(queue, HeldCopies(registry, keys), keys,
+                                      DashedFunctions(registry, keys).load(), barrier.wait)
+            queue.close()
+        finally:
+            queue_redis.stop()
+        os.rename(old, f"{old}.upgraded")
+        log.info("gearmand's redis queue is no longer used: %s renamed %s.upgraded", old, old)
 
     def _ensure_queue_redis(self) -> None:
         url = urlparse(self.config.queue_redis_urls[0])

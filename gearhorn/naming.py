@@ -129,6 +129,10 @@ def returned_token(unique: str) -> str | None:
 # A held copy as gearmand was given it: ``<record key>^<generation, base 36>``
 # (gearhorn/store/heldcopies.py). Its holder waits for its answer.
 GENERATION_MARK = "^"
+# A bridge's WORK_EXCEPTION for a held copy it gives back (a client left
+# without acking it): its holder hands it again first in line, in the order
+# given back, instead of forgetting it (gearhorn/store/holding.py).
+GIVEN_BACK = b"gearhorn: given back, to be handed again first"
 _HANDED = re.compile(r"\^[0-9a-z]{1,3}")
 
 
@@ -140,6 +144,16 @@ def is_held(unique: str) -> bool:
     """
     at = unique.rfind(GENERATION_MARK)
     return at > 0 and _HANDED.fullmatch(unique, at) is not None
+
+
+def own_unique(unique: str) -> str:
+    """A held copy's key, the same in every generation it is handed as (its
+    hand-outs, headers and ledger entries follow it); any other unique as it is.
+
+    >>> own_unique("m1:alice^0"), own_unique("m1:bob^3^14"), own_unique("order-17")
+    ('m1:alice', 'm1:bob^3', 'order-17')
+    """
+    return unique.rpartition(GENERATION_MARK)[0] if is_held(unique) else unique
 
 
 def returnable(function: str, unique: str) -> bool:

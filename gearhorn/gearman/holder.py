@@ -98,6 +98,11 @@ class Holder:
             self.close(reason)
             raise Unavailable(reason)
 
+    def live(self) -> list[str]:
+        """The uniques of the jobs this connection holds or is handing now."""
+        with self._changed:
+            return [c.unique for c in self._held.values()] + [c.unique for c in self._awaiting]
+
     def held(self) -> int:
         """How many jobs this connection holds (created, not answered)."""
         with self._changed:

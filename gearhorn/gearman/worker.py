@@ -136,6 +136,10 @@ class WorkerConnection:
     def fail(self, handle: bytes) -> None:
         self._answer(encode(P.WORK_FAIL, handle))
 
+    def exception(self, handle: bytes, data: bytes) -> None:
+        """WORK_EXCEPTION: a client that asked for exceptions gets ``data``."""
+        self._answer(encode(P.WORK_EXCEPTION, handle, data))
+
     def warn(self, handle: bytes, data: bytes) -> None:
         """WORK_WARNING: a foreground client sees ``data`` (gearmand drops it
         for a background job)."""

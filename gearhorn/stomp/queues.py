@@ -28,6 +28,7 @@ import gevent.event
 import gevent.queue
 
 from gearhorn import gearman
+from gearhorn.naming import GIVEN_BACK, is_held
 from gearhorn.stomp import dispatch
 from gearhorn.stomp.grabbing import Grabber
 from gearhorn.stomp.inorder import InOrder
@@ -290,10 +291,17 @@ class QueueDispatcher:
 
     def _return_then_close(self, held: list[Delivery]) -> None:
         try:
-            given = self._give_back(self.function, held)
+            # Held copies: their holders hand them again, first in line, in
+            # the order these answers reach them.
+            copies = [d for d in held if is_held(d.job.unique)]
+            for delivery in copies:
+                delivery.done = True
+                delivery.worker.exception(delivery.job.handle, GIVEN_BACK)
+            given = self._give_back(self.function, [d for d in held if not d.done])
             for delivery in given:
                 delivery.done = True
                 delivery.worker.complete(delivery.job.handle)
+            given += copies
             for worker in self._gearman.workers:
                 worker.flush()  # the completions leave before the close
             if given:

@@ -13,7 +13,7 @@ from typing import Protocol
 
 from gearhorn import gearman
 from gearhorn.background import Outage
-from gearhorn.naming import returned_token
+from gearhorn.naming import own_unique, returned_token
 from gearhorn.store.handouts import Handouts, Returned
 from gearhorn.store.redisconn import REDIS_ERRORS
 
@@ -83,7 +83,8 @@ class Recall:
         reply-to would be lost) or as someone it is not; the dispatcher drops
         the connection, gearmand takes the jobs back, and it retries."""
         returned = self._returned(jobs)
-        uniques = [r.unique if (r := returned.get(job.unique)) else job.unique for job in jobs]
+        uniques = [r.unique if (r := returned.get(job.unique)) else own_unique(job.unique)
+                   for job in jobs]
         headers = self._headers(uniques)
         before = self._take(uniques)
         tracked = self._handouts is not None and not self._outage.down

@@ -23,6 +23,7 @@ from collections.abc import Callable, Sequence
 from gearhorn import gearman
 from gearhorn.background import Backoff, Outage
 from gearhorn.gearman.holder import Holder
+from gearhorn.naming import GIVEN_BACK
 from gearhorn.store.heldcopies import HeldCopies, HeldCopy, key_of
 from gearhorn.store.redisconn import REDIS_ERRORS
 
@@ -30,6 +31,7 @@ log = logging.getLogger(__name__)
 
 TAKEOVER_EVERY = 1.0  # seconds between looks for dead holders
 AGAIN_EVERY = 1.0  # seconds before copies refused (or not handed) are handed again
+RECONNECT_EVERY = 0.5  # seconds between tries of a gearmand that is away
 FORGET_EVERY = 0.05  # seconds an answered copy's record may wait to be dropped
 
 
@@ -49,6 +51,8 @@ class HoldingClient:
         self._lock = threading.Lock()
         self._holders: dict[int, Holder] = {}  # by index in client.connections
         self._lost: set[int] = set()  # servers whose copies are to be handed again
+        self._retry_at: dict[int, float] = {}  # a lost server's next try, while away
+        self._rerouted: set[int] = set()  # away servers whose copies went to the others
         # While a server's copies are read to be handed again: the keys
         # handed to its new connection meanwhile (not to be handed twice).
         self._fresh: dict[int, set[str]] = {}
@@ -56,6 +60,8 @@ class HoldingClient:
         # (queue, key) of copies to hand again in a while: gearmand refused
         # them, or their write failed half-way
         self._again: list[tuple[str, str]] = []
+        # (queue, key) of copies a bridge gave back, in order: handed again at once
+        self._given_back: list[tuple[str, str]] = []
         # The copy's own unique, by the one gearmand was given, where that is
         # a digest (a long unique): the ledger names a copy as its fanout did.
         self._own: dict[str, str] = {}
@@ -104,18 +110,22 @@ class HoldingClient:
         self._hand(kept)
         return len(copies)
 
-    def _hand(self, held: Sequence[HeldCopy]) -> None:
+    def _hand(self, held: Sequence[HeldCopy], precedence: str | None = None) -> None:
+        """``held`` to their home gearmand, at their own precedence unless
+        ``precedence`` is given."""
         parts: dict[tuple[int, str], list[gearman.Copy]] = {}
         for copy in held:
             handed = copy.handed()
             if copy.key != copy.unique:
                 with self._lock:
                     self._own[handed.unique] = copy.unique
-            parts.setdefault((self.client.home(copy.queue), copy.precedence), []).append(handed)
-        for (index, precedence), jobs in parts.items():
-            holder = self._holder(index, jobs)
+            at = (self.client.home(copy.queue), precedence or copy.precedence)
+            parts.setdefault(at, []).append(handed)
+        for (home, precedence), jobs in parts.items():
+            index = self._up_from(home)
+            holder = None if index is None else self._holder(index, jobs)
             if holder is None:
-                continue  # the server is away: its copies wait in Redis
+                continue  # every server is away: the copies wait in Redis
             try:
                 holder.hold(jobs, precedence)
             except gearman.GearmanError:
@@ -124,6 +134,21 @@ class HoldingClient:
                 with self._lock:
                     self._lost.add(index)
                 self._wake.set()
+
+    def _up_from(self, home: int) -> int | None:
+        """``home``, or while its connection is lost the next server that is
+        not (a queue's consumers read every server, as gearmand's own
+        failover has them: a held copy waits for no one server)."""
+        count = len(self.client.connections)
+        with self._lock:
+            return next(((home + n) % count for n in range(count)
+                         if (home + n) % count not in self._lost), None)
+
+    def _live(self) -> set[str]:
+        """The keys of the copies some connection holds, or is handing, now."""
+        with self._lock:
+            holders = [h for h in self._holders.values() if not h.broken]
+        return {key_of(unique) for holder in holders for unique in holder.live()}
 
     def _holder(self, index: int, jobs: Sequence[gearman.Copy]) -> Holder | None:
         with self._lock:
@@ -146,6 +171,12 @@ class HoldingClient:
             with self._lock:
                 self._again.append((copy.function, key_of(copy.unique)))
                 self._own.pop(copy.unique, None)
+            return
+        if outcome.status == "exception" and outcome.data == GIVEN_BACK:
+            with self._lock:  # a bridge's client left it unacked: first in line again
+                self._given_back.append((copy.function, key_of(copy.unique)))
+                self._own.pop(copy.unique, None)
+            self._wake.set()
             return
         with self._lock:
             self._answered.append((copy.function, copy.unique))
@@ -174,6 +205,7 @@ class HoldingClient:
             self._wake.clear()
             try:
                 self._forget()
+                self._hand_given_back()
                 self._hand_again()
                 next_look = self._take_over_dead(next_look)
                 next_again = self._hand_later(next_again)
@@ -194,39 +226,104 @@ class HoldingClient:
             raise
 
     def _hand_again(self) -> None:
-        """The copies of each server whose connection broke, as their next
-        generation, once that server takes a connection again."""
+        """For each server whose connection broke: once it takes one again,
+        every copy of this holder's that no connection holds now, as its
+        next generation; while it stays away, those copies go to the servers
+        that are up (once: what they hold stays with them)."""
+        now = time.monotonic()
         with self._lock:
-            lost = sorted(self._lost)
-        for index in lost:
-            conn = self.client.connections[index]
-            probe = Holder(conn.host, conn.port, self._answered_by, self._lost_on(index),
-                           tls=self.tls)
-            probe.conn.open()  # raises GearmanError while the server is away
-            with self._lock:  # new copies go to it from now on: none falls between
-                self._holders[index] = probe
-                self._lost.discard(index)
-                fresh = self._fresh[index] = set()
-            try:
-                found = list(self.store.held_by(self.holder_id))
-                with self._lock:  # those handed to the new connection already stay
-                    copies = [c for c in found
-                              if self.client.home(c.queue) == index and c.key not in fresh]
-                moved = self.store.hand_over(copies, self.holder_id)
-                self._hand(moved)
-            except BaseException:
-                # Let the new connection go too (gearmand drops its jobs) and
-                # read them all again next round: never a copy left behind.
-                probe.close("reading the copies to hand again failed")
-                with self._lock:
-                    self._lost.add(index)
-                raise
-            finally:
-                with self._lock:
-                    self._fresh.pop(index, None)
-            if moved:
-                log.info("gearmand %s:%s: %d held copies handed again", conn.host, conn.port,
-                         len(moved))
+            due = [i for i in sorted(self._lost) if self._retry_at.get(i, 0.0) <= now]
+        for index in due:
+            probe = self._reconnect(index)
+            if probe is None:
+                self._reroute(index)
+            else:
+                self._rehand(index, probe)
+
+    def _reconnect(self, index: int) -> Holder | None:
+        """A new connection to server ``index``, or None while it is away."""
+        conn = self.client.connections[index]
+        probe = Holder(conn.host, conn.port, self._answered_by, self._lost_on(index),
+                       tls=self.tls)
+        try:
+            probe.conn.open()
+        except gearman.GearmanError as exc:
+            with self._lock:
+                first = index not in self._retry_at
+                self._retry_at[index] = time.monotonic() + RECONNECT_EVERY
+            if first:
+                log.warning("gearmand %s:%s is away (%s): the held copies it had go to the "
+                            "servers that are up, if any, until it is back", conn.host,
+                            conn.port, exc)
+            return None
+        with self._lock:
+            self._retry_at.pop(index, None)
+        return probe
+
+    def _reroute(self, index: int) -> None:
+        if self._up_from(index) is None:
+            return  # no server is up: the copies wait in Redis
+        with self._lock:
+            if index in self._rerouted:
+                return
+            self._rerouted.add(index)
+        try:
+            moved = self._hand_not_live(set())
+        except BaseException:
+            with self._lock:
+                self._rerouted.discard(index)
+            raise
+        if moved:
+            log.info("%d held copies handed to the servers that are up", moved)
+
+    def _rehand(self, index: int, probe: Holder) -> None:
+        with self._lock:  # new copies go to it from now on: none falls between
+            self._holders[index] = probe
+            self._lost.discard(index)
+            self._rerouted.discard(index)
+            fresh = self._fresh[index] = set()
+        try:
+            moved = self._hand_not_live(fresh)
+        except BaseException:
+            # Let the new connection go too (gearmand drops its jobs) and
+            # read them all again next round: never a copy left behind.
+            probe.close("reading the copies to hand again failed")
+            with self._lock:
+                self._lost.add(index)
+            raise
+        finally:
+            with self._lock:
+                self._fresh.pop(index, None)
+        if moved:
+            conn = probe.conn
+            log.info("gearmand %s:%s: %d held copies handed again", conn.host, conn.port, moved)
+
+    def _hand_not_live(self, fresh: set[str]) -> int:
+        """Every copy of this holder's that no connection holds (nor took
+        meanwhile: ``fresh``), as its next generation; how many."""
+        found = list(self.store.held_by(self.holder_id))
+        live = self._live()  # read after the records: none handed before is missed
+        with self._lock:
+            copies = [c for c in found if c.key not in live and c.key not in fresh]
+        moved = self.store.hand_over(copies, self.holder_id)
+        self._hand(moved)
+        return len(moved)
+
+    def _hand_given_back(self) -> None:
+        """The copies bridges gave back, as their next generation, ahead of
+        newer ones (high precedence) and in the order given back."""
+        with self._lock:
+            wanted, self._given_back = self._given_back, []
+        if not wanted:
+            return
+        try:
+            mine = [c for c in self.store.find(wanted) if c.holder == self.holder_id]
+            moved = self.store.hand_over(mine, self.holder_id)
+        except REDIS_ERRORS:
+            with self._lock:
+                self._given_back[:0] = wanted
+            raise
+        self._hand(moved, precedence="high")
 
     def _hand_later(self, next_try: float) -> float:
         """The copies gearmand refused (its queue full: ``maxqueue``) or that

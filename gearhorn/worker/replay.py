@@ -100,7 +100,7 @@ def hold(queue: redis.Redis, dashed: Collection[bytes], keys: Keys,
     would replay wrong; returns how many."""
     find_nul = queue.register_script(_FIND_NUL)
     held = 0
-    for batch in _scan(queue, prefix + b"-*"):
+    for batch in scan_keys(queue, prefix + b"-*"):
         with_nul = {batch[i - 1] for i in find_nul(keys=batch)}
         pipe = queue.pipeline(transaction=False)
         for key in batch:
@@ -119,13 +119,13 @@ def resubmit(queue: redis.Redis, dashed: Collection[bytes], keys: Keys,
     """Step 2, once gearmand listens: submit every held job again, then drop
     its held key; returns how many."""
     done = 0
-    for batch in _scan(queue, keys.held_job(b"*")):
+    for batch in scan_keys(queue, keys.held_job(b"*")):
         pipe = queue.pipeline(transaction=False)
         for key in batch:
             pipe.hgetall(key)
         by_precedence: dict[str, list[tuple[bytes, gearman.Copy]]] = {}
         for key, fields in zip(batch, pipe.execute(raise_on_error=False), strict=True):
-            copy, precedence = _copy(key[len(keys.held_job(b"")):], fields, dashed, prefix)
+            copy, precedence = queued_copy(key[len(keys.held_job(b"")):], fields, dashed, prefix)
             if copy is not None:
                 by_precedence.setdefault(precedence, []).append((key, copy))
         for precedence, items in by_precedence.items():
@@ -151,8 +151,10 @@ def start_mended(queue: redis.Redis, registry: redis.Redis, keys: Keys,
     return started
 
 
-def _copy(key: bytes, fields: dict[bytes, bytes], dashed: Collection[bytes],
-          prefix: bytes) -> tuple[gearman.Copy | None, str]:
+def queued_copy(key: bytes, fields: dict[bytes, bytes], dashed: Collection[bytes],
+                prefix: bytes) -> tuple[gearman.Copy | None, str]:
+    """The job at queue key ``key`` (its hash ``fields``) and its precedence;
+    None (logged) for what is not a job."""
     job = split_key(key, dashed, prefix)
     if not isinstance(fields, dict):  # not a hash: gearmand <= 1.1.15 kept strings
         fields = {}
@@ -165,7 +167,7 @@ def _copy(key: bytes, fields: dict[bytes, bytes], dashed: Collection[bytes],
     return copy, _PRECEDENCE.get(priority, "normal")
 
 
-def _scan(client: redis.Redis, pattern: bytes) -> Iterator[list[bytes]]:
+def scan_keys(client: redis.Redis, pattern: bytes) -> Iterator[list[bytes]]:
     cursor = 0
     while True:
         cursor, found = client.scan(cursor, match=pattern, count=_SCAN_COUNT)

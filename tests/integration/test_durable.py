@@ -97,7 +97,9 @@ TOPICS = ("news", "price-feed")  # a "-" in the queue name, as gearmand misreads
 def test_gearhorn_up_keeps_every_copy_exactly_once_through_kill_9_of_everything(
         tmp_path, ups):
     first = ups(tmp_path)
-    assert "durable: gearmand's redis queue" in first.text()
+    # Held copies: gearmand keeps only what is submitted straight to it (the
+    # background fanouts below), in sqlite.
+    assert "durable: gearmand's sqlite queue" in first.text()
     gm = [("127.0.0.1", first.ports["gearman"])]
     expected = {topic: Counter() for topic in TOPICS}
     with Producer(gm) as producer:
@@ -127,7 +129,8 @@ def test_gearhorn_up_keeps_every_copy_exactly_once_through_kill_9_of_everything(
     second = ups(tmp_path, ports=first.ports)
     wait_for(lambda: queue_depth(second.gearmand, "fanout") == 0, 60,
              message="the replayed fanouts to run")
-    assert [j.data for j in drain_jobs(second.gearmand, "orders-eu")] == [b"receipted"]
+    assert [j.data for j in drain_jobs(second.gearmand, "orders-eu", until=nothing_held(
+        second.redis_url, "orders-eu"))] == [b"receipted"]
     for topic in TOPICS:
         for who in SUBSCRIBERS:
             queue = f"{topic}_{who}"  # held copies come once another worker took them over
@@ -143,53 +146,71 @@ def test_the_redis_servers_up_starts_write_each_command_before_answering(tmp_pat
     busy disk), and a kill -9 then loses what it acknowledged; gearhorn up
     syncs the files itself (gearhorn/aofsync.py)."""
     up = ups(tmp_path)
-    for name in ("redis", "queue"):
-        client = redis.Redis(port=up.ports[name])
-        settings = client.config_get("append*")
-        assert (settings["appendonly"], settings["appendfsync"]) == ("yes", "no"), name
-        client.close()
+    client = redis.Redis(port=up.ports["redis"])
+    settings = client.config_get("append*")
+    assert (settings["appendonly"], settings["appendfsync"]) == ("yes", "no")
+    client.close()
+    # Held copies: gearmand has no Redis of its own any more.
+    assert not servers.is_listening("127.0.0.1", up.ports["queue"])
 
 
 def test_no_persistence_is_said_in_the_banner_and_loses_gearmands_own_jobs(tmp_path, ups):
     """--no-persistence: gearmand keeps its jobs in memory. With held copies
-    (the default) that is the bridge's /queue/ SENDs only: the pool's copies are in
-    the registry's Redis and come back after a kill -9 of everything."""
+    (the default) that is only the jobs submitted straight to it: the
+    pool's copies and the bridge's SENDs are in the registry's Redis and
+    come back after a kill -9 of everything."""
     first = ups(tmp_path, extra=["--no-persistence"])
     assert "NONE: queued copies are lost" in first.text()
-    assert "the pool's fanout copies are held in the registry's Redis" in first.text()
+    assert "every copy gearhorn makes, and every SEND, is held in the registry's Redis" \
+        in first.text()
     gm = [("127.0.0.1", first.ports["gearman"])]
     with Producer(gm) as producer:
         producer.subscribe("news", "alice")
         producer.publish("news", "kept", background=True)
     stomp = StompClient(first.ports["stomp"])
-    stomp.send("/queue/orders", b"gone")  # waits for its RECEIPT
+    stomp.send("/queue/orders", b"held too")  # waits for its RECEIPT
     stomp.close()
-    assert queue_depth(first.gearmand, "orders") == 1  # queued: there was a job to lose
+    subprocess.run(["gearman", "-h", "127.0.0.1", "-p", str(first.ports["gearman"]), "-b",
+                    "-f", "orders", "gone"], check=True, capture_output=True, timeout=30)
+    wait_for(lambda: queue_depth(first.gearmand, "orders") == 2,
+             message="both jobs queued: there is one to lose")
     first.kill_everything()
     second = ups(tmp_path, ports=first.ports, extra=["--no-persistence"])
-    assert queue_depth(second.gearmand, "orders") == 0
     got = drain_jobs(second.gearmand, "news_alice",
                      until=nothing_held(second.redis_url, "news_alice"))
     assert [j.data for j in got] == [b"kept"]
+    got = drain_jobs(second.gearmand, "orders", until=nothing_held(second.redis_url, "orders"))
+    assert [j.data for j in got] == [b"held too"]
 
 
 def test_copies_queued_in_gearmand_before_the_upgrade_to_held_are_all_delivered(
         tmp_path, ups):
-    """A data directory of the version before held copies: its copies are
-    in gearmand's redis queue. Started again on every default, gearhorn
-    holds its new copies itself, and gearmand replays the old ones."""
+    """A data directory of the version before held copies: its copies, and
+    the bridge's SENDs, are in gearmand's redis queue. Started again on
+    every default, gearhorn moves them into held copies (a dashed function
+    and a unique gearmand would replay wrong among them), runs gearmand on
+    sqlite with no Redis of its own, and delivers old and new alike."""
     first = ups(tmp_path, env={"GEARHORN_COPIES": "gearmand"})
     assert "copies = held" not in first.text()
     gm = [("127.0.0.1", first.ports["gearman"])]
     with Producer(gm) as producer:
         for who in ("alice", "bob"):
             producer.subscribe("news", who)
+            producer.subscribe("price-feed", who)
         for i in range(100):
             producer.publish("news", f"old{i}", background=True)
+        producer.publish("price-feed", "dashed", background=True)
+    stomp = StompClient(first.ports["stomp"])
+    stomp.send("/queue/orders", b"old order", **{"correlation-id": "c1"})
+    stomp.close()
     first.kill_everything()
 
     second = ups(tmp_path, ports=first.ports)
     assert "copies = held" in second.text()
+    assert "gearmand's sqlite queue" in second.text()
+    assert "moved 203 jobs from gearmand's redis queue" in second.text()
+    assert os.path.isdir(tmp_path / "data" / "gearmand-queue.upgraded")
+    assert not os.path.exists(tmp_path / "data" / "gearmand-queue")
     with Producer(gm) as producer:
         for i in range(50):
             producer.publish("news", f"new{i}", background=True)
@@ -200,12 +221,20 @@ def test_copies_queued_in_gearmand_before_the_upgrade_to_held_are_all_delivered(
         got = Counter(j.data for j in drain_jobs(second.gearmand, queue,
                                                  until=nothing_held(second.redis_url, queue)))
         assert got == expected, f"{queue}: {sorted(set(expected) - set(got))[:5]} missing"
+        queue = f"price-feed_{who}"
+        got = drain_jobs(second.gearmand, queue, until=nothing_held(second.redis_url, queue))
+        assert [j.data for j in got] == [b"dashed"]
+    consumer = StompClient(second.ports["stomp"])
+    consumer.subscribe("/queue/orders", "1")
+    (message,) = consumer.messages(1, timeout=60)
+    consumer.close()
+    assert (message.body, message.headers.get("correlation-id")) == (b"old order", "c1")
 
 
 def test_up_starts_gearmand_and_its_redis_again_when_that_redis_is_killed(tmp_path, ups):
     # gearmand 1.1.20 never reconnects to its queue's Redis: without a restart
     # it answers QUEUE_ERROR to every background job from then on.
-    up = ups(tmp_path)
+    up = ups(tmp_path, env={"GEARHORN_PERSISTENCE": "redis"})
     gm = [("127.0.0.1", up.ports["gearman"])]
     with Producer(gm) as producer:
         producer.subscribe("news", "alice")
