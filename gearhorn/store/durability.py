@@ -189,7 +189,7 @@ COVERS = {
 
 QUEUED = "copies queued in gearmand"
 # With copies = held, what gearmand keeps itself: its own jobs only.
-QUEUED_BESIDE_HELD = "jobs queued in gearmand itself (the bridge's /queue/ SENDs, gearman -b)"
+QUEUED_BESIDE_HELD = "jobs submitted straight to gearmand (gearman -b, other producers)"
 
 
 def gearmand_covers(persistence: str, queue_urls: Sequence[str], what: str = QUEUED) -> str:
@@ -212,7 +212,7 @@ def gearmand_covers(persistence: str, queue_urls: Sequence[str], what: str = QUE
             f"otherwise: docs/operations.rst)")
 
 
-HELD_COVERS = ("the worker pool's fanout copies (copies = held): in the registry's Redis "
+HELD_COVERS = ("fanout copies and the bridge's SENDs (copies = held): in the registry's Redis "
                "until their receivers answer, as that Redis keeps them (above); a crash of "
                "gearmand loses none, it only dispatches them")
 

@@ -206,10 +206,10 @@ def test_the_start_says_what_an_acknowledgement_covers_beside_a_plain_gearmand()
 def test_held_copies_are_the_default_and_the_start_says_where_they_are():
     lines = check(RedisOf(appendonly="no"))  # every default
     assert "in memory only" in lines[0]  # what is lost with that Redis, said first
-    assert lines[1].startswith("the worker pool's fanout copies (copies = held): in the "
+    assert lines[1].startswith("fanout copies and the bridge's SENDs (copies = held): in the "
                                "registry's Redis until their receivers answer")
-    # what gearmand still keeps itself: the bridge's /queue/ SENDs, other producers' jobs
-    assert lines[2].startswith("jobs queued in gearmand itself (the bridge's /queue/ SENDs")
+    # what gearmand still keeps itself: other producers' jobs
+    assert lines[2].startswith("jobs submitted straight to gearmand (gearman -b")
     assert "memory queue" in lines[2]
     assert not any("copies = held" in line
                    for line in check(RedisOf(syncers=1), copies="gearmand"))
