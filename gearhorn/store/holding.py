@@ -62,6 +62,7 @@ class HoldingClient:
         self._again: list[tuple[str, str]] = []
         # (queue, key) of copies a bridge gave back, in order: handed again at once
         self._given_back: list[tuple[str, str]] = []
+        self._said_again = -60.0  # when the last warning of copies handed again went
         # The copy's own unique, by the one gearmand was given, where that is
         # a digest (a long unique): the ledger names a copy as its fanout did.
         self._own: dict[str, str] = {}
@@ -342,9 +343,12 @@ class HoldingClient:
                 with self._lock:
                     self._again[:0] = wanted
                 raise
-            if moved:
-                log.warning("%d held copies handed again (refused by gearmand: a full "
-                            "queue?, or not handed when written)", len(moved))
+            if moved:  # said once a minute while a queue stays full, not every second
+                loud = now - self._said_again >= 60
+                self._said_again = now if loud else self._said_again
+                log.log(logging.WARNING if loud else logging.DEBUG,
+                        "%d held copies handed again (refused by gearmand: a full queue?, "
+                        "or not handed when written)", len(moved))
             self._hand(moved)
         return now + AGAIN_EVERY
 
