@@ -108,9 +108,10 @@ class Holder:
         with self._changed:
             return len(self._held)
 
-    def close(self, reason: str = "closed") -> None:
-        """Let go of every job: :attr:`on_lost` is told them."""
-        self._lose(reason)
+    def close(self, reason: str = "closed", expected: bool = False) -> None:
+        """Let go of every job: :attr:`on_lost` is told them (``expected``:
+        a stop, logged as such, not as a fault)."""
+        self._lose(reason, expected)
 
     def _start_reader(self) -> None:
         if self._reader is None:
@@ -153,7 +154,7 @@ class Holder:
         for copy, outcome in ended:
             self.answered(copy, outcome)
 
-    def _lose(self, reason: str) -> None:
+    def _lose(self, reason: str, expected: bool = False) -> None:
         with self._changed:
             if self.broken:
                 return
@@ -164,7 +165,8 @@ class Holder:
             self._changed.notify_all()
         self.conn.shutdown()  # wakes the reader, and gearmand sees the holder go
         if lost:
-            log.warning("gearmand %s:%s: lost the connection holding %d jobs (%s); they "
-                        "go again under new uniques", self.conn.host, self.conn.port,
-                        len(lost), reason)
+            log.log(logging.INFO if expected else logging.WARNING,
+                    "gearmand %s:%s: let go of the connection holding %d jobs (%s); they "
+                    "go again under new uniques", self.conn.host, self.conn.port,
+                    len(lost), reason)
         self.on_lost(lost, self.broken)

@@ -92,7 +92,7 @@ class HoldingClient:
         with self._lock:
             holders = list(self._holders.values())
         for holder in holders:
-            holder.close("stopping")
+            holder.close("stopping: another holder takes them over", expected=True)
 
     def submit_background(self, copies: Sequence[gearman.Copy],
                           precedence: str = "normal") -> int:
