@@ -1,0 +1,111 @@
+"""A process's held copies (gearhorn/store/holding.py) with its gearmand
+connections faked: what it hands where, and again, after which answer."""
+
+from __future__ import annotations
+
+import types
+
+import fakeredis
+import pytest
+
+from gearhorn import gearman
+from gearhorn.naming import GIVEN_BACK
+from gearhorn.store import holding
+from gearhorn.store.heldcopies import HeldCopies
+from gearhorn.store.keys import Keys
+
+pytestmark = pytest.mark.timeout(30)
+
+
+class FakeHolder:
+    """One fake connection: what was handed on it, at what precedence."""
+
+    made: list[FakeHolder] = []
+
+    def __init__(self, host, port, answered, on_lost, tls=None):
+        self.port, self.answered, self.on_lost = port, answered, on_lost
+        self.handed: list[tuple[str, str]] = []  # (unique, precedence)
+        self.broken = ""
+        self.conn = types.SimpleNamespace(open=lambda: None, host=host, port=port)
+        FakeHolder.made.append(self)
+
+    def hold(self, copies, precedence="normal"):
+        self.handed += [(c.unique, precedence) for c in copies]
+        self.copies = list(copies)
+
+    def live(self):
+        return [u for u, _ in self.handed]
+
+    def close(self, reason="", expected=False):
+        self.broken = reason
+
+
+class FakeClient:
+    def __init__(self, ports, home=0):
+        self.connections = [types.SimpleNamespace(host="127.0.0.1", port=p) for p in ports]
+        self._home = home
+
+    def home(self, queue):
+        return self._home
+
+
+@pytest.fixture
+def holder(monkeypatch):
+    FakeHolder.made = []
+    monkeypatch.setattr(holding, "Holder", FakeHolder)
+
+    def make(ports=(1,), home=0):
+        return holding.HoldingClient(FakeClient(ports, home), HeldCopies(fakeredis.FakeRedis(),
+                                     Keys()), "w1", alive=lambda: ["w1"])
+    return make
+
+
+def copies(*uniques):
+    return [gearman.Copy("news_alice", u, u.encode()) for u in uniques]
+
+
+def test_copies_a_bridge_gives_back_are_handed_again_first_in_line_and_in_order(holder):
+    held = holder()
+    held.submit_background(copies("m1:alice", "m2:alice", "m3:alice"))
+    (conn,) = FakeHolder.made
+    assert conn.handed == [("m1:alice^0", "normal"), ("m2:alice^0", "normal"),
+                           ("m3:alice^0", "normal")]
+    for copy in conn.copies[:2]:  # the bridge's client left m1 and m2 unacked
+        held._answered_by(copy, gearman.Outcome("exception", GIVEN_BACK))
+    held._forget()
+    held._hand_given_back()
+    assert conn.handed[3:] == [("m1:alice^1", "high"), ("m2:alice^1", "high")]
+    assert held.store.count("news_alice") == 3  # given back is not answered: all kept
+
+
+def test_an_answer_other_than_given_back_forgets_the_copy(holder):
+    held = holder()
+    held.submit_background(copies("m1:alice", "m2:alice"))
+    (conn,) = FakeHolder.made
+    held._answered_by(conn.copies[0], gearman.Outcome("exception", b"a worker's own error"))
+    held._answered_by(conn.copies[1], gearman.Outcome("complete"))
+    held._forget()
+    held._hand_given_back()
+    assert held.store.count("news_alice") == 0 and len(conn.handed) == 2
+
+
+def test_while_a_copys_home_is_away_it_goes_to_a_server_that_is_up(holder):
+    held = holder(ports=(1, 2), home=0)
+    held._lost.add(0)  # the home server's connection broke
+    held.submit_background(copies("m1:alice"))
+    assert [(h.port, h.handed) for h in FakeHolder.made] == [(2, [("m1:alice^0", "normal")])]
+    held._lost.add(1)  # every server away: the copy waits in Redis
+    held.submit_background(copies("m2:alice"))
+    assert sum(len(h.handed) for h in FakeHolder.made) == 1
+    assert held.store.count("news_alice") == 2
+
+
+def test_a_server_back_gets_only_the_copies_no_connection_holds(holder):
+    held = holder(ports=(1, 2), home=0)
+    held._lost.update({0, 1})
+    held.submit_background(copies("m1:alice"))  # waits: nobody is up
+    held._lost.discard(1)
+    held.submit_background(copies("m2:alice"))  # to server 2, while 1 is away
+    held._hand_again()  # server 1 takes a connection again
+    back = [h for h in FakeHolder.made if h.port == 1]
+    assert [u for h in back for u, _ in h.handed] == ["m1:alice^1"]  # not m2: 2 holds it
