@@ -14,7 +14,9 @@ its ledger entries and its ``redelivered`` flag follow it.
 
 Only background jobs gearhorn made can be given back this way
 (:func:`gearhorn.naming.returnable`); a request waiting for its reply, a
-foreground fanout's copy and other clients' jobs stay with gearmand.
+foreground fanout's copy and other clients' jobs stay with gearmand. A held
+copy is given back to its holder instead: answered ``naming.GIVEN_BACK``,
+it is handed again first in line (gearhorn/store/holding.py).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import uuid
 from collections.abc import Callable, Iterable, Sequence
 
 from gearhorn import gearman
-from gearhorn.naming import TEMP_FUNCTION_PREFIX, returnable, returned_unique
+from gearhorn.naming import TEMP_FUNCTION_PREFIX, is_held, returnable, returned_unique
 from gearhorn.stomp.queues import Delivery
 from gearhorn.store.handouts import Handouts, Returned
 
@@ -50,11 +52,14 @@ class GiveBack:
         self.before_background = before_background
 
     def __call__(self, function: str, held: Sequence[Delivery]) -> list[Delivery]:
-        """Submit ``held`` again; returns those now queued anew, whose
-        originals the caller completes. Raises GearmanError or a Redis error
-        when nothing could be given back (gearmand then requeues them all)."""
+        """Submit ``held`` again; returns those given back, whose originals
+        the caller answers: held copies first (answered ``GIVEN_BACK``, their
+        holders hand them again), then those now queued anew (completed).
+        Raises GearmanError or a Redis error when nothing could be given
+        back (gearmand then requeues them all)."""
+        copies = [d for d in held if is_held(d.job.unique)]
         chosen = [d for d in held if may_give_back(d)]
-        if not chosen:
+        if not chosen and not copies:
             return []
         tokens = {id(d): uuid.uuid4().hex for d in chosen}
         self.handouts.give_back(
@@ -62,7 +67,7 @@ class GiveBack:
             [Returned(tokens[id(d)], d.unique, d.deliveries > 0 or d.redelivered)
              for d in chosen],
             [d.unique for d in held if d.tracked and d.deliveries == 0 and not d.redelivered])
-        given = []
+        given = list(copies)
         for (host, port), group in _by_server(chosen):
             client = gearman.Client([(host, port)], tls=self.tls,
                                     before_background=self.before_background)

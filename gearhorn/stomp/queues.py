@@ -291,17 +291,13 @@ class QueueDispatcher:
 
     def _return_then_close(self, held: list[Delivery]) -> None:
         try:
-            # Held copies: their holders hand them again, first in line, in
-            # the order these answers reach them.
-            copies = [d for d in held if is_held(d.job.unique)]
-            for delivery in copies:
-                delivery.done = True
-                delivery.worker.exception(delivery.job.handle, GIVEN_BACK)
-            given = self._give_back(self.function, [d for d in held if not d.done])
+            given = self._give_back(self.function, held)
             for delivery in given:
                 delivery.done = True
-                delivery.worker.complete(delivery.job.handle)
-            given += copies
+                if is_held(delivery.job.unique):  # its holder hands it again first in line
+                    delivery.worker.exception(delivery.job.handle, GIVEN_BACK)
+                else:  # submitted anew: the original goes
+                    delivery.worker.complete(delivery.job.handle)
             for worker in self._gearman.workers:
                 worker.flush()  # the completions leave before the close
             if given:

@@ -313,18 +313,7 @@ class HoldingClient:
     def _hand_given_back(self) -> None:
         """The copies bridges gave back, as their next generation, ahead of
         newer ones (high precedence) and in the order given back."""
-        with self._lock:
-            wanted, self._given_back = self._given_back, []
-        if not wanted:
-            return
-        try:
-            mine = [c for c in self.store.find(wanted) if c.holder == self.holder_id]
-            moved = self.store.hand_over(mine, self.holder_id)
-        except REDIS_ERRORS:
-            with self._lock:
-                self._given_back[:0] = wanted
-            raise
-        self._hand(moved, precedence="high")
+        self._hand(self._next_generation(self._given_back), precedence="high")
 
     def _hand_later(self, next_try: float) -> float:
         """The copies gearmand refused (its queue full: ``maxqueue``) or that
@@ -333,24 +322,32 @@ class HoldingClient:
         now = time.monotonic()
         if now < next_try:
             return next_try
-        with self._lock:
-            wanted, self._again = self._again, []
-        if wanted:
-            try:
-                mine = [c for c in self.store.find(wanted) if c.holder == self.holder_id]
-                moved = self.store.hand_over(mine, self.holder_id)
-            except REDIS_ERRORS:
-                with self._lock:
-                    self._again[:0] = wanted
-                raise
-            if moved:  # said once a minute while a queue stays full, not every second
-                loud = now - self._said_again >= 60
-                self._said_again = now if loud else self._said_again
-                log.log(logging.WARNING if loud else logging.DEBUG,
-                        "%d held copies handed again (refused by gearmand: a full queue?, "
-                        "or not handed when written)", len(moved))
-            self._hand(moved)
+        moved = self._next_generation(self._again)
+        if moved:  # said once a minute while a queue stays full, not every second
+            loud = now - self._said_again >= 60
+            self._said_again = now if loud else self._said_again
+            log.log(logging.WARNING if loud else logging.DEBUG,
+                    "%d held copies handed again (refused by gearmand: a full queue?, "
+                    "or not handed when written)", len(moved))
+        self._hand(moved)
         return now + AGAIN_EVERY
+
+    def _next_generation(self, pending: list[tuple[str, str]]) -> list[HeldCopy]:
+        """The copies listed in ``pending`` (queue, key), emptied, that are
+        still this holder's, as their next generation; on a Redis error they
+        stay listed."""
+        with self._lock:
+            wanted = pending[:]
+            pending.clear()
+        if not wanted:
+            return []
+        try:
+            mine = [c for c in self.store.find(wanted) if c.holder == self.holder_id]
+            return self.store.hand_over(mine, self.holder_id)
+        except REDIS_ERRORS:
+            with self._lock:
+                pending[:0] = wanted
+            raise
 
     def _take_over_dead(self, next_look: float) -> float:
         now = time.monotonic()
