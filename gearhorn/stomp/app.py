@@ -100,10 +100,12 @@ class Bridge:
         self.server.stop(timeout=5)
         if self.history_first is not None:  # so nobody waits for their pens to lapse
             self.history_first.give_back_pens(timeout=5)
-        self.registrations.stop_heartbeats()
         self.attachments.wait_released(timeout=10)
         if self.holding is not None:  # let go of them before others take them over
             self.holding.stop()
+        # Beating until here: the holder's heartbeat (worker_ttl) must not
+        # lapse while its copies are still held and given back.
+        self.registrations.stop_heartbeats()
         self.flusher.stop()
         self.registrations.retire()
 
