@@ -66,6 +66,8 @@ class HoldingClient:
         # The copy's own unique, by the one gearmand was given, where that is
         # a digest (a long unique): the ledger names a copy as its fanout did.
         self._own: dict[str, str] = {}
+        # Foreground fanouts waiting for their copies' answers, by (queue, key)
+        self._waiting: dict[tuple[str, str], HeldAnswers] = {}
         self._wake = threading.Event()
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._run, name="gearhorn-holding", daemon=True)
@@ -98,8 +100,34 @@ class HoldingClient:
                           precedence: str = "normal") -> int:
         """Keep ``copies`` and hand them to gearmand. A gearmand that is away
         loses nothing: the records stay, and go to it once it is back."""
+        self._keep_and_hand([HeldCopy(c.function, c.unique, c.data, self.holder_id, precedence)
+                             for c in copies])
+        return len(copies)
+
+    def start_foreground(self, copies: Sequence[gearman.Copy],
+                         precedence: str = "normal") -> HeldAnswers:
+        """Keep and hand ``copies`` as :meth:`submit_background` does; their
+        receivers' answers are read with :meth:`HeldAnswers.wait`. A copy
+        not answered in time stays held: its receiver gets it later, and a
+        gearmand restarted meanwhile loses it no more than a background one."""
+        self._forget()  # a copy tried again was answered: its old record goes first
         held = [HeldCopy(c.function, c.unique, c.data, self.holder_id, precedence)
                 for c in copies]
+        answers = HeldAnswers(self, [(c.queue, c.key) for c in held])
+        with self._lock:
+            self._waiting.update(dict.fromkeys(answers.keys, answers))
+        try:
+            self._keep_and_hand(held)
+        except REDIS_ERRORS:
+            answers.let_go()
+            raise
+        return answers
+
+    def submit_foreground(self, copies: Sequence[gearman.Copy], timeout: float,
+                          precedence: str = "normal") -> list[gearman.Outcome]:
+        return self.start_foreground(copies, precedence).wait(timeout)
+
+    def _keep_and_hand(self, held: Sequence[HeldCopy]) -> None:
         try:
             kept = self.store.keep(held)
         except REDIS_ERRORS:
@@ -109,7 +137,6 @@ class HoldingClient:
                 self._again += [(c.queue, c.key) for c in held]
             raise
         self._hand(kept)
-        return len(copies)
 
     def _hand(self, held: Sequence[HeldCopy], precedence: str | None = None) -> None:
         """``held`` to their home gearmand, at their own precedence unless
@@ -179,10 +206,14 @@ class HoldingClient:
                 self._own.pop(copy.unique, None)
             self._wake.set()
             return
+        key = key_of(copy.unique)
         with self._lock:
             self._answered.append((copy.function, copy.unique))
-            own = self._own.pop(copy.unique, None) or key_of(copy.unique)
+            own = self._own.pop(copy.unique, None) or key
+            waiting = self._waiting.pop((copy.function, key), None)
         self.record(copy.function, own, outcome.status)
+        if waiting is not None:  # after the record's forgetting is queued: a retry follows it
+            waiting.settle((copy.function, key), outcome)
         self._wake.set()
 
     def _lost_on(self, index: int) -> Callable[[list[gearman.Copy], str], None]:
@@ -379,3 +410,40 @@ class Beside:
                           precedence: str = "normal") -> int:
         return self.holding.submit_background(copies, precedence)
 
+
+
+class HeldAnswers:
+    """The answers a foreground fanout waits for, one per held copy (its
+    queue and record key), in the order the copies came."""
+
+    def __init__(self, holding: HoldingClient, keys: list[tuple[str, str]]) -> None:
+        self.holding, self.keys = holding, keys
+        self._outcomes: dict[tuple[str, str], gearman.Outcome] = {}
+        self._settled = threading.Condition()
+
+    def settle(self, key: tuple[str, str], outcome: gearman.Outcome) -> None:
+        with self._settled:
+            self._outcomes[key] = outcome
+            self._settled.notify_all()
+
+    def wait(self, timeout: float) -> list[gearman.Outcome]:
+        """The outcomes within ``timeout`` s; ``timeout`` for a copy not
+        answered by then (it stays held)."""
+        deadline = time.monotonic() + timeout
+        with self._settled:
+            while len(self._outcomes) < len(set(self.keys)):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._settled.wait(left)
+            outcomes = dict(self._outcomes)
+        self.let_go()
+        late = gearman.Outcome("timeout", reason=f"no answer within {timeout:.3g}s")
+        return [outcomes.get(key, late) for key in self.keys]
+
+    def let_go(self) -> None:
+        """Answers that come from now on are not waited for."""
+        with self.holding._lock:
+            for key in self.keys:
+                if self.holding._waiting.get(key) is self:
+                    del self.holding._waiting[key]

@@ -200,6 +200,44 @@ def test_with_copies_in_gearmand_the_same_crash_loses_acknowledged_copies(
     report(f"copies = gearmand: {len(acked):,} acknowledged, lost per subscriber {lost}")
 
 
+@pytest.mark.parametrize("copies", ["held", "gearmand"])
+def test_a_foreground_fanouts_copies_not_yet_taken_outlive_a_gearmand_crash(
+        copies, gearmand_again, redis_url, tmp_path, report):
+    """A foreground fanout whose receivers are away answers ``timeout`` with
+    ``"queued": true``. Held, those copies outlive a kill -9 of gearmand
+    and reach their receivers; kept by gearmand alone, they are gone."""
+    server = gearmand_again.server
+    env = {**HELD, "GEARHORN_COPIES": copies, "GEARHORN_FANOUT_TIMEOUT": "1"}
+    pool = PoolProcess([server], redis_url, processes=2, log_dir=str(tmp_path), env=env)
+    topic = unique_topic("heldfg")
+    try:
+        pool.wait_ready()
+        subscribe_all(server, topic)
+        sent = {f"g{i}" for i in range(20)}
+        with Producer([(server.host, server.port)], timeout=60) as producer:
+            results = [producer.publish(topic, ident) for ident in sorted(sent)]
+        for result in results:
+            assert result["completed"] == 0, result
+            assert sorted((f["client_id"], f["status"], f["queued"]) for f in result["failed"]
+                          ) == [(who, "timeout", True) for who in SUBSCRIBERS], result
+        gearmand_again.kill_and_start()
+        server = gearmand_again.server
+        if copies == "held":
+            all_delivered(server, topic, sent)
+            records = redisconn.connect(redis_url)
+            wait_for(lambda: all(records.hlen(Keys().copies(f"{topic}_{w}")) == 0
+                                 for w in SUBSCRIBERS), 60, message="the taken copies forgotten")
+            records.close()
+        else:
+            got = delivered(server, topic)
+            assert not any(got.values()), f"gearmand kept foreground jobs? {got}"
+    finally:
+        pool.stop()
+    report(f"copies = {copies}: {len(sent)} foreground fanouts answered timeout (queued) "
+           f"for {len(SUBSCRIBERS)} subscribers away, then gearmand killed -9: "
+           + ("every copy delivered after it" if copies == "held" else "all lost"))
+
+
 def test_a_worker_killed_while_it_holds_copies_loses_none(
         gearmand_again, redis_url, tmp_path, report):
     server = gearmand_again.server

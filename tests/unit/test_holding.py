@@ -109,3 +109,66 @@ def test_a_server_back_gets_only_the_copies_no_connection_holds(holder):
     held._hand_again()  # server 1 takes a connection again
     back = [h for h in FakeHolder.made if h.port == 1]
     assert [u for h in back for u, _ in h.handed] == ["m1:alice^1"]  # not m2: 2 holds it
+
+
+def answer_in_thread(held, copy, outcome):
+    """The receiver's answer, from another thread (as a holder's reader)."""
+    import threading
+    thread = threading.Thread(target=held._answered_by, args=(copy, outcome))
+    thread.start()
+    return thread
+
+
+def test_a_foreground_fanout_waits_for_its_held_copies_answers_in_order(holder):
+    held = holder()
+    placed = held.start_foreground(copies("m1:alice", "m2:alice"))
+    (conn,) = FakeHolder.made
+    assert [u for u, _ in conn.handed] == ["m1:alice^0", "m2:alice^0"]
+    threads = [answer_in_thread(held, conn.copies[1], gearman.Outcome("complete", b"two")),
+               answer_in_thread(held, conn.copies[0], gearman.Outcome("failed"))]
+    outcomes = placed.wait(10)
+    for thread in threads:
+        thread.join()
+    assert [(o.status, o.data) for o in outcomes] == [("failed", b""), ("complete", b"two")]
+    held._forget()
+    assert held.store.count("news_alice") == 0 and not held._waiting
+
+
+def test_a_held_foreground_copy_not_answered_in_time_stays_held(holder):
+    held = holder()
+    (outcome,) = held.submit_foreground(copies("m1:alice"), timeout=0.01)
+    assert outcome.status == "timeout"
+    assert held.store.count("news_alice") == 1 and not held._waiting
+    (conn,) = FakeHolder.made
+    held._answered_by(conn.copies[0], gearman.Outcome("complete"))  # it came later
+    held._forget()
+    assert held.store.count("news_alice") == 0
+
+
+def test_a_foreground_copy_handed_again_still_reaches_its_fanout(holder):
+    held = holder()
+    placed = held.start_foreground(copies("m1:alice"))
+    (first,) = FakeHolder.made
+    first.broken = "gearmand restarted"
+    first.on_lost(first.copies, "gearmand restarted")
+    held._hand_again()  # the server takes a connection again: the next generation
+    second = FakeHolder.made[-1]
+    assert [u for u, _ in second.handed] == ["m1:alice^1"]
+    thread = answer_in_thread(held, second.copies[0], gearman.Outcome("complete", b"ok"))
+    (outcome,) = placed.wait(10)
+    thread.join()
+    assert (outcome.status, outcome.data) == ("complete", b"ok")
+
+
+def test_a_foreground_copy_tried_again_after_a_failure_is_held_again(holder):
+    held = holder()
+    placed = held.start_foreground(copies("m1:alice"))
+    (conn,) = FakeHolder.made
+    held._answered_by(conn.copies[0], gearman.Outcome("failed"))
+    assert placed.wait(10)[0].status == "failed"
+    # The retry comes before the holding thread forgot the answered record:
+    # it is forgotten first, so the new record is written and handed.
+    again = held.start_foreground(copies("m1:alice"))
+    assert [u for u, _ in conn.handed] == ["m1:alice^0", "m1:alice^0"]
+    held._answered_by(conn.copies[0], gearman.Outcome("complete"))
+    assert again.wait(10)[0].status == "complete"
