@@ -1,35 +1,30 @@
-"""Durable copies per second: gearmand's redis queue, its sqlite queue, none, and RabbitMQ.
+"""Durable copies per second: gearhorn's held copies, gearmand's own queues, and RabbitMQ.
 
-    python bench/durable.py            # all of it (about 8 minutes on 2 cores)
+    python bench/durable.py            # all of it (about 6 minutes on 2 cores)
     python bench/durable.py --quick    # smaller counts, for a smoke run
-    python bench/durable.py --replay 1000000   # gearmand's restart with that many copies queued
-    python bench/durable.py --memory 200000    # memory per queued copy: held, in gearmand's queue
-    python bench/durable.py --latency 2000     # one fanout's p50/p99: held, in gearmand's
-                                               # queue, after fsync or when written
-    python bench/durable.py --modes redis,redis-written   # the fsync barrier against
-                                                          # acknowledging when written
-    python bench/durable.py --modes redis,none   # every default, and no queue, each
-                                                 # against gearmand alone (its ceiling)
-    python bench/durable.py --modes redis --gearmands 2   # two gearmand, copies by queue
-    python bench/durable.py --modes default,redis,held   # every default (copies held by
-                    # gearhorn, gearmand -q redis for its own jobs) against copies in
-                    # gearmand's redis queue, and held beside a memory gearmand
+    python bench/durable.py --memory 200000    # memory per queued copy: held, in gearmand
+    python bench/durable.py --latency 2000     # one fanout's p50/p99, after fsync or
+                                               # when written
+    python bench/durable.py --modes default,held,none   # every default (held copies,
+                    # gearmand on sqlite for its own jobs) against held copies beside a
+                    # memory gearmand, and copies in gearmand's memory (no durability)
+    python bench/durable.py --modes default --gearmands 2   # two gearmand
 
 Each gearhorn mode gets fresh servers on free loopback ports, with their data
 on disk (a temporary folder under the current directory): the registry's
-Redis, gearmand with the queue under test (the redis queue in a Redis of its
-own with AOF and ``appendfsync no``, each with its syncer serving the
-fsync barrier, as ``gearhorn up`` runs them) and a pool of 2 ``gearhorn
-worker`` processes. The rate is copies per second for which the producer got
-its answer: a foreground ``fanout`` job completes once gearmand acknowledged
-every copy (JOB_CREATED) and then an fsync of both Redis covered them
-(``durability = fsync``, the default; ``redis-written`` answers without
-waiting for the disk, as gearhorn did before). The fsyncs each run took, and
-the copies one fsync covered, are printed beside the default's rates.
-For the redis and none modes, gearmand alone on the same servers: the same
-copies pipelined by 2 processes of the workers' own Gearman client, each
-1,000 covered by the fsync barrier, as the pool's answers are. What a pool
-could reach if a fanout cost it nothing: the ceiling (issue 52).
+Redis with AOF and ``appendfsync no`` and its syncer serving the fsync
+barrier, as ``gearhorn up`` runs it, gearmand with the queue under test, and
+a pool of 2 ``gearhorn worker`` processes. The rate is copies per second for
+which the producer got its answer: a foreground ``fanout`` job completes
+once every copy is kept (held: its record in the registry's Redis; else
+gearmand's JOB_CREATED) and an fsync covered the registry's writes
+(``durability = fsync``, the default). The fsyncs each run took, and the
+copies one fsync covered, are printed beside the rates. For the none mode,
+gearmand alone on the same servers: the same copies pipelined by 2
+processes of the workers' own Gearman client, 1,000 a batch: the ceiling of
+a pool whose fanouts cost nothing (issue 52). gearmand's redis queue plugin
+is no longer a mode: gearhorn does not run it (docs/design.rst, "What
+went"); its last figures are in docs/benchmark-log.rst.
 
 gearmand's MySQL queue runs on Debian's MariaDB (durable defaults) when
 installed. The peer is RabbitMQ (Debian's rabbitmq-server), in the same run: N durable
@@ -37,9 +32,8 @@ STOMP subscriptions to one topic (durable queues bound to amq.topic), and
 messages sent ``persistent:true`` with a receipt each, which RabbitMQ gives
 once the message is confirmed in every queue; copies = messages x N. The
 same STOMP producer and durable subscriptions run against gearhorn's bridge
-(modes default, redis and redis-written): the like-for-like comparison. A
-bridge RECEIPT, too, comes once every copy is kept (held in Redis, or in
-gearmand's persistent queue) and an fsync covered it.
+(mode default): the like-for-like comparison. A bridge RECEIPT, too, comes
+once every copy is held in Redis and an fsync covered it.
 """
 
 from __future__ import annotations
@@ -77,43 +71,29 @@ class GearhornServers:
     """Registry Redis, gearmand on ``queue`` (and its Redis), a worker pool,
     and with ``bridge`` a STOMP bridge."""
 
-    def __init__(self, queue: str, processes: int, pinned: bool = True,
-                 bridge: bool = False, durability: str = "fsync", gearmands: int = 1,
-                 copies: str = "gearmand", extra_env: dict[str, str] | None = None) -> None:
+    def __init__(self, queue: str, processes: int, bridge: bool = False,
+                 durability: str = "fsync", gearmands: int = 1, copies: str = "gearmand",
+                 extra_env: dict[str, str] | None = None) -> None:
         self.queue = queue
         self.tmp = tempfile.mkdtemp(prefix="bench-durable-", dir=os.getcwd())
         self.redis = servers.start_redis(data_dir=os.path.join(self.tmp, "redis"),
                                          appendonly=True)
         self.mariadb = None
-        self.queue_redises: list[servers.Managed] = []
         self.gearmands: list[servers.Managed] = []
         if queue == "mysql":
             self.mariadb = MariaDB(self.tmp)
         for n in range(gearmands):
-            # as gearhorn up does: gearmand and the Redis of its queue on one
-            # core; a second pair on the other core
-            cpus = pair_cpus(n) if pinned and queue == "redis" else None
-            address = None
-            if queue == "redis":
-                self.queue_redises.append(servers.start_redis(
-                    data_dir=os.path.join(self.tmp, f"queue-redis{n}"), appendonly=True,
-                    cpus=cpus))
-                address = (self.queue_redises[-1].host, self.queue_redises[-1].port)
-            elif queue == "mysql":
-                address = ("127.0.0.1", self.mariadb.port)
+            address = ("127.0.0.1", self.mariadb.port) if queue == "mysql" else None
             self.gearmands.append(servers.start_gearmand(
                 data_dir=os.path.join(self.tmp, f"gearmand{n}"), queue=queue,
-                queue_server=address, cpus=cpus))
+                queue_server=address))
         self.gearmand = self.gearmands[0]
         # Where gearmand keeps its queue, and what an answer waits for:
         # with fsync, the syncers servers.start_redis runs beside each Redis.
-        self.env = {"GEARHORN_PERSISTENCE": queue if queue in ("redis", "sqlite") else "none",
+        self.env = {"GEARHORN_PERSISTENCE": queue if queue == "sqlite" else "none",
                     "GEARHORN_DURABILITY": durability, "GEARHORN_COPIES": copies,
                     **(extra_env or {})}
-        if self.queue_redises:
-            self.env["GEARHORN_QUEUE_REDIS_URL"] = ",".join(
-                r.details["url"] for r in self.queue_redises)
-        self.syncers = [c for r in (self.redis, *self.queue_redises) for c in r.companions]
+        self.syncers = list(self.redis.companions)
         self.registry = Registry(redis.Redis.from_url(self.redis.details["url"]), Keys())
         for width in WIDTHS:
             subscribe_many(self.registry, f"bench{width}", width)
@@ -145,17 +125,15 @@ class GearhornServers:
     def gearmand_rate(self, width: int, copies: int, clients: int = 2) -> float:
         """Copies/s gearmand itself takes on this setup, acknowledged as the
         pool's are: the copies of a fanout to ``width`` pipelined by the
-        workers' own Gearman client, 1,000 a batch, each batch then covered
-        by the fsync barrier of gearmand's queue Redis; ``clients``
+        workers' own Gearman client, 1,000 a batch; ``clients``
         processes at once, as the pool's. What a pool could reach with this
         gearmand if a fanout cost it nothing (no JSON, look-up, ledger,
         tally): the ceiling of issue 52."""
         addresses = [g.address for g in self.gearmands]
-        queue_urls = [r.details["url"] for r in self.queue_redises]
         share = max(1, copies // clients)
         start = time.perf_counter()
         with ProcessPoolExecutor(clients) as pool:
-            list(pool.map(_submit_acknowledged, [addresses] * clients, [queue_urls] * clients,
+            list(pool.map(_submit_acknowledged, [addresses] * clients,
                           [f"bench{width}"] * clients, [width] * clients, [share] * clients,
                           range(clients)))
         return share * clients / (time.perf_counter() - start)
@@ -188,10 +166,6 @@ class GearhornServers:
         found = {"pool": tree_rss(self.pool.pid),
                  "gearmand": sum(tree_rss(g.process.pid) for g in self.gearmands),
                  "registry Redis": float(self.registry.redis.info("memory")["used_memory"])}
-        if self.queue_redises:
-            found["queue Redis"] = float(sum(
-                redis.Redis.from_url(r.details["url"]).info("memory")["used_memory"]
-                for r in self.queue_redises))
         return found
 
     def close(self) -> None:
@@ -199,7 +173,7 @@ class GearhornServers:
             if process is not None:
                 process.send_signal(signal.SIGTERM)
                 process.wait(30)
-        for server in (*self.gearmands, *self.queue_redises, self.mariadb, self.redis):
+        for server in (*self.gearmands, self.mariadb, self.redis):
             if server is not None:
                 server.stop()
         shutil.rmtree(self.tmp, ignore_errors=True)
@@ -231,23 +205,11 @@ def cpu_seconds(pids: list[int]) -> float:
     return total
 
 
-def pair_cpus(n: int) -> set[int] | None:
-    """The core of gearmand number ``n`` and its queue's Redis: the last
-    core for the first pair (servers.queue_cpus), the one before for the next."""
-    allowed = sorted(os.sched_getaffinity(0))
-    return {allowed[-1 - n % len(allowed)]} if len(allowed) > 1 else None
-
-
-def _submit_acknowledged(addresses: list[str], queue_urls: list[str], topic: str, width: int,
-                         copies: int, part: int) -> None:
+def _submit_acknowledged(addresses: list[str], topic: str, width: int, copies: int,
+                         part: int) -> None:
     """One client of :meth:`GearhornServers.gearmand_rate` (in a process of its own)."""
-    from gearhorn.store.durability import Durability
-    from gearhorn.store.fsync import FsyncBarrier
-
     client = gearman.Client([(a.rpartition(":")[0], int(a.rpartition(":")[2]))
                              for a in addresses])
-    durability = Durability([FsyncBarrier(redis.Redis.from_url(url), url)
-                             for url in queue_urls])
     run = os.urandom(4).hex()
     try:
         for at in range(0, copies, 1000):
@@ -255,9 +217,7 @@ def _submit_acknowledged(addresses: list[str], queue_urls: list[str], topic: str
                 gearman.Copy(f"{topic}_c{n % width}", f"ceiling:{run}:{part}:{n}",
                              f'"m{n}"'.encode())
                 for n in range(at, min(at + 1000, copies))])
-            durability.wait()
     finally:
-        durability.close()
         client.close()
 
 
@@ -352,8 +312,7 @@ def stomp_persistent_rate(port: int, login: dict, width: int, copies: int) -> fl
     return messages * width / elapsed
 
 
-MODES = ("default", "redis", "held", "redis-written", "redis-unpinned", "sqlite", "mysql",
-         "none")
+MODES = ("default", "held", "sqlite", "mysql", "none")
 
 
 def bench_modes(processes: int, quick: bool, chosen: tuple[str, ...] = MODES,
@@ -361,31 +320,26 @@ def bench_modes(processes: int, quick: bool, chosen: tuple[str, ...] = MODES,
     # sqlite syncs every job: a few thousand copies take seconds already.
     durable = 20_000 if quick else 100_000
     slow = 2_000 if quick else 5_000
-    # name: (gearmand queue, pinned, copies, durability, who keeps copies, label)
+    # name: (gearmand queue, copies, durability, who keeps copies, label)
     modes = {
         # gearhorn up's setup: copies (and the bridge's SENDs) held by
         # gearhorn, gearmand on sqlite for other producers' jobs (none here);
         # acks after fsync
-        "default": ("sqlite", False, durable, "fsync", "held", "every default (held)"),
-        # the copies in gearmand's redis queue (copies = gearmand; the default until 12-02)
-        "redis": ("redis", True, durable, "fsync", "gearmand", "redis (acks after fsync)"),
-        "redis-written": ("redis", True, durable, "written", "gearmand",
-                          "redis, acks when written"),
-        "redis-unpinned": ("redis", False, durable, "fsync", "gearmand", "redis, not pinned"),
-        "sqlite": ("sqlite", False, slow, "fsync", "gearmand", "sqlite"),
-        "mysql": ("mysql", False, slow, "fsync", "gearmand", "MySQL (MariaDB)"),
-        "none": ("none", False, durable, "fsync", "gearmand", "none (memory only)"),
+        "default": ("sqlite", durable, "fsync", "held", "every default (held)"),
+        "sqlite": ("sqlite", slow, "fsync", "gearmand", "sqlite"),
+        "mysql": ("mysql", slow, "fsync", "gearmand", "MySQL (MariaDB)"),
+        "none": ("none", durable, "fsync", "gearmand", "none (memory only)"),
         # beside a plain gearmand (memory queue): gearhorn keeps the copies
-        "held": ("none", False, durable, "fsync", "held", "none, copies held by gearhorn")}
+        "held": ("none", durable, "fsync", "held", "none, copies held by gearhorn")}
     rates: dict[str, dict[int, float]] = {}
     for mode in chosen:
-        queue, pinned, budget, durability, copies, label = modes[mode]
+        queue, budget, durability, copies, label = modes[mode]
         if queue == "mysql" and not MariaDB.installed():
             print("  MySQL: not installed (apt-get install mariadb-server); not measured")
             continue
         # also measured as RabbitMQ is
-        through_bridge = mode in ("default", "redis", "redis-written")
-        running = GearhornServers(queue, processes, pinned, bridge=through_bridge,
+        through_bridge = mode == "default"
+        running = GearhornServers(queue, processes, bridge=through_bridge,
                                   durability=durability, gearmands=gearmands, copies=copies)
         fsyncs, cpu = {}, {}
         try:
@@ -393,7 +347,7 @@ def bench_modes(processes: int, quick: bool, chosen: tuple[str, ...] = MODES,
             for width in WIDTHS:
                 rates[mode][width] = running.rate(width, budget)
                 fsyncs[width], cpu[width] = running.fsyncs, running.cpu
-            if mode in ("redis", "none"):  # the ceiling: gearmand alone, same setup
+            if mode == "none":  # the ceiling: gearmand alone, same setup
                 rates[f"{mode} gearmand"] = {w: running.gearmand_rate(w, budget)
                                              for w in WIDTHS}
             if through_bridge:
@@ -427,14 +381,12 @@ def bench_modes(processes: int, quick: bool, chosen: tuple[str, ...] = MODES,
 def bench_latency(count: int, processes: int) -> None:
     """One producer, one fanout at a time to 10 subscribers (its copies
     background, the producer waiting for the answer): the latency of the
-    default (copies held, answers after fsync), of copies in gearmand's
-    redis queue, and of each answering when written, alternating in one
-    run (the servers of each fresh)."""
-    setups = [("held", "fsync"), ("gearmand", "fsync"), ("held", "written"),
-              ("gearmand", "written")]
+    default (copies held, answers after fsync) and of answering when
+    written, alternating in one run (the servers of each fresh)."""
+    setups = [("held", "fsync"), ("held", "written")]
     results: dict[tuple[str, str], list[tuple[float, float]]] = {}
     for copies, durability in setups * 2:  # alternating: noise shows
-        running = GearhornServers("redis", processes, durability=durability, copies=copies)
+        running = GearhornServers("sqlite", processes, durability=durability, copies=copies)
         try:
             times = _fanout_times(running, count)
         finally:
@@ -443,7 +395,7 @@ def bench_latency(count: int, processes: int) -> None:
         results.setdefault((copies, durability), []).append((p50, p99))
         print(f"  copies {copies:8} {durability:8} p50 {p50:6.2f} ms   p99 {p99:6.2f} ms  "
               f"({count} fanouts x10)", flush=True)
-    for copies in ("held", "gearmand"):
+    for copies in ("held",):
         for name, index in (("p50", 0), ("p99", 1)):
             added = [f[index] - w[index] for f, w in zip(
                 results[(copies, "fsync")], results[(copies, "written")], strict=True)]
@@ -474,91 +426,13 @@ def show(name: str, rates: dict[int, float]) -> None:
           + "  copies/s", flush=True)
 
 
-def bench_replay(copies: int) -> None:
-    """gearmand -q redis restarted with ``copies`` queued: time until it
-    answers, its memory, and how long its Redis stalls meanwhile."""
-    tmp = tempfile.mkdtemp(prefix="bench-replay-", dir=os.getcwd())
-    cpus = servers.queue_cpus()  # as gearhorn up runs them
-    queue_redis = servers.start_redis(data_dir=os.path.join(tmp, "queue-redis"),
-                                      appendonly=True, cpus=cpus)
-    address = (queue_redis.host, queue_redis.port)
-    gm = servers.start_gearmand(queue="redis", queue_server=address, cpus=cpus)
-    try:
-        client = gearman.Client([(gm.host, gm.port)])
-        start = time.perf_counter()
-        for i in range(0, copies, 1000):
-            client.submit_background([gearman.Copy(f"topic_s{j % 100}", f"{j:032x}:s{j % 100}",
-                                                   PAYLOAD.encode())
-                                      for j in range(i, min(copies, i + 1000))])
-        filled = time.perf_counter() - start
-        client.close()
-        used = redis.Redis.from_url(queue_redis.details["url"]).info("memory")["used_memory"]
-        print(f"  {copies:,} copies queued in {filled:.1f} s ({copies / filled:,.0f}/s); "
-              f"the queue's Redis uses {used / 2**20:,.0f} MiB", flush=True)
-        gm.kill()
-        stalls = PingProbe(queue_redis.details["url"])
-        start = time.perf_counter()
-        gm = servers.start_gearmand(gm.port, queue="redis", queue_server=address, cpus=cpus)
-        while not answers_status(gm):
-            time.sleep(0.1)
-        serving = time.perf_counter() - start
-        stalls.stop()
-        queued = sum(f.queued for f in gearman.status(gm.host, gm.port, timeout=60))
-        print(f"  restart: listening at once, answering after {serving:.1f} s with "
-              f"{queued:,} jobs; gearmand RSS {rss_mib(gm.process.pid):,.0f} MiB; its "
-              f"Redis's longest stall {stalls.longest * 1000:,.0f} ms (KEYS), p99 ping "
-              f"{stalls.p99 * 1000:.1f} ms", flush=True)
-    finally:
-        gm.stop()
-        queue_redis.stop()
-        shutil.rmtree(tmp, ignore_errors=True)
-
-
-def answers_status(gm: servers.Managed) -> bool:
-    try:
-        gearman.status(gm.host, gm.port, timeout=1)
-        return True
-    except OSError:
-        return False
-
-
-class PingProbe(threading.Thread):
-    """PINGs a Redis every 10 ms and keeps the round-trip times."""
-
-    def __init__(self, url: str) -> None:
-        super().__init__(daemon=True)
-        self.client = redis.Redis.from_url(url)
-        self.times: list[float] = []
-        self.stopping = threading.Event()
-        self.start()
-
-    def run(self) -> None:
-        while not self.stopping.wait(0.01):
-            start = time.perf_counter()
-            self.client.ping()
-            self.times.append(time.perf_counter() - start)
-
-    def stop(self) -> None:
-        self.stopping.set()
-        self.join()
-
-    @property
-    def longest(self) -> float:
-        return max(self.times, default=0.0)
-
-    @property
-    def p99(self) -> float:
-        ordered = sorted(self.times) or [0.0]
-        return ordered[int(0.99 * (len(ordered) - 1))]
-
-
 def bench_memory(copies: int, processes: int) -> None:
     """Memory per queued copy, nobody consuming: held copies (the pool's
     holders, the registry's Redis, gearmand) against copies in gearmand's
-    redis queue (gearmand, its queue Redis), each on fresh servers. The
+    memory queue (gearmand), each on fresh servers. The
     warden is off (no drops): every copy stays queued."""
     for copies_in in ("held", "gearmand"):
-        running = GearhornServers("redis", processes, copies=copies_in,
+        running = GearhornServers("none", processes, copies=copies_in,
                                   extra_env={"GEARHORN_QUEUE_MAX_LENGTH": "0",
                                              "GEARHORN_QUEUE_MAX_BYTES": "0",
                                              "GEARHORN_LEDGER_ENABLED": "false"})
@@ -592,10 +466,8 @@ def main() -> None:
                         help="only measure the latency of single fanouts, fsync against written")
     parser.add_argument("--memory", type=int, metavar="COPIES",
                         help="only measure memory per queued copy, held against gearmand's queue")
-    parser.add_argument("--replay", type=int, metavar="COPIES",
-                        help="only measure gearmand's restart with COPIES queued")
     parser.add_argument("--gearmands", type=int, default=1,
-                        help="gearmand servers (each with its queue's Redis, a core each)")
+                        help="gearmand servers")
     args = parser.parse_args()
     if args.latency:
         print(f"latency of one foreground fanout at a time ({os.cpu_count()} cores)", flush=True)
@@ -604,10 +476,6 @@ def main() -> None:
     if args.memory:
         print(f"memory per queued copy ({os.cpu_count()} cores)", flush=True)
         bench_memory(args.memory, args.processes)
-        return
-    if args.replay:
-        print(f"gearmand -q redis replay ({os.cpu_count()} cores)", flush=True)
-        bench_replay(args.replay)
         return
     print(f"durable copies/s, 1 topic x {', '.join(map(str, WIDTHS))} subscribers "
           f"({os.cpu_count()} cores, {args.processes} worker processes, "
@@ -618,15 +486,10 @@ def main() -> None:
     print("ratios (same run):")
     for width in WIDTHS:
         parts = [f"{name} {rates[a][width] / rates[b][width]:5.2f}" for name, a, b in (
-            ("default/RabbitMQ", "default", "rabbitmq"), ("default/redis", "default", "redis"),
-            ("fsync/written", "redis", "redis-written"), ("redis/sqlite", "redis", "sqlite"),
-            ("redis/none", "redis", "none"), ("redis/RabbitMQ", "redis", "rabbitmq"),
-            ("held/RabbitMQ", "held", "rabbitmq"), ("held/redis", "held", "redis"),
-            ("redis/gearmand alone", "redis", "redis gearmand"),
+            ("default/RabbitMQ", "default", "rabbitmq"), ("default/none", "default", "none"),
+            ("default/sqlite", "default", "sqlite"), ("held/RabbitMQ", "held", "rabbitmq"),
             ("none/gearmand alone", "none", "none gearmand"),
-            ("STOMP/RabbitMQ", "default stomp", "rabbitmq"),
-            ("STOMP redis/RabbitMQ", "redis stomp", "rabbitmq"),
-            ("STOMP written/RabbitMQ", "redis-written stomp", "rabbitmq"))
+            ("STOMP/RabbitMQ", "default stomp", "rabbitmq"))
             if a in rates and b in rates]
         print(f"  x{width}: " + "   ".join(parts))
 

@@ -12,8 +12,8 @@ loopback ports (they stop with this process).
    bounded queues on (the default: a tally entry per queue and group, the
    warden's rounds) against off (``retention_interval = 0``), in alternating
    turns on fresh servers. Target: on costs at most 10%.
-2. **Memory.** gearmand (with its redis queue, as ``gearhorn up`` runs it)
-   and its queue Redis, sampled every few seconds while a producer fans out
+2. **Memory.** gearmand and the registry's Redis holding the copies (held
+   copies, as ``gearhorn up`` runs them), sampled every few seconds while a producer fans out
    1 KiB payloads at half the measured rate to 20 subscribers: 10 never
    read, 10 are read as fast as they come. Target: both flat once the dead
    queues reach their cap, and the live subscribers' rate within 10% of a
@@ -46,22 +46,16 @@ PAYLOAD = "x" * 1024
 
 
 class Stack:
-    """Registry Redis, gearmand (memory, or its redis queue), a pool."""
+    """Registry Redis, gearmand (memory only), a pool; ``durable``: the
+    copies held in that Redis, with AOF (as gearhorn up runs it)."""
 
     def __init__(self, processes: int, env: dict[str, str], durable: bool = False) -> None:
         self.tmp = tempfile.mkdtemp(prefix="bench-retention-")
-        self.redis = servers.start_redis()
-        self.queue_redis = None
-        address = None
+        self.redis = (servers.start_redis(data_dir=os.path.join(self.tmp, "redis"),
+                                          appendonly=True) if durable else servers.start_redis())
         if durable:
-            self.queue_redis = servers.start_redis(
-                data_dir=os.path.join(self.tmp, "queue-redis"), appendonly=True,
-                extra=["--maxmemory", str(1 << 30), "--maxmemory-policy", "noeviction"])
-            address = (self.queue_redis.host, self.queue_redis.port)
-            env = {**env, "GEARHORN_QUEUE_REDIS_URL": self.queue_redis.details["url"]}
-        self.gearmand = servers.start_gearmand(
-            data_dir=os.path.join(self.tmp, "gearmand"),
-            queue="redis" if durable else "none", queue_server=address)
+            env = {**env, "GEARHORN_COPIES": "held"}
+        self.gearmand = servers.start_gearmand(data_dir=os.path.join(self.tmp, "gearmand"))
         self.url = self.redis.details["url"]
         self.registry = Registry(redis.Redis.from_url(self.url), Keys())
         self.pool = start_pool(self.gearmand, self.url, processes, env=env)
@@ -69,9 +63,8 @@ class Stack:
     def close(self) -> None:
         self.pool.send_signal(signal.SIGTERM)
         self.pool.wait(30)
-        for server in (self.gearmand, self.queue_redis, self.redis):
-            if server is not None:
-                server.stop()
+        for server in (self.gearmand, self.redis):
+            server.stop()
         shutil.rmtree(self.tmp, ignore_errors=True)
 
 
@@ -151,7 +144,7 @@ class Reader(threading.Thread):
 
 def bench_memory(processes: int, seconds: float, dead: int, live: int,
                  rate: float | None) -> dict:
-    """Samples (t, gearmand MiB, queue Redis MiB, live copies/s) with ``dead``
+    """Samples (t, gearmand MiB, Redis MiB, live copies/s) with ``dead``
     never-read subscribers, then the live rate without them."""
     width = dead + live
     if rate is None:
@@ -175,7 +168,7 @@ def _memory_run(processes: int, seconds: float, dead: int, live: int, rate: floa
             stack.registry.subscribe(_sub(f"dead{i}"))
         for i in range(live):
             stack.registry.subscribe(_sub(f"live{i}"))
-        queue_redis = redis.Redis.from_url(stack.queue_redis.details["url"])
+        copies_redis = redis.Redis.from_url(stack.url)
         reader = Reader(stack.gearmand, [f"mem_live{i}" for i in range(live)])
         reader.start()
         producer = Producer(stack.gearmand, "mem", dead + live, rate)
@@ -186,11 +179,11 @@ def _memory_run(processes: int, seconds: float, dead: int, live: int, rate: floa
             t = time.monotonic() - start
             taken = reader.taken
             samples.append((round(t, 1), round(rss_mib(stack.gearmand.process.pid), 1),
-                            round(queue_redis.info("memory")["used_memory"] / 1048576, 1),
+                            round(copies_redis.info("memory")["used_memory"] / 1048576, 1),
                             round((taken - last_taken) / (t - last_t))))
             last_taken, last_t = taken, t
             print(f"  {'with' if dead else 'without'} dead: t={samples[-1][0]:>6}s gearmand "
-                  f"{samples[-1][1]:>7} MiB, queue Redis {samples[-1][2]:>7} MiB, live "
+                  f"{samples[-1][1]:>7} MiB, Redis {samples[-1][2]:>7} MiB, live "
                   f"{samples[-1][3]:>7,} copies/s", flush=True)
         producer.stopping.set()
         reader.stopping.set()
@@ -221,7 +214,7 @@ def chart(result: dict, path: str) -> None:
     samples = result["with_dead"]["samples"]
     fig, ax = plt.subplots(figsize=(7, 3.2), dpi=100)
     ax.plot([s[0] for s in samples], [s[1] for s in samples], label="gearmand RSS")
-    ax.plot([s[0] for s in samples], [s[2] for s in samples], label="queue Redis used")
+    ax.plot([s[0] for s in samples], [s[2] for s in samples], label="Redis used (held copies)")
     ax.set_xlabel("seconds")
     ax.set_ylabel("MiB")
     ax.set_title(f"{result['with_dead']['dead']} subscribers never read, "
@@ -254,7 +247,7 @@ def main() -> None:
         samples = result["with_dead"]["samples"]
         half = samples[len(samples) // 2:]
         print(f"gearmand RSS, second half: {min(s[1] for s in half):,.1f} to "
-              f"{max(s[1] for s in half):,.1f} MiB; queue Redis: "
+              f"{max(s[1] for s in half):,.1f} MiB; Redis: "
               f"{min(s[2] for s in half):,.1f} to {max(s[2] for s in half):,.1f} MiB")
         live_with = _tail_mean(samples, 3)
         live_without = _tail_mean(result["without_dead"]["samples"], 3)

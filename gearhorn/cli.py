@@ -18,7 +18,6 @@ from gearhorn.commands import (
     cmd_passwd,
     cmd_presence,
     cmd_publish,
-    cmd_replay,
     cmd_status,
     cmd_subscribe,
     cmd_unsubscribe,
@@ -56,7 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gearhorn", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     common = _common()
-    for add in (_add_worker, _add_up, _add_fsyncd, _add_replay, _add_bridge, _add_subscriptions,
+    for add in (_add_worker, _add_up, _add_fsyncd, _add_bridge, _add_subscriptions,
                 _add_publish, _add_consume, _add_ledger, _add_report, _add_passwd, _add_dlq,
                 _add_web, _add_status, _add_presence, _add_history):
         add(sub, common)
@@ -81,11 +80,13 @@ def _add_up(sub, common) -> None:
     up.add_argument("--processes", type=int, metavar="N")
     up.add_argument("--data-dir", metavar="DIR",
                     help="where the started Redis and gearmand keep data (default .gearhorn)")
-    up.add_argument("--persistence", choices=("redis", "sqlite", "none"),
-                    help="how gearmand keeps queued jobs across a crash (default redis)")
+    up.add_argument("--persistence", choices=("sqlite", "none"),
+                    help="how gearmand keeps the jobs submitted straight to it "
+                         "(gearman -b) across a crash (default sqlite); gearhorn's "
+                         "copies are held in Redis either way")
     up.add_argument("--no-persistence", dest="persistence", action="store_const",
-                    const="none", help="keep queued jobs in memory only: faster, and a "
-                                       "gearmand crash loses them")
+                    const="none", help="gearmand keeps the jobs submitted straight to it "
+                                       "in memory only")
     _durability(up)
     up.set_defaults(func=cmd_up)
 
@@ -108,17 +109,6 @@ def _add_fsyncd(sub, common) -> None:
     fsyncd.add_argument("--dir", metavar="DIR",
                         help="its data directory (default: asked of Redis, CONFIG GET dir)")
     fsyncd.set_defaults(func=cmd_fsyncd)
-
-
-def _add_replay(sub, common) -> None:
-    mend = sub.add_parser("replay", parents=[common],
-                          help="around a start of gearmand -q redis: hold the queued jobs "
-                               "gearmand 1.1.20 would replay wrong, resubmit them after")
-    mend.add_argument("step", choices=("hold", "resubmit"),
-                      help="hold: before gearmand starts; resubmit: once it listens")
-    mend.add_argument("--queue-redis-url", metavar="URL",
-                      help="the Redis of gearmand's queue (default redis://127.0.0.1:6380/0)")
-    mend.set_defaults(func=cmd_replay)
 
 
 def _add_bridge(sub, common) -> None:

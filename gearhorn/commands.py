@@ -75,29 +75,6 @@ def cmd_fsyncd(config: Config, args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_replay(config: Config, args: argparse.Namespace) -> int:
-    import redis
-
-    from gearhorn import gearman
-    from gearhorn.store import redisconn
-    from gearhorn.store.keys import Keys
-    from gearhorn.worker import replay
-
-    keys = Keys.for_config(config)
-    queue = redis.Redis.from_url(config.queue_redis_urls[0], socket_timeout=60)
-    dashed = replay.DashedFunctions(redisconn.for_config(config), keys).load()
-    if args.step == "hold":
-        print(f"held {replay.hold(queue, dashed, keys):,} jobs")
-        return 0
-    client = gearman.Client(config.gearman_servers, connect_timeout=60,
-                            tls=config.gearman_tls)
-    try:
-        print(f"resubmitted {replay.resubmit(queue, dashed, keys, client):,} jobs")
-    finally:
-        client.close()
-    return 0
-
-
 def _producer(config: Config):
     from gearhorn.client import Producer
 

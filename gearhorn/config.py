@@ -11,6 +11,7 @@ from __future__ import annotations
 import configparser
 import dataclasses
 import functools
+import logging
 import os
 import re
 from collections.abc import Mapping
@@ -25,12 +26,20 @@ from gearhorn.messages import DEFAULT_MAX_PAYLOAD
 if TYPE_CHECKING:
     from gearhorn.gearman import TlsFiles
 
+log = logging.getLogger(__name__)
+
 ENV_PREFIX = "GEARHORN_"
 # Environment names that are not simply GEARHORN_<FIELD>.
 _ENV_ALIASES = {"gearman_servers": "GEARHORN_GEARMAN"}
 
 
 PERSISTENCE = ("auto", "redis", "sqlite", "none")
+# Settings of earlier versions, ignored with a warning (an upgrade starts).
+RETIRED = {
+    "queue_redis_url": "gearhorn holds its copies in the registry's Redis and no longer "
+                       "waits for gearmand's queue Redis (docs/design.rst, \"What went\")",
+    "pin_queue": "gearhorn up no longer starts a Redis for gearmand's queue",
+}
 COPIES = ("gearmand", "held")
 DURABILITY = ("auto", "fsync", "written")
 REDIS_CLUSTER_MODES = ("auto", "yes", "no")
@@ -76,30 +85,19 @@ class Config:
     log_level: str = "INFO"
     # Used by `gearhorn up`: where the Redis and gearmand it starts keep data.
     data_dir: str = ".gearhorn"
-    # How gearmand keeps queued jobs: "redis" (its redis queue, in
-    # queue_redis_url), "sqlite", "none" (memory only: a gearmand crash loses
-    # every queued copy), or "auto": `gearhorn up` starts its gearmand with
-    # the redis queue, and a worker or bridge beside a gearmand of yours
-    # assumes nothing of it (no queue Redis to wait for; the start-up line
-    # says what that promises). docs/operations.rst, "Beside your gearmand".
+    # How gearmand keeps the jobs submitted straight to it (gearman -b), and
+    # with copies = gearmand the copies too: "sqlite", "none" (memory only),
+    # "redis" (a gearmand of yours run with -q redis: said at start, nothing
+    # waited for), or "auto": `gearhorn up` starts its gearmand on sqlite, and
+    # a worker or bridge beside a gearmand of yours assumes nothing of it.
+    # docs/operations.rst, "Beside your gearmand".
     persistence: str = "auto"
     # Who keeps a fanout's background copies until their receivers take them:
     # "held" (gearhorn, in the registry's Redis; gearmand gets each as a
     # foreground job held open and only dispatches it, so any gearmand
     # crash loses none: docs/design.rst, "Held copies") or "gearmand" (its
-    # queue, as persistence says). Held copies are the worker pool's
-    # fanouts, delayed releases and dead letters; the bridge's SENDs to /queue/ go
-    # to gearmand's queue.
+    # queue, as persistence says: only as safe as that queue).
     copies: str = "held"
-    # The Redis that holds gearmand's queue with persistence = redis
-    # (gearmand's plugin uses database 0); gearhorn up starts it when absent.
-    # With several gearmand, each keeping its queue in a Redis of its own,
-    # list them all, comma-separated: an acknowledgement waits for the fsync
-    # of each (gearhorn up, replay and the warden's memory check use the first).
-    queue_redis_url: str = "redis://127.0.0.1:6380/0"
-    # gearhorn up puts gearmand and the Redis of its queue on one core: they
-    # work in lockstep, and a hand-over within a core is 1.4-3.3x faster here.
-    pin_queue: bool = True
     # What an acknowledgement (a fanout's result, a STOMP RECEIPT) promises:
     # "fsync": it comes after an fsync of every Redis holding what it
     # acknowledges (the fsync barrier, gearhorn/store/fsync.py; a power cut
@@ -215,9 +213,11 @@ class Config:
     # Seconds between the warden's rounds (gearhorn/worker/warden.py); 0 turns
     # bounded queues off (no tally, no warden, no guard: queues grow unbounded).
     retention_interval: float = 1.0
-    # gearhorn up gives gearmand's queue Redis this maxmemory (bytes; 0: none);
-    # above queue_store_guard of whatever maxmemory it has, fanouts are
-    # refused with the reason until there is room again.
+    # The memory the registry's Redis, which holds the copies, may use
+    # (bytes; 0: no bound; its own maxmemory, where set, counts instead):
+    # above queue_store_guard of it fanouts are refused with the reason
+    # until there is room again. No Redis maxmemory is set for it: a full
+    # Redis would refuse heartbeats and subscriptions too.
     queue_maxmemory: int = 1024 * 1024 * 1024
     queue_store_guard: float = 0.9
     # The delivery ledger (a Redis Stream; gearhorn ledger export reads it).
@@ -233,11 +233,6 @@ class Config:
     def history_policy(self) -> HistoryPolicy:
         return _history_policy(self.history_topics, self.history_size, self.history_ttl,
                                self.realtime_history_size, self.realtime_history_ttl)
-
-    @property
-    def queue_redis_urls(self) -> tuple[str, ...]:
-        """Every Redis gearmand keeps its queue in (``queue_redis_url``, split)."""
-        return tuple(url.strip() for url in self.queue_redis_url.split(",") if url.strip())
 
     @property
     def gearman_tls(self) -> TlsFiles | None:
@@ -345,6 +340,9 @@ def _from_file(path: str) -> dict[str, object]:
     known = {f.name for f in fields(Config)}
     values = {}
     for key, raw in parser.items("gearhorn"):
+        if key in RETIRED:
+            log.warning("config file %s: %s is no longer used: %s", path, key, RETIRED[key])
+            continue
         if key not in known:
             raise ConfigError(f"config file {path}: unknown setting {key!r}")
         values[key] = _convert(key, raw, f"config file {path}")
@@ -352,6 +350,9 @@ def _from_file(path: str) -> dict[str, object]:
 
 
 def _from_env(env: Mapping[str, str]) -> dict[str, object]:
+    for name, why in RETIRED.items():
+        if env.get(ENV_PREFIX + name.upper()):
+            log.warning("%s%s is no longer used: %s", ENV_PREFIX, name.upper(), why)
     values = {}
     for f in fields(Config):
         name = _ENV_ALIASES.get(f.name, ENV_PREFIX + f.name.upper())
@@ -384,9 +385,6 @@ def load(
     if config.durability not in DURABILITY:
         raise ConfigError(f"durability must be one of {', '.join(DURABILITY)}, "
                           f"got {config.durability!r}")
-    if config.persistence == "redis" and not config.queue_redis_urls:
-        raise ConfigError("persistence = redis needs queue_redis_url: the Redis that "
-                          "gearmand -q redis keeps its queue in")
     if config.barrier_timeout <= 0:
         raise ConfigError(f"barrier_timeout must be above 0 seconds, got "
                           f"{config.barrier_timeout}")
@@ -400,7 +398,7 @@ def load(
         raise ConfigError(f"queue_overflow must be one of {', '.join(OVERFLOWS)}, "
                           f"got {config.queue_overflow!r}")
     if not 0 < config.queue_store_guard <= 1:
-        raise ConfigError(f"queue_store_guard is a fraction of the queue Redis's maxmemory, "
+        raise ConfigError(f"queue_store_guard is a fraction of the copies' Redis's maxmemory, "
                           f"above 0 and at most 1, got {config.queue_store_guard}")
     if not re.fullmatch(r"[!-)+-~]{1,64}", config.presence_topic_prefix):
         raise ConfigError(f"presence_topic_prefix must be 1 to 64 printable characters "

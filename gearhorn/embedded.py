@@ -20,12 +20,10 @@ import redis
 from gearhorn import gearman, ports, queueupgrade, servers
 from gearhorn.config import Config, to_env
 from gearhorn.store import durability, redisconn
-from gearhorn.store.dashed import DashedFunctions
 from gearhorn.store.heldcopies import HeldCopies
 from gearhorn.store.keys import Keys
 from gearhorn.store.redisconn import REDIS_ERRORS
 from gearhorn.store.registry import Registry
-from gearhorn.worker import replay
 from gearhorn.worker.pool import Pool
 
 log = logging.getLogger(__name__)
@@ -33,9 +31,9 @@ _LOOPBACK = {"127.0.0.1", "localhost", "::1"}
 
 
 _PERSISTENCE_NOTES = {
-    "redis": "durable: gearmand's redis queue in {url} (AOF), survives kill -9 of everything",
     "sqlite": "durable: gearmand's sqlite queue in {dir}/gearmand.sqlite (slow: ~1,300 jobs/s)",
-    "none": "NONE: queued copies are lost if gearmand stops (--persistence redis keeps them)",
+    "none": "NONE: jobs queued in gearmand are lost if it stops (--persistence sqlite keeps "
+            "them)",
 }
 
 
@@ -45,7 +43,6 @@ class Embedded:
         self.started: list[servers.Managed] = []
         self.notes: dict[str, str] = {}
         self.gearmand: servers.Managed | None = None
-        self.queue_redis: servers.Managed | None = None
         self._stopping = threading.Event()
 
     def run(self) -> int:
@@ -70,30 +67,19 @@ class Embedded:
         return redisconn.for_config(self.config, socket_timeout=30)
 
     def _restart_crashed(self) -> None:
-        """Start gearmand again when it, or the Redis holding its queue, crashed
-        (a clean exit is a stop someone asked for). gearmand 1.1.20 never
-        reconnects to its queue's Redis, so a restarted Redis restarts gearmand."""
+        """Start gearmand again when it crashed (a clean exit is a stop
+        someone asked for); the held copies it had go to it again."""
         while not self._stopping.wait(0.5):
-            queue_crashed = _crashed(self.queue_redis)
-            if not (queue_crashed or _crashed(self.gearmand)):
+            if not _crashed(self.gearmand):
                 continue
-            log.warning("%s crashed: starting it again", "gearmand's queue Redis"
-                        if queue_crashed else "gearmand")
+            log.warning("gearmand crashed: starting it again")
             try:
-                if queue_crashed:
-                    self._replace(self.queue_redis, self._start_queue_redis())
-                self.gearmand.stop()
-                self._replace(self.gearmand, self._start_gearmand(self.gearmand.port))
+                new = self._start_gearmand(self.gearmand.port)
+                self.started[self.started.index(self.gearmand)] = new
+                self.gearmand = new
                 log.warning("gearmand started again on port %s", self.gearmand.port)
-            except (servers.ServerError, *REDIS_ERRORS, gearman.GearmanError) as exc:
+            except (servers.ServerError, gearman.GearmanError) as exc:
                 log.error("could not restart gearmand: %s (trying again)", exc)
-
-    def _replace(self, old: servers.Managed, new: servers.Managed) -> None:
-        self.started[self.started.index(old)] = new
-        if old is self.gearmand:
-            self.gearmand = new
-        else:
-            self.queue_redis = new
 
     def _ensure_redis(self) -> None:
         url = urlparse(self.config.redis_url)
@@ -126,22 +112,20 @@ class Embedded:
             self.notes["persistence"] = "none: gear.Server keeps jobs in memory only"
             self.config = self.config.replace(persistence="none")
             return
-        if self.config.persistence == "auto":  # the gearmand started here
-            if self.config.copies == "held":
-                # gearhorn holds its copies: gearmand keeps only the jobs
-                # submitted straight to it, in sqlite (no Redis of its own).
-                self._upgrade_queue()
-                self.config = self.config.replace(persistence="sqlite")
-            else:  # its redis queue holds the copies
-                self.config = self.config.replace(persistence="redis")
         if self.config.persistence == "redis":
-            self._ensure_queue_redis()
+            raise servers.ServerError(
+                "gearhorn up no longer runs gearmand on its redis queue: gearhorn holds its "
+                "copies in the registry's Redis, and gearmand keeps the jobs submitted "
+                "straight to it in sqlite (persistence = auto or sqlite; docs/design.rst, "
+                "\"What went\")")
+        self._upgrade_queue()  # an older data directory's copies, from its queue Redis
+        if self.config.persistence == "auto":  # gearmand keeps only its own jobs
+            self.config = self.config.replace(persistence="sqlite")
         self.gearmand = self._start_gearmand(port)
         self.started.append(self.gearmand)
         version = " ".join(gearman.admin(host, port, "version", tls=self.config.gearman_tls))
         self.notes["gearman"] = f"started gearmand ({version})"
-        note = _PERSISTENCE_NOTES[self.config.persistence].format(
-            url=self.config.queue_redis_urls[0], dir=self.config.data_dir)
+        note = _PERSISTENCE_NOTES[self.config.persistence].format(dir=self.config.data_dir)
         if self.config.copies == "held":  # gearmand keeps only its own jobs then
             note = (f"{note}, for jobs submitted straight to gearmand (gearman -b): every "
                     f"copy gearhorn makes, and every SEND, is held in the registry's Redis")
@@ -154,62 +138,28 @@ class Embedded:
         old = os.path.join(self.config.data_dir, "gearmand-queue")
         if not os.path.isdir(old):
             return
+        if self.config.copies != "held":  # nobody would hand the records out
+            log.error("%s holds the copies of an older gearhorn: they are delivered at the "
+                      "first start with copies = held", old)
+            return
         queue_redis = servers.start_redis(servers.free_port(), old, appendonly=True,
                                           barrier=False)
         try:
             registry = self._registry_redis()
             keys = self._keys()
             queue = redis.Redis(queue_redis.host, queue_redis.port, socket_timeout=60)
-            barrier = durability.for_config(self.config, registry, queues=False)
+            barrier = durability.for_config(self.config, registry)
             queueupgrade.move_to_held(queue, HeldCopies(registry, keys), keys,
-                                      DashedFunctions(registry, keys).load(), barrier.wait)
+                                      queueupgrade.dashed_functions(registry, keys),
+                                      barrier.wait)
             queue.close()
         finally:
             queue_redis.stop()
         os.rename(old, f"{old}.upgraded")
         log.info("gearmand's redis queue is no longer used: %s renamed %s.upgraded", old, old)
 
-    def _ensure_queue_redis(self) -> None:
-        url = urlparse(self.config.queue_redis_urls[0])
-        host, port = url.hostname or "127.0.0.1", url.port or 6379
-        if servers.is_listening(host, port):
-            if not ports.answers_as_redis(host, port):
-                raise ports.not_what_was_expected(host, port, ports.QUEUE_REDIS_URL, "Redis")
-            return
-        if host not in _LOOPBACK:
-            raise servers.ServerError(f"the Redis for gearmand's queue at {host}:{port} "
-                                      "is not reachable")
-        self.queue_redis = self._start_queue_redis()
-        self.started.append(self.queue_redis)
-
-    def _start_queue_redis(self) -> servers.Managed:
-        port = urlparse(self.config.queue_redis_urls[0]).port or 6379
-        # A maxmemory with noeviction: a full queue Redis refuses new jobs
-        # (the workers refuse fanouts at queue_store_guard of it) instead of
-        # growing until the OOM killer stops it, or evicting queued jobs.
-        limit = self.config.queue_maxmemory
-        extra = ["--maxmemory", str(limit), "--maxmemory-policy", "noeviction"] if limit else []
-        data_dir = os.path.join(self.config.data_dir, "gearmand-queue")
-        queue = servers.start_redis(port, data_dir, appendonly=True, cpus=self._queue_cpus(),
-                                    extra=extra)
-        _tell_repairs(queue)
-        return queue
-
-    def _queue_cpus(self) -> set[int] | None:
-        return servers.queue_cpus() if self.config.pin_queue else None
-
     def _start_gearmand(self, port: int) -> servers.Managed:
-        """gearmand with the configured queue; with the redis queue, the jobs it
-        would replay wrong are held before and resubmitted after (replay.py)."""
-        if self.config.persistence != "redis":
-            return servers.start_gearmand(port, self.config.data_dir,
-                                          queue=self.config.persistence)
-        url = urlparse(self.config.queue_redis_urls[0])
-        queue = redis.Redis.from_url(self.config.queue_redis_urls[0], socket_timeout=60)
-        return replay.start_mended(queue, self._registry_redis(), self._keys(), lambda: (
-            servers.start_gearmand(port, self.config.data_dir, queue="redis",
-                                   queue_server=(url.hostname or "127.0.0.1", url.port or 6379),
-                                   cpus=self._queue_cpus())))
+        return servers.start_gearmand(port, self.config.data_dir, queue=self.config.persistence)
 
     def _ensure_bridge(self) -> None:
         host, port = self.config.bridge_host, self.config.bridge_port

@@ -49,7 +49,6 @@ BRIDGE_WS_PORT = PortSetting("bridge_ws_port", "--ws-port PORT",
 WEB_PORT = PortSetting("web_port", "--port PORT")
 # What gearhorn up finds already listening must be what it expects there.
 REDIS_URL = PortSetting("redis_url", "--redis-url URL")
-QUEUE_REDIS_URL = PortSetting("queue_redis_url")
 GEARMAN_SERVERS = PortSetting("gearman_servers", "--gearman HOST:PORT")
 UP_BRIDGE_PORT = PortSetting("bridge_port")
 

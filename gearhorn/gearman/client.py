@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import time
 import zlib
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from gearhorn.gearman.connection import Connection, TlsFiles
@@ -77,9 +77,7 @@ class Client:
     """
 
     def __init__(self, servers: Sequence[tuple[str, int]], batch: int = 1000,
-                 connect_timeout: float = 5.0,
-                 before_background: Callable[[Iterable[str]], None] | None = None,
-                 tls: TlsFiles | None = None) -> None:
+                 connect_timeout: float = 5.0, tls: TlsFiles | None = None) -> None:
         if not servers:
             raise ValueError("at least one gearmand server is needed")
         self.connections = [Connection(h, p, connect_timeout, tls) for h, p in servers]
@@ -89,9 +87,6 @@ class Client:
         # servers were listed in, gives a function the same home.
         self._by_address = sorted(range(len(self.connections)), key=lambda i: (
             self.connections[i].host, self.connections[i].port))
-        # Told the functions of every background batch before it is sent
-        # (gearhorn/worker/replay.py records names gearmand's redis queue misreads).
-        self.before_background = before_background
 
     def close(self) -> None:
         for conn in self.connections:
@@ -109,8 +104,6 @@ class Client:
 
     def submit_background(self, copies: Sequence[Copy], precedence: str = "normal") -> int:
         """Submit background jobs; returns once gearmand accepted them all."""
-        if self.before_background is not None:
-            self.before_background({c.function for c in copies})
         if len(self.connections) == 1:
             self._submit(copies, background=True, precedence=precedence)
             return len(copies)

@@ -38,7 +38,6 @@ from gearhorn.stomp.rules import SessionSettings
 from gearhorn.stomp.server import BridgeServer
 from gearhorn.stomp.topicstreams import TopicStreams
 from gearhorn.store import durability, redisconn
-from gearhorn.store.dashed import DashedFunctions
 from gearhorn.store.deadletters import DeadLetterIndex
 from gearhorn.store.delayed import Scheduler
 from gearhorn.store.directcalls import DirectCalls
@@ -130,7 +129,6 @@ def build_bridge(config: Config) -> Bridge:
     bounds = QueueBounds(registry)
     ledger = Ledger(client, keys, config.ledger_maxlen, config.ledger_enabled,
                     source=f"bridge-{bridge_id}", shards=config.ledger_shards)
-    dashed = DashedFunctions(client, keys)
     # Counts of the SENDs no worker fans out (gearhorn/stomp/appending.py).
     stats = Stats(client, keys, config.metrics_enabled, buffered=True)
     flusher = LedgerFlusher(ledger, bounds, stats)
@@ -151,8 +149,8 @@ def build_bridge(config: Config) -> Bridge:
     publisher = Publisher(servers, tls, headers,
                           Scheduler(client, keys, config.delay_shard_seconds,
                                     config.delay_lease, config.delay_lanes),
-                          bounds, config.fanout_timeout, before_background=dashed.record,
-                          history_first=history_first, holding=holding)
+                          bounds, config.fanout_timeout, history_first=history_first,
+                          holding=holding)
     # Five times a worker's: the janitor removes a bridge's subscriptions
     # only when it is surely dead, not merely busy for a few seconds.
     # Its held copies, though, are taken over as soon as a dead worker's.
@@ -164,16 +162,14 @@ def build_bridge(config: Config) -> Bridge:
     attachments = Attachments(servers, tls, bridge_id, headers_of=headers.for_uniques,
                               dead_letter=dead_letterer,
                               max_deliveries=config.max_deliveries, handouts=handouts,
-                              give_back=GiveBack(handouts, tls, dashed.record), bounds=bounds)
+                              give_back=GiveBack(handouts, tls), bounds=bounds)
     backend = Backend(logins=logins, publisher=publisher,
                       requests=Requester(publisher, headers, registrations,
                                          config.request_timeout),
                       queues=attachments, registrations=registrations,
                       counts=QueueCounts(attachments, registry), observer=observer,
                       streams=streams,
-                      # held copies are in the registry's Redis alone
-                      durability=durability.for_config(config, client,
-                                                       queues=holding is None))
+                      durability=durability.for_config(config, client))
     server = _server(config, backend)
     registrations.describe = lambda: {"connections": len(server.connections)}
     return Bridge(server, registrations, flusher, attachments, history_first, holding)

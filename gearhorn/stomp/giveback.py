@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Sequence
 
 from gearhorn import gearman
 from gearhorn.naming import TEMP_FUNCTION_PREFIX, is_held, returnable, returned_unique
@@ -45,11 +45,9 @@ def may_give_back(delivery: Delivery) -> bool:
 class GiveBack:
     """Submits held messages again, in order, ahead of newer ones."""
 
-    def __init__(self, handouts: Handouts, tls: gearman.TlsFiles | None = None,
-                 before_background: Callable[[Iterable[str]], None] | None = None) -> None:
+    def __init__(self, handouts: Handouts, tls: gearman.TlsFiles | None = None) -> None:
         self.handouts = handouts
         self.tls = tls
-        self.before_background = before_background
 
     def __call__(self, function: str, held: Sequence[Delivery]) -> list[Delivery]:
         """Submit ``held`` again; returns those given back, whose originals
@@ -69,8 +67,7 @@ class GiveBack:
             [d.unique for d in held if d.tracked and d.deliveries == 0 and not d.redelivered])
         given = list(copies)
         for (host, port), group in _by_server(chosen):
-            client = gearman.Client([(host, port)], tls=self.tls,
-                                    before_background=self.before_background)
+            client = gearman.Client([(host, port)], tls=self.tls)
             try:
                 client.submit_background([gearman.Copy(function, returned_unique(tokens[id(d)]),
                                                        d.body) for d in group], "high")

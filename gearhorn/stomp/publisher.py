@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Sequence
 
 import gevent.lock
 
@@ -22,16 +22,14 @@ from gearhorn.store.holding import HoldingClient
 
 
 class Publisher:
-    """Submits what sessions send; ``before_background`` hears of every
-    background job first (dashed function names, gearhorn/worker/replay.py).
-    With ``holding`` (``copies = held``) background jobs are held copies:
-    kept in Redis by this bridge and handed to gearmand as foreground jobs
-    it holds open, as the pool's fanout copies are (docs/design.rst)."""
+    """Submits what sessions send. With ``holding`` (``copies = held``)
+    background jobs are held copies: kept in Redis by this bridge and handed
+    to gearmand as foreground jobs it holds open, as the pool's fanout
+    copies are (docs/design.rst)."""
 
     def __init__(self, servers: Sequence[tuple[str, int]], tls: gearman.TlsFiles | None,
                  headers: HeaderStore, scheduler: Scheduler, bounds: QueueBounds,
                  fanout_timeout: float,
-                 before_background: Callable[[Iterable[str]], None] | None = None,
                  history_first: HistoryFirst | None = None,
                  holding: HoldingClient | None = None) -> None:
         self.servers, self.tls = tuple(servers), tls
@@ -40,7 +38,6 @@ class Publisher:
         self.scheduler = scheduler
         self.bounds = bounds
         self.fanout_timeout = fanout_timeout
-        self.before_background = before_background
         self.history_first = history_first  # topics with history: appended first
         # The bridge's own jobs share one client, one at a time.
         self._own = self.new_client()
@@ -49,8 +46,7 @@ class Publisher:
     def new_client(self) -> gearman.Client:
         """A Gearman client for one connection's jobs (its background jobs
         held copies, with ``holding``)."""
-        client = gearman.Client(self.servers, before_background=self.before_background,
-                                tls=self.tls)
+        client = gearman.Client(self.servers, tls=self.tls)
         return client if self.holding is None else self.holding.beside(client)
 
     def send_to_queue(self, client: gearman.Client, function: str,

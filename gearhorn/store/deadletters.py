@@ -31,7 +31,6 @@ from gearhorn import gearman
 from gearhorn.messages import header_id_of
 from gearhorn.naming import dead_letter_queue, queue_copy_unique, stomp_unique
 from gearhorn.store import durability
-from gearhorn.store.dashed import DashedFunctions
 from gearhorn.store.durability import NO_DURABILITY, Durability
 from gearhorn.store.headers import HeaderStore
 from gearhorn.store.keys import Keys
@@ -129,7 +128,6 @@ class DeadLetterMover:
         self.tls = tls
         # Requeued copies on disk before their dead letters are completed.
         self.durability = durability
-        self.dashed = DashedFunctions(index.redis, index.keys)
         self.tally = TallyWriter(index.redis, index.keys)
 
     def requeue(self, queue: str, count: int | None = None) -> int:
@@ -142,8 +140,7 @@ class DeadLetterMover:
 
     def _drain(self, queue: str, count: int | None, resubmit: bool) -> int:
         moved = 0
-        client = (gearman.Client(self.servers, tls=self.tls,
-                                 before_background=self.dashed.record) if resubmit else None)
+        client = gearman.Client(self.servers, tls=self.tls) if resubmit else None
         # A bounded queue's copies are tallied (the warden's ages and sizes).
         tallied = resubmit and self.index.redis.hexists(self.index.keys.subscriptions, queue)
         try:

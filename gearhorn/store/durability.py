@@ -1,9 +1,9 @@
 """What a process's acknowledgements wait for, and what they promise.
 
 :class:`Durability` holds every fsync barrier (gearhorn/store/fsync.py) an
-acknowledgement of this process waits for: the registry's Redis, and
-gearmand's queue Redis when gearmand keeps its queue there. An outage of one
-(no syncer, its Redis unreachable) is waited out for ``barrier_timeout``
+acknowledgement of this process waits for: the registry's Redis, which
+holds the subscriptions and the copies. An outage of one (no syncer, its
+Redis unreachable) is waited out for ``barrier_timeout``
 seconds; then the operation fails with the reason, so a producer is never
 left waiting for ever.
 
@@ -56,7 +56,7 @@ class SetupError(GearhornError):
 
 class Durability:
     """Every barrier an acknowledgement of this process waits for (the
-    registry's Redis, gearmand's queue Redis): :meth:`wait` after the writes
+    registry's Redis): :meth:`wait` after the writes
     it covers were answered, before the acknowledgement is sent."""
 
     def __init__(self, barriers: Sequence[FsyncBarrier] = (), patience: float = PATIENCE,
@@ -141,30 +141,18 @@ def _needed(barrier: FsyncBarrier) -> bool:
 NO_DURABILITY = Durability()
 
 
-def for_config(config: Config, registry: redis.Redis | None = None,
-               queues: bool = True) -> Durability:
-    """The barriers of one process: the registry's Redis (``registry``, or
-    a client of its own), and each gearmand's queue Redis when gearmand
-    keeps its queue there (``persistence = redis``) and the process writes
-    to it (``queues``: a worker holding its copies does not). None with
-    ``durability = written``; with ``auto``, an AOF no syncer serves is not
-    waited for."""
+def for_config(config: Config, registry: redis.Redis | None = None) -> Durability:
+    """The barrier of one process: the registry's Redis (``registry``, or
+    a client of its own). None with ``durability = written``; with
+    ``auto``, an AOF no syncer serves is not waited for. gearmand's own
+    queue is never waited for: what it keeps is its business."""
     if config.durability == "written":
         return NO_DURABILITY
     strict = config.durability == "fsync"
     registry = registry or redisconn.for_config(config, socket_timeout=10,
                                                 socket_connect_timeout=5)
     name = f"the registry's Redis ({redisconn.safe(config.redis_url)})"
-    barriers = [FsyncBarrier(registry, name, strict)]
-    if queues and config.persistence == "redis":  # one per gearmand, each with its Redis
-        for url in config.queue_redis_urls:
-            queue = redis.Redis.from_url(url, socket_timeout=10, socket_connect_timeout=5)
-            barriers.append(FsyncBarrier(
-                queue, f"gearmand's queue Redis ({redisconn.safe(url)})", strict,
-                hint=" (persistence = redis says gearmand keeps its queue there: set "
-                     "queue_redis_url to that Redis, or persistence to the queue gearmand "
-                     "runs)"))
-    return Durability(barriers, config.barrier_timeout)
+    return Durability([FsyncBarrier(registry, name, strict)], config.barrier_timeout)
 
 
 # -- what an acknowledgement covers, in words (pure) --------------------------
@@ -192,24 +180,23 @@ QUEUED = "copies queued in gearmand"
 QUEUED_BESIDE_HELD = "jobs submitted straight to gearmand (gearman -b, other producers)"
 
 
-def gearmand_covers(persistence: str, queue_urls: Sequence[str], what: str = QUEUED) -> str:
+def gearmand_covers(persistence: str, what: str = QUEUED) -> str:
     """What ``what`` (queued in gearmand) survives, as ``persistence`` says.
 
-    >>> gearmand_covers("none", ())
+    >>> gearmand_covers("none")
     "copies queued in gearmand: in gearmand's memory, lost when it stops"
     """
-    if persistence == "redis":
-        where = ", ".join(redisconn.safe(url) for url in queue_urls)
-        return (f"{what}: background ones in its redis queue ({where}), foreground ones in "
-                f"its memory")
+    if persistence == "redis":  # a gearmand of the operator's, run with -q redis
+        return (f"{what}: background ones in its redis queue, as durable as that Redis "
+                f"(not waited for), foreground ones in its memory")
     if persistence == "sqlite":
         return (f"{what}: background ones in its sqlite queue on gearmand's host, foreground "
                 f"ones in its memory")
     if persistence == "none":
         return f"{what}: in gearmand's memory, lost when it stops"
     return (f"{what}: kept as that gearmand keeps its queue; with its memory queue (started "
-            f"without -q) a restart of it loses them (persistence = redis or sqlite says "
-            f"otherwise: docs/operations.rst)")
+            f"without -q) a restart of it loses them (persistence = sqlite or redis says "
+            f"how yours keeps them: docs/operations.rst)")
 
 
 HELD_COVERS = ("fanout copies and the bridge's SENDs (copies = held): in the registry's Redis "
@@ -222,8 +209,7 @@ def promises(config: Config, found: Sequence[tuple[str, str]]) -> list[str]:
     copies (``copies = held``) and one for what gearmand queues."""
     held = config.copies == "held"
     return [f"{name}: {COVERS[verdict]}" for name, verdict in found] + [HELD_COVERS] * held + [
-        gearmand_covers(config.persistence, config.queue_redis_urls,
-                        QUEUED_BESIDE_HELD if held else QUEUED)]
+        gearmand_covers(config.persistence, QUEUED_BESIDE_HELD if held else QUEUED)]
 
 
 # -- asking the servers ------------------------------------------------------
@@ -232,9 +218,6 @@ def promises(config: Config, found: Sequence[tuple[str, str]]) -> list[str]:
 def verdicts(config: Config, durability: Durability) -> list[tuple[str, str]]:
     """(store, verdict) for every Redis an acknowledgement covers, asked
     now; raises SetupError when a setting cannot be kept."""
-    if config.persistence == "redis":
-        for url in config.queue_redis_urls:  # written or not, gearmand needs it
-            _reachable(url)
     if not durability.barriers:
         return [(f"the registry's Redis ({redisconn.safe(config.redis_url)})", WRITTEN)]
     return [(b.name, _verdict(b, config.durability)) for b in durability.barriers]
@@ -262,19 +245,6 @@ def _serving(barrier: FsyncBarrier) -> bool:
         return served(barrier.client)
     except REDIS_ERRORS:
         return False
-
-
-def _reachable(url: str) -> None:
-    client = redis.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=5)
-    try:
-        client.ping()
-    except REDIS_ERRORS as exc:
-        raise SetupError(f"persistence = redis, but gearmand's queue Redis "
-                         f"({redisconn.safe(url)}) does not answer: {exc} (set "
-                         f"queue_redis_url to the Redis gearmand -q redis uses, or "
-                         f"persistence to the queue your gearmand runs)") from None
-    finally:
-        client.close()
 
 
 def check_at_start(config: Config) -> list[str]:

@@ -57,11 +57,10 @@ Redis the braces are just characters.
                                 delivery ledger (gearhorn/store/ledger.py); each writer
                                 appends to one; together trimmed to about
                                 ``ledger_maxlen`` entries
-``<p>dashed-functions``         set: Gearman functions with a ``-`` that gearhorn
-                                submitted background jobs to (gearhorn/worker/replay.py)
-``<p>held:<key>``               hash, in gearmand's queue Redis: a queued job moved
-                                out of gearmand's sight until gearhorn resubmits
-                                it (gearhorn/worker/replay.py)
+``<p>dashed-functions``         set, written by versions before held copies:
+                                functions with a ``-`` (gearhorn/queueupgrade.py)
+``<p>held:<key>``               hash, in an older version's gearmand queue Redis:
+                                a job set aside (gearhorn/queueupgrade.py)
 ``<p>bridge-info:<id>``         hash: pid, host, started, connections of a live
                                 bridge; expires with its heartbeat
 ``{<p>stats}:copies``           sorted set: topic -> copies made, ever (gearhorn/store/stats.py)

@@ -97,7 +97,7 @@ def _retention(snap: dict) -> Iterator[Metric]:
         yield _labelled(GaugeMetricFamily, name, doc, "queue", backlogs,
                         lambda b, value=value: (b["queue"], value(b)))
     store = snap.get("store", {})
-    yield _gauge("gearhorn_queue_store_used_bytes", "memory used by gearmand's queue Redis",
+    yield _gauge("gearhorn_queue_store_used_bytes", "memory used by the Redis holding the copies",
                  float(store.get("used") or 0))
     yield _gauge("gearhorn_queue_store_guard_bytes", "above this the workers refuse fanouts "
                  "(0: no maxmemory, no guard)", float(store.get("guard") or 0))

@@ -39,11 +39,16 @@ class RoundReport:
     """Writes a round's outcome; tells the workers when it changed."""
 
     def __init__(self, client: redis.Redis, keys: Keys,
-                 queue_store: Callable[[], redis.Redis | None] | None, store_guard: float) -> None:
+                 queue_store: Callable[[], redis.Redis | None] | None, store_guard: float,
+                 store_most: int = 0) -> None:
         self.redis = client
         self.keys = keys
         self.queue_store = queue_store
         self.store_guard = store_guard
+        # The store's memory where its Redis sets no maxmemory: the held
+        # copies share the registry's Redis, whose own maxmemory would stop
+        # heartbeats and subscriptions too, so the guard alone bounds them.
+        self.store_most = store_most
         self._full: set[str] = set()
         self._over = ""
         self._largest: list[Backlog] = []  # as last published
@@ -98,7 +103,8 @@ class RoundReport:
             memory = client.info("memory")
         except REDIS_ERRORS as exc:
             return {"used": 0, "max": 0, "guard": 0, "over": "", "error": str(exc)}
-        used, most = int(memory.get("used_memory", 0)), int(memory.get("maxmemory", 0))
+        used = int(memory.get("used_memory", 0))
+        most = int(memory.get("maxmemory", 0)) or self.store_most
         guard = int(most * self.store_guard) if most else 0
         over = ""
         if guard and used >= guard:

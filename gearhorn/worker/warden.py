@@ -80,6 +80,7 @@ class WardenSettings:
     interval: float = 1.0  # between rounds; the lease lasts three
     defaults: Limits = Limits()  # what a subscription does not say
     store_guard: float = 0.9  # of the queue store's maxmemory
+    store_most: int = 0  # that memory where the store's Redis has no maxmemory (0: none)
 
     @classmethod
     def of(cls, config: Config) -> WardenSettings:
@@ -87,7 +88,7 @@ class WardenSettings:
                           config.queue_message_ttl, config.queue_expires, config.queue_overflow,
                           config.queue_dead_letter)
         return cls(tuple(config.gearman_servers), config.gearman_tls, config.retention_interval,
-                   defaults, config.queue_store_guard)
+                   defaults, config.queue_store_guard, config.queue_maxmemory)
 
 
 class Warden:
@@ -104,7 +105,8 @@ class Warden:
         self.reaper = reaper
         self.observer = observer or Observer()  # the ledger and the metrics
         self.owner = owner or uuid.uuid4().hex
-        self.report = RoundReport(self.redis, self.keys, queue_store, settings.store_guard)
+        self.report = RoundReport(self.redis, self.keys, queue_store, settings.store_guard,
+                                  settings.store_most)
         self.room = RoomKeeper(self.redis, self.keys)  # reject-publish: claimed at copy time
         self._claimed_before: dict[str, tuple[int, int]] | None = None
         self.seen = SeenQueues()  # what this process knows of each queue

@@ -21,7 +21,6 @@ from gearhorn.events import Event
 from gearhorn.observers import LedgerObserver, Observer, Observers, StatsObserver
 from gearhorn.presenceevents import PresenceEvents, announce_changes
 from gearhorn.store import durability, redisconn
-from gearhorn.store.dashed import DashedFunctions
 from gearhorn.store.deadletters import DeadLetterIndex
 from gearhorn.store.dedup import Deduplicator
 from gearhorn.store.delayed import DelayedItem, Releaser, Scheduler
@@ -70,14 +69,10 @@ def build_service(config: Config, registry: Registry, cache: SubscriberCache,
     return FanoutService(fanouts, registry, stores.history, config.max_payload_bytes, observer)
 
 
-def _queue_store(config: Config) -> Callable[[], redis.Redis | None]:
-    """A client of gearmand's queue Redis for the warden's memory check
-    (None when gearmand keeps its queue elsewhere)."""
-    if config.persistence != "redis":
-        return lambda: None
-    client = redis.Redis.from_url(config.queue_redis_urls[0], socket_timeout=2,
-                                  socket_connect_timeout=1)
-    return lambda: client
+def _queue_store(config: Config, registry: redis.Redis) -> Callable[[], redis.Redis | None]:
+    """The Redis the warden's memory check reads: the registry's, which
+    holds the copies (``copies = held``); none with copies in gearmand."""
+    return (lambda: registry) if config.copies == "held" else (lambda: None)
 
 
 @dataclass
@@ -108,11 +103,10 @@ def build_worker(config: Config, worker_id: str, functions: tuple[str, ...]) -> 
                                         health_check_interval=30)
     keys = Keys.for_config(config)
     registry = Registry(client_redis, keys)
-    dashed = DashedFunctions(client_redis, keys)
 
     def gearman_client() -> gearman.Client:
         return gearman.Client(config.gearman_servers, batch=config.submit_batch,
-                              before_background=dashed.record, tls=config.gearman_tls)
+                              tls=config.gearman_tls)
 
     client, release_client = gearman_client(), gearman_client()
     ledger = Ledger(client_redis, keys, config.ledger_maxlen, config.ledger_enabled,
@@ -146,7 +140,7 @@ def build_worker(config: Config, worker_id: str, functions: tuple[str, ...]) -> 
                         DeadLetterIndex(client_redis, keys, stats), config.gearman_tls,
                         submit=holding.submit_background if holding else None)
         warden = Warden(WardenSettings.of(config), registry, reaper, observer, worker_id,
-                        queue_store=_queue_store(config))
+                        queue_store=_queue_store(config, client_redis))
 
     def release(item: DelayedItem) -> None:
         service.fanouts.release(item, release_client)
@@ -169,7 +163,7 @@ def build_worker(config: Config, worker_id: str, functions: tuple[str, ...]) -> 
         worker_id, registry, client, release_client, ledger, pressure, service, flusher,
         # Answers wait for an fsync that covers them (gearhorn/store/durability.py):
         # held copies are in the registry's Redis alone, gearmand's queue gets none.
-        durability.for_config(config, client_redis, queues=holding is None), warden, releaser,
+        durability.for_config(config, client_redis), warden, releaser,
         listener, janitor,
         # Subscriptions change through the service, the janitor and the warden: one registry.
         announce_changes(config, registry),

@@ -8,8 +8,6 @@ import pytest
 import redis
 
 from gearhorn import servers
-from gearhorn.store.keys import Keys
-from gearhorn.worker import replay
 from tests import lossyfs, redis_servers
 from tests.needs import missing, require_binary, require_module
 
@@ -161,40 +159,26 @@ def _free_mb(path):
 
 
 class Restartable:
-    """gearmand with a persistent queue (``"redis"``: its redis queue in a Redis
-    of its own; ``"sqlite"``) and the registry's Redis with AOF, each started
-    again on the same port with the same data, as ``gearhorn up`` does."""
+    """gearmand with its sqlite queue (for the jobs submitted straight to it:
+    the producers' background fanouts) and the registry's Redis with AOF,
+    each started again on the same port with the same data, as ``gearhorn
+    up`` does."""
 
-    def __init__(self, data_dir, queue="redis"):
-        self.queue = queue
+    queue = "sqlite"
+
+    def __init__(self, data_dir):
         self.gearmand_dir = os.path.join(data_dir, "gearmand")
         self.redis_dir = os.path.join(data_dir, "redis")
-        self.queue_redis_dir = os.path.join(data_dir, "queue-redis")
         self.redis = servers.start_redis(data_dir=self.redis_dir, appendonly=True)
         self.redis_url = self.redis.details["url"]
-        self.queue_redis = None
-        if queue == "redis":
-            self.queue_redis = servers.start_redis(data_dir=self.queue_redis_dir,
-                                                   appendonly=True)
         self.gearmand = self._start_gearmand(servers.free_port())
 
     def worker_env(self):
-        """Settings that tell workers and bridges where gearmand keeps its queue,
-        so their answers wait for its fsync too."""
-        env = {"GEARHORN_PERSISTENCE": self.queue}
-        if self.queue_redis is not None:
-            env["GEARHORN_QUEUE_REDIS_URL"] = self.queue_redis.details["url"]
-        return env
+        """Settings that tell workers and bridges how gearmand keeps its queue."""
+        return {"GEARHORN_PERSISTENCE": self.queue}
 
     def _start_gearmand(self, port):
-        def start():
-            return servers.start_gearmand(port, self.gearmand_dir, queue=self.queue,
-                                          queue_server=self.queue_redis and (
-                                              self.queue_redis.host, self.queue_redis.port))
-        if self.queue != "redis":
-            return start()
-        return replay.start_mended(redis.Redis.from_url(self.queue_redis.details["url"]),
-                                   redis.Redis.from_url(self.redis_url), Keys(), start)
+        return servers.start_gearmand(port, self.gearmand_dir, queue=self.queue)
 
     def restart_gearmand(self):
         self.gearmand.stop()
@@ -211,43 +195,27 @@ class Restartable:
         self.redis = servers.start_redis(port=self.redis.port, data_dir=self.redis_dir,
                                          appendonly=True)
 
-    def kill_queue_redis(self):
-        """kill -9 the Redis of gearmand's queue, then start it and gearmand
-        again (gearmand 1.1.20 never reconnects to it)."""
-        self.queue_redis.kill()
-        self.queue_redis = servers.start_redis(self.queue_redis.port,
-                                               data_dir=self.queue_redis_dir, appendonly=True)
-        self.gearmand.kill()
-        self.start_gearmand()
-
     def kill_everything(self):
-        """kill -9 of gearmand and both Redis at once, then all started again (not a
-        power cut: what they wrote is in the page cache, which survives)."""
-        for server in (self.gearmand, self.redis, self.queue_redis):
-            if server is not None:
-                server.process.kill()
-        for server in (self.gearmand, self.redis, self.queue_redis):
-            if server is not None:
-                server.process.wait()
-        if self.queue_redis is not None:
-            self.queue_redis = servers.start_redis(
-                self.queue_redis.port, data_dir=self.queue_redis_dir, appendonly=True)
+        """kill -9 of gearmand and the Redis at once, then both started again (not
+        a power cut: what they wrote is in the page cache, which survives)."""
+        for server in (self.gearmand, self.redis):
+            server.process.kill()
+        for server in (self.gearmand, self.redis):
+            server.process.wait()
         self.start_redis()
         self.start_gearmand()
 
     def stop(self):
-        for server in (self.gearmand, self.redis, self.queue_redis):
-            if server is not None:
-                server.stop()
+        for server in (self.gearmand, self.redis):
+            server.stop()
 
 
-@pytest.fixture(params=["redis", "sqlite"])
-def persistent_servers(fast_disk, request):
-    """Runs the test with gearmand's redis queue (the default of gearhorn up)
-    and with its sqlite queue."""
+@pytest.fixture
+def persistent_servers(fast_disk):
+    """gearmand on sqlite and the registry's Redis with AOF, restartable."""
     require_binary("gearmand", "gearman-job-server")
     require_binary("redis-server", "redis-server")
-    running = Restartable(fast_disk, request.param)
+    running = Restartable(fast_disk)
     yield running
     running.stop()
 

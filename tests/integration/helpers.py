@@ -94,8 +94,7 @@ class PoolProcess(ChildProcess):
     # A test that needs a shorter fanout timeout (a receiver that never
     # answers) sets its own.
     # Where gearmand keeps its queue is the default's (persistence = auto:
-    # nothing assumed) unless a test says (persistence = redis and
-    # queue_redis_url): answers then wait for that Redis's fsync too.
+    # nothing assumed) unless a test says.
     SETTINGS = {"GEARHORN_HEARTBEAT_INTERVAL": "1", "GEARHORN_WORKER_TTL": "10",
                 "GEARHORN_FANOUT_TIMEOUT": "20"}
 
@@ -385,11 +384,10 @@ class Up:
         self.data_dir = str(data_dir)
         self.store = store or os.path.join(self.data_dir, "data")
         self.ports = ports or {name: servers.free_port()
-                               for name in ("redis", "queue", "gearman", "stomp")}
+                               for name in ("redis", "gearman", "stomp")}
         self.log_path = os.path.join(self.data_dir, f"up-{len(os.listdir(self.data_dir))}.log")
         env = dict(os.environ, GEARHORN_BRIDGE_PORT=str(self.ports["stomp"]),
                    GEARHORN_BRIDGE_WS_PORT="0",
-                   GEARHORN_QUEUE_REDIS_URL=f"redis://127.0.0.1:{self.ports['queue']}/0",
                    GEARHORN_HEARTBEAT_INTERVAL="0.3", GEARHORN_WORKER_TTL="1.5", **(env or {}))
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(
@@ -413,7 +411,7 @@ class Up:
         return "gearhorn is up" in self.text()
 
     def kill_everything(self):
-        """SIGKILL to every process at once: up, workers, bridge, gearmand, both Redis."""
+        """SIGKILL to every process at once: up, workers, bridge, gearmand, Redis."""
         os.killpg(self.process.pid, signal.SIGKILL)
         self.process.wait()
         wait_for(lambda: not any(servers.is_listening("127.0.0.1", p)

@@ -166,12 +166,10 @@ def test_a_setting_that_cannot_be_kept_stops_the_start_with_one_line(plain_serve
     gearmand, redis_url = plain_servers
     unreachable = f"redis://127.0.0.1:{servers.free_port()}/0"
     for argv, settings, says in (
-            (["worker", "--processes", "1"], {"GEARHORN_PERSISTENCE": "redis",
-                                             "GEARHORN_QUEUE_REDIS_URL": unreachable},
-             "persistence = redis, but gearmand's queue Redis"),
+            (["worker", "--processes", "1"], {"GEARHORN_REDIS_URL": unreachable},
+             "cannot reach the registry's Redis"),
             (["bridge", "--port", str(servers.free_port()), "--ws-port", "0"],
-             {"GEARHORN_PERSISTENCE": "redis", "GEARHORN_QUEUE_REDIS_URL": unreachable},
-             "persistence = redis, but gearmand's queue Redis"),
+             {"GEARHORN_REDIS_URL": unreachable}, "cannot reach the registry's Redis"),
             (["worker", "--processes", "1"], {"GEARHORN_DURABILITY": "fsync"},
              "durability = fsync, but the registry's Redis")):
         done = subprocess.run([sys.executable, "-m", "gearhorn", *argv], timeout=60,
@@ -262,34 +260,3 @@ def test_a_barrier_that_goes_away_fails_the_waiting_fanouts_then_serves_again(
         client.close()
         worker.stop()
         gearmand.stop()
-
-
-def test_a_queue_redis_that_stops_fails_the_waiting_fanouts_then_serves_again(tmp_path):
-    """persistence = redis: acknowledgements wait for gearmand's queue Redis
-    too. Stopped mid-run, the fanouts fail with the reason within the bound;
-    started again with its data, the pool serves again."""
-    queue_dir = str(tmp_path / "queue-redis")
-    queue = servers.start_redis(data_dir=queue_dir, appendonly=True)
-    registry = servers.start_redis()
-    gearmand = servers.start_gearmand(data_dir=str(tmp_path / "gearmand"))
-    # copies = gearmand: the pool's copies go to that queue (held ones would not)
-    env = gearhorn_env(gearmand, registry.details["url"], GEARHORN_PERSISTENCE="redis",
-                       GEARHORN_QUEUE_REDIS_URL=queue.details["url"], GEARHORN_COPIES="gearmand")
-    worker = start_worker(tmp_path, env, processes=1)
-    client = GearClient(gearmand)
-    try:
-        topic = unique_topic("queue")
-        client.call("subscribe_fanout", {"topic": topic, "client_id": "alice"})
-        queue.stop()
-        reason = fails_after_the_bound(client, topic)
-        assert "gearmand's queue Redis" in reason and "5s" in reason, reason
-        queue = servers.start_redis(port=queue.port, data_dir=queue_dir, appendonly=True)
-        serves_again(client, topic, "bob")
-        assert client.call("fanout", {"topic": topic, "payload": "y",
-                                      "background": True})["copies"] == 2
-    finally:
-        client.close()
-        worker.stop()
-        gearmand.stop()
-        queue.stop()
-        registry.stop()

@@ -24,13 +24,14 @@ from gearhorn.store.ledger import entries, rows_from_entries
 
 from .helpers import (
     GearClient,
+    PoolProcess,
     drain_jobs,
     gearman_cli,
     queue_depth,
     unique_topic,
     wait_for,
 )
-from .stomp_helpers import RawClient, error_detail
+from .stomp_helpers import BridgeProcess, RawClient, error_detail
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
@@ -256,28 +257,32 @@ def _status(server):
 
 
 @pytest.fixture
-def small_queue_store(tmp_path):
-    """gearmand with its redis queue in a Redis we can fill: (gearmand, queue Redis)."""
-    queue_redis = servers.start_redis(data_dir=str(tmp_path / "queue-redis"),
-                                      extra=["--maxmemory-policy", "noeviction"])
-    host, port = servers.HOST, queue_redis.port
-    gearmand = servers.start_gearmand(data_dir=str(tmp_path / "gearmand"), queue="redis",
-                                      queue_server=(host, port))
-    yield gearmand, queue_redis
+def small_copy_store(tmp_path):
+    """A plain gearmand, and a registry's Redis of the test's own to fill
+    with held copies: (gearmand, that Redis)."""
+    store = servers.start_redis(data_dir=str(tmp_path / "registry"))
+    gearmand = servers.start_gearmand(data_dir=str(tmp_path / "gearmand"))
+    yield gearmand, store
     gearmand.stop()
-    queue_redis.stop()
+    store.stop()
 
 
 def test_a_full_queue_store_fails_fanouts_with_a_reason_and_recovers(
-        small_queue_store, start_pool, start_bridge, stomp_clients, redis_url):
-    gearmand, queue_server = small_queue_store
-    queue_redis = redis.Redis.from_url(queue_server.details["url"])
-    used = int(queue_redis.info("memory")["used_memory"])
-    queue_redis.config_set("maxmemory", used + 4 * 1024 * 1024)
-    start_pool([gearmand], processes=1, env={
-        **BRISK, "GEARHORN_QUEUE_REDIS_URL": queue_server.details["url"],
-        "GEARHORN_PERSISTENCE": "redis", "GEARHORN_COPIES": "gearmand",  # copies in that store
-        "GEARHORN_FANOUT_TIMEOUT": "10", "GEARHORN_QUEUE_MAX_LENGTH": "0"})
+        small_copy_store, tmp_path, stomp_clients):
+    """The held copies fill the registry's Redis up to queue_maxmemory:
+    above queue_store_guard of it fanouts and SENDs are refused with the
+    reason (heartbeats and subscriptions go on: no Redis maxmemory stops
+    them), nothing accepted is lost, and once the backlog is consumed they
+    are accepted again."""
+    gearmand, store = small_copy_store
+    store_url = store.details["url"]
+    store_redis = redis.Redis.from_url(store_url)
+    # Room for a few hundred copies on top of what an idle pool and bridge use.
+    most = int(store_redis.info("memory")["used_memory"]) + 6 * 1024 * 1024
+    env = {**BRISK, "GEARHORN_FANOUT_TIMEOUT": "10", "GEARHORN_QUEUE_MAX_LENGTH": "0",
+           "GEARHORN_QUEUE_MAXMEMORY": str(most)}
+    pool = PoolProcess([gearmand], store_url, 1, log_dir=str(tmp_path), env=env).wait_ready()
+    bridge = BridgeProcess([gearmand], store_url, str(tmp_path), env)
     gc = GearClient(gearmand)
     try:
         topic = unique_topic("hog")
@@ -309,7 +314,6 @@ def test_a_full_queue_store_fails_fanouts_with_a_reason_and_recovers(
             failure = b"".join(job.data).decode() or "failed"
         assert "queue store full" in failure and f"{topic}_hog" in failure, failure
         # A STOMP SEND with a receipt gets an ERROR with the same reason.
-        bridge = start_bridge([gearmand])
         sender = stomp_clients(bridge.port)
         sender.conn.send(destination=f"/topic/{topic}", body=b"one more",
                          receipt=sender.receipt())
@@ -325,14 +329,16 @@ def test_a_full_queue_store_fails_fanouts_with_a_reason_and_recovers(
                                  f"{bridge.log()}") from None
         said = sender.listener.errors[0].headers["message"]
         assert "queue store full" in said and f"{topic}_hog" in said, said
-        # Room again: fanouts work, and every copy accepted before is there.
-        queue_redis.config_set("maxmemory", 0)
+        # Every copy accepted is there; consumed, it makes room again.
+        assert queue_depth(gearmand, f"{topic}_hog") == accepted
+        assert len(drain_jobs(gearmand, f"{topic}_hog")) == accepted
         wait_for(lambda: not _refused(gc, topic), timeout=60,
                  message="fanouts accepted again")
-        assert queue_depth(gearmand, f"{topic}_hog") == accepted + 1
-        assert len(drain_jobs(gearmand, f"{topic}_hog")) == accepted + 1
     finally:
         gc.close()
+        bridge.stop()
+        pool.stop()
+        store_redis.close()
 
 
 def _refused(gc, topic):

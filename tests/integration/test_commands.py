@@ -72,8 +72,8 @@ def test_unreachable_gearmand_is_a_clear_error():
 
 
 def test_up_starts_everything_and_stops_it_on_ctrl_c(tmp_path, redis_server, gearman_cli_tool):
-    redis_port, gearman_port, stomp_port, queue_port, ws_port, web_port = (
-        servers.free_port() for _ in range(6))
+    redis_port, gearman_port, stomp_port, ws_port, web_port = (
+        servers.free_port() for _ in range(5))
     log = open(tmp_path / "up.log", "wb")  # noqa: SIM115
     up = subprocess.Popen(
         [sys.executable, "-m", "gearhorn", "up", "--processes", "2",
@@ -81,8 +81,7 @@ def test_up_starts_everything_and_stops_it_on_ctrl_c(tmp_path, redis_server, gea
          "--redis-url", f"redis://127.0.0.1:{redis_port}/0",
          "--gearman", f"127.0.0.1:{gearman_port}"],
         env=dict(os.environ, GEARHORN_BRIDGE_PORT=str(stomp_port),
-                 GEARHORN_BRIDGE_WS_PORT=str(ws_port), GEARHORN_WEB_PORT=str(web_port),
-                 GEARHORN_QUEUE_REDIS_URL=f"redis://127.0.0.1:{queue_port}/0"),
+                 GEARHORN_BRIDGE_WS_PORT=str(ws_port), GEARHORN_WEB_PORT=str(web_port)),
         stdout=log, stderr=subprocess.STDOUT, preexec_fn=servers.die_with_parent)
     try:
         text = lambda: (tmp_path / "up.log").read_text()  # noqa: E731
@@ -118,7 +117,6 @@ def test_up_starts_everything_and_stops_it_on_ctrl_c(tmp_path, redis_server, gea
     assert not servers.is_listening("127.0.0.1", stomp_port)
     assert not servers.is_listening("127.0.0.1", ws_port)
     assert not servers.is_listening("127.0.0.1", web_port)
-    assert not servers.is_listening("127.0.0.1", queue_port)
     assert os.path.exists(tmp_path / "data" / "appendonlydir")
 
 

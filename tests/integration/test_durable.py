@@ -1,6 +1,8 @@
-"""Durable by default: gearmand's redis queue, its replay mended, kill -9 of everything.
+"""Durable by default: held copies in the registry's Redis, gearmand on
+sqlite for its own jobs, kill -9 of everything; and the upgrade of a data
+directory whose copies wait in gearmand's redis queue (the version before).
 
-Real redis-server, real gearmand 1.1.20 ``-q redis``, a real ``gearhorn up``.
+Real redis-server, real gearmand 1.1.20, a real ``gearhorn up``.
 """
 
 import json
@@ -16,78 +18,11 @@ import redis
 from gearhorn import gearman, servers
 from gearhorn.client import JobFailed, Producer
 from gearhorn.store.keys import Keys
-from gearhorn.worker import replay
-from tests.needs import require_binary
 
 from .helpers import drain_jobs, nothing_held, queue_depth, wait_for
 from .stomp_helpers import StompClient
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
-
-
-@pytest.fixture
-def queue_redis(tmp_path):
-    require_binary("redis-server", "redis-server")
-    server = servers.start_redis(data_dir=str(tmp_path / "queue-redis"), appendonly=True)
-    yield server
-    server.stop()
-
-
-def start_gearmand(queue_redis, port=None):
-    require_binary("gearmand", "gearman-job-server")
-    return servers.start_gearmand(port, queue="redis", queue_server=(queue_redis.host,
-                                                                    queue_redis.port))
-
-
-# (function, unique, data, precedence): every shape gearmand 1.1.20 replays wrong, and
-# the ones it gets right, side by side.
-JOBS = [
-    ("news_alice", "m1:alice", b"plain", "normal"),
-    ("price-feed_alice", "m1:al-ice", b"dashed function and unique", "normal"),
-    ("news_bob", "u*x:bob", b"star in the unique", "normal"),
-    ("news_carol", "m2:carol", b"a\0b\0", "normal"),
-    ("news_dave", "d" * 63, b"longest unique", "normal"),
-    ("news_erin", "big:erin", os.urandom(1024 * 1024).replace(b"\0", b"\1"), "normal"),
-    ("prio-q", "low", b"low", "low"),
-    ("prio-q", "normal", b"normal", "normal"),
-    ("prio-q", "high", b"high", "high"),
-]
-
-
-def test_every_queued_job_comes_back_exactly_after_kill_9_of_gearmand_and_its_redis(
-        queue_redis, redis_url):
-    keys = Keys()
-    dashed = replay.DashedFunctions(redis.Redis.from_url(redis_url), keys)
-    gm = start_gearmand(queue_redis)
-    client = gearman.Client([(gm.host, gm.port)], before_background=dashed.record)
-    try:
-        for function, unique, data, precedence in JOBS:
-            client.submit_background([gearman.Copy(function, unique, data)], precedence)
-    finally:
-        client.close()
-    gm.kill()
-    queue_redis.kill()  # AOF: what Redis answered is in the file
-
-    restarted = servers.start_redis(queue_redis.port, data_dir=os.path.dirname(
-        queue_redis.log_path), appendonly=True)
-    queue = redis.Redis.from_url(restarted.details["url"])
-    names = dashed.load()
-    assert replay.hold(queue, names, keys) == 6  # the dashed (4), starred and NUL ones
-    gm = start_gearmand(restarted, gm.port)
-    client = gearman.Client([(gm.host, gm.port)])
-    try:
-        assert replay.resubmit(queue, names, keys, client) == 6
-        functions = {name for name, _, _, _ in JOBS}
-        assert {f.name for f in gearman.status(gm.host, gm.port) if f.queued} == functions
-        got = [(j.function, j.unique, j.data) for f in sorted(functions)
-               for j in drain_jobs(gm, f)]
-        assert Counter(got) == Counter((f, u, d) for f, u, d, _ in JOBS)
-        order = [j for j in got if j[0] == "prio-q"]
-        assert [data for _, _, data in order] == [b"high", b"normal", b"low"]
-    finally:
-        client.close()
-        gm.stop()
-        restarted.stop()
 
 
 SUBSCRIBERS = [f"s{i}" for i in range(10)]
@@ -150,8 +85,6 @@ def test_the_redis_servers_up_starts_write_each_command_before_answering(tmp_pat
     settings = client.config_get("append*")
     assert (settings["appendonly"], settings["appendfsync"]) == ("yes", "no")
     client.close()
-    # Held copies: gearmand has no Redis of its own any more.
-    assert not servers.is_listening("127.0.0.1", up.ports["queue"])
 
 
 def test_no_persistence_is_said_in_the_banner_and_loses_gearmands_own_jobs(tmp_path, ups):
@@ -160,7 +93,7 @@ def test_no_persistence_is_said_in_the_banner_and_loses_gearmands_own_jobs(tmp_p
     pool's copies and the bridge's SENDs are in the registry's Redis and
     come back after a kill -9 of everything."""
     first = ups(tmp_path, extra=["--no-persistence"])
-    assert "NONE: queued copies are lost" in first.text()
+    assert "NONE: jobs queued in gearmand are lost" in first.text()
     assert "every copy gearhorn makes, and every SEND, is held in the registry's Redis" \
         in first.text()
     gm = [("127.0.0.1", first.ports["gearman"])]
@@ -183,6 +116,14 @@ def test_no_persistence_is_said_in_the_banner_and_loses_gearmands_own_jobs(tmp_p
     assert [j.data for j in got] == [b"held too"]
 
 
+def older_versions_gearmand(data_dir):
+    """gearmand on its redis queue in ``<data_dir>/gearmand-queue``, as
+    gearhorn up ran it before held copies: (that Redis, gearmand)."""
+    queue = servers.start_redis(data_dir=str(data_dir / "gearmand-queue"), appendonly=True)
+    gearmand = servers.start_gearmand(queue="redis", queue_server=(queue.host, queue.port))
+    return queue, gearmand
+
+
 def test_copies_queued_in_gearmand_before_the_upgrade_to_held_are_all_delivered(
         tmp_path, ups):
     """A data directory of the version before held copies: its copies, and
@@ -190,8 +131,15 @@ def test_copies_queued_in_gearmand_before_the_upgrade_to_held_are_all_delivered(
     every default, gearhorn moves them into held copies (a dashed function
     and a unique gearmand would replay wrong among them), runs gearmand on
     sqlite with no Redis of its own, and delivers old and new alike."""
-    first = ups(tmp_path, env={"GEARHORN_COPIES": "gearmand"})
+    old_queue, old_gearmand = older_versions_gearmand(tmp_path / "data")
+    ports = {"redis": servers.free_port(), "gearman": old_gearmand.port,
+             "stomp": servers.free_port()}
+    first = ups(tmp_path, ports=ports, env={"GEARHORN_COPIES": "gearmand"})
     assert "copies = held" not in first.text()
+    registry = redis.Redis(port=ports["redis"])
+    # What the older version recorded before it submitted to such a function.
+    registry.sadd(Keys().dashed_functions, "price-feed_alice", "price-feed_bob")
+    registry.close()
     gm = [("127.0.0.1", first.ports["gearman"])]
     with Producer(gm) as producer:
         for who in ("alice", "bob"):
@@ -203,6 +151,8 @@ def test_copies_queued_in_gearmand_before_the_upgrade_to_held_are_all_delivered(
     stomp = StompClient(first.ports["stomp"])
     stomp.send("/queue/orders", b"old order", **{"correlation-id": "c1"})
     stomp.close()
+    old_gearmand.kill()
+    old_queue.kill()  # its AOF: what it answered is in the file
     first.kill_everything()
 
     second = ups(tmp_path, ports=first.ports)
@@ -231,20 +181,15 @@ def test_copies_queued_in_gearmand_before_the_upgrade_to_held_are_all_delivered(
     assert (message.body, message.headers.get("correlation-id")) == (b"old order", "c1")
 
 
-def test_up_starts_gearmand_and_its_redis_again_when_that_redis_is_killed(tmp_path, ups):
-    # gearmand 1.1.20 never reconnects to its queue's Redis: without a restart
-    # it answers QUEUE_ERROR to every background job from then on.
-    up = ups(tmp_path, env={"GEARHORN_PERSISTENCE": "redis"})
+def test_up_starts_gearmand_again_when_it_crashes_and_its_held_copies_go_to_it(
+        tmp_path, ups):
+    up = ups(tmp_path)
     gm = [("127.0.0.1", up.ports["gearman"])]
     with Producer(gm) as producer:
         producer.subscribe("news", "alice")
         producer.publish("news", "before", background=True)
-    queue = redis.Redis(port=up.ports["queue"])
-    os.kill(queue.info("server")["process_id"], signal.SIGKILL)
-    wait_for(lambda: "gearmand's queue Redis crashed: starting it again" in up.text(), 30,
-             message="up to notice")
-    # Held copies need no queue Redis: a publish before gearmand's restart
-    # would get through, then meet the restart. After it, then.
+    (said,) = gearman.admin("127.0.0.1", up.ports["gearman"], "getpid")  # "OK <pid>"
+    os.kill(int(said.split()[-1]), signal.SIGKILL)
     wait_for(lambda: "gearmand started again on port" in up.text(), 60,
              message="gearmand started again")
 
@@ -262,28 +207,16 @@ def test_up_starts_gearmand_and_its_redis_again_when_that_redis_is_killed(tmp_pa
     assert sorted(j.data for j in got) == [b"after", b"before"]
 
 
-def test_the_replay_commands_mend_a_gearmand_started_by_hand(queue_redis, redis_url):
-    """The production steps of docs/reliability.rst, as commands."""
-    dashed = replay.DashedFunctions(redis.Redis.from_url(redis_url), Keys())
-    gm = start_gearmand(queue_redis)
-    client = gearman.Client([(gm.host, gm.port)], before_background=dashed.record)
-    client.submit_background([gearman.Copy("orders-eu_bob", "m9:bob", b"x\0y")])
-    client.close()
-    gm.kill()
-    common = ["--redis-url", redis_url, "--queue-redis-url", queue_redis.details["url"]]
-
-    def gearhorn(*args):
-        out = subprocess.run([sys.executable, "-m", "gearhorn", "replay", *args, *common,
-                              "--gearman", f"127.0.0.1:{gm.port}"],
-                             capture_output=True, timeout=60)
-        assert out.returncode == 0, out.stderr.decode()
-        return out.stdout.decode().strip()
-
-    assert gearhorn("hold") == "held 1 jobs"
-    gm = start_gearmand(queue_redis, gm.port)
-    try:
-        assert gearhorn("resubmit") == "resubmitted 1 jobs"
-        jobs = drain_jobs(gm, "orders-eu_bob")
-        assert [(j.unique, j.data) for j in jobs] == [("m9:bob", b"x\0y")]
-    finally:
-        gm.stop()
+def test_up_refuses_the_redis_queue_of_the_version_before_and_says_why(tmp_path):
+    """``persistence = redis`` was up's gearmand on its redis queue plugin:
+    gone (docs/design.rst, "What went"). A worker beside a gearmand of yours
+    run with -q redis still accepts it, as a description of that gearmand."""
+    out = subprocess.run(
+        [sys.executable, "-m", "gearhorn", "up", "--data-dir", str(tmp_path / "data"),
+         "--redis-url", f"redis://127.0.0.1:{servers.free_port()}/0",
+         "--gearman", f"127.0.0.1:{servers.free_port()}"],
+        env=dict(os.environ, GEARHORN_PERSISTENCE="redis", GEARHORN_BRIDGE_PORT=str(
+            servers.free_port()), GEARHORN_WEB_PORT="0"),
+        capture_output=True, text=True, timeout=120)
+    assert out.returncode != 0
+    assert "no longer runs gearmand on its redis queue" in out.stderr + out.stdout

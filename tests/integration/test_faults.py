@@ -1,8 +1,8 @@
 """Fault injection on real servers: nothing accepted is lost.
 
 While 5,000 messages go to 10 subscribers: kill -9 of a worker, a restart
-of gearmand (its redis queue, and its sqlite queue), kill -9 of the Redis
-holding gearmand's queue, a restart of the registry's Redis (AOF), then
+of gearmand (its sqlite queue keeps the producers' background fanouts;
+the copies are held), a restart of the registry's Redis (AOF), then
 kill -9 of every server and worker at once (all started again); and kill -9
 of the bridge holding unacknowledged messages. Every subscriber must end
 with every message. Every message each subscriber received is counted (up
@@ -71,11 +71,6 @@ def test_a_broadcast_survives_a_killed_worker_and_restarts_of_gearmand_and_redis
         wait_for(lambda: depth(s.gearmand, first_queue) >= MESSAGES * 0.25, 60,
                  message="25% of the copies")
         s.restart_gearmand()
-
-        if s.queue == "redis":
-            wait_for(lambda: depth(s.gearmand, first_queue) >= MESSAGES * 0.4, 60,
-                     message="40% of the copies")
-            s.kill_queue_redis()
 
         wait_for(lambda: depth(s.gearmand, first_queue) >= MESSAGES * 0.5, 60,
                  message="50% of the copies")

@@ -368,7 +368,7 @@ def test_the_console_on_a_taken_port_says_which_setting_to_change(redis_url, gea
 @pytest.fixture
 def up_ports():
     return {name: servers.free_port() for name in
-            ("redis", "gearman", "queue", "stomp", "ws", "web")}
+            ("redis", "gearman", "stomp", "ws", "web")}
 
 
 def up_argv(ports, tmp_path):
@@ -377,22 +377,18 @@ def up_argv(ports, tmp_path):
              "--gearman", f"127.0.0.1:{ports['gearman']}"],
             {"GEARHORN_BRIDGE_PORT": str(ports["stomp"]),
              "GEARHORN_BRIDGE_WS_PORT": str(ports["ws"]),
-             "GEARHORN_WEB_PORT": str(ports["web"]),
-             "GEARHORN_QUEUE_REDIS_URL": f"redis://127.0.0.1:{ports['queue']}/0"})
+             "GEARHORN_WEB_PORT": str(ports["web"])})
 
 
 @pytest.mark.parametrize("taken, words", [
     ("redis", "does not answer as Redis: choose another with --redis-url URL"),
     ("gearman", "does not answer as gearmand: choose another with --gearman HOST:PORT"),
-    ("queue", "does not answer as Redis: choose another (setting queue_redis_url"),
 ])
 def test_up_refuses_a_port_held_by_something_else(tmp_path, up_ports, redis_server,
                                                   gearman_cli_tool, taken, words):
     held = hold(up_ports[taken])
     try:
         argv, env = up_argv(up_ports, tmp_path)
-        if taken == "queue":  # only gearmand's redis queue has a Redis of its own
-            env["GEARHORN_PERSISTENCE"] = "redis"
         out = run_gearhorn(*argv, env=env, timeout=120)
     finally:
         held.close()

@@ -85,28 +85,30 @@ def test_every_config_survives_the_trip_through_the_environment():
         c.load({}, env={"GEARHORN_BRIDGE_PROCESSES": "300"})
 
 
-def test_an_acknowledgement_waits_for_the_queue_redis_of_every_gearmand():
-    """Several gearmand, each with its queue in a Redis of its own: one
-    barrier each, besides the registry's (none connects before it is used)."""
+def test_an_acknowledgement_waits_for_the_registrys_redis_alone():
+    """gearmand's queue is its own business, whatever persistence says."""
     import redis
 
     from gearhorn.store import durability
 
-    config = c.Config(persistence="redis", queue_redis_url=(
-        "redis://127.0.0.1:6380/0, redis://127.0.0.1:6390/0"))
-    assert config.queue_redis_urls == ("redis://127.0.0.1:6380/0", "redis://127.0.0.1:6390/0")
-    barriers = durability.for_config(config, redis.Redis.from_url("redis://127.0.0.1:1/0"))
-    assert [b.name for b in barriers.barriers] == [
-        "the registry's Redis (redis://127.0.0.1:6379/0)",
-        "gearmand's queue Redis (redis://127.0.0.1:6380/0)",
-        "gearmand's queue Redis (redis://127.0.0.1:6390/0)"]
-    for persistence in ("none", "auto", "sqlite"):  # gearmand's queue is not in a Redis
-        assert durability.for_config(config.replace(persistence=persistence), redis.Redis.from_url(
-            "redis://127.0.0.1:1/0")).barriers[1:] == []
+    for persistence in ("redis", "none", "auto", "sqlite"):
+        barriers = durability.for_config(c.Config(persistence=persistence),
+                                         redis.Redis.from_url("redis://127.0.0.1:1/0"))
+        assert [b.name for b in barriers.barriers] == [
+            "the registry's Redis (redis://127.0.0.1:6379/0)"]
 
 
-def test_persistence_redis_without_a_queue_redis_stops_the_start():
-    with pytest.raises(c.ConfigError, match="persistence = redis needs queue_redis_url"):
-        c.load({"persistence": "redis", "queue_redis_url": " "}, env={})
+def test_settings_of_the_version_before_are_ignored_with_a_warning(tmp_path, caplog):
+    path = tmp_path / "gearhorn.conf"
+    path.write_text("[gearhorn]\nqueue_redis_url = redis://127.0.0.1:6380/0\n"
+                    "pin_queue = true\n")
+    config = c.load({}, config_file=str(path), env={"GEARHORN_QUEUE_REDIS_URL": "redis://x"})
+    assert config == c.Config()
+    said = " ".join(r.getMessage() for r in caplog.records)
+    assert "queue_redis_url is no longer used" in said and "pin_queue is no longer used" in said
+    assert "GEARHORN_QUEUE_REDIS_URL is no longer used" in said
+
+
+def test_a_barrier_timeout_of_zero_stops_the_start():
     with pytest.raises(c.ConfigError, match="barrier_timeout must be above 0"):
         c.load({"barrier_timeout": 0.0}, env={})

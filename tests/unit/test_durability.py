@@ -227,17 +227,11 @@ def test_a_setting_that_cannot_be_kept_stops_the_start_with_one_line(client, say
     assert "\n" not in str(caught.value) and caught.value.exit_code == 2
 
 
-def test_persistence_redis_with_no_queue_redis_answering_stops_the_start():
-    with pytest.raises(SetupError, match=r"persistence = redis, but gearmand's queue Redis "
-                                         r"\(redis://127.0.0.1:1/0\) does not answer"):
-        check(RedisOf(syncers=1), persistence="redis", queue_redis_url="redis://127.0.0.1:1/0")
-
-
 @pytest.mark.parametrize(("persistence", "says"), [
     ("none", "in gearmand's memory, lost when it stops"),
     ("sqlite", "background ones in its sqlite queue"),
-    ("redis", "background ones in its redis queue (redis://127.0.0.1:6380/0)"),
+    ("redis", "background ones in its redis queue, as durable as that Redis"),
     ("auto", "with its memory queue (started without -q) a restart of it loses them"),
 ])
 def test_what_a_copy_queued_in_gearmand_survives(persistence, says):
-    assert says in durability.gearmand_covers(persistence, ("redis://127.0.0.1:6380/0",))
+    assert says in durability.gearmand_covers(persistence)
