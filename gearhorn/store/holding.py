@@ -107,9 +107,8 @@ class HoldingClient:
     def start_foreground(self, copies: Sequence[gearman.Copy],
                          precedence: str = "normal") -> HeldAnswers:
         """Keep and hand ``copies`` as :meth:`submit_background` does; their
-        receivers' answers are read with :meth:`HeldAnswers.wait`. A copy
-        not answered in time stays held: its receiver gets it later, and a
-        gearmand restarted meanwhile loses it no more than a background one."""
+        answers come with :meth:`HeldAnswers.wait`. One not answered in time
+        stays held, as safe as a background one, and goes to its receiver later."""
         self._forget()  # a copy tried again was answered: its old record goes first
         held = [HeldCopy(c.function, c.unique, c.data, self.holder_id, precedence)
                 for c in copies]
@@ -193,27 +192,27 @@ class HoldingClient:
             return holder
 
     def _answered_by(self, copy: gearman.Copy, outcome: gearman.Outcome) -> None:
-        if outcome.status == "refused":  # its record stays: handed again in a while
+        held = (copy.function, key_of(copy.unique))
+        refused = outcome.status == "refused"  # its record stays: handed again in a while
+        given_back = outcome.status == "exception" and outcome.data == GIVEN_BACK
+        if refused:
             log.debug("gearmand refused held copy %s of %s: %s", copy.unique, copy.function,
                       outcome.reason)
-            with self._lock:
-                self._again.append((copy.function, key_of(copy.unique)))
-                self._own.pop(copy.unique, None)
-            return
-        if outcome.status == "exception" and outcome.data == GIVEN_BACK:
-            with self._lock:  # a bridge's client left it unacked: first in line again
-                self._given_back.append((copy.function, key_of(copy.unique)))
-                self._own.pop(copy.unique, None)
-            self._wake.set()
-            return
-        key = key_of(copy.unique)
         with self._lock:
-            self._answered.append((copy.function, copy.unique))
-            own = self._own.pop(copy.unique, None) or key
-            waiting = self._waiting.pop((copy.function, key), None)
-        self.record(copy.function, own, outcome.status)
+            own = self._own.pop(copy.unique, None) or held[1]
+            if refused:
+                self._again.append(held)
+            elif given_back:  # a bridge's client left it unacked: first in line again
+                self._given_back.append(held)
+            else:
+                self._answered.append((copy.function, copy.unique))
+            # A refused one is told at once (not after the fanout's timeout);
+            # a given-back one is still awaited (it comes again).
+            waiting = None if given_back else self._waiting.pop(held, None)
+        if not (refused or given_back):
+            self.record(copy.function, own, outcome.status)
         if waiting is not None:  # after the record's forgetting is queued: a retry follows it
-            waiting.settle((copy.function, key), outcome)
+            waiting.settle(held, outcome)
         self._wake.set()
 
     def _lost_on(self, index: int) -> Callable[[list[gearman.Copy], str], None]:

@@ -97,8 +97,10 @@ def failures(targets: Sequence[Recipient], outcomes: Sequence[gearman.Outcome],
         entry: dict[str, object] = {"client_id": target.client_id, "queue": target.queue,
                                     "status": outcome.status, "reason": outcome.reason,
                                     "attempts": n}
-        if outcome.status == "timeout":
-            entry["queued"] = True  # not withdrawn: its receiver gets it later
+        if outcome.status in ("timeout", "refused"):
+            # not withdrawn (a refused held copy is handed again every second):
+            # its receiver gets it later
+            entry["queued"] = True
         found.append((entry, copy.unique))
     return found
 

@@ -57,15 +57,19 @@ def test_payloads_reach_every_subscriber_in_order(service):
     assert len({c.unique for c in client.background}) == 6
 
 
-def test_foreground_fanout_reports_failures_per_subscriber(registry):
-    client = RecordingClient({"news_bob": gearman.Outcome("timeout", reason="no answer")})
+@pytest.mark.parametrize(("status", "reason"), [
+    ("timeout", "no answer"),
+    ("refused", "gearmand refused it: queue full"),  # a held copy, handed again later
+])
+def test_foreground_fanout_reports_failures_per_subscriber(registry, status, reason):
+    client = RecordingClient({"news_bob": gearman.Outcome(status, reason=reason)})
     svc = build_service(Config(), registry, SubscriberCache(registry), client)
     call(svc, "subscribe_fanout", topic="news", client_id="alice")
     call(svc, "subscribe_fanout", topic="news", client_id="bob")
     result = call(svc, "fanout", topic="news", payload="hi")
     assert result["copies"] == 2 and result["completed"] == 1
-    assert result["failed"] == [{"client_id": "bob", "queue": "news_bob", "status": "timeout",
-                                 "reason": "no answer", "attempts": 1, "queued": True}]
+    assert result["failed"] == [{"client_id": "bob", "queue": "news_bob", "status": status,
+                                 "reason": reason, "attempts": 1, "queued": True}]
 
 
 def test_unsubscribed_client_gets_nothing(service):

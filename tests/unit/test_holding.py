@@ -172,3 +172,15 @@ def test_a_foreground_copy_tried_again_after_a_failure_is_held_again(holder):
     assert [u for u, _ in conn.handed] == ["m1:alice^0", "m1:alice^0"]
     held._answered_by(conn.copies[0], gearman.Outcome("complete"))
     assert again.wait(10)[0].status == "complete"
+
+
+def test_a_held_foreground_copy_gearmand_refuses_is_told_at_once_and_stays_held(holder):
+    held = holder()
+    placed = held.start_foreground(copies("m1:alice"))
+    (conn,) = FakeHolder.made
+    held._answered_by(conn.copies[0], gearman.Outcome("refused", reason="queue full"))
+    (outcome,) = placed.wait(10)  # not the fanout's whole timeout
+    assert (outcome.status, outcome.reason) == ("refused", "queue full")
+    held._forget()
+    assert held.store.count("news_alice") == 1  # handed again in a while
+    assert held._again == [("news_alice", "m1:alice")]
