@@ -421,14 +421,18 @@ def test_copies_gearmand_refuses_wait_in_redis_and_go_once_it_takes_them(
             assert admin(gearmand.host, gearmand.port, f"maxqueue {queue} 1") == ["OK"]
             for i in range(1, 5):
                 assert producer.publish(topic, f"m{i}", background=True)["copies"] == 1
+            # A foreground fanout is told of the refusal (not its timeout);
+            # its copy is held like the others.
+            (failed,) = producer.publish(topic, "m5")["failed"]
+            assert (failed["status"], failed["queued"]) == ("refused", True), failed
         wait_for(lambda: "refused by gearmand" in pool.log(full=True), 60,
                  message="the refusals logged")
         assert queue_depth(gearmand, queue) == 1
         records = redisconn.connect(redis_url)
-        assert records.hlen(Keys().copies(queue)) == 5  # all five kept
+        assert records.hlen(Keys().copies(queue)) == 6  # all six kept
         assert admin(gearmand.host, gearmand.port, f"maxqueue {queue} 0") == ["OK"]  # no bound
         got = {j.data for j in drain_jobs(gearmand, queue, until=nothing_held(redis_url, queue))}
-        assert got == {f"m{i}".encode() for i in range(5)}
+        assert got == {f"m{i}".encode() for i in range(6)}
         records.close()
     finally:
         pool.stop()
