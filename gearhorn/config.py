@@ -41,6 +41,7 @@ RETIRED = {
     "pin_queue": "gearhorn up no longer starts a Redis for gearmand's queue",
 }
 COPIES = ("gearmand", "held")
+UP_STORE_BOUND = 1024 * 1024 * 1024  # gearhorn up's queue_maxmemory when it is 0
 DURABILITY = ("auto", "fsync", "written")
 REDIS_CLUSTER_MODES = ("auto", "yes", "no")
 
@@ -214,11 +215,13 @@ class Config:
     # bounded queues off (no tally, no warden, no guard: queues grow unbounded).
     retention_interval: float = 1.0
     # The memory the registry's Redis, which holds the copies, may use
-    # (bytes; 0: no bound; its own maxmemory, where set, counts instead):
-    # above queue_store_guard of it fanouts are refused with the reason
-    # until there is room again. No Redis maxmemory is set for it: a full
-    # Redis would refuse heartbeats and subscriptions too.
-    queue_maxmemory: int = 1024 * 1024 * 1024
+    # (bytes; its own maxmemory, where set, counts instead): above
+    # queue_store_guard of it fanouts are refused with the reason until there
+    # is room again. 0 (the default): that Redis's own maxmemory alone, as a
+    # Redis of yours may hold much else; gearhorn up bounds the Redis it
+    # starts at UP_STORE_BOUND. No maxmemory is set on it: a full Redis would
+    # refuse heartbeats and subscriptions too.
+    queue_maxmemory: int = 0
     queue_store_guard: float = 0.9
     # The delivery ledger (a Redis Stream; gearhorn ledger export reads it).
     ledger_enabled: bool = True

@@ -18,7 +18,7 @@ from urllib.parse import urlparse
 import redis
 
 from gearhorn import gearman, ports, queueupgrade, servers
-from gearhorn.config import Config, to_env
+from gearhorn.config import UP_STORE_BOUND, Config, to_env
 from gearhorn.store import durability, redisconn
 from gearhorn.store.heldcopies import HeldCopies
 from gearhorn.store.keys import Keys
@@ -74,6 +74,7 @@ class Embedded:
                 continue
             log.warning("gearmand crashed: starting it again")
             try:
+                self.gearmand.stop()  # reaped, its companions too
                 new = self._start_gearmand(self.gearmand.port)
                 self.started[self.started.index(self.gearmand)] = new
                 self.gearmand = new
@@ -92,6 +93,8 @@ class Embedded:
         if host not in _LOOPBACK:
             raise servers.ServerError(f"Redis at {host}:{port} is not reachable")
         redis_server = servers.start_redis(port, self.config.data_dir, appendonly=True)
+        if not self.config.queue_maxmemory:  # it holds gearhorn's alone: bound the copies
+            self.config = self.config.replace(queue_maxmemory=UP_STORE_BOUND)
         self.started.append(redis_server)
         self.notes["redis"] = f"started, data in {self.config.data_dir}/"
         _tell_repairs(redis_server)

@@ -73,7 +73,6 @@ def move_to_held(queue: redis.Redis, store: HeldCopies, keys: Keys,
     return moved
 
 
-
 def split_key(key: bytes, dashed: Collection[bytes],
               prefix: bytes = GEARMAND_PREFIX) -> tuple[bytes, bytes] | None:
     """The (function, unique) a queue key stands for; None for a key that is

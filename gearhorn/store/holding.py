@@ -410,7 +410,6 @@ class Beside:
         return self.holding.submit_background(copies, precedence)
 
 
-
 class HeldAnswers:
     """The answers a foreground fanout waits for, one per held copy (its
     queue and record key), in the order the copies came."""

@@ -84,6 +84,11 @@ def test_the_redis_servers_up_starts_write_each_command_before_answering(tmp_pat
     client = redis.Redis(port=up.ports["redis"])
     settings = client.config_get("append*")
     assert (settings["appendonly"], settings["appendfsync"]) == ("yes", "no")
+    # No maxmemory on it (a full Redis would refuse heartbeats too): the
+    # warden's guard bounds the held copies at up's 1 GiB instead.
+    assert client.config_get("maxmemory")["maxmemory"] == "0"
+    wait_for(lambda: client.hget(Keys().store, "max") == str(2**30).encode(), 60,
+             message="the warden's store guard at 1 GiB")
     client.close()
 
 
