@@ -4,24 +4,24 @@ One process of the pool at a time holds the warden's lease (``<p>warden``)
 and does a round every ``retention_interval`` seconds:
 
 1. reads the tally sums of the queues that may have changed (tallied,
-   subscribed or claimed since, or never seen), then gearmand's
-   ``status`` (in that order: a copy queued in between then looks
-   unconsumed, never consumed), then the records and limits
-   (``<p>subscriptions``) of the queues whose counts moved (docs/design.rst,
-   "Worker pool": an idle or steady queue costs a round nothing);
+   subscribed or claimed since, or never seen), then how many copies each
+   holds (in that order: a copy queued in between then looks unconsumed,
+   never consumed): with ``copies = held`` from gearhorn's own records
+   (``<p>copies:{Q}``, exact, gearmand up or not), gearmand's ``status``
+   only when a copy must be taken, consumers looked for, or every
+   STATUS_EVERY for jobs others sent; else from ``status``. Then the
+   records and limits (``<p>subscriptions``) of the queues whose counts
+   moved (docs/design.rst, "Worker pool": an idle or steady queue costs a
+   round nothing);
 2. judges each queue (gearhorn/retention.py): entries consumed are
    forgotten; expired copies, then copies over a ``drop-head`` limit, are
    taken from the head as a worker of the queue would (GRAB, then
-   WORK_COMPLETE; WORK_FAIL with a reason for a foreground copy), after
-   going to ``<queue>.dlq`` when the subscription dead-letters; each one
-   is in the ledger as ``dropped`` with its reason;
-3. marks ``reject-publish`` queues at their limit in ``<p>full`` (the
-   workers make no copy for those);
+   WORK_COMPLETE; WORK_FAIL for a foreground copy), dead-lettered first
+   when the subscription says so; each is in the ledger as ``dropped``;
+3. marks ``reject-publish`` queues at their limit in ``<p>full``;
 4. removes a subscription with ``expires`` that had no consumer for that long;
 5. writes the largest backlogs (``<p>backlogs``) and the queue store's
-   memory against its guard (``<p>store``): the workers refuse fanouts
-   while it is over, ``gearhorn status``, the console and ``/readyz`` show it
-   (gearhorn/worker/round_report.py).
+   memory against its guard (``<p>store``; gearhorn/worker/round_report.py).
 
 The queue's head is what gearmand hands out first, so taking copies there
 takes the oldest (one priority; docs/reliability.rst says where that bends).
@@ -37,7 +37,6 @@ import time
 import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from time import monotonic
 
 import redis
 
@@ -48,11 +47,13 @@ from gearhorn.messages import Subscription
 from gearhorn.naming import is_stream_client
 from gearhorn.observers import Observer
 from gearhorn.retention import Tallied, Verdict, judge
+from gearhorn.store.heldcopies import HeldCopies
 from gearhorn.store.keys import Keys
 from gearhorn.store.redisutil import text
 from gearhorn.store.registry import Registry
 from gearhorn.store.room import RoomKeeper
 from gearhorn.store.tally import TallyReader
+from gearhorn.worker.counts import QueueCounts, since
 from gearhorn.worker.reaper import Load, Reaper, Server, gearmand_loads
 from gearhorn.worker.round_report import BACKLOGS_KEPT, Backlog, RoundReport
 from gearhorn.worker.seen import Seen, SeenQueues
@@ -62,11 +63,9 @@ log = logging.getLogger(__name__)
 # Queues judged between two renewals of the lease in a long round: two
 # wardens judging the same queues would both take its surplus.
 LEASE_CHECK = 5000
-# A round that sees no change reads gearmand's status this often (s) anyway.
+# A round that sees no change reads the counts this often (s) anyway; with
+# held copies, gearmand's status is read this often at least.
 STATUS_EVERY = 10.0
-# Reading gearmand's status takes at most this share of the warden's time:
-# at a million known functions one read is seconds (docs/scaling.rst).
-STATUS_SHARE = 0.25
 # Watched queues (gearhorn/store/tally.py) looked at per round, at most about.
 WATCHED_PER_ROUND = 10_000
 
@@ -81,6 +80,7 @@ class WardenSettings:
     defaults: Limits = Limits()  # what a subscription does not say
     store_guard: float = 0.9  # of the queue store's maxmemory
     store_most: int = 0  # that memory where the store's Redis has no maxmemory (0: none)
+    held: bool = False  # copies = held: queues counted from their records
 
     @classmethod
     def of(cls, config: Config) -> WardenSettings:
@@ -88,7 +88,8 @@ class WardenSettings:
                           config.queue_message_ttl, config.queue_expires, config.queue_overflow,
                           config.queue_dead_letter)
         return cls(tuple(config.gearman_servers), config.gearman_tls, config.retention_interval,
-                   defaults, config.queue_store_guard, config.queue_maxmemory)
+                   defaults, config.queue_store_guard, config.queue_maxmemory,
+                   config.copies == "held")
 
 
 class Warden:
@@ -110,15 +111,16 @@ class Warden:
         self.room = RoomKeeper(self.redis, self.keys)  # reject-publish: claimed at copy time
         self._claimed_before: dict[str, tuple[int, int]] | None = None
         self.seen = SeenQueues()  # what this process knows of each queue
-        self._status_at = -math.inf  # when gearmand's status was read last
-        self._status_took = 0.0  # and how long that read took (s)
+        self.counts = QueueCounts(
+            lambda: gearmand_loads(settings.servers, settings.tls),
+            HeldCopies(self.redis, self.keys) if settings.held else None, STATUS_EVERY)
         self._version = -1  # the tallies' version then
 
     def lead(self) -> bool:
         """Hold the lease for three intervals; True while this process holds it."""
         # Three intervals, or three status reads when one takes longer: a
         # lease that ran out inside a read would be taken by another process.
-        ttl = max(1000, int(max(self.settings.interval, self._status_took) * 3000))
+        ttl = max(1000, int(max(self.settings.interval, self.counts.status_took) * 3000))
         key = self.keys.warden
         if self.redis.set(key, self.owner, nx=True, px=ttl):
             self.seen.forget()  # taken anew: another process may have judged meanwhile
@@ -132,7 +134,7 @@ class Warden:
         """One pass over the subscriber queues that may need it; the
         verdicts, for tests."""
         now = time.time() if now is None else now
-        if self._since_status(now) < self._status_took / STATUS_SHARE - self._status_took:
+        if self.counts.spaced(now) and self.counts.held is None:
             return {}  # gearmand's status is slow to read: rounds spaced out to match
         # What workers claimed up to the last round: copies claimed since may
         # not be in gearmand's count yet, so they are taken off the room too.
@@ -178,10 +180,10 @@ class Warden:
         read: dict[str, tuple[int, int]] = {}
         if not self._in_chunks(sorted(ask), lambda some: read.update(self.tally.sums(some))):
             return self._gave_up(renewed)
-        started = monotonic()
-        loads = gearmand_loads(self.settings.servers, self.settings.tls)
-        self._status_took = monotonic() - started
-        self._status_at, self._version = now, version
+        # Every queue this round may judge: the ones asked and the ones
+        # remembered (their counts say whether they moved).
+        loads = self.counts.read(sorted(ask | self.seen.last.keys()), now)
+        self._version = version
         if not self.lead():
             return self._gave_up(renewed)
         if everything:
@@ -282,20 +284,14 @@ class Warden:
         return {}
 
     def _status_recent(self, always: set[str], now: float) -> bool:
-        """Whether this round may do without gearmand's ``status`` (one line
-        per function it knows: a quarter of a second at 100,000): nothing
-        subscribed, claimed or with ``expires`` since, no copy's TTL coming
-        due, and the last status is recent. What only gearmand shows, copies
-        consumed and copies sent by others, is then seen within
+        """Whether this round may do without reading any counts (gearmand's
+        ``status`` is one line per function it knows: a quarter of a second
+        at 100,000): nothing subscribed, claimed or with ``expires`` since,
+        no copy's TTL coming due, and the last status is recent. Copies
+        consumed and copies sent by others are then seen within
         STATUS_EVERY seconds."""
-        return (not always and self._since_status(now) < STATUS_EVERY
+        return (not always and since(self.counts.status_at, now) < STATUS_EVERY
                 and now * 1000 < self.seen.next_due)
-
-    def _since_status(self, now: float) -> float:
-        """Seconds since gearmand's status was read; a wall clock set back
-        since counts as long ago (else the rounds would wait for it)."""
-        since = now - self._status_at
-        return since if since >= 0 else math.inf
 
     def _within_limits(self, queues: set[str]) -> bool:
         """Whether none of ``queues`` (tallied since the last status read)
@@ -340,6 +336,12 @@ class Warden:
             load = loads.get(queue, Load())
             tallied = tallies.get(queue, Tallied(0, 0, ()))
             verdict = judge(tallied, load.depth, load.running, limits, int(now * 1000))
+            if self.counts.from_records and (verdict.takes or limits.expires):
+                # Taking copies, or looking for consumers, needs gearmand's
+                # counts: read once this round, for every queue.
+                self.counts.from_gearmand(loads, now)
+                load = loads.get(queue, Load())
+                verdict = judge(tallied, load.depth, load.running, limits, int(now * 1000))
             verdicts[queue] = verdict
             self.tally.forget(queue, tallied.window[:verdict.consumed_entries])
             consumed = tallied.window[:verdict.consumed_entries]

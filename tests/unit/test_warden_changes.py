@@ -13,6 +13,7 @@ from gearhorn.messages import Subscription
 from gearhorn.store.deadletters import DeadLetterIndex
 from gearhorn.store.headers import HeaderStore
 from gearhorn.store.tally import TallyWriter
+from gearhorn.worker import counts as counts_module
 from gearhorn.worker import warden as warden_module
 from gearhorn.worker.reaper import Load, Reaper
 from gearhorn.worker.round_report import BACKLOGS_KEPT
@@ -331,7 +332,7 @@ def test_a_slow_status_spaces_the_rounds_out_and_lengthens_the_lease(idle, monke
     rounds then read it at most a quarter of the time, and the lease
     outlasts a read (run out inside one, another process would take it)."""
     clock = [0.0]
-    monkeypatch.setattr(warden_module, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(counts_module, "monotonic", lambda: clock[0])
     calls = Counted(monkeypatch, {})
     counted = warden_module.gearmand_loads
 
