@@ -112,6 +112,13 @@ class Config:
     # unavailable (its syncer or Redis gone) before the operation fails with
     # the reason; a slow disk that is still syncing is waited for.
     barrier_timeout: float = 5.0
+    # Replicas of the registry's Redis that must hold a write before it is
+    # acknowledged (WAITAOF, or WAIT before Redis 7.2), so a node lost with
+    # its disk loses nothing acknowledged; 0: none waited for. One wait per
+    # group commit, of at most replica_timeout seconds; too few refuse the
+    # acknowledgement, retried for barrier_timeout (docs/reliability.rst).
+    min_replicas: int = 0
+    replica_timeout: float = 1.0
     # The STOMP bridge.
     bridge_host: str = "127.0.0.1"
     bridge_port: int = 61613
@@ -315,7 +322,7 @@ def _convert(name: str, raw: str, source: str) -> object:
 _ZERO_MEANS_OFF = frozenset({"bridge_ws_port", "web_port", "queue_max_length",
                              "queue_max_bytes", "queue_message_ttl", "queue_expires",
                              "queue_maxmemory", "retention_interval", "dedup_window",
-                             "history_size", "realtime_history_size"})
+                             "history_size", "realtime_history_size", "min_replicas"})
 
 
 _TRUE = {"1", "true", "yes", "on"}
@@ -388,6 +395,11 @@ def load(
     if config.durability not in DURABILITY:
         raise ConfigError(f"durability must be one of {', '.join(DURABILITY)}, "
                           f"got {config.durability!r}")
+    if config.min_replicas < 0:
+        raise ConfigError(f"min_replicas must be 0 or more, got {config.min_replicas}")
+    if config.replica_timeout <= 0:
+        raise ConfigError(f"replica_timeout must be above 0 seconds, got "
+                          f"{config.replica_timeout}")
     if config.barrier_timeout <= 0:
         raise ConfigError(f"barrier_timeout must be above 0 seconds, got "
                           f"{config.barrier_timeout}")

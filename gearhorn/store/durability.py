@@ -37,6 +37,7 @@ from gearhorn.store.fsync import (
     served,
 )
 from gearhorn.store.redisconn import REDIS_ERRORS
+from gearhorn.store.replicas import ReplicaWait
 
 if TYPE_CHECKING:
     from gearhorn.config import Config
@@ -61,8 +62,10 @@ class Durability:
 
     def __init__(self, barriers: Sequence[FsyncBarrier] = (), patience: float = PATIENCE,
                  sleep: Callable[[float], None] = time.sleep,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 replicas: ReplicaWait | None = None) -> None:
         self.barriers = list(barriers)
+        self.replicas = replicas  # min_replicas > 0: the replica wait of each commit
         self.patience = patience  # seconds an outage is waited out
         self._sleep, self._clock = sleep, clock
         self.waits = 0  # acknowledgements that waited for a disk (tests, metrics)
@@ -95,12 +98,14 @@ class Durability:
 
     def _wait_once(self, marks: tuple[int, ...] | None) -> None:
         needed = [b for b in self.barriers if _needed(b)]
-        if not needed:
+        if not needed and self.replicas is None:
             return
         try:
             tickets = [(b, *b.ticket()) for b in needed]  # every syncer woken first
+            if self.replicas is not None:  # while the syncers fsync
+                self.replicas.wait()
         except REDIS_ERRORS as exc:
-            raise RedisLost(f"fsync barrier: {exc}") from None
+            raise RedisLost(f"acknowledgement: {exc}") from None
         if marks is not None:
             for barrier, mark in zip(self.barriers, marks, strict=True):
                 if barrier in needed and barrier.mark() != mark:
@@ -116,14 +121,18 @@ class Durability:
         backoff, give_up = Backoff(0.05, cap=1.0), self._clock() + self.patience
         while True:
             try:
-                for barrier in self.barriers:
-                    barrier.client.ping()
+                for client in self._clients():
+                    client.ping()
                 return
             except REDIS_ERRORS as exc:
                 if self._clock() >= give_up:
                     raise BarrierUnavailable(f"{lost}; still unreachable after "
                                              f"{self.patience:g}s: {exc}") from None
                 self._sleep(backoff.failed())
+
+    def _clients(self) -> list:
+        replicas = [self.replicas.client] if self.replicas is not None else []
+        return [b.client for b in self.barriers] + replicas
 
     def close(self) -> None:
         for barrier in self.barriers:
@@ -146,13 +155,25 @@ def for_config(config: Config, registry: redis.Redis | None = None) -> Durabilit
     a client of its own). None with ``durability = written``; with
     ``auto``, an AOF no syncer serves is not waited for. gearmand's own
     queue is never waited for: what it keeps is its business."""
-    if config.durability == "written":
+    if config.durability == "written" and not config.min_replicas:
         return NO_DURABILITY
     strict = config.durability == "fsync"
     registry = registry or redisconn.for_config(config, socket_timeout=10,
                                                 socket_connect_timeout=5)
     name = f"the registry's Redis ({redisconn.safe(config.redis_url)})"
-    return Durability([FsyncBarrier(registry, name, strict)], config.barrier_timeout)
+    barriers = [] if config.durability == "written" else [FsyncBarrier(registry, name, strict)]
+    return Durability(barriers, config.barrier_timeout, replicas=_replica_wait(
+        config, registry, name))
+
+
+def _replica_wait(config: Config, registry: redisconn.AnyRedis, name: str) -> ReplicaWait | None:
+    if not config.min_replicas:
+        return None
+    if redisconn.is_cluster_client(registry):
+        raise SetupError("min_replicas waits for the replicas of one master (a single Redis, "
+                         "or the master Sentinel names): a Redis Cluster's writes go to several "
+                         "masters; set min_replicas = 0 there (docs/reliability.rst)")
+    return ReplicaWait(registry, name, config.min_replicas, config.replica_timeout)
 
 
 # -- what an acknowledgement covers, in words (pure) --------------------------
@@ -206,10 +227,26 @@ HELD_COVERS = ("fanout copies and the bridge's SENDs (copies = held): in the reg
 
 def promises(config: Config, found: Sequence[tuple[str, str]]) -> list[str]:
     """A line for each (store, verdict) of :func:`verdicts`, one for held
-    copies (``copies = held``) and one for what gearmand queues."""
+    copies (``copies = held``), one for what gearmand queues and one for
+    the replicas waited for."""
     held = config.copies == "held"
     return [f"{name}: {COVERS[verdict]}" for name, verdict in found] + [HELD_COVERS] * held + [
-        gearmand_covers(config.persistence, QUEUED_BESIDE_HELD if held else QUEUED)]
+        gearmand_covers(config.persistence, QUEUED_BESIDE_HELD if held else QUEUED),
+        replicas_cover(config.min_replicas, config.replica_timeout)]
+
+
+def replicas_cover(needed: int, timeout: float) -> str:
+    """What the replica wait adds to an acknowledgement (min_replicas).
+
+    >>> replicas_cover(0, 1.0)[:40]
+    'replicas: none waited for (min_replicas '
+    """
+    if not needed:
+        return ("replicas: none waited for (min_replicas = 0): it survives a power cut, not "
+                "the loss of that Redis's disk")
+    return (f"replicas: also on {needed} replica(s) of that Redis (WAITAOF where the server "
+            f"has it: fsynced there; WAIT before Redis 7.2: received), refused with the "
+            f"reason when fewer confirm within {timeout:g}s for barrier_timeout")
 
 
 # -- asking the servers ------------------------------------------------------
@@ -257,6 +294,7 @@ def check_at_start(config: Config) -> list[str]:
                          f"({redisconn.safe(config.redis_url)}): {exc}") from None
     try:
         found = verdicts(config, barriers)
+        _warn_if_too_few_replicas(barriers.replicas)
     finally:
         barriers.close()
     lines = promises(config, found)
@@ -264,3 +302,10 @@ def check_at_start(config: Config) -> list[str]:
     log.log(logging.INFO if on_disk else logging.WARNING, "acknowledgements: %s",
             "; ".join(lines))
     return lines
+
+
+def _warn_if_too_few_replicas(replicas: ReplicaWait | None) -> None:
+    connected = replicas.connected() if replicas is not None else None
+    if replicas is not None and connected is not None and connected < replicas.needed:
+        log.warning("min_replicas = %d, but %s has %d replica(s) connected: acknowledgements "
+                    "are refused until enough are", replicas.needed, replicas.name, connected)
