@@ -27,7 +27,7 @@ import redis
 
 from gearhorn.background import Backoff, Outage
 from gearhorn.store.fsync import SYNCED, TICKET, WAKE, Round
-from gearhorn.store.redisconn import REDIS_ERRORS
+from gearhorn.store.redisconn import REDIS_ERRORS, SILENCE_WATCHED
 
 log = logging.getLogger(__name__)
 
@@ -149,9 +149,9 @@ class AofSyncer:
             self._thread.join(timeout=self.interval + 10)
 
     def _run(self) -> None:
-        outage, backoff = Outage(log, f"fsync barrier of {self.url}"), Backoff(0.1, cap=2.0)
+        outage, backoff = Outage(log, f"fsync barrier of {self.url}"), Backoff(0.1)
         while not self._stopping.is_set():
-            client = redis.Redis.from_url(self.url, socket_timeout=10, socket_connect_timeout=5)
+            client = redis.Redis.from_url(self.url, socket_timeout=10, **SILENCE_WATCHED)
             try:
                 self._serve(client)
             except REDIS_ERRORS as exc:

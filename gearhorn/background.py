@@ -12,6 +12,11 @@ import logging
 import threading
 import time
 
+# A loop that lost a server tries again at least this often (seconds), so
+# service resumes within a second of the outage's end (a partition healed,
+# a server restarted); a try costs one connection attempt.
+RECONNECT_CAP = 0.25
+
 
 class Backoff:
     """A pause that doubles after each failure, up to ``cap``, and starts
@@ -22,7 +27,7 @@ class Backoff:
     [0.1, 0.2, 0.3, 0.3]
     """
 
-    def __init__(self, first: float = 0.1, cap: float = 5.0) -> None:
+    def __init__(self, first: float = 0.1, cap: float = RECONNECT_CAP) -> None:
         self.first, self.cap = first, cap
         self.pause = first
 

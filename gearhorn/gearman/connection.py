@@ -25,6 +25,7 @@ from gearhorn.gearman.packets import (
     PartialSubmit,
     encode,
 )
+from gearhorn.gearman.tcp import CONNECT_TIMEOUT, watch_for_silence
 
 
 @dataclass(frozen=True)
@@ -62,10 +63,12 @@ def add_server(worker: gear.BaseClient, host: str, port: int,
 
 def connect(host: str, port: int, timeout: float = 5.0,
             tls: TlsFiles | None = None) -> socket.socket:
-    """A TCP connection with TCP_NODELAY (Nagle costs ~40 ms per small job),
-    over TLS when ``tls`` is given."""
+    """A TCP connection with TCP_NODELAY (Nagle costs ~40 ms per small job)
+    that notices a silent gearmand (gearhorn/gearman/tcp.py), over TLS when
+    ``tls`` is given."""
     sock = socket.create_connection((host, port), timeout=timeout)
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    watch_for_silence(sock)
     if tls is not None:
         try:
             sock = tls.context.wrap_socket(sock, server_hostname=host)
@@ -118,22 +121,27 @@ class Connection:
         self._reader = PacketReader()
         self._pending: deque[Packet] = deque()
         self._replies_due = 0.0  # the deadline of start_background's replies
+        self._lost = False  # the last connection broke or failed: reconnect briskly
 
     def __repr__(self) -> str:
         return f"<gearman {self.host}:{self.port}>"
 
     def open(self) -> None:
         if self._sock is None:
+            timeout = min(self.connect_timeout, CONNECT_TIMEOUT) if self._lost else \
+                self.connect_timeout
             try:
-                self._sock = connect(self.host, self.port, self.connect_timeout, self.tls)
+                self._sock = connect(self.host, self.port, timeout, self.tls)
                 # Ask for workers' exceptions: without it gearmand 1.1.20 turns a
                 # WORK_EXCEPTION into a bare WORK_FAIL and the reason is lost. The
                 # answer (OPTION_RES) is read with the next reply and skipped.
                 self._sock.sendall(encode(P.OPTION_REQ, b"exceptions"))
             except OSError as exc:
                 self.close()
+                self._lost = True
                 raise GearmanError(f"cannot connect to gearmand {self.host}:{self.port}: "
                                    f"{exc.strerror or exc}") from None
+            self._lost = False
             self._reader = PacketReader()
             self._pending.clear()
 
@@ -141,6 +149,10 @@ class Connection:
         if self._sock is not None:
             self._sock.close()
             self._sock = None
+
+    def _broke(self) -> None:
+        self.close()
+        self._lost = True
 
     def shutdown(self) -> None:
         """Close, ending the TCP connection at once: close() alone does not
@@ -174,7 +186,7 @@ class Connection:
         try:
             self._sock.sendall(data)
         except OSError as exc:
-            self.close()
+            self._broke()
             raise GearmanError(f"lost gearmand {self.host}:{self.port}: {exc}") from None
 
     def read(self, deadline: float | None = None) -> Packet | None:
@@ -207,12 +219,12 @@ class Connection:
             chunk = (self._sock.recv(256 * 1024) if deadline is None
                      else self._recv_until(deadline))
         except OSError as exc:
-            self.close()
+            self._broke()
             raise GearmanError(f"lost gearmand {self.host}:{self.port}: {exc}") from None
         if chunk is None:
             return None
         if not chunk:
-            self.close()
+            self._broke()
             raise GearmanError(f"gearmand {self.host}:{self.port} closed the connection")
         return chunk
 
@@ -313,7 +325,7 @@ class Connection:
     def _silent(self) -> GearmanError:
         """gearmand did not answer a submission in time: the connection is
         closed (a late reply must not be read as another's)."""
-        self.close()
+        self._broke()
         return GearmanError(f"gearmand {self.host}:{self.port} did not answer within "
                             f"{self.reply_timeout:g}s")
 

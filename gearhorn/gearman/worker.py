@@ -187,7 +187,7 @@ class _Server:
     asleep: bool = False  # a PRE_SLEEP is out: grab again after its NOOP
     ask: int = 1  # GRABs for the next wake-up
     retry_at: float = 0.0  # when a server that failed is tried again
-    backoff: Backoff = field(default_factory=lambda: Backoff(0.2, 5.0))
+    backoff: Backoff = field(default_factory=lambda: Backoff(0.1))
 
     def due(self, now: float) -> bool:
         return (not self.asleep or not self.worker.is_open) and now >= self.retry_at

@@ -81,7 +81,7 @@ class Durability:
         ``marks`` were taken (raised once that Redis answers again: the
         work is to be done again); BarrierUnavailable when an outage lasted
         ``patience`` seconds (the reason says which barrier and why)."""
-        backoff, given_up_at = Backoff(0.05, cap=1.0), None
+        backoff, given_up_at = Backoff(0.05), None
         while True:
             try:
                 self._wait_once(marks)
@@ -118,7 +118,7 @@ class Durability:
         """Wait (``patience`` at most) until every barrier's Redis answers
         again, so that the work done again can be acknowledged; raises
         BarrierUnavailable when one stays away."""
-        backoff, give_up = Backoff(0.05, cap=1.0), self._clock() + self.patience
+        backoff, give_up = Backoff(0.05), self._clock() + self.patience
         while True:
             try:
                 for client in self._clients():

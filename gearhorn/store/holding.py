@@ -229,7 +229,7 @@ class HoldingClient:
     # -- the thread -------------------------------------------------------------
 
     def _run(self) -> None:
-        outage, backoff = Outage(log, "held copies"), Backoff(0.2, cap=5.0)
+        outage, backoff = Outage(log, "held copies"), Backoff(0.1)
         next_look = next_again = 0.0
         while not self._stopping.is_set():
             self._wake.wait(FORGET_EVERY)

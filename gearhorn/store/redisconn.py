@@ -22,6 +22,8 @@ from redis.exceptions import RedisClusterException
 from redis.retry import Retry
 from redis.sentinel import Sentinel, SentinelConnectionPool
 
+from gearhorn.gearman.tcp import CONNECT_TIMEOUT, keepalive_options
+
 if TYPE_CHECKING:
     from gearhorn.config import Config
 
@@ -36,6 +38,10 @@ SENTINEL_SCHEMES = ("redis+sentinel", "rediss+sentinel")
 # error reaches the caller, which then backs off and logs the outage once.
 _CLUSTER_RETRY = Retry(ExponentialBackoff(cap=2.0, base=0.05), 8)
 
+# Every connection notices a silent Redis within seconds (gearhorn/gearman/tcp.py).
+SILENCE_WATCHED = {"socket_keepalive": True, "socket_keepalive_options": keepalive_options(),
+                   "socket_connect_timeout": CONNECT_TIMEOUT}
+
 
 def connect(url: str, cluster: str = "auto", *, max_connections: int | None = None,
             **options: object) -> AnyRedis:
@@ -44,6 +50,10 @@ def connect(url: str, cluster: str = "auto", *, max_connections: int | None = No
     (socket timeouts); ``max_connections`` caps its pool (per node on a
     cluster) and makes a caller wait up to 30 s for a free connection instead
     of failing (the bridge: thousands of greenlets may need Redis at once)."""
+    options = {**SILENCE_WATCHED, **options}
+    # One SYN per attempt: after a partition heals, the next attempt connects.
+    options["socket_connect_timeout"] = min(float(options.get("socket_connect_timeout")
+                                                  or CONNECT_TIMEOUT), CONNECT_TIMEOUT)
     if max_connections:
         options.update(max_connections=max_connections, timeout=30,
                        connection_pool_class=redis.BlockingConnectionPool)
@@ -74,7 +84,7 @@ def _sentinel_master(url: str, **options: object) -> redis.Redis:
         connection["password"] = unquote(parts.password)
     if parts.scheme.startswith("rediss"):
         connection["ssl"] = True
-    sentinel = Sentinel(hosts, socket_timeout=5, socket_connect_timeout=5)
+    sentinel = Sentinel(hosts, sentinel_kwargs={"socket_timeout": 5, **SILENCE_WATCHED})
     return sentinel.master_for(path[0], db=int(path[1]) if len(path) > 1 else 0,
                                **connection)
 

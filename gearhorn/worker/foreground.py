@@ -72,7 +72,7 @@ def run_copies(client: gearman.Client, copies: Sequence[gearman.Copy], priority:
     deadline = time.monotonic() + timeout
     outcomes = placed.wait(timeout)
     tries = [1] * len(copies)
-    pause = Backoff(backoff)
+    pause = Backoff(backoff, cap=5.0)  # the receivers' pace, not a reconnect
     for attempt in range(2, attempts + 1):
         again = [i for i, o in enumerate(outcomes) if o.status in RETRIED]
         if not again or deadline - time.monotonic() <= pause.pause:
