@@ -26,7 +26,7 @@ from tests.needs import require_binary
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(400)]
 
 BENCH = os.path.join(os.path.dirname(__file__), "..", "..", "bench", "partition.py")
-# Seconds from a heal until answers come again (measured: 0.02-0.8 s).
+# Seconds from a heal until answers come again (measured: 0.06-0.85 s).
 RESUMES_WITHIN = 3.0
 
 
