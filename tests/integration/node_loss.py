@@ -1,0 +1,437 @@
+"""Three nodes, one lost with its disk at a time: the scenario of
+tests/integration/test_node_loss.py, run inside a network namespace of its
+own (``unshare -n``; ``python -m tests.integration.node_loss --json``).
+
+Each node has its own loopback address (127.0.0.2, .3, .4) for every
+server it runs, and its own data directory: a Redis (the first node's the
+master, the others its replicas), a Sentinel, a plain gearmand, a
+``gearhorn worker`` pool and a ``gearhorn bridge``, all as
+etc/three-nodes/README.rst says, with ``min_replicas = 1``. Producers send
+foreground fanouts (Gearman) and SENDs with receipts (STOMP) to whichever
+node answers; then a node's processes are killed with -9 and its data
+directory deleted, at a random moment, three times (the master's node, a
+replica's, the master's again), and each lost node is started again empty,
+as a replica of the master the Sentinels name (never as a master over its
+replicas' data). At the end a Gearman subscriber and a STOMP subscriber
+take their queues, and every acknowledged id is looked for.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+import redis
+import stomp
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+sys.path.insert(0, ROOT)
+
+from gearhorn import gearman, servers  # noqa: E402
+from gearhorn.gearman import P  # noqa: E402
+
+NODES = ("127.0.0.2", "127.0.0.3", "127.0.0.4")
+REDIS, SENTINEL, GEARMAN, STOMP = 6379, 26379, 4730, 61613
+MASTER_NAME = "gearhorn"
+TOPIC = "orders"
+SUBSCRIBERS = ("ledger", "mailer")  # ledger takes its copies over Gearman, mailer over STOMP
+SETTINGS = {"GEARHORN_MIN_REPLICAS": "1", "GEARHORN_REPLICA_TIMEOUT": "1",
+            "GEARHORN_BARRIER_TIMEOUT": "5", "GEARHORN_HEARTBEAT_INTERVAL": "1",
+            "GEARHORN_WORKER_TTL": "4", "GEARHORN_FANOUT_TIMEOUT": "20",
+            "GEARHORN_WEB_PORT": "0", "GEARHORN_BRIDGE_WS_PORT": "0"}
+
+
+def sentinel_url() -> str:
+    hosts = ",".join(f"{node}:{SENTINEL}" for node in NODES)
+    return f"redis+sentinel://{hosts}/{MASTER_NAME}/0"
+
+
+def wait_until(predicate, timeout: float, what: str, every: float = 0.05):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = predicate()
+        if found:
+            return found
+        time.sleep(every)
+    raise SystemExit(f"timed out after {timeout:g}s waiting for {what}")
+
+
+class Node:
+    """The servers of one node: started, killed with -9, started again."""
+
+    def __init__(self, address: str, root: str, replication: bool) -> None:
+        self.address, self.replication = address, replication
+        self.dir = os.path.join(root, address)
+        self.processes: list[subprocess.Popen] = []
+
+    def spawn(self, name: str, argv: list[str], port: int | None,
+              env: dict[str, str] | None = None) -> None:
+        os.makedirs(self.dir, exist_ok=True)
+        with open(os.path.join(self.dir, f"{name}.log"), "ab") as log:
+            process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
+                                       stdin=subprocess.DEVNULL, env=env,
+                                       preexec_fn=servers.die_with_parent, cwd=self.dir)
+        self.processes.append(process)
+        if port is not None:
+            wait_until(lambda: process.poll() is not None
+                       or servers.is_listening(self.address, port), 60, f"{name} to listen")
+            if process.poll() is not None:
+                raise SystemExit(f"{name} on {self.address} exited: {self.log(name)}")
+
+    def log(self, name: str) -> str:
+        with open(os.path.join(self.dir, f"{name}.log"), errors="replace") as fp:
+            return fp.read()[-3000:]
+
+    def start_redis(self, master: str | None) -> None:
+        """Redis; as a replica of ``master`` when one is named: a node that
+        comes back empty never starts as a master (its replicas would copy
+        its empty data set)."""
+        data = os.path.join(self.dir, "redis")
+        os.makedirs(data, exist_ok=True)
+        argv = [servers.find_binary("redis-server"), "--bind", self.address,
+                "--port", str(REDIS), "--dir", data, "--appendonly", "yes",
+                "--appendfsync", "everysec", "--save", "", "--protected-mode", "no",
+                "--replica-announce-ip", self.address, "--bind-source-addr", self.address,
+                "--repl-diskless-sync-delay", "0"]
+        if self.replication:
+            argv += ["--min-replicas-to-write", "1", "--min-replicas-max-lag", "10"]
+        if master is not None and master != self.address:
+            argv += ["--replicaof", master, str(REDIS)]
+        self.spawn("redis", argv, REDIS)
+
+    def start_sentinel(self, master: str) -> None:
+        folder = os.path.join(self.dir, "sentinel")
+        os.makedirs(folder, exist_ok=True)
+        conf = os.path.join(folder, "sentinel.conf")
+        with open(conf, "w") as fp:
+            fp.write(f"bind {self.address}\nport {SENTINEL}\ndir {folder}\n"
+                     f"sentinel announce-ip {self.address}\n"
+                     f"sentinel monitor {MASTER_NAME} {master} {REDIS} 2\n"
+                     f"sentinel down-after-milliseconds {MASTER_NAME} 1000\n"
+                     f"sentinel failover-timeout {MASTER_NAME} 5000\n")
+        self.spawn("sentinel", [servers.find_binary("redis-server"), conf, "--sentinel"],
+                   SENTINEL)
+
+    def start_gearhorn(self, redis_url: str) -> None:
+        gearmands = [arg for node in NODES for arg in ("--gearman", f"{node}:{GEARMAN}")]
+        env = {**os.environ, **SETTINGS, "PYTHONPATH": ROOT}
+        if not self.replication:
+            env["GEARHORN_MIN_REPLICAS"] = "0"
+        self.spawn("gearmand", [servers.find_binary("gearmand"), "--listen", self.address,
+                                "--port", str(GEARMAN), "--log-file", "stderr",
+                                "--verbose", "WARNING"], GEARMAN)
+        self.spawn("worker", [sys.executable, "-m", "gearhorn", "worker", "--processes", "1",
+                              "--redis-url", redis_url, *gearmands], None, env)
+        self.spawn("bridge", [sys.executable, "-m", "gearhorn", "bridge", "--host",
+                              self.address, "--port", str(STOMP), "--ws-port", "0",
+                              "--redis-url", redis_url, *gearmands], STOMP, env)
+
+    def kill(self, keep: bool = False) -> None:
+        """Every process of the node with -9, then its disk (``keep``: not)."""
+        for process in self.processes:
+            if process.poll() is None:
+                process.send_signal(signal.SIGKILL)
+        for process in self.processes:
+            process.wait()
+        self.processes = []
+        if not keep:
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def current_master(alive: list[Node]) -> str | None:
+    """The master's address as the Sentinels of ``alive`` name it."""
+    for node in alive:
+        try:
+            client = redis.Redis(node.address, SENTINEL, socket_timeout=1,
+                                 socket_connect_timeout=0.5)
+            found = client.sentinel_get_master_addr_by_name(MASTER_NAME)
+            client.close()
+            if found:
+                host = found[0]
+                return host.decode() if isinstance(host, bytes) else host
+        except redis.RedisError:
+            continue
+    return None
+
+
+def role(address: str) -> dict:
+    try:
+        client = redis.Redis(address, REDIS, socket_timeout=1, socket_connect_timeout=0.5)
+        info = client.info("replication")
+        client.close()
+        return info
+    except redis.RedisError:
+        return {}
+
+
+class Acknowledged:
+    """The ids acknowledged (thread-safe), and when the last one was."""
+
+    def __init__(self) -> None:
+        self.ids: set[str] = set()
+        self.times: list[float] = []
+        self.refused = 0
+        self._lock = threading.Lock()
+
+    def add(self, message_id: str) -> None:
+        with self._lock:
+            self.ids.add(message_id)
+            self.times.append(time.monotonic())
+
+    def first_after(self, moment: float) -> float | None:
+        with self._lock:
+            later = [t for t in self.times if t > moment]
+        return min(later) if later else None
+
+
+def gearman_producer(acked: Acknowledged, stop: threading.Event) -> None:
+    """Foreground fanouts, one at a time, each on a fresh connection to the
+    next node (a dead node's attempt fails fast)."""
+    count = 0
+    while not stop.is_set():
+        count += 1
+        message_id = f"g{count}"
+        node = NODES[count % len(NODES)]
+        body = json.dumps({"topic": TOPIC, "payload": message_id, "background": True})
+        connection = gearman.Connection(node, GEARMAN, connect_timeout=0.5)
+        try:
+            connection.open()
+            connection.send(gearman.encode(P.SUBMIT_JOB, b"fanout", message_id.encode(),
+                                           body.encode()))
+            deadline = time.monotonic() + 30
+            while (packet := connection.read(deadline)) is not None:
+                if packet.type == P.WORK_COMPLETE:
+                    if json.loads(packet.args[-1]).get("copies") == len(SUBSCRIBERS):
+                        acked.add(message_id)
+                    break
+                if packet.type in (P.WORK_FAIL, P.WORK_EXCEPTION):
+                    acked.refused += 1
+                    break
+        except (gearman.GearmanError, OSError, ValueError):
+            time.sleep(0.05)
+        finally:
+            connection.close()
+
+
+class Receipts(stomp.ConnectionListener):
+    def __init__(self, acked: Acknowledged) -> None:
+        self.acked = acked
+
+    def on_receipt(self, frame) -> None:
+        self.acked.add(frame.headers["receipt-id"])
+
+    def on_error(self, frame) -> None:
+        self.acked.refused += 1
+
+
+def stomp_producer(acked: Acknowledged, stop: threading.Event) -> None:
+    """SENDs to /topic/orders with a receipt each, on one connection to a
+    bridge, moving to the next node's bridge when it breaks."""
+    count, turn, connection = 0, 0, None
+    while not stop.is_set():
+        try:
+            if connection is None or not connection.is_connected():
+                turn += 1
+                connection = stomp.Connection12([(NODES[turn % len(NODES)], STOMP)],
+                                                heartbeats=(0, 0), auto_decode=False,
+                                                reconnect_attempts_max=1, timeout=1)
+                connection.set_listener("receipts", Receipts(acked))
+                connection.connect(wait=True)
+            count += 1
+            connection.send(destination=f"/topic/{TOPIC}", body=f"s{count}",
+                            receipt=f"s{count}")
+            time.sleep(0.02)
+        except (stomp.exception.StompException, OSError):
+            connection = None
+            time.sleep(0.1)
+    if connection is not None and connection.is_connected():
+        time.sleep(2)  # the last receipts
+        connection.disconnect()
+
+
+def take_over_gearman(queue: str, expected: set[str], timeout: float,
+                      nodes: list[str]) -> set[str]:
+    """A plain Gearman worker on the gearmand of every node up takes ``queue``'s copies."""
+    got: set[str] = set()
+    workers = [gearman.WorkerConnection(node, GEARMAN, [queue], client_id="ledger")
+               for node in nodes]
+    for worker in workers:
+        worker.open()
+    deadline = time.monotonic() + timeout
+    try:
+        while not expected <= got and time.monotonic() < deadline:
+            idle = True
+            for worker in workers:
+                for job in worker.grab(100):
+                    got.add(job.data.decode())
+                    worker.complete(job.handle)
+                    idle = False
+                worker.flush()
+            if idle:
+                time.sleep(0.1)
+    finally:
+        for worker in workers:
+            worker.close()
+    return got
+
+
+class Collector(stomp.ConnectionListener):
+    def __init__(self, connection) -> None:
+        self.connection, self.got = connection, set()
+
+    def on_message(self, frame) -> None:
+        self.got.add(frame.body.decode())
+        self.connection.ack(frame.headers["ack"])
+
+
+def take_over_stomp(queue: str, expected: set[str], timeout: float, node: str) -> set[str]:
+    """A STOMP subscriber on ``node``'s bridge takes ``queue``."""
+    connection = stomp.Connection12([(node, STOMP)], heartbeats=(0, 0), auto_decode=False)
+    collector = Collector(connection)
+    connection.set_listener("collector", collector)
+    connection.connect(wait=True)
+    connection.subscribe(destination=f"/queue/{queue}", id="1", ack="client-individual",
+                         headers={"prefetch-count": "200"})
+    deadline = time.monotonic() + timeout
+    while not expected <= collector.got and time.monotonic() < deadline:
+        time.sleep(0.1)
+    connection.disconnect()
+    return set(collector.got)
+
+
+def subscribe_all() -> None:
+    for client_id in SUBSCRIBERS:
+        body = json.dumps({"topic": TOPIC, "client_id": client_id}).encode()
+        connection = gearman.Connection(NODES[0], GEARMAN)
+        connection.send(gearman.encode(P.SUBMIT_JOB, b"subscribe_fanout", b"", body))
+        deadline = time.monotonic() + 60
+        while (packet := connection.read(deadline)) is not None:
+            if packet.type == P.WORK_COMPLETE:
+                break
+            if packet.type in (P.WORK_FAIL, P.WORK_EXCEPTION):
+                raise SystemExit(f"subscribe_fanout failed: {packet.args}")
+        connection.close()
+
+
+def run(replication: bool, kills: int, seed: int) -> dict:
+    rng = random.Random(seed)
+    root = tempfile.mkdtemp(prefix="node-loss-")
+    nodes = [Node(address, root, replication) for address in NODES]
+    active = nodes if replication else nodes[:1]  # without replication: one Redis
+    try:
+        for node in active:
+            node.start_redis(None if node is nodes[0] else nodes[0].address)
+        if replication:
+            for node in nodes:
+                node.start_sentinel(nodes[0].address)
+            wait_until(lambda: role(NODES[0]).get("min_slaves_good_slaves") == 2, 60,
+                       "both replicas to sync")
+        url = sentinel_url() if replication else f"redis://{NODES[0]}:{REDIS}/0"
+        for node in nodes:
+            node.start_gearhorn(url)
+        subscribe_all()
+        acked, stop = Acknowledged(), threading.Event()
+        producers = [threading.Thread(target=gearman_producer, args=(acked, stop), daemon=True),
+                     threading.Thread(target=stomp_producer, args=(acked, stop), daemon=True)]
+        for thread in producers:
+            thread.start()
+        wait_until(lambda: len(acked.ids) >= 50, 120, "the first acknowledgements")
+        outages = []
+        for kill in range(kills):
+            time.sleep(rng.uniform(1.0, 4.0))  # a random moment under load
+            master = current_master(nodes) if replication else NODES[0]
+            victim = next(n for n in nodes if (n.address == master) == (kill % 2 == 0))
+            killed_at = time.monotonic()
+            victim.kill()
+            answered = _wait_for_answer(acked, killed_at, 90)
+            outages.append({"node": victim.address, "was_master": victim.address == master,
+                            "answered_again_after_s": answered})
+            again = "never" if answered is None else f"after {answered}s"
+            print(f"killed {victim.address} ({'master' if victim.address == master else 'replica'}"
+                  f"): answered again {again}", flush=True)
+            if not replication:
+                break
+            _start_again(victim, nodes)
+        time.sleep(2)
+        stop.set()
+        for thread in producers:
+            thread.join(60)
+        return _delivered(acked, outages, seed, [n.address for n in nodes if n.processes])
+    finally:
+        for node in nodes:
+            node.kill(keep=bool(os.environ.get("GEARHORN_NODE_LOSS_KEEP")))
+        if not os.environ.get("GEARHORN_NODE_LOSS_KEEP"):
+            shutil.rmtree(root, ignore_errors=True)
+
+
+def _wait_for_answer(acked: Acknowledged, moment: float, timeout: float) -> float | None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        first = acked.first_after(moment)
+        if first is not None:
+            return round(first - moment, 2)
+        time.sleep(0.05)
+    return None
+
+
+def _start_again(node: Node, nodes: list[Node]) -> None:
+    """The lost node, empty: Redis as a replica of the master the other
+    Sentinels name (after their failover), its Sentinel watching that master."""
+    others = [n for n in nodes if n is not node]
+    master = wait_until(lambda: (m := current_master(others)) and m != node.address and
+                        role(m).get("role") == "master" and m, 90, "a master to be named")
+    node.start_redis(master)
+    node.start_sentinel(master)
+    wait_until(lambda: role(node.address).get("master_link_status") == "up", 90,
+               f"{node.address} to sync from {master}")
+    node.start_gearhorn(sentinel_url())
+
+
+def _delivered(acked: Acknowledged, outages: list[dict], seed: int, up: list[str]) -> dict:
+    expected = set(acked.ids)
+    # Without replication the registry is gone with its node: what was held
+    # there cannot be found again, so a short look is enough to show it.
+    patience = 180 if len(up) == len(NODES) else 30
+    got = {"ledger": take_over_gearman(f"{TOPIC}_ledger", expected, patience, up),
+           "mailer": take_over_stomp(f"{TOPIC}_mailer", expected, patience, up[0])}
+    missing = {name: sorted(expected - ids)[:20] for name, ids in got.items()}
+    lost = {name: len(expected - ids) for name, ids in got.items()}
+    print(f"acknowledged {len(expected)} (refused {acked.refused}); lost {lost}", flush=True)
+    return {"seed": seed, "acknowledged": len(expected), "refused": acked.refused,
+            "acknowledged_by": {"gearman": sum(i.startswith("g") for i in expected),
+                                "stomp": sum(i.startswith("s") for i in expected)},
+            "lost": lost, "missing": missing, "outages": outages}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="three nodes, one lost with its disk at a time")
+    parser.add_argument("--no-replication", action="store_true",
+                        help="one Redis, no replicas: the run that must lose")
+    parser.add_argument("--kills", type=int, default=3)
+    parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    if not os.environ.get("GEARHORN_NODE_LOSS_NETNS"):
+        unshare = ["unshare", "-n"] if os.geteuid() == 0 else ["unshare", "-rn"]
+        done = subprocess.run([*unshare, sys.executable, "-m", "tests.integration.node_loss",
+                               *sys.argv[1:]], cwd=ROOT,
+                              env={**os.environ, "GEARHORN_NODE_LOSS_NETNS": "1"})
+        raise SystemExit(done.returncode)
+    subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
+    seed = args.seed if args.seed is not None else random.randrange(1 << 30)
+    figures = run(not args.no_replication, args.kills, seed)
+    if args.json:
+        print(json.dumps(figures))
+
+
+if __name__ == "__main__":
+    main()
