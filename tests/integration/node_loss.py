@@ -24,6 +24,7 @@ import os
 import random
 import shutil
 import signal
+import string
 import subprocess
 import sys
 import tempfile
@@ -34,6 +35,7 @@ import redis
 import stomp
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+RECIPE = os.path.join(ROOT, "etc", "three-nodes")
 sys.path.insert(0, ROOT)
 
 from gearhorn import gearman, servers  # noqa: E402
@@ -44,9 +46,9 @@ REDIS, SENTINEL, GEARMAN, STOMP = 6379, 26379, 4730, 61613
 MASTER_NAME = "gearhorn"
 TOPIC = "orders"
 SUBSCRIBERS = ("ledger", "mailer")  # ledger takes its copies over Gearman, mailer over STOMP
-SETTINGS = {"GEARHORN_MIN_REPLICAS": "1", "GEARHORN_REPLICA_TIMEOUT": "1",
-            "GEARHORN_BARRIER_TIMEOUT": "5", "GEARHORN_HEARTBEAT_INTERVAL": "1",
-            "GEARHORN_WORKER_TTL": "4", "GEARHORN_FANOUT_TIMEOUT": "20",
+# On top of etc/three-nodes/gearhorn.conf: brisk heartbeats, as other tests have.
+SETTINGS = {"GEARHORN_HEARTBEAT_INTERVAL": "1", "GEARHORN_WORKER_TTL": "4",
+            "GEARHORN_FANOUT_TIMEOUT": "20",
             "GEARHORN_WEB_PORT": "0", "GEARHORN_BRIDGE_WS_PORT": "0"}
 
 
@@ -91,49 +93,47 @@ class Node:
         with open(os.path.join(self.dir, f"{name}.log"), errors="replace") as fp:
             return fp.read()[-3000:]
 
+    def render(self, name: str, folder: str, **values: str) -> str:
+        """etc/three-nodes/<name> for this node, written into ``folder``."""
+        os.makedirs(folder, exist_ok=True)
+        with open(os.path.join(RECIPE, name)) as fp:
+            text = string.Template(fp.read()).substitute(NODE=self.address, DIR=folder, **values)
+        path = os.path.join(folder, name)
+        with open(path, "w") as fp:
+            fp.write(text.replace("10.0.0.", "127.0.0."))  # the recipe's addresses, here
+        return path
+
     def start_redis(self, master: str | None) -> None:
-        """Redis; as a replica of ``master`` when one is named: a node that
-        comes back empty never starts as a master (its replicas would copy
-        its empty data set)."""
-        data = os.path.join(self.dir, "redis")
-        os.makedirs(data, exist_ok=True)
-        argv = [servers.find_binary("redis-server"), "--bind", self.address,
-                "--port", str(REDIS), "--dir", data, "--appendonly", "yes",
-                "--appendfsync", "everysec", "--save", "", "--protected-mode", "no",
-                "--replica-announce-ip", self.address, "--bind-source-addr", self.address,
-                "--repl-diskless-sync-delay", "0"]
-        if self.replication:
-            argv += ["--min-replicas-to-write", "1", "--min-replicas-max-lag", "10"]
+        """Redis as the recipe has it; as a replica of ``master`` when one is
+        named: a node that comes back empty never starts as a master (its
+        replicas would copy its empty data set)."""
+        argv = [servers.find_binary("redis-server"),
+                self.render("redis.conf", os.path.join(self.dir, "redis"))]
+        if not self.replication:
+            argv += ["--min-replicas-to-write", "0"]
         if master is not None and master != self.address:
             argv += ["--replicaof", master, str(REDIS)]
         self.spawn("redis", argv, REDIS)
 
     def start_sentinel(self, master: str) -> None:
-        folder = os.path.join(self.dir, "sentinel")
-        os.makedirs(folder, exist_ok=True)
-        conf = os.path.join(folder, "sentinel.conf")
-        with open(conf, "w") as fp:
-            fp.write(f"bind {self.address}\nport {SENTINEL}\ndir {folder}\n"
-                     f"sentinel announce-ip {self.address}\n"
-                     f"sentinel monitor {MASTER_NAME} {master} {REDIS} 2\n"
-                     f"sentinel down-after-milliseconds {MASTER_NAME} 1000\n"
-                     f"sentinel failover-timeout {MASTER_NAME} 5000\n")
+        conf = self.render("sentinel.conf", os.path.join(self.dir, "sentinel"), MASTER=master)
         self.spawn("sentinel", [servers.find_binary("redis-server"), conf, "--sentinel"],
                    SENTINEL)
 
     def start_gearhorn(self, redis_url: str) -> None:
-        gearmands = [arg for node in NODES for arg in ("--gearman", f"{node}:{GEARMAN}")]
+        config = self.render("gearhorn.conf", os.path.join(self.dir, "gearhorn"))
+        gearmands = ["--config", config]
         env = {**os.environ, **SETTINGS, "PYTHONPATH": ROOT}
         if not self.replication:
-            env["GEARHORN_MIN_REPLICAS"] = "0"
+            env.update(GEARHORN_MIN_REPLICAS="0", GEARHORN_REDIS_URL=redis_url)
         self.spawn("gearmand", [servers.find_binary("gearmand"), "--listen", self.address,
                                 "--port", str(GEARMAN), "--log-file", "stderr",
                                 "--verbose", "WARNING"], GEARMAN)
         self.spawn("worker", [sys.executable, "-m", "gearhorn", "worker", "--processes", "1",
-                              "--redis-url", redis_url, *gearmands], None, env)
+                              *gearmands], None, env)
         self.spawn("bridge", [sys.executable, "-m", "gearhorn", "bridge", "--host",
                               self.address, "--port", str(STOMP), "--ws-port", "0",
-                              "--redis-url", redis_url, *gearmands], STOMP, env)
+                              *gearmands], STOMP, env)
 
     def kill(self, keep: bool = False) -> None:
         """Every process of the node with -9, then its disk (``keep``: not)."""
