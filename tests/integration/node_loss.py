@@ -42,6 +42,8 @@ from gearhorn import gearman, servers  # noqa: E402
 from gearhorn.gearman import P  # noqa: E402
 
 NODES = ("127.0.0.2", "127.0.0.3", "127.0.0.4")
+# tests/integration/minority.py: each node in a network namespace of its own.
+NODES_IN_NAMESPACES = ("10.0.2.2", "10.0.3.2", "10.0.4.2")
 REDIS, SENTINEL, GEARMAN, STOMP = 6379, 26379, 4730, 61613
 MASTER_NAME = "gearhorn"
 TOPIC = "orders"
@@ -70,14 +72,18 @@ def wait_until(predicate, timeout: float, what: str, every: float = 0.05):
 class Node:
     """The servers of one node: started, killed with -9, started again."""
 
-    def __init__(self, address: str, root: str, replication: bool) -> None:
+    def __init__(self, address: str, root: str, replication: bool,
+                 netns: str | None = None) -> None:
         self.address, self.replication = address, replication
+        self.netns = netns  # a network namespace of the node's own (tests/integration/minority.py)
         self.dir = os.path.join(root, address)
         self.processes: list[subprocess.Popen] = []
 
     def spawn(self, name: str, argv: list[str], port: int | None,
               env: dict[str, str] | None = None) -> None:
         os.makedirs(self.dir, exist_ok=True)
+        if self.netns is not None:
+            argv = ["ip", "netns", "exec", self.netns, *argv]
         with open(os.path.join(self.dir, f"{name}.log"), "ab") as log:
             process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
                                        stdin=subprocess.DEVNULL, env=env,
@@ -99,8 +105,9 @@ class Node:
         with open(os.path.join(RECIPE, name)) as fp:
             text = string.Template(fp.read()).substitute(NODE=self.address, DIR=folder, **values)
         path = os.path.join(folder, name)
-        with open(path, "w") as fp:
-            fp.write(text.replace("10.0.0.", "127.0.0."))  # the recipe's addresses, here
+        for recipe, here in zip(("10.0.0.2", "10.0.0.3", "10.0.0.4"), NODES, strict=True):
+            text = text.replace(recipe, here)  # the recipe's addresses, as this run has them        with open(path, "w") as fp:
+            fp.write(text)
         return path
 
     def start_redis(self, master: str | None) -> None:
@@ -193,33 +200,39 @@ class Acknowledged:
         return min(later) if later else None
 
 
+def fanout_once(node: str, message_id: str) -> bool:
+    """A foreground fanout on a fresh connection to ``node``'s gearmand:
+    True once acknowledged for every subscriber."""
+    body = json.dumps({"topic": TOPIC, "payload": message_id, "background": True})
+    connection = gearman.Connection(node, GEARMAN, connect_timeout=0.5)
+    try:
+        connection.open()
+        connection.send(gearman.encode(P.SUBMIT_JOB, b"fanout", message_id.encode(),
+                                       body.encode()))
+        deadline = time.monotonic() + 30
+        while (packet := connection.read(deadline)) is not None:
+            if packet.type == P.WORK_COMPLETE:
+                return json.loads(packet.args[-1]).get("copies") == len(SUBSCRIBERS)
+            if packet.type in (P.WORK_FAIL, P.WORK_EXCEPTION):
+                return False
+    except (gearman.GearmanError, OSError, ValueError):
+        return False
+    finally:
+        connection.close()
+    return False
+
+
 def gearman_producer(acked: Acknowledged, stop: threading.Event) -> None:
     """Foreground fanouts, one at a time, each on a fresh connection to the
     next node (a dead node's attempt fails fast)."""
     count = 0
     while not stop.is_set():
         count += 1
-        message_id = f"g{count}"
-        node = NODES[count % len(NODES)]
-        body = json.dumps({"topic": TOPIC, "payload": message_id, "background": True})
-        connection = gearman.Connection(node, GEARMAN, connect_timeout=0.5)
-        try:
-            connection.open()
-            connection.send(gearman.encode(P.SUBMIT_JOB, b"fanout", message_id.encode(),
-                                           body.encode()))
-            deadline = time.monotonic() + 30
-            while (packet := connection.read(deadline)) is not None:
-                if packet.type == P.WORK_COMPLETE:
-                    if json.loads(packet.args[-1]).get("copies") == len(SUBSCRIBERS):
-                        acked.add(message_id)
-                    break
-                if packet.type in (P.WORK_FAIL, P.WORK_EXCEPTION):
-                    acked.refused += 1
-                    break
-        except (gearman.GearmanError, OSError, ValueError):
+        if fanout_once(NODES[count % len(NODES)], f"g{count}"):
+            acked.add(f"g{count}")
+        else:
+            acked.refused += 1
             time.sleep(0.05)
-        finally:
-            connection.close()
 
 
 class Receipts(stomp.ConnectionListener):

@@ -48,3 +48,27 @@ def test_a_node_lost_with_its_disk_loses_nothing_acknowledged():
     for outage in outages:
         assert outage["answered_again_after_s"] is not None, outage
         assert outage["answered_again_after_s"] < ANSWERS_AGAIN_WITHIN, outage
+
+
+def test_the_masters_node_cut_off_acknowledges_nothing_the_promoted_side_lacks():
+    """tests/integration/minority.py: each node in a network namespace of its
+    own, the master's node cut off from the other two with nftables for
+    15 s while fanouts go to every node. The others promote a replica and
+    answer; the cut-off node acknowledges nothing (its Redis has no replica
+    to confirm a write: the fanouts it took wait, then go to the promoted
+    side after the heal); every acknowledged id reaches both subscribers."""
+    require_binary("unshare", "util-linux")
+    require_binary("nft", "nftables")
+    require_binary("ip", "iproute2")
+    done = subprocess.run([sys.executable, "-m", "tests.integration.minority", "--json"],
+                          capture_output=True, text=True, timeout=560, cwd=ROOT)
+    print(done.stdout[-4000:])
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    figures = json.loads(done.stdout.strip().splitlines()[-1])
+    assert figures["promoted"] != figures["minority"], figures
+    assert figures["minority_sent"] >= 1, figures  # the cut-off node was asked
+    assert figures["minority_acknowledged"] == 0, figures
+    assert figures["majority_answered_after_s"] is not None, figures
+    assert figures["majority_answered_after_s"] < ANSWERS_AGAIN_WITHIN, figures
+    assert figures["lost"] == {"ledger": 0, "mailer": 0}, figures
+    assert figures["acknowledged"] > 100, figures
