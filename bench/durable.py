@@ -3,8 +3,9 @@
     python bench/durable.py            # all of it (about 6 minutes on 2 cores)
     python bench/durable.py --quick    # smaller counts, for a smoke run
     python bench/durable.py --memory 200000    # memory per queued copy: held, in gearmand
-    python bench/durable.py --latency 2000     # one fanout's p50/p99, after fsync or
-                                               # when written
+    python bench/durable.py --latency 2000     # one fanout's p50/p99, after fsync,
+                                               # when written, and with a replica
+    python bench/durable.py --modes default,replica   # acknowledged after one replica
     python bench/durable.py --modes default,held,none   # every default (held copies,
                     # gearmand on sqlite for its own jobs) against held copies beside a
                     # memory gearmand, and copies in gearmand's memory (no durability)
@@ -67,17 +68,37 @@ SUBSCRIPTIONS_PER_CONNECTION = 100  # gearhorn's stomp_max_subscriptions
 PAYLOAD = "x" * 100
 
 
+def wait_for_replicas(url: str, count: int, timeout: float = 60.0) -> None:
+    client = redis.Redis.from_url(url)
+    deadline = time.monotonic() + timeout
+    while sum(1 for k, v in client.info("replication").items() if k.startswith("slave")
+              and isinstance(v, dict) and v.get("state") == "online") < count:
+        if time.monotonic() > deadline:
+            raise SystemExit(f"{count} replicas did not sync")
+        time.sleep(0.1)
+    client.close()
+
+
 class GearhornServers:
     """Registry Redis, gearmand on ``queue`` (and its Redis), a worker pool,
     and with ``bridge`` a STOMP bridge."""
 
     def __init__(self, queue: str, processes: int, bridge: bool = False,
                  durability: str = "fsync", gearmands: int = 1, copies: str = "gearmand",
-                 extra_env: dict[str, str] | None = None) -> None:
+                 extra_env: dict[str, str] | None = None, replicas: int = 0) -> None:
         self.queue = queue
         self.tmp = tempfile.mkdtemp(prefix="bench-durable-", dir=os.getcwd())
         self.redis = servers.start_redis(data_dir=os.path.join(self.tmp, "redis"),
                                          appendonly=True)
+        # replicas > 0: the registry's replicas, each write acknowledged once
+        # that many have it (min_replicas, gearhorn/store/replicas.py)
+        self.replicas = [servers.start_redis(
+            data_dir=os.path.join(self.tmp, f"replica{n}"), appendonly=True, barrier=False,
+            extra=["--replicaof", self.redis.host, str(self.redis.port)])
+            for n in range(replicas)]
+        if replicas:
+            wait_for_replicas(self.redis.details["url"], replicas)
+            extra_env = {**(extra_env or {}), "GEARHORN_MIN_REPLICAS": str(replicas)}
         self.mariadb = None
         self.gearmands: list[servers.Managed] = []
         if queue == "mysql":
@@ -173,7 +194,7 @@ class GearhornServers:
             if process is not None:
                 process.send_signal(signal.SIGTERM)
                 process.wait(30)
-        for server in (*self.gearmands, self.mariadb, self.redis):
+        for server in (*self.gearmands, self.mariadb, *self.replicas, self.redis):
             if server is not None:
                 server.stop()
         shutil.rmtree(self.tmp, ignore_errors=True)
@@ -312,7 +333,7 @@ def stomp_persistent_rate(port: int, login: dict, width: int, copies: int) -> fl
     return messages * width / elapsed
 
 
-MODES = ("default", "held", "sqlite", "mysql", "none")
+MODES = ("default", "replica", "held", "sqlite", "mysql", "none")
 
 
 def bench_modes(processes: int, quick: bool, chosen: tuple[str, ...] = MODES,
@@ -326,6 +347,8 @@ def bench_modes(processes: int, quick: bool, chosen: tuple[str, ...] = MODES,
         # gearhorn, gearmand on sqlite for other producers' jobs (none here);
         # acks after fsync
         "default": ("sqlite", durable, "fsync", "held", "every default (held)"),
+        # the same, and each acknowledgement waits for one replica too
+        "replica": ("sqlite", durable, "fsync", "held", "default + 1 replica waited for"),
         "sqlite": ("sqlite", slow, "fsync", "gearmand", "sqlite"),
         "mysql": ("mysql", slow, "fsync", "gearmand", "MySQL (MariaDB)"),
         "none": ("none", durable, "fsync", "gearmand", "none (memory only)"),
@@ -340,7 +363,8 @@ def bench_modes(processes: int, quick: bool, chosen: tuple[str, ...] = MODES,
         # also measured as RabbitMQ is
         through_bridge = mode == "default"
         running = GearhornServers(queue, processes, bridge=through_bridge,
-                                  durability=durability, gearmands=gearmands, copies=copies)
+                                  durability=durability, gearmands=gearmands, copies=copies,
+                                  replicas=1 if mode == "replica" else 0)
         fsyncs, cpu = {}, {}
         try:
             rates[mode] = {}
@@ -383,24 +407,27 @@ def bench_latency(count: int, processes: int) -> None:
     background, the producer waiting for the answer): the latency of the
     default (copies held, answers after fsync) and of answering when
     written, alternating in one run (the servers of each fresh)."""
-    setups = [("held", "fsync"), ("held", "written")]
-    results: dict[tuple[str, str], list[tuple[float, float]]] = {}
-    for copies, durability in setups * 2:  # alternating: noise shows
-        running = GearhornServers("sqlite", processes, durability=durability, copies=copies)
+    # (durability, replicas waited for): the default, when written, and
+    # the default with one replica (min_replicas = 1)
+    setups = [("fsync", 0), ("written", 0), ("fsync", 1)]
+    results: dict[tuple[str, int], list[tuple[float, float]]] = {}
+    for durability, replicas in setups * 2:  # alternating: noise shows
+        running = GearhornServers("sqlite", processes, durability=durability, copies="held",
+                                  replicas=replicas)
         try:
             times = _fanout_times(running, count)
         finally:
             running.close()
         p50, p99 = times[len(times) // 2] * 1000, times[int(len(times) * 0.99)] * 1000
-        results.setdefault((copies, durability), []).append((p50, p99))
-        print(f"  copies {copies:8} {durability:8} p50 {p50:6.2f} ms   p99 {p99:6.2f} ms  "
+        results.setdefault((durability, replicas), []).append((p50, p99))
+        print(f"  {durability:8} replicas {replicas}  p50 {p50:6.2f} ms   p99 {p99:6.2f} ms  "
               f"({count} fanouts x10)", flush=True)
-    for copies in ("held",):
+    for what, base, added_by in (("the fsync barrier", ("written", 0), ("fsync", 0)),
+                                 ("the replica wait", ("fsync", 0), ("fsync", 1))):
         for name, index in (("p50", 0), ("p99", 1)):
             added = [f[index] - w[index] for f, w in zip(
-                results[(copies, "fsync")], results[(copies, "written")], strict=True)]
-            print(f"  copies {copies}: added by the fsync barrier, {name}: "
-                  + ", ".join(f"{a:+.2f} ms" for a in added))
+                results[added_by], results[base], strict=True)]
+            print(f"  added by {what}, {name}: " + ", ".join(f"{a:+.2f} ms" for a in added))
 
 
 def _fanout_times(running: GearhornServers, count: int) -> list[float]:
@@ -487,6 +514,7 @@ def main() -> None:
     for width in WIDTHS:
         parts = [f"{name} {rates[a][width] / rates[b][width]:5.2f}" for name, a, b in (
             ("default/RabbitMQ", "default", "rabbitmq"), ("default/none", "default", "none"),
+            ("replica/default", "replica", "default"), ("replica/RabbitMQ", "replica", "rabbitmq"),
             ("default/sqlite", "default", "sqlite"), ("held/RabbitMQ", "held", "rabbitmq"),
             ("none/gearmand alone", "none", "none gearmand"),
             ("STOMP/RabbitMQ", "default stomp", "rabbitmq"))

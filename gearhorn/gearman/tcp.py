@@ -17,8 +17,11 @@ from __future__ import annotations
 
 import socket
 
-# Seconds of silence after which a connection counts as dead.
-SILENT_AFTER = 2.0
+# Seconds of silence after which a connection counts as dead: data
+# unacknowledged, a peer that stops reading (a zero window), or keepalive
+# probes unanswered that long. Not less: on a loaded machine a busy peer
+# may read nothing for seconds, and its connection must not be cut for it.
+SILENT_AFTER = 10.0
 # Seconds an attempt to connect again waits for the peer: one SYN (the
 # kernel's first retransmission comes after 1 s), then the caller's loop
 # tries again (gearhorn/background.py's RECONNECT_CAP between tries).
@@ -30,12 +33,13 @@ def keepalive_options(silent_after: float = SILENT_AFTER) -> dict[int, int]:
     after ``silent_after`` seconds, as redis-py's ``socket_keepalive_options``
     takes them.
 
-    >>> keepalive_options(2.0)[socket.TCP_USER_TIMEOUT]
-    2000
+    >>> keepalive_options(10.0)[socket.TCP_USER_TIMEOUT]
+    10000
     """
-    idle = max(1, int(silent_after / 2))
-    return {socket.TCP_KEEPIDLE: idle, socket.TCP_KEEPINTVL: 1,
-            socket.TCP_KEEPCNT: max(1, int(silent_after) - idle),
+    # Probes from 1 s idle on; the user timeout decides when unanswered
+    # ones (or unacknowledged data) end the connection.
+    return {socket.TCP_KEEPIDLE: 1, socket.TCP_KEEPINTVL: 1,
+            socket.TCP_KEEPCNT: max(1, int(silent_after)),
             socket.TCP_USER_TIMEOUT: int(silent_after * 1000)}
 
 

@@ -87,7 +87,7 @@ def _sentinel_master(url: str, **options: object) -> redis.Redis:
     # A Sentinel answers at once: one that does not is skipped for the next
     # at once too (redis-py's default retries a silent one three times with
     # growing pauses: 9 s before the next Sentinel was asked, measured).
-    sentinel = Sentinel(hosts, sentinel_kwargs={**SILENCE_WATCHED, "socket_timeout": 0.5,
+    sentinel = Sentinel(hosts, sentinel_kwargs={**SILENCE_WATCHED, "socket_timeout": 2.0,
                                                 "retry": Retry(NoBackoff(), 0)})
     return sentinel.master_for(path[0], db=int(path[1]) if len(path) > 1 else 0,
                                **connection)

@@ -106,7 +106,8 @@ class Node:
             text = string.Template(fp.read()).substitute(NODE=self.address, DIR=folder, **values)
         path = os.path.join(folder, name)
         for recipe, here in zip(("10.0.0.2", "10.0.0.3", "10.0.0.4"), NODES, strict=True):
-            text = text.replace(recipe, here)  # the recipe's addresses, as this run has them        with open(path, "w") as fp:
+            text = text.replace(recipe, here)  # the recipe's addresses, as this run has them
+        with open(path, "w") as fp:
             fp.write(text)
         return path
 
