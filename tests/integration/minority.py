@@ -169,7 +169,7 @@ def run(seconds: float, seed: int) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description="the master's node cut off from the others")
-    parser.add_argument("--seconds", type=float, default=15.0)
+    parser.add_argument("--seconds", type=float, default=30.0)
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()

@@ -53,7 +53,7 @@ def test_a_node_lost_with_its_disk_loses_nothing_acknowledged():
 def test_the_masters_node_cut_off_acknowledges_nothing_the_promoted_side_lacks():
     """tests/integration/minority.py: each node in a network namespace of its
     own, the master's node cut off from the other two with nftables for
-    15 s while fanouts go to every node. The others promote a replica and
+    30 s while fanouts go to every node. The others promote a replica and
     answer; the cut-off node acknowledges nothing (its Redis has no replica
     to confirm a write: the fanouts it took wait, then go to the promoted
     side after the heal); every acknowledged id reaches both subscribers."""
@@ -68,7 +68,9 @@ def test_the_masters_node_cut_off_acknowledges_nothing_the_promoted_side_lacks()
     assert figures["promoted"] != figures["minority"], figures
     assert figures["minority_sent"] >= 1, figures  # the cut-off node was asked
     assert figures["minority_acknowledged"] == 0, figures
+    # Its connections to the old master die after TCP_USER_TIMEOUT (10 s),
+    # then the Sentinels name the new one (measured 13.6 s of a 30 s cut).
     assert figures["majority_answered_after_s"] is not None, figures
-    assert figures["majority_answered_after_s"] < ANSWERS_AGAIN_WITHIN, figures
+    assert figures["majority_answered_after_s"] < 25, figures
     assert figures["lost"] == {"ledger": 0, "mailer": 0}, figures
     assert figures["acknowledged"] > 100, figures
