@@ -33,6 +33,7 @@ from gearhorn.naming import dead_letter_queue, queue_copy_unique, stomp_unique
 from gearhorn.store import durability
 from gearhorn.store.durability import NO_DURABILITY, Durability
 from gearhorn.store.headers import HeaderStore
+from gearhorn.store.heldcopies import HeldCopies, HeldCopy
 from gearhorn.store.keys import Keys
 from gearhorn.store.redisutil import text
 from gearhorn.store.stats import Stats
@@ -121,8 +122,13 @@ class DeadLetterMover:
 
     def __init__(self, servers: Sequence[tuple[str, int]], index: DeadLetterIndex,
                  headers: HeaderStore, tls: gearman.TlsFiles | None = None,
-                 durability: Durability = NO_DURABILITY) -> None:
+                 durability: Durability = NO_DURABILITY,
+                 held: HeldCopies | None = None) -> None:
         self.servers = tuple(servers)
+        # copies = held: requeued copies are kept as records, under a holder
+        # with no heartbeat, so a worker's holder takes them over at its next
+        # look (about a second) and hands them; else they go to gearmand.
+        self.held = held
         self.index = index
         self.headers = headers
         self.tls = tls
@@ -168,7 +174,7 @@ class DeadLetterMover:
                     break
                 if client is not None:
                     copies = self._back_to_queue(queue, jobs)
-                    client.submit_background(copies)
+                    self._submit(client, copies)
                     if tallied:
                         self.tally.add(copies)
                         self.tally.flush()
@@ -180,6 +186,13 @@ class DeadLetterMover:
         finally:
             worker.close()
         return moved
+
+    def _submit(self, client: gearman.Client, copies: list[gearman.Copy]) -> None:
+        if self.held is None:
+            client.submit_background(copies)
+            return
+        holder = f"dlq-requeue:{uuid.uuid4().hex[:12]}"
+        self.held.keep([HeldCopy(c.function, c.unique, c.data, holder) for c in copies])
 
     def _back_to_queue(self, queue: str, jobs: list[gearman.GrabbedJob]) -> list[gearman.Copy]:
         """Each job as a new message of ``queue``, with its headers but not the
@@ -203,7 +216,8 @@ def for_config(config, client: redis.Redis) -> tuple[DeadLetterIndex, DeadLetter
     """The index and mover for ``config``'s servers (the CLI and the console)."""
     keys = Keys.for_config(config)
     index = DeadLetterIndex(client, keys, Stats(client, keys, config.metrics_enabled))
+    held = HeldCopies(client, keys) if config.copies == "held" else None
     mover = DeadLetterMover(config.gearman_servers, index,
                             HeaderStore(client, keys, config.headers_ttl), config.gearman_tls,
-                            durability.for_config(config, client))
+                            durability.for_config(config, client), held)
     return index, mover

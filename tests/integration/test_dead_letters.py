@@ -101,6 +101,9 @@ def test_copies_requeued_to_a_bounded_queue_are_tallied(gearmand, stack, stomp_c
              message="the bridge no longer a worker of the queue")
     requeued_at = time.time_ns() // 1_000_000
     assert "1 dead letters moved back" in dlq(gearmand, redis_url, "requeue", queue)
+    # Held as every copy gearhorn queues (a crash of gearmand loses none),
+    # handed to gearmand by a worker that takes it over.
+    assert client.hlen(Keys().copies(queue)) == 1
     wait_for(lambda: queue_depth(gearmand, queue) == 1, message="the requeued copy")
     # Its entry; the SEND's own (and its NACKs' give-backs), older, are the
     # warden's to forget as consumed.
