@@ -242,8 +242,9 @@ def replicas_cover(needed: int, timeout: float) -> str:
     'replicas: none waited for (min_replicas '
     """
     if not needed:
-        return ("replicas: none waited for (min_replicas = 0): it survives a power cut, not "
-                "the loss of that Redis's disk")
+        # Not "survives a power cut": a Redis without AOF does not (said above).
+        return ("replicas: none waited for (min_replicas = 0): what that Redis holds is lost "
+                "with its disk, whatever the line above says it survives")
     return (f"replicas: also on {needed} replica(s) of that Redis (WAITAOF where the server "
             f"has it: fsynced there; WAIT before Redis 7.2: received), refused with the "
             f"reason when fewer confirm within {timeout:g}s for barrier_timeout")

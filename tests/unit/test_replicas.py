@@ -158,8 +158,8 @@ def test_settings_and_what_the_start_says():
     with pytest.raises(ConfigError, match="replica_timeout must be above 0"):
         load({"replica_timeout": 0.0}, env={})
     lines = durability.promises(Config(), [("R", durability.WRITTEN)])
-    assert lines[-1].startswith("replicas: none waited for (min_replicas = 0): it survives a "
-                                "power cut, not the loss of that Redis's disk")
+    assert lines[-1].startswith("replicas: none waited for (min_replicas = 0): what that Redis "
+                                "holds is lost with its disk")
     lines = durability.promises(Config(min_replicas=1), [("R", durability.WRITTEN)])
     assert lines[-1].startswith("replicas: also on 1 replica(s) of that Redis")
 
