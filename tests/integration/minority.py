@@ -31,6 +31,7 @@ from tests.integration import node_loss as nl
 from tests.integration.node_loss import NODES_IN_NAMESPACES, Acknowledged, Node
 
 TABLE = "gearhorn_minority"
+GIVE_UP_AFTER = 10.0  # s a producer waits for one fanout's answer (barrier_timeout is 5)
 
 
 def make_namespaces(tag: str) -> list[str]:
@@ -92,7 +93,10 @@ def producer(node: str, acked: Acknowledged, sent: Sent, stop: threading.Event) 
         count += 1
         message_id = f"g{node.split('.')[2]}-{count}"
         started = time.monotonic()
-        ok = nl.fanout_once(node, message_id)
+        # A fanout grabbed by the cut-off node's worker just before the cut
+        # stays assigned to it in gearmand until the heal: a producer gives
+        # up after a while and sends the next, as a user's would.
+        ok = nl.fanout_once(node, message_id, wait=GIVE_UP_AFTER)
         if ok:
             acked.add(message_id)
         with sent.lock:

@@ -19,6 +19,7 @@ take their queues, and every acknowledged id is looked for.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -51,7 +52,10 @@ SUBSCRIBERS = ("ledger", "mailer")  # ledger takes its copies over Gearman, mail
 # On top of etc/three-nodes/gearhorn.conf: brisk heartbeats, as other tests have.
 SETTINGS = {"GEARHORN_HEARTBEAT_INTERVAL": "1", "GEARHORN_WORKER_TTL": "4",
             "GEARHORN_FANOUT_TIMEOUT": "20",
-            "GEARHORN_WEB_PORT": "0", "GEARHORN_BRIDGE_WS_PORT": "0"}
+            "GEARHORN_WEB_PORT": "0", "GEARHORN_BRIDGE_WS_PORT": "0",
+            # Nobody consumes until the end: a queue's default bound (10,000
+            # copies, drop-head) would drop by policy what a fast run acknowledged.
+            "GEARHORN_QUEUE_MAX_LENGTH": "0", "GEARHORN_QUEUE_MAX_BYTES": "0"}
 
 
 def sentinel_url() -> str:
@@ -87,7 +91,8 @@ class Node:
         with open(os.path.join(self.dir, f"{name}.log"), "ab") as log:
             process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
                                        stdin=subprocess.DEVNULL, env=env,
-                                       preexec_fn=servers.die_with_parent, cwd=self.dir)
+                                       preexec_fn=servers.die_with_parent, cwd=self.dir,
+                                       start_new_session=True)  # its group: it and its children
         self.processes.append(process)
         if port is not None:
             wait_until(lambda: process.poll() is not None
@@ -144,10 +149,11 @@ class Node:
                               *gearmands], STOMP, env)
 
     def kill(self, keep: bool = False) -> None:
-        """Every process of the node with -9, then its disk (``keep``: not)."""
+        """Every process of the node with -9 (each server's whole group: a
+        worker pool's processes too), then its disk (``keep``: not)."""
         for process in self.processes:
-            if process.poll() is None:
-                process.send_signal(signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
         for process in self.processes:
             process.wait()
         self.processes = []
@@ -201,16 +207,16 @@ class Acknowledged:
         return min(later) if later else None
 
 
-def fanout_once(node: str, message_id: str) -> bool:
+def fanout_once(node: str, message_id: str, wait: float = 30.0) -> bool:
     """A foreground fanout on a fresh connection to ``node``'s gearmand:
-    True once acknowledged for every subscriber."""
+    True once acknowledged for every subscriber within ``wait`` seconds."""
     body = json.dumps({"topic": TOPIC, "payload": message_id, "background": True})
     connection = gearman.Connection(node, GEARMAN, connect_timeout=0.5)
     try:
         connection.open()
         connection.send(gearman.encode(P.SUBMIT_JOB, b"fanout", message_id.encode(),
                                        body.encode()))
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + wait
         while (packet := connection.read(deadline)) is not None:
             if packet.type == P.WORK_COMPLETE:
                 return json.loads(packet.args[-1]).get("copies") == len(SUBSCRIBERS)

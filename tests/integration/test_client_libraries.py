@@ -101,6 +101,11 @@ class Library:
         found = {f.name: f for f in gearman.status(self.gearmand.host, self.gearmand.port)}
         return found[function].workers if function in found else 0
 
+    def queued(self, function):
+        """Jobs gearmand holds for ``function``."""
+        found = {f.name: f for f in gearman.status(self.gearmand.host, self.gearmand.port)}
+        return found[function].queued if function in found else 0
+
     def worker(self, function, count):
         """A receiver in this language, in the background: its process."""
         return subprocess.Popen([*self.argv, "worker", *self.where, function, str(count)],
@@ -132,6 +137,10 @@ def test_subscribe_publish_and_consume_exact_bytes_in_order(library):
     first = {"topic": topic, "payload": big}
     (created,) = library.run("background", "fanout", json.dumps(first))
     assert created["handle"]
+    # A background fanout is answered once queued, and a pool of two may run
+    # the next one first: order holds per worker process (docs/design.rst,
+    # "Order"), so a producer that needs it across a pool waits for its copy.
+    wait_for(lambda: library.queued(f"{topic}_c1") == 1, timeout=60)
     second = library.result("fanout", {"topic": topic, "payload": "second ✓",
                                        "background": True})
     assert second["copies"] == 1 and second["background"] is True
