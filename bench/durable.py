@@ -34,7 +34,10 @@ messages sent ``persistent:true`` with a receipt each, which RabbitMQ gives
 once the message is confirmed in every queue; copies = messages x N. The
 same STOMP producer and durable subscriptions run against gearhorn's bridge
 (mode default): the like-for-like comparison. A bridge RECEIPT, too, comes
-once every copy is held in Redis and an fsync covered it.
+once every copy is held in Redis and an fsync covered it. With the replica
+mode, RabbitMQ's quorum queues on a three-node cluster on this machine
+(bench/rabbit_cluster.py) are measured the same way: a message confirmed
+once two of three nodes fsynced it, the peer of ``min_replicas = 1``.
 """
 
 from __future__ import annotations
@@ -56,6 +59,7 @@ import stomp
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
+import rabbit_cluster  # noqa: E402
 from fanout import gearhorn_rate, start_pool, subscribe_many  # noqa: E402
 from stomp_bridge import RabbitMQ, connect  # noqa: E402
 
@@ -301,13 +305,16 @@ class Receipts(stomp.ConnectionListener):
                                  f"{self.error or 'in time'}")
 
 
-def stomp_persistent_rate(port: int, login: dict, width: int, copies: int) -> float:
+def stomp_persistent_rate(port: int, login: dict, width: int, copies: int,
+                          queue_type: str | None = None) -> float:
     """Copies/s into ``width`` durable subscriptions of one topic: persistent
     SENDs with receipts from one stomp.py producer. The same code for both
     brokers: the subscriptions are RabbitMQ's durable queues bound to
     amq.topic, and gearhorn's durable subscriptions (``durable:true``, a
-    Gearman queue each that fills while the subscriber is away)."""
+    Gearman queue each that fills while the subscriber is away).
+    ``queue_type``: RabbitMQ's ``x-queue-type`` for those queues (quorum)."""
     topic = f"durable{width}"
+    declare = {"x-queue-type": queue_type} if queue_type else {}
     for first in range(0, width, SUBSCRIPTIONS_PER_CONNECTION):
         setup = connect(port, login)
         done = Receipts()
@@ -316,7 +323,8 @@ def stomp_persistent_rate(port: int, login: dict, width: int, copies: int) -> fl
         for i in range(first, last):  # durable: they outlive this connection
             setup.subscribe(f"/topic/{topic}", id=f"s{i}", ack="client",
                             headers={"durable": "true", "auto-delete": "false",
-                                     "prefetch-count": "1", "receipt": f"sub{i}"})
+                                     "prefetch-count": "1", "receipt": f"sub{i}",
+                                     **declare})
         done.wait_for(last - first)
         setup.disconnect()
     messages = max(1, copies // width)
@@ -397,6 +405,11 @@ def bench_modes(processes: int, quick: bool, chosen: tuple[str, ...] = MODES,
             rates["rabbitmq"] = {w: stomp_persistent_rate(rabbit.port, rabbit.login, w,
                                                           durable) for w in WIDTHS}
         show("RabbitMQ, STOMP persistent", rates["rabbitmq"])
+        if "replica" in chosen:  # the peer of a replica wait: a majority of three
+            with rabbit_cluster.Brokers(3) as cluster:
+                rates["rabbitmq quorum"] = {w: stomp_persistent_rate(
+                    cluster.port, cluster.login, w, durable, "quorum") for w in WIDTHS}
+            show("RabbitMQ, quorum queues on 3 nodes", rates["rabbitmq quorum"])
     else:
         print("  RabbitMQ: not installed (apt-get install rabbitmq-server); no comparison")
     return rates
@@ -515,6 +528,7 @@ def main() -> None:
         parts = [f"{name} {rates[a][width] / rates[b][width]:5.2f}" for name, a, b in (
             ("default/RabbitMQ", "default", "rabbitmq"), ("default/none", "default", "none"),
             ("replica/default", "replica", "default"), ("replica/RabbitMQ", "replica", "rabbitmq"),
+            ("replica/RabbitMQ quorum", "replica", "rabbitmq quorum"),
             ("default/sqlite", "default", "sqlite"), ("held/RabbitMQ", "held", "rabbitmq"),
             ("none/gearmand alone", "none", "none gearmand"),
             ("STOMP/RabbitMQ", "default stomp", "rabbitmq"))

@@ -31,6 +31,9 @@ import redis
 import stomp
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+sys.path.insert(0, os.path.dirname(__file__))
+
+import rabbit_cluster  # noqa: E402
 
 from gearhorn import servers  # noqa: E402
 from gearhorn.store.keys import Keys  # noqa: E402
@@ -202,65 +205,16 @@ class Gearhorn:
         shutil.rmtree(self.tmp, ignore_errors=True)
 
 
-class RabbitMQ:
+class RabbitMQ(rabbit_cluster.Brokers):
+    """One private node (bench/rabbit_cluster.py)."""
     name = "RabbitMQ"
     # RabbitMQ takes the CONNECT host header as its virtual host.
-    login = {"username": "guest", "passcode": "guest", "vhost": "/"}
-    SERVER = "/usr/lib/rabbitmq/bin/rabbitmq-server"
+    login = rabbit_cluster.Brokers.login
 
-    def cpu_seconds(self) -> float:
-        return tree_cpu_seconds(self.proc.pid)
+    def __init__(self) -> None:
+        super().__init__(1)
 
-    @classmethod
-    def installed(cls) -> bool:
-        return os.path.exists(cls.SERVER) or shutil.which("rabbitmq-server") is not None
-
-    def __enter__(self):
-        self.tmp = tempfile.mkdtemp()
-        self.port, self.ws_port = servers.free_port(), servers.free_port()
-        amqp, dist, epmd = servers.free_port(), servers.free_port(), servers.free_port()
-        with open(os.path.join(self.tmp, "rabbitmq.conf"), "w") as fp:
-            fp.write(f"listeners.tcp.1 = 127.0.0.1:{amqp}\n"
-                     f"stomp.listeners.tcp.1 = 127.0.0.1:{self.port}\n"
-                     # STOMP over WebSocket at ws://127.0.0.1:ws_port/ws
-                     f"web_stomp.tcp.ip = 127.0.0.1\nweb_stomp.tcp.port = {self.ws_port}\n"
-                     "loopback_users.guest = true\n")
-        with open(os.path.join(self.tmp, "enabled_plugins"), "w") as fp:
-            fp.write("[rabbitmq_stomp,rabbitmq_web_stomp].\n")
-        env = {**os.environ, "HOME": self.tmp, "RABBITMQ_BASE": self.tmp,
-               "RABBITMQ_CONFIG_FILE": os.path.join(self.tmp, "rabbitmq"),
-               "RABBITMQ_ENABLED_PLUGINS_FILE": os.path.join(self.tmp, "enabled_plugins"),
-               "RABBITMQ_MNESIA_BASE": os.path.join(self.tmp, "mnesia"),
-               "RABBITMQ_LOG_BASE": os.path.join(self.tmp, "log"),
-               "RABBITMQ_NODENAME": f"bench{os.getpid()}@localhost",
-               "RABBITMQ_NODE_IP_ADDRESS": "127.0.0.1", "RABBITMQ_DIST_PORT": str(dist),
-               "ERL_EPMD_ADDRESS": "127.0.0.1", "ERL_EPMD_PORT": str(epmd)}
-        binary = self.SERVER if os.path.exists(self.SERVER) else shutil.which("rabbitmq-server")
-        self.log = open(os.path.join(self.tmp, "server.out"), "wb")  # noqa: SIM115
-        self.proc = subprocess.Popen([binary], env=env, stdout=self.log,
-                                     stderr=subprocess.STDOUT, start_new_session=True,
-                                     preexec_fn=servers.die_with_parent)
-        self.epmd_port = epmd
-        deadline = time.monotonic() + 120
-        while not all(servers.is_listening("127.0.0.1", p) for p in (self.port, self.ws_port)):
-            if time.monotonic() > deadline or self.proc.poll() is not None:
-                raise SystemExit(f"RabbitMQ did not start; see {self.tmp}")
-            time.sleep(0.5)
-        return self
-
-    def __exit__(self, *exc):
-        # The whole session: the Erlang VM, epmd and their helpers.
-        try:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            self.proc.wait(60)
-        except (ProcessLookupError, subprocess.TimeoutExpired):
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        # epmd runs as "epmd -daemon", detached and without its port in its
-        # command line: ask it to stop on its port (pkill -f never matched it).
-        subprocess.run(["epmd", "-kill"], env={**os.environ, "ERL_EPMD_PORT": str(self.epmd_port)},
-                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
-        self.log.close()
-        shutil.rmtree(self.tmp, ignore_errors=True)
+    installed = staticmethod(rabbit_cluster.installed)
 
 
 def run(broker_cls, topic_messages: int, queue_messages: int) -> dict:

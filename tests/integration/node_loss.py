@@ -128,6 +128,20 @@ class Node:
             argv += ["--replicaof", master, str(REDIS)]
         self.spawn("redis", argv, REDIS)
 
+    def rejoin_redis(self, others: list[Node]) -> bool:
+        """Redis started again by etc/three-nodes/rejoin-redis, as an operator
+        would: False when it refused (the Sentinels still name this empty
+        node the master)."""
+        argv = [os.path.join(RECIPE, "rejoin-redis"),
+                self.render("redis.conf", os.path.join(self.dir, "redis")), self.address,
+                *(n.address for n in others)]
+        try:
+            self.spawn("redis", argv, REDIS, {**os.environ, "SENTINEL_PORT": str(SENTINEL)})
+        except SystemExit:
+            self.processes.pop()  # it refused and exited
+            return False
+        return True
+
     def start_sentinel(self, master: str) -> None:
         conf = self.render("sentinel.conf", os.path.join(self.dir, "sentinel"), MASTER=master)
         self.spawn("sentinel", [servers.find_binary("redis-server"), conf, "--sentinel"],
@@ -404,12 +418,12 @@ def _wait_for_answer(acked: Acknowledged, moment: float, timeout: float) -> floa
 
 
 def _start_again(node: Node, nodes: list[Node]) -> None:
-    """The lost node, empty: Redis as a replica of the master the other
-    Sentinels name (after their failover), its Sentinel watching that master."""
+    """The lost node, empty: Redis started by the recipe's rejoin-redis (a
+    replica of the master the other Sentinels name; refused, and tried again,
+    while they still name this node), its Sentinel watching that master."""
     others = [n for n in nodes if n is not node]
-    master = wait_until(lambda: (m := current_master(others)) and m != node.address and
-                        role(m).get("role") == "master" and m, 90, "a master to be named")
-    node.start_redis(master)
+    wait_until(lambda: node.rejoin_redis(others), 90, "rejoin-redis to start it", every=0.5)
+    master = role(node.address).get("master_host") or node.address
     node.start_sentinel(master)
     wait_until(lambda: role(node.address).get("master_link_status") == "up", 90,
                f"{node.address} to sync from {master}")
