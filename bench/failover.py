@@ -52,6 +52,9 @@ def gearhorn_round(seed: int) -> float | None:
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
     if done.returncode != 0 or not lines:
         raise SystemExit(f"node_loss failed: {done.stderr[-2000:]}")
+    for line in done.stdout.splitlines():
+        if line.startswith("killed"):
+            print(f"    node_loss --seed {seed}: {line}", flush=True)
     figures = json.loads(lines[-1])
     if any(figures["lost"].values()):
         raise SystemExit(f"gearhorn lost acknowledged copies: {figures['lost']}")
@@ -63,7 +66,11 @@ class Receipts(stomp.ConnectionListener):
 
     def __init__(self) -> None:
         self.times: dict[str, float] = {}
+        self.errors: list[str] = []
         self.changed = threading.Condition()
+
+    def on_error(self, frame) -> None:
+        self.errors.append(frame.headers.get("message", "ERROR"))
 
     def on_receipt(self, frame) -> None:
         with self.changed:
@@ -103,7 +110,8 @@ def rabbitmq_round(kill_after: float) -> float | None:
             try:
                 producer.send("/amq/queue/failover", b"x" * 100,
                               headers={"persistent": "true", "receipt": receipt})
-            except stomp.exception.StompException:
+            except stomp.exception.StompException as error:
+                print(f"  RabbitMQ: the producer's SEND failed: {error!r}", flush=True)
                 break
             answered = receipts.wait(receipt, 60)
             if killed_at is not None and answered:
@@ -112,6 +120,8 @@ def rabbitmq_round(kill_after: float) -> float | None:
             if killed_at is None and time.monotonic() - started > kill_after:
                 os.killpg(leader.process.pid, signal.SIGKILL)
                 killed_at = time.monotonic()
+        print(f"  RabbitMQ: no receipt after the kill in {deadline - started:.0f} s "
+              f"(errors: {receipts.errors or 'none'})", flush=True)
         producer.disconnect()
         return None
 

@@ -126,9 +126,8 @@ def test_wait_for_results_times_out_without_spinning(monkeypatch):
     start = time.monotonic()
     (outcome,) = g.wait_for_results(fake.conn, handles, timeout=0.3)
     assert outcome.status == "timeout"
-    assert time.monotonic() - start >= 0.3
     # One blocking wait for the whole timeout, not a loop of short ones.
-    assert len(reads) == 1
+    assert len(reads) == 1 and reads[0] >= start + 0.3
 
 
 def test_error_reply_reports_how_many_were_accepted(monkeypatch):
