@@ -169,7 +169,7 @@ def cmd_consume(config: Config, args: argparse.Namespace) -> int:
 def cmd_ledger(config: Config, args: argparse.Namespace) -> int:
     from gearhorn.store import redisconn
     from gearhorn.store.keys import Keys
-    from gearhorn.store.ledger import export, write_queue_snapshot
+    from gearhorn.store.ledgerexport import export, write_queue_snapshot
 
     client = redisconn.for_config(config, socket_timeout=30)
     # Before the ledger is read: a copy that arrives in between is then in

@@ -105,7 +105,7 @@ def queue_snapshot(spark, ledger: str):
     """What gearmand held per queue when the ledger was last exported
     (``_queues.json``, written by ``gearhorn ledger export``) as a DataFrame
     of subscriber, queued; None when there is none."""
-    from gearhorn.store.ledger import QUEUE_SNAPSHOT
+    from gearhorn.store.ledgerexport import QUEUE_SNAPSHOT
 
     path = os.path.join(ledger, QUEUE_SNAPSHOT)
     if "://" in ledger or not os.path.exists(path):

@@ -1,4 +1,5 @@
-"""The delivery ledger: events in a bounded Redis Stream, exported to files.
+"""The delivery ledger: events in a bounded Redis Stream (exported to files
+by gearhorn/store/ledgerexport.py).
 
 Events are buffered and written every 0.1-0.2 s by a background
 flusher, so no job waits for the ledger. The many go as lines of one
@@ -9,7 +10,7 @@ dropped) are an entry each. An entry per published message cost the
 bridge a 5 ms stall every flush at 2,350 msg/s, packing and parsing
 ~500 XADDs: its p99 latency (issue 27, docs/benchmarks.rst). Older
 ledgers' ``published`` entries (one per message) still export.
-``export`` turns entries into flat rows, one per event, which is what the
+The export turns entries into flat rows, one per event, which is what the
 Spark pipeline reads.
 
 Row fields (``ROW_FIELDS``): ``event`` (published, enqueued, attached,
@@ -26,23 +27,17 @@ them itself for rows exported without them (see :func:`copy_key`).
 
 from __future__ import annotations
 
-import heapq
-import itertools
-import json
 import logging
-import os
 import threading
 import time
 import zlib
 from collections import deque
-from collections.abc import Iterable, Iterator, Sequence
-from datetime import UTC, datetime
+from collections.abc import Sequence
 
 import redis
 
 from gearhorn.background import Outage, StoppableThread
-from gearhorn.errors import GearhornError
-from gearhorn.events import FIELDS, Event
+from gearhorn.events import Event
 from gearhorn.store.keys import Keys
 from gearhorn.store.ledgerentries import (
     BATCH,
@@ -50,26 +45,10 @@ from gearhorn.store.ledgerentries import (
     batch_entry,
     newest,
     published_line,
-    rows_from_entries,
 )
 from gearhorn.store.redisconn import REDIS_ERRORS
-from gearhorn.store.redisutil import text
 
 log = logging.getLogger(__name__)
-
-CHECKPOINT = "_checkpoint"
-# What gearmand held per queue at the last export: the report checks plain
-# Gearman subscribers, which record no delivery, against it.
-QUEUE_SNAPSHOT = "_queues.json"
-
-
-def write_queue_snapshot(out_dir: str, queued: dict[str, int]) -> None:
-    """``queued``: jobs per Gearman function, summed over every gearmand."""
-    path = os.path.join(out_dir, QUEUE_SNAPSHOT)
-    with open(path + ".tmp", "w", encoding="utf-8") as fp:
-        json.dump({"taken_ms": now_ms(), "queued": queued}, fp)
-    os.replace(path + ".tmp", path)
-
 
 # Events a writer keeps while Redis is away (the newest entries that hold
 # no more than this many; a batch entry holds a flush's worth).
@@ -230,204 +209,3 @@ class Flusher(StoppableThread):
         self.stopping.set()
         self.poked.set()
         super().stop(timeout)  # waits for the last flush
-
-
-# -- export ----------------------------------------------------------------------
-
-
-def _decode(fields: dict) -> dict[str, str]:
-    return {text(k): text(v) for k, v in fields.items()}
-
-
-class ExportError(GearhornError):
-    """The export cannot be written as asked; the message says what to do."""
-
-
-class ExportResult(dict):
-    """rows, files, first_id, last_id, trimmed (events lost before export)."""
-
-
-def export(client: redis.Redis, keys: Keys, out_dir: str, fmt: str = "parquet",
-           chunk: int = 10_000, shards: int = 1) -> ExportResult:
-    """Write every event since the last export to ``out_dir/date=YYYY-MM-DD/``.
-
-    Reads the ``shards`` streams of the ledger and merges them by stream id
-    (time first; each writer's own events stay in their order). The last
-    exported id of each stream is kept in ``out_dir/_checkpoint`` (JSON),
-    written after the files: an export that dies half way is redone whole
-    next time (its files are replaced: they are named by the same first
-    id), so no event is lost or written twice.
-    """
-    if fmt not in ("parquet", "jsonl"):
-        raise ValueError("format must be parquet or jsonl")
-    os.makedirs(out_dir, exist_ok=True)
-    since = _read_checkpoint(out_dir)
-    result = ExportResult(rows=0, files=[], first_id=None, last_id=None, trimmed=False)
-    ends, readers = {}, []
-    for shard in range(shards):
-        stream = keys.ledger(shard)
-        head = client.xrevrange(stream, count=1)
-        if not head:
-            continue
-        ends[stream] = text(head[0][0])
-        first = client.xrange(stream, count=1)
-        done = since.get(stream)
-        if done and first and _id_key(text(first[0][0])) > _id_key(_next_id(done)):
-            result["trimmed"] = True  # MAXLEN dropped events nobody exported
-            log.warning("ledger: events of %s between %s and %s were trimmed before export",
-                        stream, done, text(first[0][0]))
-        if done != ends[stream]:
-            readers.append(_read_stream(client, stream, done, ends[stream], chunk))
-    files: _DayFiles | None = None
-    try:
-        merged = heapq.merge(*readers, key=lambda entry: _id_key(entry[0]))
-        while batch := list(itertools.islice(merged, chunk)):
-            if files is None:
-                result["first_id"] = batch[0][0]
-                files = _DayFiles(out_dir, f"part-{batch[0][0].replace('-', '_')}", fmt)
-            for day, rows in _by_day(rows_from_entries(batch)).items():
-                files.add(day, rows)  # written now: memory holds one chunk per stream
-            result["last_id"] = batch[-1][0]
-    except BaseException:
-        if files is not None:
-            files.abandon()
-        raise
-    if files is None:
-        return result
-    for path, rows in files.finish():
-        result["files"].append(path)
-        result["rows"] += rows
-    _write_checkpoint(out_dir, {**since, **ends})
-    return result
-
-
-def entries(client: redis.Redis, keys: Keys, shards: int) -> list[tuple[str, dict[str, str]]]:
-    """Every entry of every stream of the ledger, merged by id (tools, tests)."""
-    readers = [_read_stream(client, keys.ledger(shard), None, "+", 10_000)
-               for shard in range(shards)]
-    return list(heapq.merge(*readers, key=lambda entry: _id_key(entry[0])))
-
-
-def _read_stream(client: redis.Redis, stream: str, after: str | None, end: str,
-                 chunk: int) -> Iterator[tuple[str, dict[str, str]]]:
-    """Entries of ``stream`` after ``after`` up to ``end``, a chunk at a time."""
-    start = "(" + after if after else "-"
-    while True:
-        batch = client.xrange(stream, min=start, max=end, count=chunk)
-        for stream_id, fields in batch:
-            yield text(stream_id), _decode(fields)
-        if not batch or text(batch[-1][0]) == end:
-            return
-        start = "(" + text(batch[-1][0])
-
-
-def _id_key(stream_id: str) -> tuple[int, int]:
-    ms, _, seq = stream_id.partition("-")
-    return int(ms), int(seq or 0)
-
-
-def _next_id(stream_id: str) -> str:
-    ms, _, seq = stream_id.partition("-")
-    return f"{ms}-{int(seq or 0) + 1}"
-
-
-def _read_checkpoint(out_dir: str) -> dict[str, str]:
-    """Stream key -> last exported id."""
-    path = os.path.join(out_dir, CHECKPOINT)
-    if not os.path.exists(path):
-        return {}
-    with open(path) as fp:
-        return json.loads(fp.read() or "{}")
-
-
-def _write_checkpoint(out_dir: str, last_ids: dict[str, str]) -> None:
-    path = os.path.join(out_dir, CHECKPOINT)
-    with open(path + ".tmp", "w") as fp:
-        fp.write(json.dumps(last_ids, sort_keys=True) + "\n")
-        fp.flush()
-        os.fsync(fp.fileno())
-    os.replace(path + ".tmp", path)
-
-
-def _by_day(rows: Iterable[dict]) -> dict[str, list[dict]]:
-    days: dict[str, list[dict]] = {}
-    for row in rows:
-        day = datetime.fromtimestamp((row["ts"] or 0) / 1000, UTC).strftime("%Y-%m-%d")
-        days.setdefault(day, []).append(row)
-    return days
-
-
-class _DayFiles:
-    """The files of one export, one per day (``date=YYYY-MM-DD/<name>.<fmt>``),
-    written chunk by chunk as ``.tmp`` and put in place by :meth:`finish`."""
-
-    def __init__(self, out_dir: str, name: str, fmt: str) -> None:
-        self.out_dir, self.name, self.fmt = out_dir, name, fmt
-        self.writers: dict[str, tuple[str, _ParquetRows | _JsonLines]] = {}
-        self.rows: dict[str, int] = {}
-
-    def add(self, day: str, rows: list[dict]) -> None:
-        if day not in self.writers:
-            folder = os.path.join(self.out_dir, f"date={day}")
-            os.makedirs(folder, exist_ok=True)
-            path = os.path.join(folder, f"{self.name}.{self.fmt}")
-            kind = _JsonLines if self.fmt == "jsonl" else _ParquetRows
-            self.writers[day] = (path, kind(path + ".tmp"))
-            self.rows[day] = 0
-        self.writers[day][1].write(rows)
-        self.rows[day] += len(rows)
-
-    def finish(self) -> list[tuple[str, int]]:
-        done = []
-        for day, (path, writer) in sorted(self.writers.items()):
-            writer.close()
-            os.replace(path + ".tmp", path)
-            done.append((path, self.rows[day]))
-        return done
-
-    def abandon(self) -> None:
-        for path, writer in self.writers.values():
-            writer.close()
-            os.remove(path + ".tmp")
-
-
-class _JsonLines:
-    def __init__(self, path: str) -> None:
-        self.fp = open(path, "w", encoding="utf-8")  # noqa: SIM115 - closed by close()
-
-    def write(self, rows: list[dict]) -> None:
-        self.fp.writelines(json.dumps(row, separators=(",", ":")) + "\n" for row in rows)
-
-    def close(self) -> None:
-        self.fp.close()
-
-
-class _ParquetRows:
-    """A Parquet file of ledger rows, one row group per chunk written."""
-
-    def __init__(self, path: str) -> None:
-        try:
-            import pyarrow as pa
-            import pyarrow.parquet as pq
-        except ImportError:
-            raise ExportError("Parquet export needs pyarrow (pip install pyarrow), "
-                              "or use --format jsonl") from None
-        types = {"string": pa.string(), "int64": pa.int64(), "bool": pa.bool_()}
-        self.schema = pa.schema([(name, types[kind]) for name, kind in FIELDS])
-        self.table = pa.Table
-        self.writer = pq.ParquetWriter(path, self.schema, compression="zstd")
-
-    def write(self, rows: list[dict]) -> None:
-        self.writer.write_table(self.table.from_pylist(rows, schema=self.schema))
-
-    def close(self) -> None:
-        self.writer.close()
-
-
-def _write_parquet(path: str, rows: list[dict]) -> None:
-    """``rows`` as one Parquet file (tests and benchmarks make ledgers with it)."""
-    writer = _ParquetRows(path)
-    try:
-        writer.write(rows)
-    finally:
-        writer.close()

@@ -20,7 +20,8 @@ from gearhorn.messages import Subscription
 from gearhorn.naming import stream_client_id
 from gearhorn.store import redisconn
 from gearhorn.store.keys import Keys
-from gearhorn.store.ledger import entries, rows_from_entries
+from gearhorn.store.ledgerentries import rows_from_entries
+from gearhorn.store.ledgerexport import entries
 
 from .helpers import (
     GearClient,

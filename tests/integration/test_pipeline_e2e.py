@@ -30,7 +30,8 @@ def gearhorn(*args, timeout=240, env=None):
 
 def acked_events(redis_url):
     from gearhorn.config import Config
-    from gearhorn.store.ledger import entries, rows_from_entries
+    from gearhorn.store.ledgerentries import rows_from_entries
+    from gearhorn.store.ledgerexport import entries
 
     rows = rows_from_entries(entries(redisconn.connect(redis_url), Keys(),
                                      Config().ledger_shards))

@@ -22,7 +22,9 @@ from gearhorn.client import Producer
 from gearhorn.config import Config
 from gearhorn.store import redisconn
 from gearhorn.store.keys import Keys
-from gearhorn.store.ledger import Ledger, entries, rows_from_entries
+from gearhorn.store.ledger import Ledger
+from gearhorn.store.ledgerentries import rows_from_entries
+from gearhorn.store.ledgerexport import entries
 from tests import redis_servers
 from tests.needs import require_binary
 

@@ -355,7 +355,9 @@ def test_the_ledger_records_exactly_the_copies_gearmand_got(registry, extra, by_
     """Whatever form the ledger's line takes, it reads back as the very
     (queue, unique) of every copy submitted, and the look-up's width."""
     from gearhorn.observers import LedgerObserver
-    from gearhorn.store.ledger import Ledger, entries, rows_from_entries
+    from gearhorn.store.ledger import Ledger
+    from gearhorn.store.ledgerentries import rows_from_entries
+    from gearhorn.store.ledgerexport import entries
 
     ledger = Ledger(registry.redis, registry.keys)
     client = RecordingClient()

@@ -5,6 +5,8 @@ import pytest
 
 from gearhorn.events import ROW_FIELDS, copy_key
 from gearhorn.store import ledger as L
+from gearhorn.store import ledgerentries as entries_mod
+from gearhorn.store import ledgerexport as X
 from gearhorn.store.keys import Keys
 from tests.needs import require_module
 
@@ -23,8 +25,8 @@ def test_a_published_entry_becomes_one_row_per_copy(book, fake_redis):
     publish(book, fake_redis, "m1", [("news_a", "m1:a"), ("news_b", "m1:b")])
     book.record("delivered", "news_a", "m1:a", redelivered=True)
     book.flush()
-    entries = [(i.decode(), L._decode(f)) for i, f in fake_redis.xrange("{t:ledger:0}")]
-    rows = list(L.rows_from_entries(entries))
+    entries = [(i.decode(), X._decode(f)) for i, f in fake_redis.xrange("{t:ledger:0}")]
+    rows = list(entries_mod.rows_from_entries(entries))
     assert [(r["event"], r["subscriber"], r["unique"], r["count"]) for r in rows] == [
         ("published", None, None, 2), ("enqueued", "news_a", "m1:a", None),
         ("enqueued", "news_b", "m1:b", None), ("delivered", "news_a", "m1:a", None)]
@@ -37,9 +39,9 @@ def test_a_held_copys_answer_keeps_its_status_beside_the_bridges_events(book, fa
     book.record("answered", "news_a", "m1:a", reason="exception")
     book.record("acked", "news_b", "m1:b")  # a line without a reason, as before
     book.flush()
-    entries = [(i.decode(), L._decode(f)) for i, f in fake_redis.xrange("{t:ledger:0}")]
+    entries = [(i.decode(), X._decode(f)) for i, f in fake_redis.xrange("{t:ledger:0}")]
     rows = [(r["event"], r["subscriber"], r["reason"], r["redelivered"])
-            for r in L.rows_from_entries(entries)]
+            for r in entries_mod.rows_from_entries(entries)]
     assert rows == [("answered", "news_a", "exception", False), ("acked", "news_b", None, False)]
 
 
@@ -64,13 +66,13 @@ def read_jsonl(out):
 def test_export_writes_each_event_once_across_exports(book, fake_redis, tmp_path):
     out = str(tmp_path / "ledger")
     publish(book, fake_redis, "m1", [("news_a", "m1:a")])
-    first = L.export(fake_redis, Keys("t:"), out, "jsonl")
+    first = X.export(fake_redis, Keys("t:"), out, "jsonl")
     assert first["rows"] == 2 and len(first["files"]) == 1
-    assert L.export(fake_redis, Keys("t:"), out, "jsonl")["rows"] == 0
+    assert X.export(fake_redis, Keys("t:"), out, "jsonl")["rows"] == 0
     publish(book, fake_redis, "m2", [("news_a", "m2:a")])
     book.record("acked", "news_a", "m1:a")
     book.flush()
-    assert L.export(fake_redis, Keys("t:"), out, "jsonl")["rows"] == 3
+    assert X.export(fake_redis, Keys("t:"), out, "jsonl")["rows"] == 3
     rows = read_jsonl(out)
     assert sorted((r["event"], r["message_id"] or r["unique"]) for r in rows) == [
         ("acked", "m1:a"), ("enqueued", "m1"), ("enqueued", "m2"),
@@ -86,33 +88,80 @@ def test_export_merges_the_writers_streams_in_time_order(fake_redis, tmp_path):
         for n, writer in enumerate(writers):
             writer.published("news", f"m{round_}-{n}", [])
             writer.flush()
-    assert L.export(fake_redis, Keys("t:"), out, "jsonl", chunk=5, shards=4)["rows"] == 24
+    assert X.export(fake_redis, Keys("t:"), out, "jsonl", chunk=5, shards=4)["rows"] == 24
     ids = [r["stream_id"] for r in read_jsonl(out)]
     # In time order, and each of the 24 entries exported once.
-    assert sorted(ids, key=L._id_key) == ids
+    assert sorted(ids, key=X._id_key) == ids
     assert sorted(r["message_id"] for r in read_jsonl(out)) == sorted(
         f"m{round_}-{n}" for round_ in range(3) for n in range(8))
     writers[0].published("news", "late", [])
     writers[0].flush()
-    again = L.export(fake_redis, Keys("t:"), out, "jsonl", shards=4)
+    again = X.export(fake_redis, Keys("t:"), out, "jsonl", shards=4)
     assert again["rows"] == 1  # each stream resumes from its own checkpoint
-    last = list(L.rows_from_entries(L.entries(fake_redis, Keys("t:"), 4)))[-1]
+    last = list(entries_mod.rows_from_entries(X.entries(fake_redis, Keys("t:"), 4)))[-1]
     assert last["message_id"] == "late"
 
 
 def test_export_redone_after_a_crash_replaces_its_files(book, fake_redis, tmp_path):
     out = str(tmp_path / "ledger")
     publish(book, fake_redis, "m1", [("news_a", "m1:a")])
-    L.export(fake_redis, Keys("t:"), out, "jsonl")
-    os.remove(os.path.join(out, L.CHECKPOINT))  # as if we died before the checkpoint
-    L.export(fake_redis, Keys("t:"), out, "jsonl")
+    X.export(fake_redis, Keys("t:"), out, "jsonl")
+    os.remove(os.path.join(out, X.CHECKPOINT))  # as if we died before the checkpoint
+    X.export(fake_redis, Keys("t:"), out, "jsonl")
     assert len(read_jsonl(out)) == 2
+
+
+def test_an_export_that_died_half_way_is_redone_to_the_same_ids_and_files(
+        book, fake_redis, tmp_path, monkeypatch):
+    """The ends are recorded before the files: events that arrive before the
+    redo wait for the next export, so the redone files are the same ones."""
+    out = str(tmp_path / "ledger")
+    publish(book, fake_redis, "m1", [("news_a", "m1:a")])
+
+    def die(self):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(X._DayFiles, "finish", die)
+    with pytest.raises(OSError):
+        X.export(fake_redis, Keys("t:"), out, "jsonl")
+    monkeypatch.undo()
+    publish(book, fake_redis, "m2", [("news_a", "m2:a")])  # after the ends were fixed
+    redone = X.export(fake_redis, Keys("t:"), out, "jsonl")
+    assert redone["rows"] == 2 and not [n for n in os.listdir(os.path.dirname(
+        redone["files"][0])) if n.endswith(".tmp")]
+    assert X.export(fake_redis, Keys("t:"), out, "jsonl")["rows"] == 2  # m2's turn
+    assert sorted(r["message_id"] for r in read_jsonl(out) if r["event"] == "published") == [
+        "m1", "m2"]
+
+
+def test_follow_exports_until_stopped_and_rides_out_a_redis_outage(book, fake_redis,
+                                                                    tmp_path, monkeypatch):
+    import threading
+
+    import redis
+
+    out, stop, results = str(tmp_path / "ledger"), threading.Event(), []
+    real_export, calls = X.export, []
+
+    def flaky(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 1:
+            raise redis.ConnectionError("away")
+        result = real_export(*args, **kwargs)
+        if len(calls) == 3:
+            stop.set()
+        return result
+
+    monkeypatch.setattr(X, "export", flaky)
+    publish(book, fake_redis, "m1", [("news_a", "m1:a")])
+    X.follow(fake_redis, Keys("t:"), out, 0.0, stop, "jsonl", on_export=results.append)
+    assert [r["rows"] for r in results] == [2, 0] and len(read_jsonl(out)) == 2
 
 
 def test_export_parquet(book, fake_redis, tmp_path):
     pq = require_module("pyarrow.parquet")
     publish(book, fake_redis, "m1", [("news_a", "m1:a"), ("news_b", "m1:b")])
-    result = L.export(fake_redis, Keys("t:"), str(tmp_path), "parquet")
+    result = X.export(fake_redis, Keys("t:"), str(tmp_path), "parquet")
     table = pq.read_table(result["files"][0])
     assert table.num_rows == 3
     assert table.column_names == list(ROW_FIELDS)
@@ -122,10 +171,10 @@ def test_trimmed_ledger_is_reported(fake_redis, tmp_path):
     small = L.Ledger(fake_redis, Keys("t:"), maxlen=1)
     small.published("t", "m0", [])
     small.flush()
-    L.export(fake_redis, Keys("t:"), str(tmp_path), "jsonl")
+    X.export(fake_redis, Keys("t:"), str(tmp_path), "jsonl")
     for _ in range(3):
         small.redis.xadd("{t:ledger:0}", {"e": "acked", "ts": "1"}, maxlen=1, approximate=False)
-    assert L.export(fake_redis, Keys("t:"), str(tmp_path), "jsonl")["trimmed"] is True
+    assert X.export(fake_redis, Keys("t:"), str(tmp_path), "jsonl")["trimmed"] is True
 
 
 def test_redis_errors_keep_events_for_the_next_flush_and_never_raise(book, fake_redis,
@@ -145,7 +194,7 @@ def test_redis_errors_keep_events_for_the_next_flush_and_never_raise(book, fake_
     assert book.lost == 0 and book.buffered == 2
     monkeypatch.setattr(book.redis, "pipeline", working)
     book.flush()
-    rows = list(L.rows_from_entries(L.entries(fake_redis, Keys("t:"), 1)))
+    rows = list(entries_mod.rows_from_entries(X.entries(fake_redis, Keys("t:"), 1)))
     assert [r["unique"] for r in rows] == ["u1", "u2"] and book.buffered == 0
 
 
@@ -162,7 +211,7 @@ def test_an_outage_longer_than_the_buffer_loses_the_oldest_and_counts_them(
     for n in range(5):
         book.published("news", f"m{n}", [])
         book.flush()
-    kept = L.rows_from_entries((str(n), entry) for n, entry in enumerate(book._unwritten))
+    kept = entries_mod.rows_from_entries((str(n), entry) for n, entry in enumerate(book._unwritten))
     assert book.lost == 2 and [r["message_id"] for r in kept] == ["m2", "m3", "m4"]
 
 
@@ -238,8 +287,8 @@ def test_export_writes_chunk_by_chunk_with_the_same_rows(book, fake_redis, tmp_p
     require_module("pyarrow.parquet")
     for i in range(25):
         publish(book, fake_redis, f"m{i}", [("news_a", f"m{i}:a")])
-    small = L.export(fake_redis, Keys("t:"), str(tmp_path / "small"), fmt, chunk=4)
-    whole = L.export(fake_redis, Keys("t:"), str(tmp_path / "whole"), fmt, chunk=10_000)
+    small = X.export(fake_redis, Keys("t:"), str(tmp_path / "small"), fmt, chunk=4)
+    whole = X.export(fake_redis, Keys("t:"), str(tmp_path / "whole"), fmt, chunk=10_000)
     assert small["rows"] == whole["rows"] == 50
 
     def rows(path):
@@ -261,9 +310,9 @@ def test_messages_published_between_flushes_are_one_entry_and_a_row_each(book, f
     book.published("odd\ttopic\n", "m2", [], width=3)  # JSON keeps any text on its line
     book.failed("timeout", "news", "news_b", "m1:b")
     book.flush()
-    entries = [(i.decode(), L._decode(f)) for i, f in fake_redis.xrange("{t:ledger:0}")]
+    entries = [(i.decode(), X._decode(f)) for i, f in fake_redis.xrange("{t:ledger:0}")]
     assert [f["e"] for _, f in entries] == [L.PUBLISHED_BATCH, "failed"]
-    rows = list(L.rows_from_entries(entries))
+    rows = list(entries_mod.rows_from_entries(entries))
     assert [(r["event"], r["message_id"], r["topic"], r["subscriber"], r["count"])
             for r in rows] == [
         ("published", "m1", "news", None, 1), ("enqueued", "m1", "news", "news_a", None),
@@ -275,7 +324,7 @@ def test_messages_published_between_flushes_are_one_entry_and_a_row_each(book, f
 def test_a_published_entry_of_an_older_ledger_still_exports(fake_redis):
     fake_redis.xadd("{t:ledger:0}", {"e": "published", "ts": "5", "mid": "m1", "topic": "news",
                                      "n": "1", "subs": "news_a\tm1:a", "src": "w0"})
-    rows = list(L.rows_from_entries(L.entries(fake_redis, Keys("t:"), 1)))
+    rows = list(entries_mod.rows_from_entries(X.entries(fake_redis, Keys("t:"), 1)))
     assert [(r["event"], r["message_id"], r["subscriber"], r["ts"]) for r in rows] == [
         ("published", "m1", None, 5), ("enqueued", "m1", "news_a", 5)]
 
@@ -295,5 +344,5 @@ def test_an_outage_keeps_the_newest_events_however_they_are_batched(book, monkey
     for n in range(3):
         book.published("news", f"b{n}", [])
     book.flush()
-    kept = L.rows_from_entries((str(n), entry) for n, entry in enumerate(book._unwritten))
+    kept = entries_mod.rows_from_entries((str(n), entry) for n, entry in enumerate(book._unwritten))
     assert book.lost == 3 and [r["message_id"] for r in kept] == ["b0", "b1", "b2"]

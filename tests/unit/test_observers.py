@@ -8,6 +8,8 @@ from gearhorn import gearman
 from gearhorn.config import Config
 from gearhorn.observers import FailedCopy, LedgerObserver, Observer, Observers
 from gearhorn.store import ledger as L
+from gearhorn.store import ledgerentries as entries_mod
+from gearhorn.store import ledgerexport as X
 from gearhorn.store.subscribers import SubscriberCache
 from gearhorn.worker.wiring import build_service
 from tests.fakes import RecordingClient
@@ -30,9 +32,9 @@ class Heard(Observer):
 
 
 def rows(fake_redis, keys):
-    entries = [(i.decode(), L._decode(f)) for i, f in fake_redis.xrange(keys.ledger(0))]
+    entries = [(i.decode(), X._decode(f)) for i, f in fake_redis.xrange(keys.ledger(0))]
     return [(r["event"], r["subscriber"], r["unique"], r["count"], r["reason"])
-            for r in L.rows_from_entries(entries)]
+            for r in entries_mod.rows_from_entries(entries)]
 
 
 def test_observers_tell_each_in_order_and_unheard_hooks_do_nothing():

@@ -243,7 +243,7 @@ def test_job_counts_malformed_rows_and_writes_the_report(spark, tmp_path):
     assert summary["unaccounted"] == weather
     assert "3 copies of 3 untracked Gearman subscribers are unaccounted" in \
         (tmp_path / "out" / "report.html").read_text()
-    from gearhorn.store.ledger import write_queue_snapshot
+    from gearhorn.store.ledgerexport import write_queue_snapshot
 
     write_queue_snapshot(str(tmp_path / "ledger"), weather)  # all still queued
     summary = run(options)
@@ -262,7 +262,8 @@ def test_a_ledger_of_old_and_new_exports_reconciles_as_one(spark, tmp_path):
     import pyarrow.parquet as pq
 
     from gearhorn.pipeline.job import Options, load_events, reconcile, split_by_keys
-    from gearhorn.store.ledger import _write_parquet, rows_from_entries
+    from gearhorn.store.ledgerentries import rows_from_entries
+    from gearhorn.store.ledgerexport import _write_parquet
 
     day = tmp_path / "ledger" / "date=2026-11-22"
     day.mkdir(parents=True)
