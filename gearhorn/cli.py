@@ -9,6 +9,7 @@ from dataclasses import fields
 
 from gearhorn import config as configuration
 from gearhorn.commands import (
+    cmd_audit,
     cmd_bridge,
     cmd_consume,
     cmd_dlq,
@@ -56,8 +57,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     common = _common()
     for add in (_add_worker, _add_up, _add_fsyncd, _add_bridge, _add_subscriptions,
-                _add_publish, _add_consume, _add_ledger, _add_report, _add_passwd, _add_dlq,
-                _add_web, _add_status, _add_presence, _add_history):
+                _add_publish, _add_consume, _add_ledger, _add_audit, _add_report,
+                _add_passwd, _add_dlq, _add_web, _add_status, _add_presence, _add_history):
         add(sub, common)
     return parser
 
@@ -173,6 +174,26 @@ def _add_ledger(sub, common) -> None:
     export.add_argument("--out", required=True, metavar="DIR")
     export.add_argument("--format", choices=("parquet", "jsonl"), default="parquet")
     ledger.set_defaults(func=cmd_ledger)
+
+
+def _add_audit(sub, common) -> None:
+    audit = sub.add_parser("audit", parents=[common],
+                           help="Spark streaming job: the live delivery audit (is anything "
+                                "lost right now?), until Ctrl-C")
+    audit.add_argument("--dir", metavar="DIR",
+                       help="its inbox, checkpoints, state and findings (default "
+                            "DATA_DIR/audit)")
+    audit.add_argument("--master", help="Spark master URL (default: Spark's own, local)")
+    audit.add_argument("--deadline", type=float, dest="audit_deadline", metavar="SECONDS",
+                       help="a copy not delivered this long after its enqueue, while its "
+                            "subscriber takes others, is a finding (default 60)")
+    audit.add_argument("--lateness", type=float, dest="audit_lateness", metavar="SECONDS",
+                       help="how late an event may reach the ledger (default 5)")
+    audit.add_argument("--interval", type=float, dest="audit_interval", metavar="SECONDS",
+                       help="seconds between two reads of the ledger (default 2)")
+    audit.add_argument("--from-start", action="store_true",
+                       help="a first start audits the whole ledger kept, not from now on")
+    audit.set_defaults(func=cmd_audit)
 
 
 def _add_report(sub, common) -> None:

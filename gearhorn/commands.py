@@ -189,6 +189,20 @@ def cmd_ledger(config: Config, args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_audit(config: Config, args: argparse.Namespace) -> int:
+    from gearhorn.pipeline.audit import AuditSettings, run
+    from gearhorn.store import redisconn
+    from gearhorn.store.keys import Keys
+
+    settings = AuditSettings(
+        folder=args.dir or os.path.join(config.data_dir, "audit"),
+        deadline_ms=int(config.audit_deadline * 1000),
+        lateness_ms=int(config.audit_lateness * 1000), interval_s=config.audit_interval,
+        master=args.master, from_start=args.from_start, shards=config.ledger_shards)
+    return run(redisconn.for_config(config, socket_timeout=30), Keys.for_config(config),
+               settings)
+
+
 def _queued_now(config: Config) -> dict[str, int] | None:
     """Jobs per queue on every gearmand now, written beside the export: the
     report checks plain Gearman subscribers (which record no delivery)

@@ -30,6 +30,10 @@ class Event(enum.StrEnum):
     # (gearhorn/stomp/spans.py): subscriber is ``<topic>_<client_id>`` and
     # unique is the run, ``stream_span``'s text.
     STREAMED = "streamed"
+    # The live audit's clock (gearhorn/pipeline/audit.py): written by its
+    # export after each round, never by a writer, so event time advances
+    # while the ledger is quiet.
+    TICK = "tick"
 
 
 # (name, type) of every row field, in order; types are "string", "int64", "bool".

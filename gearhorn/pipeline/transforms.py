@@ -51,6 +51,27 @@ def with_keys(events: DataFrame) -> DataFrame:
             .withColumn("message_key", F.coalesce(F.col("message_key"), computed_message)))
 
 
+# What settles a copy, for the report and the live audit alike: it was
+# delivered (the bridge gave it to a client), answered (any Gearman consumer
+# of a held copy), or dropped by its subscription's limits (not delivered by
+# policy, which is not lost). A copy no such row follows is never_delivered.
+SETTLING = (E.DELIVERED, E.ANSWERED, E.DROPPED)
+
+
+def settles_copy() -> Column:
+    """Rows that settle the copy they name (``SETTLING``)."""
+    return F.col("event").isin(*SETTLING)
+
+
+def first_delivery() -> Column:
+    """A delivery not flagged ``redelivered``: two of one copy are a
+    ``duplicate`` (the client may have processed it twice). A held copy's
+    answer is never a first one: the bridge records its own deliveries of
+    the same copy, and a copy handed again after a crash may be answered
+    twice (at least once, as a redelivery is)."""
+    return (F.col("event") == E.DELIVERED) & ~F.coalesce(F.col("redelivered"), F.lit(False))
+
+
 def _of(events: DataFrame, event: str) -> DataFrame:
     return events.filter(F.col("event") == event)
 
@@ -204,26 +225,24 @@ def copy_problems(events: DataFrame) -> DataFrame:
     """copy_key, deliveries, first_deliveries of every copy that was never
     delivered or delivered more than once without the ``redelivered`` flag.
 
-    Keyed events (:func:`with_keys`) in. Only ``enqueued``, ``delivered``,
-    ``answered`` and ``dropped`` rows are read; queue messages (delivered,
-    never enqueued) are not fanout copies and are left out. A copy its
-    queue's limits dropped was not delivered by policy: not a problem. A
-    held copy's answer counts as a delivery but never as a first one: the
-    bridge records its own deliveries of the same copy, and a copy handed
-    again after a crash may be answered twice (at least once, as a
-    redelivery is).
+    Keyed events (:func:`with_keys`) in. Only ``enqueued`` rows and those
+    that settle a copy (:func:`settles_copy`) are read; queue messages
+    (delivered, never enqueued) are not fanout copies and are left out. A
+    copy its queue's limits dropped was not delivered by policy: not a
+    problem. First deliveries are :func:`first_delivery`'s. The live audit
+    (gearhorn/pipeline/live.py) uses the same two definitions.
     """
     event = F.col("event")
     counted = (F.when(event == E.ENQUEUED, F.lit(_ENQUEUE))
                .when(event == E.DROPPED, F.lit(_DROP))
-               .when(F.col("redelivered") | (event == E.ANSWERED), F.lit(_DELIVERY))
-               .otherwise(F.lit(_DELIVERY + _FIRST)))
+               .when(first_delivery(), F.lit(_DELIVERY + _FIRST))
+               .otherwise(F.lit(_DELIVERY)))
     total = F.col("total")
     deliveries = F.shiftright(total, 20).bitwiseAND(_LOW20)
     firsts = total.bitwiseAND(_LOW20)
     enqueues = F.shiftright(total, 40).bitwiseAND(_LOW20)
     dropped = F.shiftright(total, 60)
-    return (events.filter(event.isin(E.ENQUEUED, E.DELIVERED, E.ANSWERED, E.DROPPED)
+    return (events.filter(((event == E.ENQUEUED) | settles_copy())
                           & F.col("copy_key").isNotNull())
             .groupBy("copy_key").agg(F.sum(counted).alias("total"))
             .filter((enqueues > 0) & (((deliveries == 0) & (dropped == 0)) | (firsts > 1)))

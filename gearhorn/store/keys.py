@@ -300,6 +300,11 @@ class Keys:
     def last_report(self) -> str:
         return self.prefix + "last-report"
 
+    @property
+    def audit(self) -> str:
+        """The live audit's verdict (JSON; gearhorn/pipeline/audit.py)."""
+        return self.prefix + "audit"
+
     def held_job(self, queue_key: bytes) -> bytes:
         return f"{self.prefix}held:".encode() + queue_key
 

@@ -24,7 +24,7 @@ from datetime import UTC, datetime
 import redis
 
 from gearhorn.errors import GearhornError
-from gearhorn.events import FIELDS
+from gearhorn.events import FIELDS, Event
 from gearhorn.store.keys import Keys
 from gearhorn.store.ledger import now_ms
 from gearhorn.store.ledgerentries import rows_from_entries
@@ -56,7 +56,10 @@ class ExportError(GearhornError):
 
 
 class ExportResult(dict):
-    """rows, files, first_id, last_id, trimmed (events lost before export)."""
+    """rows, files, first_id, last_id, trimmed (events lost before export),
+    read_at (ms: when the streams' ends were read, so every event written
+    before then, less a writer's flush delay, is exported; None for an
+    export redone to the ends an earlier one read)."""
 
 
 def export(client: redis.Redis, keys: Keys, out_dir: str, fmt: str = "parquet",
@@ -74,7 +77,8 @@ def export(client: redis.Redis, keys: Keys, out_dir: str, fmt: str = "parquet",
         raise ValueError("format must be parquet or jsonl")
     os.makedirs(out_dir, exist_ok=True)
     since, pending = _read_checkpoint(out_dir)
-    result = ExportResult(rows=0, files=[], first_id=None, last_id=None, trimmed=False)
+    result = ExportResult(rows=0, files=[], first_id=None, last_id=None, trimmed=False,
+                          read_at=None if pending else now_ms())
     ends = pending or _heads(client, keys, shards)
     if all(since.get(stream) == end for stream, end in ends.items()):
         return result  # nothing new
@@ -121,6 +125,33 @@ def _heads(client: redis.Redis, keys: Keys, shards: int) -> dict[str, str]:
         if head:
             ends[stream] = text(head[0][0])
     return ends
+
+
+def start_at_heads(client: redis.Redis, keys: Keys, out_dir: str, shards: int) -> bool:
+    """A folder exported for the first time starts at the streams' ends
+    (the live audit judges what happens from its start, not the ledger's
+    past); False when it was exported before."""
+    os.makedirs(out_dir, exist_ok=True)
+    if os.path.exists(os.path.join(out_dir, CHECKPOINT)):
+        return False
+    _write_checkpoint(out_dir, _heads(client, keys, shards), {})
+    return True
+
+
+TICKS = "clock"  # the folder of tick files, beside the days' folders
+
+
+def write_tick(out_dir: str, ts_ms: int) -> str:
+    """A file of one ``tick`` row at ``ts_ms``: event time moves on for a
+    reader that follows the folder while the ledger is quiet."""
+    folder = os.path.join(out_dir, TICKS)
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, f"tick-{ts_ms}.parquet")
+    row = dict.fromkeys((name for name, _ in FIELDS), None)
+    row.update(event=Event.TICK.value, ts=ts_ms)
+    _write_parquet(path + ".tmp", [row])
+    os.replace(path + ".tmp", path)
+    return path
 
 
 def follow(client: redis.Redis, keys: Keys, out_dir: str, every: float,

@@ -4,11 +4,9 @@ import os
 
 import pytest
 
-from tests.needs import IN_CI, require_binary
+from tests.needs import IN_CI
 
 try:
-    from pyspark.sql import SparkSession
-
     from gearhorn.pipeline import transforms as T
 except ImportError:  # pragma: no cover - tools/run-tests installs pyspark
     if IN_CI:
@@ -18,25 +16,6 @@ except ImportError:  # pragma: no cover - tools/run-tests installs pyspark
 pytestmark = pytest.mark.timeout(300)
 
 H = 3_600_000  # one hour in ms
-# A test's JVM lives a minute: the quick compiler only (58 -> 51 s for this
-# file alone, on a quiet machine).
-TEST_JAVA_OPTIONS = "-XX:+UseParallelGC -XX:TieredStopAtLevel=1"
-
-
-@pytest.fixture(scope="session")
-def spark():
-    require_binary("java", "default-jre-headless")
-    session = (SparkSession.builder.master("local[2]").appName("gearhorn-tests")
-               .config("spark.sql.shuffle.partitions", "2")
-               .config("spark.driver.extraJavaOptions", TEST_JAVA_OPTIONS)
-               .config("spark.driver.bindAddress", "127.0.0.1")
-               .config("spark.driver.host", "127.0.0.1")
-               .config("spark.ui.enabled", "false")
-               .config("spark.sql.session.timeZone", "UTC")
-               .getOrCreate())
-    session.sparkContext.setLogLevel("ERROR")
-    yield session
-    session.stop()
 
 
 def ev(event, ts, message_id=None, topic=None, subscriber=None, unique=None, count=None,

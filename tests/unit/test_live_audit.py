@@ -1,0 +1,153 @@
+"""The live audit's transforms on hand-made ledgers (gearhorn/pipeline/live.py),
+and its streaming query with its judge over a folder of files, across a restart."""
+
+import os
+import time
+
+import pytest
+
+from tests.needs import IN_CI
+
+try:
+    from gearhorn.pipeline import audit, live, verdicts
+    from gearhorn.pipeline import transforms as T
+except ImportError:  # pragma: no cover - tools/run-tests installs pyspark
+    if IN_CI:
+        raise
+    pytest.skip("pyspark is not installed", allow_module_level=True)
+
+from gearhorn.events import FIELDS, copy_key
+from gearhorn.store import ledgerexport
+
+pytestmark = pytest.mark.timeout(300)
+
+S = 1000
+BASE = 1_800_000_000_000  # ms
+DEADLINE, LATENESS = 3 * S, 1 * S
+
+
+def ev(event, ts, subscriber=None, unique=None, message_id=None, redelivered=False,
+       stream_id=None):
+    row = dict.fromkeys((name for name, _ in FIELDS), None)
+    row.update(event=event, ts=ts, subscriber=subscriber, unique=unique, topic="news",
+               message_id=message_id, redelivered=redelivered, source="test",
+               stream_id=stream_id or f"{ts}-0", copy_key=copy_key(subscriber, unique))
+    return row
+
+
+def enqueued(name, ts, subscriber="news_a"):
+    return ev("enqueued", ts, subscriber, f"{name}:x", name)
+
+
+def settled(event, name, ts, subscriber="news_a", redelivered=False, seq=0):
+    return ev(event, ts, subscriber, f"{name}:x", redelivered=redelivered,
+              stream_id=f"{ts}-{seq}")
+
+
+def outcomes(spark, rows, transform):
+    frame = spark.createDataFrame([tuple(r[n] for n, _ in FIELDS) for r in rows], T.EVENT_SCHEMA)
+    result = transform(live.with_event_time(frame, LATENESS))
+    return sorted((r.outcome, r.unique, r.first) for r in result.collect())
+
+
+def test_each_copy_is_settled_within_the_deadline_or_not(spark):
+    rows = [enqueued("delivered", BASE), settled("delivered", "delivered", BASE + S),
+            enqueued("answered", BASE), settled("answered", "answered", BASE + 2 * S),
+            enqueued("dropped", BASE), settled("dropped", "dropped", BASE + S),
+            enqueued("late", BASE), settled("delivered", "late", BASE + DEADLINE + 1),
+            enqueued("never", BASE),
+            settled("delivered", "early", BASE - 500), enqueued("early", BASE)]
+    assert outcomes(spark, rows, lambda f: live.copy_outcomes(f, DEADLINE, LATENESS)) == [
+        ("settled", "answered:x", False), ("settled", "delivered:x", True),
+        ("settled", "dropped:x", False), ("settled", "early:x", True),
+        ("unsettled", "late:x", None), ("unsettled", "never:x", None)]
+
+
+def test_two_first_deliveries_of_a_copy_are_a_duplicate_and_a_redelivery_is_not(spark):
+    rows = [settled("delivered", "twice", BASE, seq=1), settled("delivered", "twice", BASE + S,
+                                                                 seq=2),
+            settled("delivered", "again", BASE, seq=1),
+            settled("delivered", "again", BASE + S, redelivered=True, seq=2),
+            settled("answered", "held", BASE, seq=1), settled("answered", "held", BASE, seq=2),
+            settled("delivered", "far", BASE), settled("delivered", "far", BASE + 10 * DEADLINE)]
+    assert outcomes(spark, rows, lambda f: live.duplicate_deliveries(f, DEADLINE)) == [
+        ("duplicate", "twice:x", True)]
+
+
+def test_stream_runs_and_ticks_pass_through(spark):
+    rows = [ev("streamed", BASE, "news_+s", "e:0-4"), ev("tick", BASE + S),
+            ev("acked", BASE, "news_a", "m:x")]
+    assert outcomes(spark, rows, live.passed_through) == [
+        ("streamed", "e:0-4", None), ("tick", None, None)]
+
+
+# -- the query and its judge, streaming over a folder -------------------------------
+
+
+class Audit:
+    """The audit's query and judge on a folder, as gearhorn audit runs them."""
+
+    def __init__(self, spark, folder):
+        self.settings = audit.AuditSettings(str(folder), DEADLINE, LATENESS, 0.5)
+        self.spark = spark
+        self.found = []
+
+    def start(self):
+        state = verdicts.load(self.settings.state, DEADLINE, BASE)
+        self.judge = audit.Judge(self.settings, state, lambda _, f: self.found.extend(f))
+        self.query = audit.start_query(self.spark, self.settings, self.judge)
+        return self
+
+    def write(self, name, rows):
+        path = os.path.join(self.settings.inbox, f"{name}.parquet")
+        ledgerexport._write_parquet(path + ".tmp", rows)
+        os.replace(path + ".tmp", path)
+
+    def until(self, predicate, timeout=120):
+        deadline = time.monotonic() + timeout
+        while not predicate():
+            assert self.query.isActive, self.query.exception()
+            assert time.monotonic() < deadline, "timed out"
+            time.sleep(0.1)
+
+    def ticks_to(self, ts):
+        """Ticks until the judge has seen the clock reach ``ts``."""
+        ledgerexport.write_tick(self.settings.inbox, ts)
+        self.until(lambda: self.judge.state.clock_ms >= ts)
+
+    def stop(self):
+        self.query.stop()
+
+
+def test_the_query_finds_a_loss_once_across_a_restart_and_no_away_copy(spark, tmp_path):
+    folder = tmp_path / "audit"
+    os.makedirs(folder / "inbox")
+    first = Audit(spark, folder).start()
+    first.write("a", [enqueued("lost", BASE), enqueued("later", BASE + 100),
+                      enqueued("waits", BASE, "news_away"),
+                      enqueued("dropped", BASE, "news_b"), ev("tick", BASE)])
+    first.write("b", [settled("answered", "later", BASE + 500),
+                      settled("dropped", "dropped", BASE + 600, "news_b")])
+    first.ticks_to(BASE + DEADLINE + LATENESS + S)
+    first.until(lambda: first.found)
+    assert [(f.kind, f.message_id, f.subscriber) for f in first.found] == [
+        (verdicts.LOST, "lost", "news_a")]
+    assert first.judge.state.away == 1  # news_away took nothing: it is away
+    first.stop()
+
+    # Started again on the same folder: what was judged is not judged again,
+    # and a loss after the restart is found once.
+    again = Audit(spark, folder).start()
+    assert again.judge.state.kind_totals()[verdicts.LOST] == 1
+    again.write("c", [enqueued("lost2", BASE + 10 * S), enqueued("later2", BASE + 10 * S + 1)])
+    again.write("d", [settled("delivered", "later2", BASE + 11 * S)])
+    again.ticks_to(BASE + 10 * S + DEADLINE + LATENESS + S)
+    again.until(lambda: again.found)
+    again.ticks_to(BASE + 20 * S)
+    assert [f.message_id for f in again.found] == ["lost2"]
+    assert again.judge.state.kind_totals()[verdicts.LOST] == 2
+    findings = spark.read.parquet(str(folder / "findings")).collect()
+    assert sorted(r.message_id for r in findings) == ["lost", "lost2"]
+    # Spark deleted what it read: the inbox keeps the export's checkpoint alone.
+    again.until(lambda: not [n for n in os.listdir(folder / "inbox") if n.endswith(".parquet")])
+    again.stop()
