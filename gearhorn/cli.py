@@ -88,6 +88,9 @@ def _add_up(sub, common) -> None:
     up.add_argument("--no-persistence", dest="persistence", action="store_const",
                     const="none", help="gearmand keeps the jobs submitted straight to it "
                                        "in memory only")
+    up.add_argument("--audit", dest="audit_enabled", action="store_const", const=True,
+                    help="start the live delivery audit too (gearhorn audit: Spark, "
+                         "local; its findings on this terminal and at /metrics)")
     _durability(up)
     up.set_defaults(func=cmd_up)
 

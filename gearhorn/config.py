@@ -240,6 +240,7 @@ class Config:
     # enqueue, while its subscriber took others, is a finding. Events may
     # reach the ledger audit_lateness seconds late (a writer's flush, clocks
     # of two hosts); the ledger is read every audit_interval seconds.
+    audit_enabled: bool = False  # gearhorn up starts the audit (gearhorn up --audit)
     audit_deadline: float = 60.0
     audit_lateness: float = 5.0
     audit_interval: float = 2.0

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import threading
 import time
 from urllib.parse import urlparse
@@ -52,6 +53,7 @@ class Embedded:
             self.notes["acks"] = "\n            ".join(durability.check_at_start(self.config))
             self._ensure_bridge()
             self._ensure_web()
+            self._ensure_audit()
             threading.Thread(target=self._announce_when_ready, daemon=True).start()
             threading.Thread(target=self._restart_crashed, daemon=True).start()
             return Pool(self.config).run()
@@ -196,6 +198,19 @@ class Embedded:
         self.started.append(servers.start_web(to_env(self.config), host, port))
         self.notes["web"] = f"http://{host}:{port}/  (metrics at /metrics)"
 
+    def _ensure_audit(self) -> None:
+        if not self.config.audit_enabled:
+            self.notes["audit"] = "off (gearhorn up --audit starts it)"
+            return
+        if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
+            self.notes["audit"] = "off: Spark needs Java (apt-get install default-jre-headless)"
+            return
+        folder = os.path.join(self.config.data_dir, "audit")
+        self.started.append(servers.start_audit(to_env(self.config), folder))
+        self.notes["audit"] = (f"live: a copy not delivered within "
+                               f"{self.config.audit_deadline:g} s while its subscriber takes "
+                               f"others is a finding (here, at /metrics, in {folder}/findings)")
+
     def _announce_when_ready(self) -> None:
         registry = Registry(redisconn.for_config(self.config),
                             Keys.for_config(self.config))
@@ -241,6 +256,7 @@ gearhorn is up.
   stomp     {config.bridge_host}:{config.bridge_port}  ({notes.get('stomp', '')})
   websocket {websocket_url(config) or notes.get('websocket', 'off')}
   console   {notes.get('web', 'off')}
+  audit     {notes.get('audit', 'off')}
   workers   {config.processes} processes
 
 Broadcast from another terminal:

@@ -337,6 +337,15 @@ def start_bridge(env: dict[str, str], host: str, port: int) -> Managed:
     return _start_gevent_process("STOMP bridge", "gearhorn.stomp", env, host, port)
 
 
+def start_audit(env: dict[str, str], folder: str) -> Managed:
+    """``gearhorn audit`` (Spark, local) with its state in ``folder``; it
+    listens on nothing and prints its findings to our terminal."""
+    process = subprocess.Popen([sys.executable, "-m", "gearhorn", "audit", "--dir", folder],
+                               stdin=subprocess.DEVNULL, env={**os.environ, **env},
+                               preexec_fn=die_with_parent)
+    return Managed("live audit", process, 0)
+
+
 def _start_gevent_process(name: str, module: str, env: dict[str, str], host: str,
                           port: int) -> Managed:
     """``python -m module``, which patches the standard library before

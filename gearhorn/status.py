@@ -50,6 +50,9 @@ def render(snap: dict) -> str:
     if "delayed" in snap:
         lines.append(f"delayed messages waiting: {snap['delayed']}")
     lines += _retention_lines(snap)
+    if audit := snap.get("audit"):
+        age = max(0.0, snap.get("at", 0) - audit["updated_ms"] / 1000)
+        lines.append(f"{audit['line']} (updated {age:.0f} s ago)")
     workers = snap.get("workers", [])
     lines.append(f"live workers ({len(workers)}):")
     lines += [f"  {w['id']:40} pid {w.get('pid', '?'):>7} jobs {w.get('jobs', '?')}"

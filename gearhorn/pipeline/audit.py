@@ -110,6 +110,7 @@ def spark_session(settings: AuditSettings):
                .config("spark.sql.shuffle.partitions", "4")  # fixed by the checkpoint
                .config("spark.sql.session.timeZone", "UTC")
                .config("spark.ui.enabled", "false")
+               .config("spark.ui.showConsoleProgress", "false")  # its lines are the findings
                # State on disk, not on the heap: it grows with copies/s x deadline.
                .config("spark.sql.streaming.stateStore.providerClass",
                        "org.apache.spark.sql.execution.streaming.state."
@@ -279,6 +280,7 @@ def run(client: redis.Redis, keys: Keys, settings: AuditSettings, say=print) -> 
     from gearhorn.pipeline import job
 
     job.check_java()
+    logging.getLogger("py4j").setLevel(logging.WARNING)  # a line per call at INFO
     os.makedirs(settings.folder, exist_ok=True)
     state = verdicts.load(settings.state, settings.deadline_ms, now_ms())
     stop = threading.Event()

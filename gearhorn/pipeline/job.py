@@ -49,6 +49,7 @@ class Options:
     now_ms: int | None = None  # "now" for staleness; the latest event if None
     quiet: bool = False
     input_format: str = "auto"  # parquet, jsonl, or auto (by file names)
+    findings: str | None = None  # the live audit's findings folder, read beside the ledger
 
 
 def check_java() -> None:
@@ -114,6 +115,26 @@ def queue_snapshot(spark, ledger: str):
         queued = json.load(fp)["queued"]
     return spark.createDataFrame(list(queued.items()) or [("", 0)],
                                  "subscriber string, queued long")
+
+
+def audit_findings(spark, folder: str | None) -> dict:
+    """``{"audit_findings": DataFrame}`` of what the live audit wrote to
+    ``folder`` (gearhorn/pipeline/audit.py), or nothing without findings."""
+    if folder is None:
+        return {}
+    if "://" not in folder and not glob.glob(os.path.join(folder, "*.parquet")):
+        return {"audit_findings": spark.createDataFrame([], _findings_schema())}
+    return {"audit_findings": spark.read.schema(_findings_schema()).parquet(folder)
+            .orderBy("found_ts")}
+
+
+def _findings_schema():
+    from pyspark.sql.types import LongType, StringType, StructField, StructType
+
+    from gearhorn.pipeline.audit import FINDING_FIELDS
+
+    kinds = {"string": StringType(), "int64": LongType()}
+    return StructType([StructField(name, kinds[kind]) for name, kind in FINDING_FIELDS])
 
 
 def load_events(spark, options: Options):
@@ -236,6 +257,7 @@ def run(options: Options) -> dict:
         "untracked": T.untracked(copy_rows, events, queue_snapshot(spark, options.ledger)),
         "failures": T.failures(events),
         "policy": T.policy_drops(events),
+        **audit_findings(spark, options.findings),
     }.items()}
     try:
         summary = _write_tables(options, say, events, malformed, tables)
@@ -262,6 +284,9 @@ def _write_tables(options: Options, say, events, malformed: int, tables: dict) -
                # Copies the subscriptions' limits did not keep, by reason:
                # not delivered by policy, which is not lost.
                "policy": _by_reason(tables["policy"].collect())}
+    if "audit_findings" in tables:
+        summary["audit_findings"] = {row["kind"]: row["count"] for row in
+                                     tables["audit_findings"].groupBy("kind").count().collect()}
     say("[5/5] writing the report")
     from gearhorn.pipeline.report import write_report
 
@@ -292,9 +317,12 @@ def parse_args(argv: list[str] | None = None) -> Options:
     parser.add_argument("--shuffle-partitions", type=int, default=4)
     parser.add_argument("--format", choices=("auto", "parquet", "jsonl"), default="auto",
                         help="input format (auto: by file names; needed for URLs)")
+    parser.add_argument("--findings", metavar="DIR",
+                        help="the live audit's findings (DATA_DIR/audit/findings), shown "
+                             "beside the reconciliation")
     args = parser.parse_args(argv)
     return Options(args.ledger, args.out, args.master, args.stale_after,
-                   args.shuffle_partitions, input_format=args.format)
+                   args.shuffle_partitions, input_format=args.format, findings=args.findings)
 
 
 def publish_verdict(summary: dict) -> None:
@@ -333,9 +361,11 @@ def main(argv: list[str] | None = None) -> int:
     policy = summary.get("policy") or {}
     by_policy = (f"; {sum(policy.values()):,} copies not delivered by policy {policy}"
                  if policy else "")
+    live = summary.get("audit_findings")
+    by_audit = f"; live audit findings {live}" if live else ""
     print(f"{summary['events']:,} events ({summary['malformed']:,} malformed rows skipped); "
           f"reconciliation: {problems:,} problems{f' {kinds}' if kinds else ''}{untracked}"
-          f"{by_policy}; "
+          f"{by_policy}{by_audit}; "
           f"report: {summary['report']} ({summary['seconds']}s)")
     return 0
 

@@ -57,6 +57,15 @@ def _table(frame, limit: int = 50) -> str:
     return frame.head(limit).to_html(index=False, border=0, classes="t")
 
 
+def _audit_section(findings) -> str:
+    """What the live audit found (``--findings``), beside this reconciliation."""
+    if findings is None:
+        return ""
+    return ("<h2>Live audit findings</h2><p>Copies the live audit (gearhorn audit) judged "
+            "not delivered within its deadline, and duplicates, as it found them.</p>"
+            + _table(findings))
+
+
 def write_report(out_dir: str, summary: dict, tables: dict) -> str:
     os.makedirs(out_dir, exist_ok=True)
     charts = [
@@ -92,6 +101,7 @@ def write_report(out_dir: str, summary: dict, tables: dict) -> str:
 are checked against what gearmand still held at the export.</p>{_table(tables['untracked'])}
 <h2>Not delivered by policy</h2><p>Copies a subscription's limits did not keep
 (max length or bytes, expired, removed, or refused when full).</p>{_table(tables['policy'])}
+{_audit_section(tables.get('audit_findings'))}
 <h2>Volume</h2>{''.join(f'<img src="{c}">' for c in charts)}
 <h2>Latency per topic</h2>{_table(tables['latency'])}
 <h2>Stale subscribers</h2>{_table(stale)}

@@ -62,6 +62,7 @@ def _registry(snap: dict) -> Iterator[Metric]:
     yield _labelled(CounterMetricFamily, "gearhorn_dead_letters", "messages dead-lettered per "
                     "queue (top N)", "queue", snap["dead_letter_totals"].items(), tuple)
     yield from _retention(snap)
+    yield from _audit(snap.get("audit"), snap["at"])
     yield _gauge("gearhorn_topics", "topics with a direct subscriber", snap["topic_count"])
     yield _gauge("gearhorn_prefix_subscriptions", "prefix patterns with a subscriber",
                  snap["pattern_count"])
@@ -103,6 +104,46 @@ def _retention(snap: dict) -> Iterator[Metric]:
                  "(0: no maxmemory, no guard)", float(store.get("guard") or 0))
     yield _gauge("gearhorn_queue_store_over_guard", "1 while fanouts are refused: the queue "
                  "store is over its guard", 1 if store.get("over") else 0)
+
+
+# The live audit's finding kinds as metric names (gearhorn/pipeline/verdicts.py).
+_AUDIT_KINDS = (("never_delivered", "gearhorn_audit_copies_lost",
+                 "copies not delivered within the deadline while later ones were"),
+                ("overdue", "gearhorn_audit_copies_overdue",
+                 "copies not delivered within the deadline by a subscriber taking older ones"),
+                ("duplicate", "gearhorn_audit_copies_duplicated",
+                 "copies delivered more than once as new"),
+                ("stream_gap", "gearhorn_audit_stream_gaps",
+                 "runs of history offsets a stream subscription skipped"),
+                ("stream_duplicate", "gearhorn_audit_stream_duplicates",
+                 "runs of history offsets a stream subscription was given again"))
+
+
+def _audit(verdict: dict | None, now: float) -> Iterator[Metric]:
+    """The live audit's findings (gearhorn audit), when it runs."""
+    if not verdict:
+        return
+    topics = verdict.get("topics", {})
+    for kind, name, doc in _AUDIT_KINDS:
+        family = CounterMetricFamily(name, f"live audit: {doc}, per topic (top N)",
+                                     labels=["topic"])
+        for topic, kinds in topics.items():
+            family.add_metric([topic], kinds.get(kind, 0))
+        yield family
+        yield CounterMetricFamily(f"gearhorn_audit_all_{name.removeprefix('gearhorn_audit_')}",
+                                  f"live audit: {doc}, every topic",
+                                  value=verdict.get("totals", {}).get(kind, 0))
+    yield CounterMetricFamily("gearhorn_audit_copies_settled", "live audit: copies seen "
+                              "delivered, answered or dropped in time", value=verdict["settled"])
+    lag = verdict.get("lag") or {}
+    if lag.get("p50_s") is not None:
+        family = GaugeMetricFamily("gearhorn_audit_lag_seconds", "live audit: how far its "
+                                   "micro-batches run behind the ledger", labels=["quantile"])
+        family.add_metric(["0.5"], lag["p50_s"])
+        family.add_metric(["0.99"], lag["p99_s"])
+        yield family
+    yield _gauge("gearhorn_audit_age_seconds", "live audit: seconds since its last micro-batch "
+                 "(it stopped if this grows)", max(0.0, now - verdict["updated_ms"] / 1000))
 
 
 def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:

@@ -90,6 +90,7 @@ class Collector:
             "bridges": self._bridges(),
             "delayed": Scheduler(self.redis, self.keys).pending(),
             "report": _json_or_none(self.redis.get(self.keys.last_report)),
+            "audit": _json_or_none(self.redis.get(self.keys.audit)),
         }
 
     def _topics(self, counters: stats.Counters) -> list[dict]:

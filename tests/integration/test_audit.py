@@ -269,3 +269,40 @@ def test_the_audit_runs_on_a_spark_standalone_cluster(gearmand, redis_url, start
     consumer.stop()
     audit.stop()
     gear.close()
+
+
+def test_up_with_one_flag_runs_the_audit_and_its_findings_reach_metrics_and_terminal(
+        ups, tmp_path):
+    """``gearhorn up --audit``, as a newcomer runs it: the banner says it is
+    live, and a planted loss is on up's terminal and at /metrics."""
+    import urllib.request
+
+    from gearhorn import servers
+
+    require_binary("java", "default-jre-headless")
+    web_port = servers.free_port()
+    up = ups(tmp_path, extra=["--audit"], env={
+        "GEARHORN_WEB_PORT": str(web_port), "GEARHORN_AUDIT_DEADLINE": str(DEADLINE),
+        "GEARHORN_AUDIT_LATENESS": str(LATENESS), "GEARHORN_AUDIT_INTERVAL": str(INTERVAL)})
+    assert "audit     live: a copy not delivered within 5 s" in up.text()
+    audit = AuditProcess.__new__(AuditProcess)  # the one up started: read its folder
+    audit.folder, audit.process = os.path.join(up.store, "audit"), up.process
+    audit.wait_judging()
+    topic = unique_topic("auditup")
+    gear = GearClient(up.gearmand)
+    gear.call("subscribe_fanout", {"topic": topic, "client_id": "a"})
+    consumer = Consumer(up.gearmand, [f"{topic}_a"]).start()
+    traffic = Traffic(up.gearmand, topic)
+    lost, rogue = plant_loss(up.gearmand, gear, consumer, topic, f"{topic}_a")
+    wait_for(lambda: f"never_delivered: message {lost} for {topic}_a" in up.text(),
+             timeout=FOUND_WITHIN, message="the finding on up's terminal")
+
+    def metric():
+        with urllib.request.urlopen(f"http://127.0.0.1:{web_port}/metrics", timeout=10) as r:
+            text = r.read().decode()
+        return f'gearhorn_audit_copies_lost_total{{topic="{topic}"}} 1.0' in text
+    wait_for(metric, timeout=30, message="the finding at /metrics")
+    traffic.stop()
+    rogue.close()
+    consumer.stop()
+    gear.close()

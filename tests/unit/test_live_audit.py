@@ -151,3 +151,27 @@ def test_the_query_finds_a_loss_once_across_a_restart_and_no_away_copy(spark, tm
     # Spark deleted what it read: the inbox keeps the export's checkpoint alone.
     again.until(lambda: not [n for n in os.listdir(folder / "inbox") if n.endswith(".parquet")])
     again.stop()
+
+
+def test_the_report_shows_the_live_audits_findings_beside_its_reconciliation(spark, tmp_path):
+    from gearhorn.pipeline import job
+
+    day = tmp_path / "ledger" / "date=2027-01-15"
+    day.mkdir(parents=True)
+    rows = [enqueued("m1", BASE), settled("delivered", "m1", BASE + S)]
+    ledgerexport._write_parquet(str(day / "part-1.parquet"), rows)
+    found = verdicts.Finding(verdicts.LOST, "news", "news_a", "m9", "m9:a", BASE,
+                             "not delivered within 60 s while copies enqueued after it were")
+    audit.write_findings(str(tmp_path / "findings"), 3, [found], BASE + 70 * S)
+    options = job.Options(str(tmp_path / "ledger"), str(tmp_path / "out"), quiet=True,
+                          findings=str(tmp_path / "findings"))
+    summary = job.run(options)
+    assert summary["audit_findings"] == {"never_delivered": 1}
+    assert summary["reconciliation"] == {}  # the ledger given is clean: two views, one word
+    html = (tmp_path / "out" / "report.html").read_text()
+    assert "Live audit findings" in html and "m9" in html
+    table = spark.read.parquet(str(tmp_path / "out" / "tables" / "audit_findings")).collect()
+    assert [(r.kind, r.message_id, r.batch) for r in table] == [("never_delivered", "m9", 3)]
+    empty = job.run(job.Options(str(tmp_path / "ledger"), str(tmp_path / "out2"), quiet=True,
+                                findings=str(tmp_path / "none")))
+    assert empty["audit_findings"] == {}

@@ -197,6 +197,7 @@ def test_the_grafana_dashboard_and_alerts_use_only_metrics_that_exist(fake_redis
     fake_redis.hset(KEYS.store, mapping={"used": 10, "max": 100, "guard": 90, "over": ""})
     fake_redis.sadd(KEYS.topics, "news")
     fake_redis.sadd(KEYS.topic("news"), "a")
+    fake_redis.set(KEYS.audit, json.dumps(AUDIT_VERDICT))
     collector = Collector(Registry(fake_redis, KEYS), servers=(), top=10)
 
     def with_a_queue():
@@ -216,6 +217,34 @@ def test_the_grafana_dashboard_and_alerts_use_only_metrics_that_exist(fake_redis
     used = {name for expr in exprs for name in re.findall(r"gearhorn_[a-z_]+", expr)}
     assert len(used) >= 20
     assert used - exposed == set()
+
+
+AUDIT_VERDICT = {"updated_ms": 1_000_000, "settled": 40, "lag": {"p50_s": 1.5, "p99_s": 4.0},
+                 "totals": {"never_delivered": 1, "overdue": 2, "duplicate": 0},
+                 "topics": {"news": {"never_delivered": 1, "overdue": 2}},
+                 "line": "audit: FINDINGS", "recent": []}
+
+
+def test_the_live_audits_verdict_is_served_as_metrics(fake_redis):
+    import json
+
+    fake_redis.set(KEYS.audit, json.dumps(AUDIT_VERDICT))
+    collector = Collector(Registry(fake_redis, KEYS), servers=(), top=10)
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(SnapshotCollector(lambda: {**snapshot(collector), "at": 1_010.0}))
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for f in text_string_to_metric_families(generate_latest(registry).decode())
+               for s in f.samples}
+    assert samples[("gearhorn_audit_copies_lost_total", (("topic", "news"),))] == 1
+    assert samples[("gearhorn_audit_copies_overdue_total", (("topic", "news"),))] == 2
+    assert samples[("gearhorn_audit_all_copies_lost_total", ())] == 1
+    assert samples[("gearhorn_audit_all_copies_duplicated_total", ())] == 0
+    assert samples[("gearhorn_audit_copies_settled_total", ())] == 40
+    assert samples[("gearhorn_audit_lag_seconds", (("quantile", "0.99"),))] == 4.0
+    assert samples[("gearhorn_audit_age_seconds", ())] == 10.0
+    fake_redis.delete(KEYS.audit)  # not running: no audit series at all
+    assert not [f for f in SnapshotCollector(lambda: snapshot(collector)).collect()
+                if f.name.startswith("gearhorn_audit")]
 
 
 def test_readyz_and_status_say_when_the_queue_store_is_over_its_guard(fake_redis):

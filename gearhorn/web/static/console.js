@@ -173,6 +173,17 @@ function renderReport(report) {
     ` - ${num(report.events)} events, ${since(report.finished)}, report at ${report.report}`);
 }
 
+function renderAudit(audit) {
+  const node = document.getElementById("audit");
+  if (!audit) return;
+  const found = audit.line.includes("FINDINGS");
+  const latest = (audit.recent || []).slice(-3).reverse().map((f) =>
+    el("li", {}, `${f.kind}: message ${f.message_id || "-"} for ${f.subscriber} - ${f.detail}`));
+  node.replaceChildren(
+    el("span", { class: found ? "verdict-bad" : "verdict-ok" }, audit.line),
+    ` - updated ${since(audit.updated_ms / 1000)}`, el("ul", {}, ...latest));
+}
+
 function render(s) {
   renderOverview(s);
   renderTopics(s);
@@ -180,6 +191,7 @@ function render(s) {
   renderBacklogs(s);
   renderProcesses(s);
   renderDeadLetters(s);
+  renderAudit(s.audit);
   renderReport(s.report);
   document.getElementById("updated").textContent =
     `updated ${new Date(s.at * 1000).toLocaleTimeString()}`;
