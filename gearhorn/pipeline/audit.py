@@ -216,6 +216,11 @@ def _read(frame) -> tuple[list[Presence], list]:
     return [Presence(*row) for row in settled], others
 
 
+def _state_rows(progress: dict | None) -> int:
+    """Rows Spark keeps in the query's state (its joins), after the last micro-batch."""
+    return sum(op.get("numRowsTotal", 0) for op in (progress or {}).get("stateOperators", []))
+
+
 def write_findings(folder: str, batch_id: int, findings: list[Finding], found_ms: int) -> None:
     """``batch-<id>.parquet`` (replaced if the micro-batch runs again)."""
     if not findings:
@@ -241,7 +246,7 @@ def verdict(state: AuditState, settings: AuditSettings, now: int) -> dict:
     return {"updated_ms": now, "clock_ms": state.clock_ms, "batch": state.batch,
             "deadline_s": settings.deadline_ms / 1000, "lag": state.lag_quantiles(),
             "totals": state.kind_totals(), "topics": dict(topics),
-            "settled": state.settled, "away": state.away,
+            "settled": state.settled, "away": state.away, "state_rows": state.state_rows,
             "recent": list(state.recent)[-10:],
             "line": state.summary_line(now, settings.window_ms)}
 
@@ -300,6 +305,7 @@ def run(client: redis.Redis, keys: Keys, settings: AuditSettings, say=print) -> 
         while not stop.wait(1.0):
             if not query.isActive:
                 raise job.PipelineError(f"the audit's query stopped: {query.exception()}")
+            state.state_rows = _state_rows(query.lastProgress)
     finally:
         stop.set()
         query.stop()

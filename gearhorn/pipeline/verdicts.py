@@ -94,6 +94,7 @@ class AuditState:
     totals: dict[str, dict[str, int]] = field(default_factory=dict)  # topic -> kind -> n
     settled: int = 0
     away: int = 0  # copies judged while their subscriber was away: not counted
+    state_rows: int = 0  # rows in Spark's state after the last micro-batch (bounded)
     started_ms: int = 0
     last_finding_ms: int = 0
     recent: deque = field(default_factory=lambda: deque(maxlen=RECENT))

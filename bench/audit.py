@@ -1,0 +1,240 @@
+"""The live audit: its lag and memory, and what it costs the pool, in one run.
+
+    python bench/audit.py            # 1,000 and 10,000 copies/s (90 s each), 4 turns, the report
+    python bench/audit.py --quick    # 30 s each, 2 turns
+
+Starts redis-server and gearmand (memory queue) on free loopback ports, a
+``gearhorn worker`` pool (held copies, the default), 10 subscribers of one
+topic with two consumer processes answering every copy, and ``gearhorn
+audit`` with its defaults (a read of the ledger every 2 s, 5 s lateness, a
+60 s deadline). Everything listens on 127.0.0.1 and stops with this process.
+
+1. Lag and memory at a paced 1,000 and 10,000 copies/s: after a warm-up,
+   each micro-batch's lag behind the ledger (from the export reading the
+   ledger to the micro-batch's judgement; p50/p99), the copies/s the pool
+   actually reached, the resident memory of the audit's process tree (the
+   Python driver and Spark's JVM) at the end, and its findings (none).
+2. The pool's throughput, unpaced, with the audit on and off in turns: off
+   is the audit stopped (SIGSTOP to its process group), on is it running,
+   after it has caught up with what came while it was stopped.
+3. The batch report on the same ledger, for comparison: ``gearhorn ledger
+   export`` of all of it, then ``gearhorn report``, timed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+from bench.durable import tree_rss  # noqa: E402
+from bench.fanout import start_pool, subscribe_many  # noqa: E402
+from gearhorn import gearman, servers  # noqa: E402
+from gearhorn.store import redisconn  # noqa: E402
+from gearhorn.store.keys import Keys  # noqa: E402
+from gearhorn.store.registry import Registry  # noqa: E402
+
+TOPIC, WIDTH = "audited", 10
+CONSUMER = """
+import sys, time
+from gearhorn import gearman
+worker = gearman.WorkerConnection(sys.argv[1], int(sys.argv[2]), sys.argv[3:])
+worker.open()
+while True:
+    jobs = worker.grab(200)
+    for job in jobs:
+        worker.complete(job.handle)
+    if not jobs:
+        time.sleep(0.005)
+"""
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class Audit:
+    """``gearhorn audit`` in a process group of its own."""
+
+    def __init__(self, redis_url: str, folder: str) -> None:
+        self.folder = folder
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "gearhorn", "audit", "--dir", folder, "--redis-url",
+             redis_url, "--log-level", "WARNING"],
+            stdout=open(os.path.join(folder + ".log"), "ab"), stderr=subprocess.STDOUT,  # noqa: SIM115
+            start_new_session=True, preexec_fn=servers.die_with_parent)
+
+    def state(self) -> dict:
+        try:
+            with open(os.path.join(self.folder, "state.json")) as fp:
+                return json.load(fp)
+        except (OSError, ValueError):
+            return {}
+
+    def caught_up(self, timeout: float = 600) -> None:
+        """Until it has judged a micro-batch whose clock is after now."""
+        since, deadline = now_ms(), time.monotonic() + timeout
+        while self.state().get("clock_ms", 0) <= since:
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit(f"the audit is not judging; see {self.folder}.log")
+            time.sleep(0.2)
+
+    def pause(self, stopped: bool) -> None:
+        os.killpg(self.process.pid, signal.SIGSTOP if stopped else signal.SIGCONT)
+
+    def stop(self) -> None:
+        if self.process.poll() is not None:
+            return
+        os.killpg(self.process.pid, signal.SIGCONT)
+        self.process.terminate()
+        try:
+            self.process.wait(60)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.process.pid, signal.SIGKILL)
+
+
+def fanouts(count: int, run: str) -> list[gearman.Copy]:
+    return [gearman.Copy("fanout", f"bench:{run}:{i}", json.dumps(
+        {"topic": TOPIC, "payload": f"m{i}", "background": True}).encode())
+        for i in range(count)]
+
+
+def paced(gm: servers.Managed, copies_per_s: int, seconds: float) -> float:
+    """Fanouts at ``copies_per_s`` for ``seconds``; the copies/s reached."""
+    client = gearman.Client([(gm.host, gm.port)])
+    per_tick, sent = max(1, copies_per_s // WIDTH // 10), 0  # a tenth of a second
+    started = time.monotonic()
+    while (elapsed := time.monotonic() - started) < seconds:
+        client.submit_foreground(fanouts(per_tick, f"{os.getpid()}-{sent}"), timeout=120)
+        sent += per_tick
+        time.sleep(max(0.0, sent / (copies_per_s / WIDTH) - (time.monotonic() - started)))
+    client.close()
+    return sent * WIDTH / elapsed
+
+
+def unpaced(gm: servers.Managed, seconds: float) -> float:
+    """Fanouts 500 at a time for ``seconds``; copies/s."""
+    client = gearman.Client([(gm.host, gm.port)])
+    sent, started = 0, time.monotonic()
+    while time.monotonic() - started < seconds:
+        client.submit_foreground(fanouts(500, f"u{os.getpid()}-{sent}"), timeout=300)
+        sent += 500
+    elapsed = time.monotonic() - started
+    client.close()
+    return sent * WIDTH / elapsed
+
+
+def quantile(values: list[int], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] / 1000
+
+
+def lag_and_memory(gm, audit: Audit, rate: int, seconds: float) -> dict:
+    paced(gm, rate, min(20.0, seconds / 3))  # warm-up
+    audit.caught_up()
+    first = audit.state()["batch"]
+    peak = [0.0]
+
+    def sample() -> None:
+        while not done.wait(1.0):
+            peak[0] = max(peak[0], tree_rss(audit.process.pid))
+    done = threading.Event()
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    reached = paced(gm, rate, seconds)
+    audit.caught_up()
+    done.set()
+    state = audit.state()
+    batches = state["batch"] - first
+    lags = state["lags_ms"][-batches:] if batches else []
+    return {"rate": rate, "reached": reached, "batches": batches,
+            "p50": quantile(lags, 0.5), "p99": quantile(lags, 0.99),
+            "rss_mib": tree_rss(audit.process.pid) / 2**20, "peak_mib": peak[0] / 2**20,
+            "state_rows": state.get("state_rows"),
+            "findings": sum(sum(k.values()) for k in state["totals"].values())}
+
+
+def in_turns(gm, audit: Audit, turns: int, seconds: float) -> tuple[list[float], list[float]]:
+    on, off = [], []
+    for _ in range(turns):
+        audit.pause(True)
+        off.append(unpaced(gm, seconds))
+        audit.pause(False)
+        audit.caught_up()
+        on.append(unpaced(gm, seconds))
+        audit.caught_up()
+    return on, off
+
+
+def batch_report(redis_url: str, tmp: str) -> tuple[float, float, str]:
+    """(export seconds, report seconds, the report's summary line)."""
+    started = time.monotonic()
+    subprocess.run([sys.executable, "-m", "gearhorn", "ledger", "export", "--out",
+                    f"{tmp}/ledger", "--redis-url", redis_url], check=True,
+                   capture_output=True)
+    exported = time.monotonic() - started
+    started = time.monotonic()
+    out = subprocess.run([sys.executable, "-m", "gearhorn", "report", "--ledger",
+                          f"{tmp}/ledger", "--out", f"{tmp}/report"], check=True,
+                         capture_output=True, text=True, env={**os.environ,
+                                                              "GEARHORN_REDIS_URL": redis_url})
+    return exported, time.monotonic() - started, out.stdout.strip().splitlines()[-1]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--rates", default="1000,10000", help="copies/s to pace at")
+    args = parser.parse_args()
+    seconds, turns, turn = (30.0, 2, 10.0) if args.quick else (90.0, 4, 20.0)
+    tmp = tempfile.mkdtemp(prefix="gearhorn-audit-bench-")
+    redis_server = servers.start_redis(data_dir=f"{tmp}/redis")
+    gm = servers.start_gearmand(data_dir=f"{tmp}/gearmand")
+    redis_url = f"redis://127.0.0.1:{redis_server.port}/0"
+    print(f"live audit ({os.cpu_count()} cores; 1 topic x {WIDTH} subscribers, 2 worker "
+          f"processes, held copies, 2 consumer processes; audit defaults)", flush=True)
+    pool = start_pool(gm, redis_url, 2, env={"GEARHORN_COPIES": "held"})
+    subscribe_many(Registry(redisconn.connect(redis_url), Keys()), TOPIC, WIDTH)
+    queues = [f"{TOPIC}_c{i}" for i in range(WIDTH)]
+    consumers = [subprocess.Popen([sys.executable, "-c", CONSUMER, gm.host, str(gm.port),
+                                   *queues[half::2]], preexec_fn=servers.die_with_parent)
+                 for half in (0, 1)]
+    audit = Audit(redis_url, f"{tmp}/audit")
+    try:
+        audit.caught_up()
+        for rate in (int(r) for r in args.rates.split(",")):
+            got = lag_and_memory(gm, audit, rate, seconds)
+            print(f"paced {got['rate']:>6,} copies/s (reached {got['reached']:,.0f}): audit lag "
+                  f"p50 {got['p50']:.2f} s, p99 {got['p99']:.2f} s over {got['batches']} "
+                  f"micro-batches; audit memory {got['rss_mib']:,.0f} MiB (peak "
+                  f"{got['peak_mib']:,.0f}), Spark state {got['state_rows']:,} rows; "
+                  f"findings {got['findings']}", flush=True)
+        on, off = in_turns(gm, audit, turns, turn)
+        print(f"pool copies/s, audit off: {', '.join(f'{r:,.0f}' for r in off)}")
+        print(f"pool copies/s, audit on:  {', '.join(f'{r:,.0f}' for r in on)}")
+        ratios = [a / b for a, b in zip(on, off, strict=True)]
+        print(f"ratios (same run): on/off {', '.join(f'{r:.3f}' for r in ratios)}; median "
+              f"{statistics.median(ratios):.3f}", flush=True)
+        audit.stop()
+        exported, took, line = batch_report(redis_url, tmp)
+        print(f"batch report on the same ledger: export {exported:.1f} s, report {took:.1f} s: "
+              f"{line}")
+    finally:
+        audit.stop()
+        for process in (*consumers, pool):
+            process.terminate()
+        gm.stop()
+        redis_server.stop()
+
+
+if __name__ == "__main__":
+    main()
