@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import redis
 
 from gearhorn.pipeline import verdicts
-from gearhorn.pipeline.verdicts import AuditState, Finding, Presence, Unsettled
+from gearhorn.pipeline.verdicts import FINDING_FIELDS, AuditState, Finding, Presence, Unsettled
 from gearhorn.store import ledgerexport
 from gearhorn.store.keys import Keys
 from gearhorn.store.redisconn import REDIS_ERRORS
@@ -43,9 +43,6 @@ log = logging.getLogger(__name__)
 
 # Topics whose finding counts go to Redis (the metrics' labels).
 TOP_TOPICS = 100
-FINDING_FIELDS = (("kind", "string"), ("topic", "string"), ("subscriber", "string"),
-                  ("message_id", "string"), ("unique", "string"), ("enqueued_ts", "int64"),
-                  ("found_ts", "int64"), ("detail", "string"), ("batch", "int64"))
 
 
 @dataclass(frozen=True)

@@ -131,7 +131,7 @@ def audit_findings(spark, folder: str | None) -> dict:
 def _findings_schema():
     from pyspark.sql.types import LongType, StringType, StructField, StructType
 
-    from gearhorn.pipeline.audit import FINDING_FIELDS
+    from gearhorn.pipeline.verdicts import FINDING_FIELDS
 
     kinds = {"string": StringType(), "int64": LongType()}
     return StructType([StructField(name, kinds[kind]) for name, kind in FINDING_FIELDS])

@@ -35,6 +35,10 @@ DUPLICATE = "duplicate"
 STREAM_KINDS = ("stream_gap", "stream_duplicate")
 KINDS = (LOST, OVERDUE, DUPLICATE, *STREAM_KINDS)
 
+# The findings table's columns (DIR/findings/*.parquet; gearhorn report --findings).
+FINDING_FIELDS = (("kind", "string"), ("topic", "string"), ("subscriber", "string"),
+                  ("message_id", "string"), ("unique", "string"), ("enqueued_ts", "int64"),
+                  ("found_ts", "int64"), ("detail", "string"), ("batch", "int64"))
 RECENT = 50  # findings kept for the console
 STREAM_IDLE_MS = 24 * 3600 * 1000  # a stream subscription's furthest offset is kept this long
 LAGS = 600  # micro-batch lags kept for p50/p99
