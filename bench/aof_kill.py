@@ -24,7 +24,7 @@ import redis
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from gearhorn import servers  # noqa: E402
+from gearhorn.supervision import servers
 
 TURNS = 4
 

@@ -38,10 +38,12 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from bench.durable import tree_rss  # noqa: E402
 from bench.fanout import start_pool, subscribe_many  # noqa: E402
-from gearhorn import gearman, servers  # noqa: E402
+from gearhorn import gearman  # noqa: E402
+from gearhorn.runtime.children import die_with_parent
 from gearhorn.store import redisconn  # noqa: E402
 from gearhorn.store.keys import Keys  # noqa: E402
 from gearhorn.store.registry import Registry  # noqa: E402
+from gearhorn.supervision import servers
 
 TOPIC, WIDTH = "audited", 10
 CONSUMER = """
@@ -71,7 +73,7 @@ class Audit:
             [sys.executable, "-m", "gearhorn", "audit", "--dir", folder, "--redis-url",
              redis_url, "--log-level", "WARNING"],
             stdout=open(os.path.join(folder + ".log"), "ab"), stderr=subprocess.STDOUT,  # noqa: SIM115
-            start_new_session=True, preexec_fn=servers.die_with_parent)
+            start_new_session=True, preexec_fn=die_with_parent)
 
     def state(self) -> dict:
         try:
@@ -206,7 +208,7 @@ def main() -> None:
     subscribe_many(Registry(redisconn.connect(redis_url), Keys()), TOPIC, WIDTH)
     queues = [f"{TOPIC}_c{i}" for i in range(WIDTH)]
     consumers = [subprocess.Popen([sys.executable, "-c", CONSUMER, gm.host, str(gm.port),
-                                   *queues[half::2]], preexec_fn=servers.die_with_parent)
+                                   *queues[half::2]], preexec_fn=die_with_parent)
                  for half in (0, 1)]
     audit = Audit(redis_url, f"{tmp}/audit")
     try:

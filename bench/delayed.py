@@ -34,10 +34,11 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from fanout import start_pool  # noqa: E402  (bench/fanout.py)
 
-from gearhorn import gearman, servers  # noqa: E402
-from gearhorn.messages import Subscription  # noqa: E402
+from gearhorn import gearman  # noqa: E402
+from gearhorn.rules.messages import Subscription  # noqa: E402
 from gearhorn.store.keys import Keys  # noqa: E402
 from gearhorn.store.registry import Registry  # noqa: E402
+from gearhorn.supervision import servers
 
 SUBMIT_JOB_EPOCH = 36
 

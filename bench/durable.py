@@ -24,8 +24,8 @@ copies one fsync covered, are printed beside the rates. For the none mode,
 gearmand alone on the same servers: the same copies pipelined by 2
 processes of the workers' own Gearman client, 1,000 a batch: the ceiling of
 a pool whose fanouts cost nothing (issue 52). gearmand's redis queue plugin
-is no longer a mode: gearhorn does not run it (docs/design.rst, "What
-went"); its last figures are in docs/benchmark-log.rst.
+is no longer a mode: gearhorn does not run it (docs/design/index.rst, "What
+went"); its last figures are in bench/log.rst.
 
 gearmand's MySQL queue runs on Debian's MariaDB (durable defaults) when
 installed. The peer is RabbitMQ (Debian's rabbitmq-server), in the same run: N durable
@@ -63,9 +63,11 @@ import rabbit_cluster  # noqa: E402
 from fanout import gearhorn_rate, start_pool, subscribe_many  # noqa: E402
 from stomp_bridge import RabbitMQ, connect  # noqa: E402
 
-from gearhorn import gearman, servers  # noqa: E402
+from gearhorn import gearman  # noqa: E402
+from gearhorn.runtime.children import die_with_parent
 from gearhorn.store.keys import Keys  # noqa: E402
 from gearhorn.store.registry import Registry  # noqa: E402
+from gearhorn.supervision import servers
 
 WIDTHS = (10, 100, 1000)
 SUBSCRIPTIONS_PER_CONNECTION = 100  # gearhorn's stomp_max_subscriptions
@@ -133,7 +135,7 @@ class GearhornServers:
             [sys.executable, "-m", "gearhorn", "bridge", "--port", str(self.bridge_port),
              "--ws-port", "0", *(a for g in self.gearmands for a in ("--gearman", g.address)),
              "--redis-url", self.redis.details["url"], "--log-level", "WARNING"],
-            env={**os.environ, **self.env}, preexec_fn=servers.die_with_parent)
+            env={**os.environ, **self.env}, preexec_fn=die_with_parent)
         deadline = time.monotonic() + 60
         while not servers.is_listening("127.0.0.1", self.bridge_port):
             if time.monotonic() > deadline or bridge.poll() is not None:
@@ -267,7 +269,7 @@ class MariaDB:
              "--user=root", "--bind-address=127.0.0.1", f"--port={self.port}",
              f"--socket={self.socket}", "--skip-log-bin"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            preexec_fn=servers.die_with_parent)
+            preexec_fn=die_with_parent)
         deadline = time.monotonic() + 120
         while not servers.is_listening("127.0.0.1", self.port):
             if time.monotonic() > deadline or self.process.poll() is not None:

@@ -38,11 +38,13 @@ import redis
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from gearhorn import gearman, servers  # noqa: E402
-from gearhorn.messages import Subscription  # noqa: E402
+from gearhorn import gearman  # noqa: E402
+from gearhorn.rules.messages import Subscription  # noqa: E402
+from gearhorn.runtime.children import die_with_parent
 from gearhorn.store import redisconn
 from gearhorn.store.keys import Keys  # noqa: E402
 from gearhorn.store.registry import Registry  # noqa: E402
+from gearhorn.supervision import servers
 
 
 def start_pool(gm: servers.Managed, redis_url: str, processes: int,
@@ -61,7 +63,7 @@ def start_pool(gm: servers.Managed, redis_url: str, processes: int,
         # and the copies in its memory (bench/durable.py measures held ones).
         env={**os.environ, "GEARHORN_PERSISTENCE": "none", "GEARHORN_COPIES": "gearmand",
              "GEARHORN_LEDGER_ENABLED": str(ledger).lower(), **source, **(env or {})},
-        cwd=tree, preexec_fn=servers.die_with_parent)
+        cwd=tree, preexec_fn=die_with_parent)
     registry = Registry(redisconn.connect(redis_url), Keys())
     deadline = time.monotonic() + 60
     while len(registry.live_workers()) < processes:

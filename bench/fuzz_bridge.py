@@ -31,8 +31,8 @@ from hypothesis import strategies as st
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from gearhorn import servers  # noqa: E402
 from gearhorn.stomp.frames import Frame, FrameParser, encode  # noqa: E402
+from gearhorn.supervision import servers
 
 FRAMES_PER_CONNECTION = 20
 COMMANDS = ["SEND", "SUBSCRIBE", "UNSUBSCRIBE", "ACK", "NACK", "BEGIN", "COMMIT", "ABORT",

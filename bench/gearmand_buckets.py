@@ -16,7 +16,8 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from gearhorn import gearman, servers  # noqa: E402
+from gearhorn import gearman  # noqa: E402
+from gearhorn.supervision import servers
 
 JOBS, STEP, WIDTH = 200_000, 50_000, 1000
 

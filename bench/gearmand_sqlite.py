@@ -21,7 +21,8 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from gearhorn import gearman, servers  # noqa: E402
+from gearhorn import gearman  # noqa: E402
+from gearhorn.supervision import servers
 
 
 def measure(jobs: int, data_dir: str, sqlite: bool) -> tuple[float, float]:

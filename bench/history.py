@@ -40,10 +40,11 @@ from fanout import start_pool, subscribe_many  # noqa: E402
 from stomp_bridge import Gearhorn, RabbitMQ  # noqa: E402
 from stomp_load import connect, frame, with_receipt  # noqa: E402
 
-from gearhorn import gearman, servers  # noqa: E402
+from gearhorn import gearman  # noqa: E402
 from gearhorn.store import redisconn  # noqa: E402
 from gearhorn.store.keys import Keys  # noqa: E402
 from gearhorn.store.registry import Registry  # noqa: E402
+from gearhorn.supervision import servers
 
 PAYLOAD = "x" * 100
 

@@ -38,9 +38,11 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from fanout import gearhorn_rate, start_pool, subscribe_many  # noqa: E402
 
-from gearhorn import gearman, servers  # noqa: E402
+from gearhorn import gearman  # noqa: E402
+from gearhorn.runtime.children import die_with_parent
 from gearhorn.store.keys import Keys  # noqa: E402
 from gearhorn.store.registry import Registry  # noqa: E402
+from gearhorn.supervision import servers
 from gearhorn.web.snapshot import Collector  # noqa: E402
 
 
@@ -83,7 +85,7 @@ def bench_scrape(topics: int) -> None:
     port = servers.free_port()
     web = subprocess.Popen([sys.executable, "-m", "gearhorn", "web", "--port", str(port),
                             "--redis-url", red.details["url"], "--gearman", gm.address,
-                            "--log-level", "WARNING"], preexec_fn=servers.die_with_parent)
+                            "--log-level", "WARNING"], preexec_fn=die_with_parent)
     try:
         fill(redis.Redis.from_url(red.details["url"]), gm, topics)
         deadline = time.monotonic() + 60

@@ -52,13 +52,15 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from fanout import gearhorn_rate  # noqa: E402
 
-from gearhorn import gearman, servers  # noqa: E402
+from gearhorn import gearman  # noqa: E402
 from gearhorn.config import Config  # noqa: E402
-from gearhorn.messages import Subscription  # noqa: E402
+from gearhorn.rules.messages import Subscription  # noqa: E402
+from gearhorn.runtime.children import die_with_parent
 from gearhorn.store import redisconn  # noqa: E402
 from gearhorn.store.keys import Keys  # noqa: E402
 from gearhorn.store.registry import Registry  # noqa: E402
 from gearhorn.store.subscribers import SubscriberCache  # noqa: E402
+from gearhorn.supervision import servers
 from tests import redis_servers  # noqa: E402
 
 WIDTH = 10  # subscribers per topic
@@ -106,7 +108,7 @@ def settled_pool(url: str, gm: servers.Managed):
     pool = subprocess.Popen(
         [sys.executable, "-m", "gearhorn", "worker", "--processes", "2", "--gearman",
          gm.address, "--redis-url", url, "--log-level", "WARNING"],
-        env={**os.environ, "GEARHORN_PERSISTENCE": "none"}, preexec_fn=servers.die_with_parent)
+        env={**os.environ, "GEARHORN_PERSISTENCE": "none"}, preexec_fn=die_with_parent)
     try:
         registry = Registry(redisconn.connect(url), Keys())
         client, keys = registry.redis, registry.keys

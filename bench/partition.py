@@ -32,9 +32,10 @@ import stomp
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 sys.path.insert(0, ROOT)
 
-from gearhorn import gearman, servers  # noqa: E402
-from gearhorn.gearman import P  # noqa: E402
-from gearhorn.gearman.packets import GearmanError  # noqa: E402
+from gearhorn import gearman  # noqa: E402
+from gearhorn.gearman import GearmanError, P  # noqa: E402
+from gearhorn.runtime.children import die_with_parent  # noqa: E402
+from gearhorn.supervision import servers  # noqa: E402
 
 INSIDE = "GEARHORN_BENCH_IN_NETNS"
 TABLE = "gearhorn_partition"
@@ -258,7 +259,7 @@ def start_up(tmp: str) -> tuple[subprocess.Popen, dict[str, int]]:
             env={**os.environ, "PYTHONPATH": ROOT, "GEARHORN_BRIDGE_PORT": str(ports["stomp"]),
                  "GEARHORN_BRIDGE_WS_PORT": "0", "GEARHORN_WEB_PORT": "0"},
             stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-            preexec_fn=servers.die_with_parent)
+            preexec_fn=die_with_parent)
     deadline = time.monotonic() + 120
     while "gearhorn is up" not in text_of(log_path):
         if up.poll() is not None or time.monotonic() > deadline:

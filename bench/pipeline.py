@@ -40,7 +40,7 @@ import pyarrow.parquet as pq
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from gearhorn.events import copy_key, message_key  # noqa: E402
+from gearhorn.rules.events import copy_key, message_key  # noqa: E402
 
 WIDTH = 10
 ROWS_PER_MESSAGE = 1 + 3 * WIDTH

@@ -23,7 +23,8 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from gearhorn import servers  # noqa: E402
+from gearhorn.runtime.children import die_with_parent
+from gearhorn.supervision import servers
 
 SERVER = "/usr/lib/rabbitmq/bin/rabbitmq-server"
 CTL = "/usr/lib/rabbitmq/bin/rabbitmqctl"
@@ -67,7 +68,7 @@ class Node:
         # A session of its own: the Erlang VM and its helpers stop together.
         self.process = subprocess.Popen([_binary(SERVER)], env=self.env, stdout=self.log,
                                         stderr=subprocess.STDOUT, start_new_session=True,
-                                        preexec_fn=servers.die_with_parent)
+                                        preexec_fn=die_with_parent)
 
     def wait_listening(self, timeout: float = 180.0) -> None:
         deadline = time.monotonic() + timeout

@@ -26,14 +26,14 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from gearhorn import servers  # noqa: E402
 from gearhorn.config import Config  # noqa: E402
-from gearhorn.messages import Subscription  # noqa: E402
-from gearhorn.naming import stream_client_id  # noqa: E402
+from gearhorn.rules.messages import Subscription  # noqa: E402
+from gearhorn.rules.naming import stream_client_id  # noqa: E402
 from gearhorn.store import redisconn  # noqa: E402
 from gearhorn.store.history import History  # noqa: E402
 from gearhorn.store.keys import Keys  # noqa: E402
 from gearhorn.store.registry import Registry  # noqa: E402
+from gearhorn.supervision import servers
 
 
 def used(client) -> int:

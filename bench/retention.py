@@ -38,9 +38,10 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from durable import rss_mib  # noqa: E402
 from fanout import gearhorn_rate, start_pool, subscribe_many  # noqa: E402
 
-from gearhorn import gearman, servers  # noqa: E402
+from gearhorn import gearman  # noqa: E402
 from gearhorn.store.keys import Keys  # noqa: E402
 from gearhorn.store.registry import Registry  # noqa: E402
+from gearhorn.supervision import servers
 
 PAYLOAD = "x" * 1024
 
@@ -195,7 +196,7 @@ def _memory_run(processes: int, seconds: float, dead: int, live: int, rate: floa
 
 
 def _sub(client_id: str):
-    from gearhorn.messages import Subscription
+    from gearhorn.rules.messages import Subscription
 
     return Subscription("mem", client_id)
 

@@ -35,11 +35,12 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from fanout import start_pool, subscribe_many  # noqa: E402
 
-from gearhorn import gearman, servers  # noqa: E402
-from gearhorn.messages import Subscription  # noqa: E402
+from gearhorn import gearman  # noqa: E402
+from gearhorn.rules.messages import Subscription  # noqa: E402
 from gearhorn.store import redisconn
 from gearhorn.store.keys import Keys  # noqa: E402
 from gearhorn.store.registry import Registry  # noqa: E402
+from gearhorn.supervision import servers
 from tests import redis_servers  # noqa: E402
 
 WIDTH = 100

@@ -35,9 +35,10 @@ sys.path.insert(0, os.path.dirname(__file__))
 
 import rabbit_cluster  # noqa: E402
 
-from gearhorn import servers  # noqa: E402
+from gearhorn.runtime.children import die_with_parent
 from gearhorn.store.keys import Keys  # noqa: E402
 from gearhorn.store.registry import Registry  # noqa: E402
+from gearhorn.supervision import servers
 
 SUBSCRIBERS = 10
 
@@ -180,13 +181,13 @@ class Gearhorn:
         common = ["--gearman", self.gearmand.address, "--redis-url", self.redis.details["url"]]
         self.pool = subprocess.Popen([sys.executable, "-m", "gearhorn", "worker",
                                       "--processes", "2", *common], env=env,
-                                     preexec_fn=servers.die_with_parent)
+                                     preexec_fn=die_with_parent)
         self.port, self.ws_port = servers.free_port(), servers.free_port()
         self.bridge = subprocess.Popen([sys.executable, "-m", "gearhorn", "bridge",
                                         "--port", str(self.port), "--ws-port", str(self.ws_port),
                                         "--processes", str(self.bridge_processes), *common],
                                        env=env,
-                                       preexec_fn=servers.die_with_parent)
+                                       preexec_fn=die_with_parent)
         registry = Registry(redis.Redis.from_url(self.redis.details["url"]), Keys())
         deadline = time.monotonic() + 60
         while len(registry.live_workers()) < 2 or not all(

@@ -29,8 +29,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from fanout import start_pool  # noqa: E402  (bench/fanout.py)
 
-from gearhorn import servers  # noqa: E402
 from gearhorn.stomp.frames import FrameParser, encode  # noqa: E402
+from gearhorn.supervision import servers
 
 MESSAGES = 3
 

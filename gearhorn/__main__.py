@@ -1,3 +1,3 @@
-from gearhorn.cli import main
+from gearhorn.cli.main import main
 
 raise SystemExit(main())

@@ -30,13 +30,8 @@ import gear
 
 from gearhorn import gearman
 from gearhorn.errors import GearhornError
-from gearhorn.messages import (
-    encode_payload,
-    fanout_job,
-    queue_name,
-    validate_client_id,
-    validate_topic,
-)
+from gearhorn.rules.messages import encode_payload, fanout_job, validate_client_id, validate_topic
+from gearhorn.rules.naming import queue_name
 
 Servers = Sequence[tuple[str, int]]
 

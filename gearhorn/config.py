@@ -19,9 +19,9 @@ from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING
 
 from gearhorn.errors import GearhornError
-from gearhorn.historypolicy import HistoryPolicy, HistoryPolicyError
-from gearhorn.limits import OVERFLOWS
-from gearhorn.messages import DEFAULT_MAX_PAYLOAD
+from gearhorn.rules.historypolicy import HistoryPolicy, HistoryPolicyError
+from gearhorn.rules.limits import OVERFLOWS
+from gearhorn.rules.messages import DEFAULT_MAX_PAYLOAD
 
 if TYPE_CHECKING:
     from gearhorn.gearman import TlsFiles
@@ -37,7 +37,7 @@ PERSISTENCE = ("auto", "redis", "sqlite", "none")
 # Settings of earlier versions, ignored with a warning (an upgrade starts).
 RETIRED = {
     "queue_redis_url": "gearhorn holds its copies in the registry's Redis and no longer "
-                       "waits for gearmand's queue Redis (docs/design.rst, \"What went\")",
+                       "waits for gearmand's queue Redis (docs/design/gearmand.rst, \"What went\")",
     "pin_queue": "gearhorn up no longer starts a Redis for gearmand's queue",
 }
 COPIES = ("gearmand", "held")
@@ -96,7 +96,7 @@ class Config:
     # Who keeps a fanout's background copies until their receivers take them:
     # "held" (gearhorn, in the registry's Redis; gearmand gets each as a
     # foreground job held open and only dispatches it, so any gearmand
-    # crash loses none: docs/design.rst, "Held copies") or "gearmand" (its
+    # crash loses none: docs/design/gearmand.rst, "Held copies") or "gearmand" (its
     # queue, as persistence says: only as safe as that queue).
     copies: str = "held"
     # What an acknowledgement (a fanout's result, a STOMP RECEIPT) promises:
@@ -141,7 +141,7 @@ class Config:
     stomp_max_backlog_bytes: int = 1024 * 1024
     stomp_tls_cert: str = ""
     stomp_tls_key: str = ""
-    # Users, hashed passcodes and per-destination rights (gearhorn/auth.py);
+    # Users, hashed passcodes and per-destination rights (gearhorn/rules/auth.py);
     # empty: anyone may connect and do anything.
     stomp_credentials_file: str = ""
     # Deliveries of a STOMP queue message before it is dead-lettered.
@@ -179,9 +179,9 @@ class Config:
     history_size: int = 0
     history_ttl: float = 3600.0
     # Per topic or prefix: "chat.*=1000/600,news=50" (PATTERN=SIZE[/TTL];
-    # the longest pattern that matches wins; gearhorn/historypolicy.py).
+    # the longest pattern that matches wins; gearhorn/rules/historypolicy.py).
     history_topics: str = ""
-    # Real-time topics (docs/design.rst "Real-time by default"): a topic with
+    # Real-time topics (docs/design/index.rst "Real-time by default"): a topic with
     # no history above keeps its last realtime_history_size messages, none
     # older than realtime_history_ttl seconds, while it has STOMP stream
     # readers (a plain, non-durable SUBSCRIBE is one: served by the bridge,
@@ -191,7 +191,7 @@ class Config:
     # plain subscriber gets a gearmand queue of its own).
     realtime_history_size: int = 10_000
     realtime_history_ttl: float = 300.0
-    # Presence events (gearhorn/presenceevents.py): every subscription made or
+    # Presence events (gearhorn/store/presenceevents.py): every subscription made or
     # removed is broadcast as JSON on the topic <presence_topic_prefix><topic>.
     presence_events: bool = False
     presence_topic_prefix: str = "gearhorn.presence."
@@ -207,7 +207,7 @@ class Config:
     web_host: str = "127.0.0.1"
     web_port: int = 15672
     # Every subscriber queue's limits unless its subscription says otherwise
-    # (gearhorn/limits.py, docs/reliability.rst "Bounded queues"): copies and
+    # (gearhorn/rules/limits.py, docs/reliability.rst "Bounded queues"): copies and
     # payload bytes queued at most (0: no limit), seconds a copy may wait and
     # seconds a subscription may go without a consumer (0: forever), what
     # happens at the limit (drop-head or reject-publish), and whether

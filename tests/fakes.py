@@ -12,8 +12,8 @@ import random
 import types
 
 from gearhorn import gearman
-from gearhorn.auth import OPEN
 from gearhorn.config import Config
+from gearhorn.rules.auth import OPEN
 from gearhorn.stomp.backend import Backend
 from gearhorn.stomp.frames import FrameParser
 from gearhorn.stomp.offsets import Kept

@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from gearhorn import servers
+from gearhorn.supervision import servers
 
 # Any true value, as CI systems set it (GitHub: true, GitLab: true, others: 1).
 IN_CI = os.environ.get("CI", "").strip().lower() in ("1", "true", "yes", "on")

@@ -12,7 +12,15 @@ import tempfile
 import time
 from dataclasses import dataclass
 
-from gearhorn.servers import HOST, Managed, ServerError, _spawn, find_binary, free_port, start_redis
+from gearhorn.supervision.servers import (
+    HOST,
+    Managed,
+    ServerError,
+    _spawn,
+    find_binary,
+    free_port,
+    start_redis,
+)
 
 
 @dataclass

@@ -19,15 +19,17 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import redis  # noqa: E402
 import stomp  # noqa: E402
 
-from gearhorn import gearman, servers  # noqa: E402
+from gearhorn import gearman  # noqa: E402
+from gearhorn.runtime.children import die_with_parent
 from gearhorn.store.keys import Keys  # noqa: E402
 from gearhorn.store.registry import Registry  # noqa: E402
+from gearhorn.supervision import servers
 
 
 def spawn(*args: str) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "gearhorn", *args],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            preexec_fn=servers.die_with_parent)
+                            preexec_fn=die_with_parent)
 
 
 def wait(predicate, what: str, timeout: float = 60) -> None:

@@ -24,13 +24,14 @@ from gearhorn.gearman.admin import (
     status_rows,
     totals,
 )
-from gearhorn.gearman.client import Client, Placed, wait_for_results
+from gearhorn.gearman.client import Client, Placed, call_unique, wait_for_results
 from gearhorn.gearman.connection import (
     Connection,
     TlsFiles,
     add_server,
     connect,
 )
+from gearhorn.gearman.holder import Holder
 from gearhorn.gearman.packets import (
     MAX_PACKET,
     REQ,
@@ -47,13 +48,14 @@ from gearhorn.gearman.packets import (
     Unavailable,
     encode,
 )
+from gearhorn.gearman.tcp import CONNECT_TIMEOUT, keepalive_options
 from gearhorn.gearman.worker import GrabbedJob, JobSource, NoDelayWorker, WorkerConnection
 
 __all__ = [
-    "MAX_PACKET", "REQ", "RES", "Client", "Connection", "Copy", "FunctionStatus", "GearmanError",
-    "GrabbedJob", "JobSource", "NoDelayWorker", "Outcome", "P", "Packet", "PacketReader",
-    "PartialSubmit",
-    "Placed", "PacketError", "TlsFiles", "Unavailable", "WorkerConnection", "Answers",
-    "add_server", "admin", "connect", "drop_function", "encode", "status", "status_rows",
-    "totals", "wait_for_results",
+    "add_server", "admin", "Answers", "call_unique", "Client", "connect", "CONNECT_TIMEOUT",
+    "Connection", "Copy", "drop_function", "encode", "FunctionStatus", "GearmanError",
+    "GrabbedJob", "Holder", "JobSource", "keepalive_options", "MAX_PACKET", "NoDelayWorker",
+    "Outcome", "P", "Packet", "PacketError", "PacketReader", "PartialSubmit", "Placed", "REQ",
+    "RES", "status", "status_rows", "TlsFiles", "totals", "Unavailable", "wait_for_results",
+    "WorkerConnection",
 ]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import time
+import uuid
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -18,7 +19,6 @@ from gearhorn.gearman.packets import (
     PartialSubmit,
     Unavailable,
 )
-from gearhorn.naming import call_unique
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +57,12 @@ def wait_for_results(conn: Connection, handles: Sequence[bytes],
 def home_index(function: str, servers: int) -> int:
     """Which of ``servers`` (sorted by address) is ``function``'s home."""
     return zlib.crc32(function.encode()) % servers
+
+
+def call_unique() -> str:
+    """Unique per call: gearmand merges foreground jobs with equal unique
+    keys, and a merged call would get another caller's result."""
+    return f"call:{uuid.uuid4().hex}"
 
 
 class Client:

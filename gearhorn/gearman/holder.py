@@ -13,7 +13,7 @@ never runs it, and frees it (with any later submitter that attached to it
 under the same unique) when a worker next looks for its function
 (tests/integration/test_gearmand_foreground.py). So :attr:`on_lost` is told
 every copy not answered, to be placed again under a unique of its own
-(docs/design.rst, "Held copies").
+(docs/design/gearmand.rst, "Held copies").
 """
 
 from __future__ import annotations

@@ -8,8 +8,6 @@ import struct
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from gearhorn.errors import GearhornError
-
 REQ = b"\0REQ"
 RES = b"\0RES"
 _HEADER = struct.Struct(">4sII")
@@ -69,8 +67,10 @@ _SUBMIT = {
 }
 
 
-class GearmanError(GearhornError):
-    """gearmand answered ERROR, or the connection broke."""
+class GearmanError(Exception):
+    """gearmand answered ERROR, or the connection broke. Its message is one
+    line a person can act on (``gearhorn`` prints it without a traceback);
+    the package imports nothing of gearhorn's, so it is not a GearhornError."""
 
 
 class PacketError(GearmanError):

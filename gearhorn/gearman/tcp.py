@@ -24,7 +24,7 @@ import socket
 SILENT_AFTER = 10.0
 # Seconds an attempt to connect again waits for the peer: one SYN (the
 # kernel's first retransmission comes after 1 s), then the caller's loop
-# tries again (gearhorn/background.py's RECONNECT_CAP between tries).
+# tries again (gearhorn/runtime/background.py's RECONNECT_CAP between tries).
 CONNECT_TIMEOUT = 0.5
 
 

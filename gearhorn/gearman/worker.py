@@ -12,11 +12,11 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import Protocol
 
 import gear
 
-from gearhorn.background import Backoff, Outage
 from gearhorn.gearman.connection import Connection, TlsFiles
 from gearhorn.gearman.packets import GearmanError, P, encode
 
@@ -178,16 +178,36 @@ def _until_flushed(flush: Callable[[], None]) -> None:
     """A WorkerConnection ``coalesce`` that leaves the flush to its owner."""
 
 
+class Outages(Protocol):
+    """Told of a server's failures and recoveries (gearhorn logs an outage
+    once: runtime.background.Outage)."""
+
+    def failed(self, exc: BaseException) -> None: ...
+
+    def succeeded(self) -> None: ...
+
+
+class _Unwatched:
+    def failed(self, exc: BaseException) -> None:
+        log.debug("%s", exc)
+
+    def succeeded(self) -> None:
+        pass
+
+
+FIRST_RETRY, LAST_RETRY = 0.1, 0.25  # seconds before a failed server is tried again
+
+
 @dataclass(eq=False)
 class _Server:
     """One gearmand as a :class:`JobSource` sees it."""
 
     worker: WorkerConnection
-    outage: Outage
+    outage: Outages
     asleep: bool = False  # a PRE_SLEEP is out: grab again after its NOOP
     ask: int = 1  # GRABs for the next wake-up
     retry_at: float = 0.0  # when a server that failed is tried again
-    backoff: Backoff = field(default_factory=lambda: Backoff(0.1))
+    pause: float = FIRST_RETRY  # doubles with each failure, up to LAST_RETRY
 
     def due(self, now: float) -> bool:
         return (not self.asleep or not self.worker.is_open) and now >= self.retry_at
@@ -222,10 +242,12 @@ class JobSource:
     """
 
     def __init__(self, servers: Sequence[tuple[str, int]], functions: Sequence[str],
-                 client_id: str, tls: TlsFiles | None = None, most: int = 128) -> None:
+                 client_id: str, tls: TlsFiles | None = None, most: int = 128,
+                 outages: Callable[[str], Outages] = lambda what: _Unwatched()) -> None:
+        """``outages``: what each server's failures are told to, by its name."""
         self.most = most
         self.servers = [_Server(WorkerConnection(h, p, functions, client_id, tls),
-                                Outage(log, f"gearmand {h}:{p} (worker)")) for h, p in servers]
+                                outages(f"gearmand {h}:{p} (worker)")) for h, p in servers]
         for server in self.servers:
             server.worker.coalesce = _until_flushed
         self._wake_read, self._wake_write = os.pipe()
@@ -268,7 +290,7 @@ class JobSource:
             self._failed(server, exc)
             return []
         server.outage.succeeded()
-        server.backoff.succeeded()
+        server.pause = FIRST_RETRY
         server.asleep = True
         size = sum(len(job.data) for job in jobs)
         if len(jobs) < server.ask:
@@ -282,7 +304,8 @@ class JobSource:
     def _failed(self, server: _Server, exc: GearmanError) -> None:
         server.worker.close()
         server.asleep, server.ask = False, 1
-        server.retry_at = time.monotonic() + server.backoff.failed()
+        server.retry_at = time.monotonic() + server.pause
+        server.pause = min(server.pause * 2, LAST_RETRY)
         server.outage.failed(exc)
 
     def _wait(self, deadline: float) -> bool:

@@ -17,8 +17,8 @@ from __future__ import annotations
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
-from gearhorn.events import Event as E
 from gearhorn.pipeline import transforms as T
+from gearhorn.rules.events import Event as E
 
 OUTCOME_COLUMNS = ("outcome", "subscriber", "topic", "message_id", "unique", "copy_key",
                    "enqueued_ts", "settled_ts", "first")

@@ -23,8 +23,8 @@ from pyspark.sql.types import (
     StructType,
 )
 
-from gearhorn.events import FIELDS, STREAM_SPAN
-from gearhorn.events import Event as E
+from gearhorn.rules.events import FIELDS, STREAM_SPAN
+from gearhorn.rules.events import Event as E
 
 EVENT_TYPES = tuple(e.value for e in E)
 

@@ -27,7 +27,7 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from gearhorn.events import STREAM_SPAN
+from gearhorn.rules.events import STREAM_SPAN
 
 LOST = "never_delivered"
 OVERDUE = "overdue"

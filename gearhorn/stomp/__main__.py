@@ -10,7 +10,7 @@ monkey.patch_all()
 
 import sys  # noqa: E402
 
-from gearhorn.entry import run_patched  # noqa: E402
+from gearhorn.runtime.entry import run_patched  # noqa: E402
 from gearhorn.stomp.app import run_bridge  # noqa: E402
 
 sys.exit(run_patched("bridge", run_bridge))

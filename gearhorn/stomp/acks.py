@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import logging
 
-from gearhorn.observers import Observer
 from gearhorn.stomp.backend import Observes
 from gearhorn.stomp.frames import Frame
 from gearhorn.stomp.rules import boolean, settle_target
 from gearhorn.stomp.subscription import StompSubscription
+from gearhorn.store.observers import Observer
 
 log = logging.getLogger(__name__)
 

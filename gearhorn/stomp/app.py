@@ -13,14 +13,14 @@ import time
 import gevent
 import gevent.event
 
-from gearhorn import auth, collector, gearman
-from gearhorn.background import Backoff
+from gearhorn import gearman
 from gearhorn.config import Config, to_env
-from gearhorn.events import Event
-from gearhorn.naming import process_id
-from gearhorn.observers import LedgerObserver, Observers, StatsObserver
-from gearhorn.presenceevents import announce_changes
-from gearhorn.servers import die_with_parent
+from gearhorn.rules import auth
+from gearhorn.rules.events import Event
+from gearhorn.rules.naming import process_id
+from gearhorn.runtime import collector
+from gearhorn.runtime.background import Backoff
+from gearhorn.runtime.children import die_with_parent
 from gearhorn.stomp.appending import HistoryFirst
 from gearhorn.stomp.attachments import Attachments
 from gearhorn.stomp.backend import Backend
@@ -49,6 +49,8 @@ from gearhorn.store.holding import HoldingClient
 from gearhorn.store.keys import Keys
 from gearhorn.store.ledger import Ledger
 from gearhorn.store.liveness import holders_alive
+from gearhorn.store.observers import LedgerObserver, Observers, StatsObserver
+from gearhorn.store.presenceevents import announce_changes
 from gearhorn.store.registry import Registry
 from gearhorn.store.stats import Stats
 from gearhorn.store.subscribers import SubscriberCache

@@ -2,7 +2,7 @@
 before its fanout job (runs under gevent).
 
 The topic's stream subscribers then have the message one Redis round trip
-after the SEND, not after gearmand and a worker (docs/design.rst); its
+after the SEND, not after gearmand and a worker (docs/design/index.rst); its
 live subscribers on this bridge (plain SUBSCRIBEs) have it before the
 append, with no round trip at all (gearhorn/stomp/streams.py). The
 subscriber look-up rides the same round trip, as in the workers (the
@@ -19,12 +19,12 @@ from typing import Protocol
 
 import gevent
 
-from gearhorn.messages import DEDUP_HEADER
-from gearhorn.naming import new_message_id
-from gearhorn.observers import Observer
+from gearhorn.rules.messages import DEDUP_HEADER
+from gearhorn.rules.naming import new_message_id
 from gearhorn.stomp.pens import PEN_MS, TopicPen
 from gearhorn.stomp.sending import SendOptions, TopicSend
 from gearhorn.store.history import NO_PEN, Entry, History, PenArgs, Plan
+from gearhorn.store.observers import Observer
 from gearhorn.store.subscribers import SubscriberCache
 
 

@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 import gevent
 
 from gearhorn import gearman
-from gearhorn.limits import Limits
+from gearhorn.rules.limits import Limits
 from gearhorn.stomp.bounds import QueueBounds
 from gearhorn.stomp.giveback import GiveBack
 from gearhorn.stomp.queues import Delivery, QueueConsumer, QueueDispatcher

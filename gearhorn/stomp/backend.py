@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from gearhorn import gearman
-from gearhorn.auth import Principal
 from gearhorn.errors import GearhornError
-from gearhorn.limits import Limits
+from gearhorn.rules.auth import Principal
+from gearhorn.rules.limits import Limits
 from gearhorn.stomp.offsets import Kept
 from gearhorn.stomp.queues import QueueConsumer, QueueDispatcher
 from gearhorn.stomp.rules import Destination
@@ -156,7 +156,7 @@ class Durable(Protocol):
 
 
 class Observes(Protocol):
-    """What a session tells the ledger (gearhorn/observers.py)."""
+    """What a session tells the ledger (gearhorn/store/observers.py)."""
 
     def attached(self, queue: str) -> None: ...
 

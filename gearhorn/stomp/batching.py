@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 
-from gearhorn.messages import MAX_BATCH
+from gearhorn.rules.messages import MAX_BATCH
 from gearhorn.stomp.frames import Frame
 from gearhorn.stomp.rules import plain
 

@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 
 from gearhorn import gearman
 from gearhorn.errors import GearhornError
-from gearhorn.limits import Limits
+from gearhorn.rules.limits import Limits
 from gearhorn.store.pressure import Pressure
 from gearhorn.store.redisconn import REDIS_ERRORS
 from gearhorn.store.registry import Registry

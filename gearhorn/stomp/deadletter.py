@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import logging
 
-from gearhorn.naming import dead_letter_queue
-from gearhorn.observers import Observer
+from gearhorn.rules.naming import dead_letter_queue
 from gearhorn.stomp.publisher import Publisher
 from gearhorn.stomp.queues import Delivery
 from gearhorn.store.deadletters import DeadLetterIndex
+from gearhorn.store.observers import Observer
 from gearhorn.store.redisconn import REDIS_ERRORS
 
 log = logging.getLogger(__name__)

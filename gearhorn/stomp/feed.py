@@ -19,7 +19,7 @@ from typing import Protocol
 import gevent
 import gevent.event
 
-from gearhorn.background import Fault
+from gearhorn.runtime.background import Fault
 from gearhorn.stomp.streams import BLOCK_MS, IN_FLIGHT_SECONDS, PAGE, RedisCalls, StreamReader
 from gearhorn.store.history import Entry, History, Stored
 

@@ -13,7 +13,7 @@ message may come twice, never not at all. The token's record in Redis
 its ledger entries and its ``redelivered`` flag follow it.
 
 Only background jobs gearhorn made can be given back this way
-(:func:`gearhorn.naming.returnable`); a request waiting for its reply, a
+(:func:`gearhorn.rules.naming.returnable`); a request waiting for its reply, a
 foreground fanout's copy and other clients' jobs stay with gearmand. A held
 copy is given back to its holder instead: answered ``naming.GIVEN_BACK``,
 it is handed again first in line (gearhorn/store/holding.py).
@@ -26,7 +26,7 @@ import uuid
 from collections.abc import Sequence
 
 from gearhorn import gearman
-from gearhorn.naming import TEMP_FUNCTION_PREFIX, is_held, returnable, returned_unique
+from gearhorn.rules.naming import TEMP_FUNCTION_PREFIX, is_held, returnable, returned_unique
 from gearhorn.stomp.queues import Delivery
 from gearhorn.store.handouts import Handouts, Returned
 

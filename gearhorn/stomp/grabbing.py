@@ -15,7 +15,7 @@ import gevent.event
 import gevent.queue
 
 from gearhorn import gearman
-from gearhorn.background import Backoff
+from gearhorn.runtime.background import Backoff
 
 log = logging.getLogger(__name__)
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import gevent
 
-from gearhorn.auth import Credentials, Principal
+from gearhorn.rules.auth import Credentials, Principal
 
 
 class Logins:
-    """Checks logins against the credentials (gearhorn/auth.py)."""
+    """Checks logins against the credentials (gearhorn/rules/auth.py)."""
 
     def __init__(self, credentials: Credentials | None = None) -> None:
         self.credentials = credentials or Credentials.open()

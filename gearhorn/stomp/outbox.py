@@ -10,7 +10,7 @@ together as the next one (one job of up to ``MAX_BATCH`` messages).
 
 On a topic with a history the bridge appends each SEND itself before its
 job (if one is needed at all), so stream subscribers do not wait for any
-job (docs/design.rst). The session has already handed the SEND to this
+job (docs/design/index.rst). The session has already handed the SEND to this
 bridge's live subscribers (gearhorn/stomp/streams.py). Mostly the append
 is made at once, in the session, as the SEND is read. One case waits: a
 SEND that was read alone, or with at most ``LINGER_MOST`` messages in all,

@@ -1,7 +1,7 @@
 """A topic's pen on this bridge (runs under gevent): while the bridge holds
 it, it gives its SENDs their offsets itself, so its stream readers have
 each message, offset and all, before the append's round trip to Redis
-(docs/design.rst, "Offsets given by the bridge"). Redis grants the pen
+(docs/design/realtime.rst, "Offsets given by the bridge"). Redis grants the pen
 (lua/history_append.lua) to one caller at a time; the others' appends wait
 until it is given back.
 

@@ -10,8 +10,9 @@ from collections.abc import Sequence
 
 import gevent.lock
 
-from gearhorn import gearman, messages
-from gearhorn.naming import call_unique, new_message_id, queue_copy_unique, stomp_unique
+from gearhorn import gearman
+from gearhorn.rules import messages
+from gearhorn.rules.naming import new_message_id, queue_copy_unique, stomp_unique
 from gearhorn.stomp.appending import HistoryFirst
 from gearhorn.stomp.backend import FanoutFailed
 from gearhorn.stomp.bounds import QueueBounds
@@ -25,7 +26,7 @@ class Publisher:
     """Submits what sessions send. With ``holding`` (``copies = held``)
     background jobs are held copies: kept in Redis by this bridge and handed
     to gearmand as foreground jobs it holds open, as the pool's fanout
-    copies are (docs/design.rst)."""
+    copies are (docs/design/index.rst)."""
 
     def __init__(self, servers: Sequence[tuple[str, int]], tls: gearman.TlsFiles | None,
                  headers: HeaderStore, scheduler: Scheduler, bounds: QueueBounds,
@@ -109,7 +110,7 @@ class Publisher:
     def start(self, client: gearman.Client, send: TopicSend) -> Pending:
         """Submit ``send``'s fanout job; :meth:`Pending.wait` has its answer.
         Until then ``client`` is for nothing else (the answer comes on it)."""
-        copy = gearman.Copy("fanout", call_unique(), fanout_job(send))
+        copy = gearman.Copy("fanout", gearman.call_unique(), fanout_job(send))
         return Pending(send.topic, client.start_foreground([copy], send.options.priority),
                        self.fanout_timeout)
 

@@ -28,7 +28,7 @@ import gevent.event
 import gevent.queue
 
 from gearhorn import gearman
-from gearhorn.naming import GIVEN_BACK, is_held
+from gearhorn.rules.naming import GIVEN_BACK, is_held
 from gearhorn.stomp import dispatch
 from gearhorn.stomp.grabbing import Grabber
 from gearhorn.stomp.inorder import InOrder

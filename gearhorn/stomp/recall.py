@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from gearhorn import gearman
-from gearhorn.background import Outage
-from gearhorn.naming import own_unique, returned_token
+from gearhorn.rules.naming import own_unique, returned_token
+from gearhorn.runtime.background import Outage
 from gearhorn.store.handouts import Handouts, Returned
 from gearhorn.store.redisconn import REDIS_ERRORS
 

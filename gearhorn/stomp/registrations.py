@@ -13,9 +13,9 @@ from collections.abc import Callable
 
 import gevent
 
-from gearhorn.background import Fault, Outage
-from gearhorn.limits import Limits
-from gearhorn.messages import Subscription, validate_topic
+from gearhorn.rules.limits import Limits
+from gearhorn.rules.messages import Subscription, validate_topic
+from gearhorn.runtime.background import Fault, Outage
 from gearhorn.store.bridges import BridgeLiveness, queue_entry, topic_entry
 from gearhorn.store.redisconn import REDIS_ERRORS
 from gearhorn.store.registry import Registry

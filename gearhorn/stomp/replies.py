@@ -11,7 +11,7 @@ from collections.abc import Callable
 import gevent
 
 from gearhorn import gearman
-from gearhorn.naming import queue_copy_unique
+from gearhorn.rules.naming import queue_copy_unique
 from gearhorn.stomp.publisher import Publisher
 from gearhorn.stomp.registrations import Registrations
 from gearhorn.stomp.sending import SendOptions

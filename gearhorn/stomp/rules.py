@@ -9,9 +9,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gearhorn.limits import Limits, limits_from_headers
-from gearhorn.messages import DEFAULT_MAX_PAYLOAD, BadRequest, validate_queue, validate_topic
-from gearhorn.naming import TEMP_FUNCTION_PREFIX
+from gearhorn.errors import BadRequest
+from gearhorn.rules.limits import Limits, limits_from_headers
+from gearhorn.rules.messages import DEFAULT_MAX_PAYLOAD, validate_queue, validate_topic
+from gearhorn.rules.naming import TEMP_FUNCTION_PREFIX
 from gearhorn.stomp.exchanges import ExchangeError, exchange_topic
 from gearhorn.stomp.frames import Frame, encode
 from gearhorn.stomp.sending import SendOptions, send_options
@@ -280,7 +281,7 @@ def heartbeats(client_header: str, send_ms: int, receive_ms: int) -> tuple[int, 
 
 def queue_limits(frame: Frame) -> Limits | None:
     """RabbitMQ's queue arguments on a SUBSCRIBE: x-max-length and the rest
-    (gearhorn/limits.py)."""
+    (gearhorn/rules/limits.py)."""
     try:
         return limits_from_headers(frame.headers)
     except BadRequest as exc:

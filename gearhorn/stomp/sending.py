@@ -21,13 +21,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from gearhorn.messages import (
-    MAX_BATCH,
-    MAX_DELAY_SECONDS,
-    BadRequest,
-    parse_headers,
-    validate_queue,
-)
+from gearhorn.errors import BadRequest
+from gearhorn.rules.fanoutoptions import MAX_DELAY_SECONDS
+from gearhorn.rules.messages import MAX_BATCH, parse_headers, validate_queue
 
 TEMP_QUEUE = "/temp-queue/"
 DELAY_HEADERS = ("x-delay", "AMQ_SCHEDULED_DELAY")

@@ -9,9 +9,9 @@ from collections.abc import Callable
 from typing import Protocol
 
 from gearhorn import gearman
-from gearhorn.auth import Principal
-from gearhorn.messages import DEDUP_HEADER
-from gearhorn.naming import TEMP_FUNCTION_PREFIX
+from gearhorn.rules.auth import Principal
+from gearhorn.rules.messages import DEDUP_HEADER
+from gearhorn.rules.naming import TEMP_FUNCTION_PREFIX
 from gearhorn.stomp.backend import Backend
 from gearhorn.stomp.frames import Frame
 from gearhorn.stomp.outbox import Outbox

@@ -21,7 +21,7 @@ import gevent
 import gevent.event
 from gevent.server import StreamServer
 
-from gearhorn.ports import BRIDGE_PORT, BRIDGE_WS_PORT, listen
+from gearhorn.runtime.ports import BRIDGE_PORT, BRIDGE_WS_PORT, listen
 from gearhorn.stomp import websocket
 from gearhorn.stomp.backend import Backend
 from gearhorn.stomp.frames import HEARTBEAT, FrameError, FrameLimits, FrameParser, encode

@@ -13,8 +13,8 @@ import uuid
 from collections.abc import Callable
 
 from gearhorn import gearman
-from gearhorn.auth import OPEN
-from gearhorn.messages import BadRequest
+from gearhorn.errors import BadRequest
+from gearhorn.rules.auth import OPEN
 from gearhorn.stomp.backend import Backend, FanoutFailed, Transport
 from gearhorn.stomp.batching import send_batches
 from gearhorn.stomp.bounds import QueueFull

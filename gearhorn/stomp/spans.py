@@ -3,7 +3,7 @@
 A queue subscriber's copies are in the ledger one by one (enqueued,
 delivered, acked). A stream subscriber has no copies: it is given its
 topic's history offsets in order, so the ledger keeps runs of them, one
-``streamed`` row per run (gearhorn/events.py has the row's format). The
+``streamed`` row per run (gearhorn/rules/events.py has the row's format). The
 reconciliation then finds any offset a subscriber skipped, or was given
 twice, between its first and its last (gearhorn/pipeline/transforms.py).
 """
@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from gearhorn.events import stream_span
+from gearhorn.rules.events import stream_span
 
 MOST_PER_RUN = 1000  # offsets per row: a run is recorded at least this often
 MOST_SECONDS = 1.0  # ... or once this old, when the next offset comes

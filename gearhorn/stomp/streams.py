@@ -38,7 +38,7 @@ from typing import Protocol, TypeVar
 import gevent
 import gevent.event
 
-from gearhorn.background import Backoff, Outage
+from gearhorn.runtime.background import Backoff, Outage
 from gearhorn.stomp.spans import Spans
 from gearhorn.store.history import Entry, History, Stored
 from gearhorn.store.redisconn import REDIS_ERRORS

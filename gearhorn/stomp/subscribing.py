@@ -11,9 +11,9 @@ from collections.abc import Callable
 from typing import Protocol
 
 from gearhorn import gearman
-from gearhorn.auth import Principal
-from gearhorn.messages import validate_queue
-from gearhorn.naming import temp_queue
+from gearhorn.rules.auth import Principal
+from gearhorn.rules.messages import validate_queue
+from gearhorn.rules.naming import temp_queue
 from gearhorn.stomp.acks import observer_for, settle
 from gearhorn.stomp.backend import Backend, Transport
 from gearhorn.stomp.frames import Frame

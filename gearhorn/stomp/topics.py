@@ -6,9 +6,8 @@ from __future__ import annotations
 
 import uuid
 
-from gearhorn.limits import STOMP_HEADERS
-from gearhorn.messages import queue_name
-from gearhorn.naming import durable_client_id, stream_client_id
+from gearhorn.rules.limits import STOMP_HEADERS
+from gearhorn.rules.naming import durable_client_id, queue_name, stream_client_id
 from gearhorn.stomp.backend import Backend
 from gearhorn.stomp.frames import Frame
 from gearhorn.stomp.offsets import resume_point
@@ -21,7 +20,7 @@ def reads_history(backend: Backend, pattern: str, frame: Frame) -> bool:
     asks to (``x-stream-offset``), or when it is a plain, non-durable one to a
     topic whose history it may read (every topic with real-time topics on,
     the default: no queue of its own to fill). Prefix subscriptions keep a
-    queue: an offset counts one topic's messages (docs/design.rst)."""
+    queue: an offset counts one topic's messages (docs/design/index.rst)."""
     if "x-stream-offset" in frame.headers:
         return True
     return (not pattern.endswith("*") and durable_name(frame, "") is None

@@ -7,12 +7,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from gearhorn.observers import Observer
 from gearhorn.stomp.feed import OwnWriter, TopicFeed
 from gearhorn.stomp.offsets import Kept
 from gearhorn.stomp.spans import Spans
 from gearhorn.stomp.streams import StreamConsumer, StreamReader
 from gearhorn.store.history import Entry, History
+from gearhorn.store.observers import Observer
 
 
 class TopicStreams:
@@ -28,7 +28,7 @@ class TopicStreams:
 
     def keeps_history(self, topic: str) -> bool:
         """Whether a subscription may read ``topic``'s history (a real-time
-        topic's is kept while it is read: gearhorn/historypolicy.py)."""
+        topic's is kept while it is read: gearhorn/rules/historypolicy.py)."""
         return self.history.policy.readable(topic)
 
     def always_kept(self, topic: str) -> bool:

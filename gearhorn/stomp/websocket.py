@@ -8,7 +8,7 @@ at ``/ws`` with the subprotocols ``v12.stomp``, ``v11.stomp`` and
 same session, logins, rights, limits, heart-beats and TLS as a TCP one. The
 bytes of every message go to the same incremental frame parser: a message
 may hold one frame, several, or part of one. wsproto does the upgrade
-without doing I/O (docs/design.rst says why it was chosen); the frames
+without doing I/O (docs/design/index.rst says why it was chosen); the frames
 after it are read by gearhorn/stomp/wsframes.py and written by
 :func:`data_frame`, at a fraction of wsproto's cost.
 """
@@ -38,7 +38,7 @@ def data_frame(payload: bytes, text: bool) -> bytes:
     """One whole, unmasked server-to-client data frame (RFC 6455 5.2): the
     bytes wsproto makes for a Message when no extension is agreed (none is
     offered here), without its event machinery, which was the larger part
-    of every MESSAGE's cost over WebSocket (docs/design.rst)."""
+    of every MESSAGE's cost over WebSocket (docs/design/index.rst)."""
     first, n = _TEXT if text else _BINARY, len(payload)
     if n < 126:
         head = bytes((first, n))

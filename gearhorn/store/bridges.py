@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 
-from gearhorn.messages import Subscription
+from gearhorn.rules.messages import Subscription
 from gearhorn.store.liveness import of_bridges, of_holding_bridges
 from gearhorn.store.registry import Registry
 

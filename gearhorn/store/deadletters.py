@@ -28,8 +28,7 @@ from dataclasses import dataclass
 import redis
 
 from gearhorn import gearman
-from gearhorn.messages import header_id_of
-from gearhorn.naming import dead_letter_queue, queue_copy_unique, stomp_unique
+from gearhorn.rules.naming import dead_letter_queue, header_id_of, queue_copy_unique, stomp_unique
 from gearhorn.store import durability
 from gearhorn.store.durability import NO_DURABILITY, Durability
 from gearhorn.store.headers import HeaderStore

@@ -26,8 +26,8 @@ from dataclasses import dataclass
 
 import redis
 
-from gearhorn.background import Backoff, Outage, StoppableThread
 from gearhorn.gearman import GearmanError
+from gearhorn.runtime.background import Backoff, Outage, StoppableThread
 from gearhorn.store import delaylayout
 from gearhorn.store.delaylayout import Layout
 from gearhorn.store.keys import Keys

@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING
 
 import redis
 
-from gearhorn.background import Backoff
 from gearhorn.errors import GearhornError
+from gearhorn.runtime.background import Backoff
 from gearhorn.store import redisconn
 from gearhorn.store.fsync import (
     ALWAYS,

@@ -7,7 +7,7 @@ cannot say so cheaply: ``appendfsync always`` syncs once per event-loop
 turn in its main thread (gearmand's queue writes one job per command, so
 one fsync per copy), ``everysec`` answers up to two seconds ahead of the
 disk, and ``WAITAOF`` came only with Redis 7.2 (Debian 12 has 7.0). So a
-syncer runs beside each Redis (:mod:`gearhorn.aofsync`) and serves a
+syncer runs beside each Redis (:mod:`gearhorn.supervision.aofsync`) and serves a
 barrier through Redis itself, with one counter and two channels:
 
 1. A waiter whose writes Redis has answered takes a ticket, ``INCR``

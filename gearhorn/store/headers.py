@@ -5,7 +5,7 @@ the raw payload. So a message with headers (STOMP SEND headers, or a
 fanout's ``"headers"``) keeps them under ``<p>headers:<header id>`` for
 ``headers_ttl`` seconds, written once per message however many copies it
 has, and every copy's unique key starts with ``@<header id>``
-(:func:`gearhorn.messages.copy_unique`). The bridge reads the headers of the
+(:func:`gearhorn.rules.naming.copy_unique`). The bridge reads the headers of the
 jobs it grabs, one MGET per grab; a job without the mark costs nothing.
 """
 
@@ -16,7 +16,7 @@ from collections.abc import Iterable, Mapping
 
 import redis
 
-from gearhorn.messages import header_id_of
+from gearhorn.rules.naming import header_id_of
 from gearhorn.store.keys import Keys
 
 

@@ -1,5 +1,5 @@
 """The copies gearhorn holds itself (``copies = held``): one record per copy
-in Redis until its receiver answers (docs/design.rst, "Held copies").
+in Redis until its receiver answers (docs/design/gearmand.rst, "Held copies").
 
 A queue's records are one hash, ``<p>copies:{Q}`` (one hash slot per queue,
 as a Redis Cluster needs), field = the copy's key (its unique, or a digest
@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import redis
 
 from gearhorn.gearman import Copy
-from gearhorn.naming import FOREGROUND_MARK, GENERATION_MARK, HEADER_MARK
+from gearhorn.rules.naming import FOREGROUND_MARK, GENERATION_MARK, HEADER_MARK
 from gearhorn.store.keys import Keys
 from gearhorn.store.redisutil import ScriptCall, script, text, with_scripts_loaded
 
@@ -85,7 +85,7 @@ class HeldCopy:
 def record_key(unique: str) -> str:
     """The record's field: the copy's unique, or a digest of it when the
     generation mark would not fit after it. A unique that names its STOMP
-    headers (``@<header id>:``, gearhorn/naming.py) keeps that head, so the
+    headers (``@<header id>:``, gearhorn/rules/naming.py) keeps that head, so the
     receiver still finds them.
 
     >>> record_key("m1:alice")

@@ -3,7 +3,7 @@ an epoch that changes when its history is lost (Centrifugo's model).
 
 Kept ``history_size`` messages (about: the stream is trimmed with ``~``) and
 ``history_ttl`` seconds after the topic's last message (per topic or
-prefix: ``history_topics``, gearhorn/historypolicy.py), in the topic's
+prefix: ``history_topics``, gearhorn/rules/historypolicy.py), in the topic's
 hash slot: ``<p>history:{T}`` (a stream whose entry ids are the offsets)
 and ``<p>history-meta:{T}`` (the last offset and the epoch). Written by the
 workers, one script call per topic and group of fanouts
@@ -22,7 +22,7 @@ from typing import NamedTuple
 
 import redis
 
-from gearhorn.historypolicy import HistoryPolicy, Mode
+from gearhorn.rules.historypolicy import HistoryPolicy, Mode
 from gearhorn.store.directcalls import DirectCalls
 from gearhorn.store.keys import Keys
 from gearhorn.store.redisutil import ScriptCall, script, text

@@ -1,7 +1,7 @@
 """A worker process's held copies (``copies = held``): kept in Redis, handed
 to gearmand as foreground jobs this process holds open, forgotten once
 their receivers answer, and handed again when a holding connection is lost
-or a holder dies (docs/design.rst, "Held copies").
+or a holder dies (docs/design/gearmand.rst, "Held copies").
 
 :class:`HoldingClient` stands in for the fanout path's ``gearman.Client``:
 its ``submit_background`` writes the records (the acknowledgement then waits
@@ -21,9 +21,9 @@ import time
 from collections.abc import Callable, Sequence
 
 from gearhorn import gearman
-from gearhorn.background import Backoff, Outage
-from gearhorn.gearman.holder import Holder
-from gearhorn.naming import GIVEN_BACK
+from gearhorn.gearman import Holder
+from gearhorn.rules.naming import GIVEN_BACK
+from gearhorn.runtime.background import Backoff, Outage
 from gearhorn.store.heldcopies import HeldCopies, HeldCopy, key_of
 from gearhorn.store.redisconn import REDIS_ERRORS
 

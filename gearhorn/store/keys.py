@@ -3,7 +3,7 @@
 All keys start with the configured prefix (default ``gearhorn:``), or with
 ``{`` and the prefix. Text in ``{}`` is a Redis Cluster hash tag: keys with
 the same tag live in the same hash slot, so every Lua script and
-transaction touches one slot (docs/design.rst, "Redis Cluster"). On a single
+transaction touches one slot (docs/design/redis.rst, "Redis Cluster"). On a single
 Redis the braces are just characters.
 
 ==============================  ====================================================
@@ -58,9 +58,9 @@ Redis the braces are just characters.
                                 appends to one; together trimmed to about
                                 ``ledger_maxlen`` entries
 ``<p>dashed-functions``         set, written by versions before held copies:
-                                functions with a ``-`` (gearhorn/queueupgrade.py)
+                                functions with a ``-`` (gearhorn/supervision/queueupgrade.py)
 ``<p>held:<key>``               hash, in an older version's gearmand queue Redis:
-                                a job set aside (gearhorn/queueupgrade.py)
+                                a job set aside (gearhorn/supervision/queueupgrade.py)
 ``<p>bridge-info:<id>``         hash: pid, host, started, connections of a live
                                 bridge; expires with its heartbeat
 ``{<p>stats}:copies``           sorted set: topic -> copies made, ever (gearhorn/store/stats.py)
@@ -79,9 +79,9 @@ Redis the braces are just characters.
                                 as ``~<token>`` (gearhorn/store/handouts.py)
 ``<p>subscriptions``            hash: subscriber queue -> JSON of its topic, client id,
                                 when it was (re)subscribed and the limits it was
-                                given (gearhorn/limits.py, gearhorn/worker/warden.py)
+                                given (gearhorn/rules/limits.py, gearhorn/worker/warden.py)
 ``<p>tally:{<queue>}``          list: ``<ms> <copies> <bytes>`` per group of copies a
-                                worker queued, oldest first (gearhorn/retention.py)
+                                worker queued, oldest first (gearhorn/rules/retention.py)
 ``<p>tally:{<queue>}:sum``      hash: ``c`` copies and ``b`` bytes the list holds
 ``<p>watched``                  set: queues whose tally may hold copies: the warden's
                                 rounds look at these and the ones gearmand says hold copies

@@ -36,8 +36,8 @@ from collections.abc import Sequence
 
 import redis
 
-from gearhorn.background import Outage, StoppableThread
-from gearhorn.events import Event
+from gearhorn.rules.events import Event
+from gearhorn.runtime.background import Outage, StoppableThread
 from gearhorn.store.keys import Keys
 from gearhorn.store.ledgerentries import (
     BATCH,

@@ -21,8 +21,8 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Iterator, Sequence
 
-from gearhorn.events import Event, copy_key, message_key
-from gearhorn.naming import copy_unique, queue_name
+from gearhorn.rules.events import Event, copy_key, message_key
+from gearhorn.rules.naming import copy_unique, queue_name
 
 PUBLISHED_BATCH = "published-batch"
 BATCH = "batch"
@@ -34,7 +34,7 @@ _dumps = json.JSONEncoder(separators=(",", ":")).encode
 class SharedSubscribers:
     """The direct subscribers every message of a fanout went to, each copy
     named the plain way: queue ``<topic>_<client_id>``, unique
-    ``<message_id>:<client_id>`` (gearhorn/naming.py). Their ledger form
+    ``<message_id>:<client_id>`` (gearhorn/rules/naming.py). Their ledger form
     (``ledger_json``) is made once for the fanout, not a pair per copy."""
 
     __slots__ = ("topic", "client_ids", "ledger_json")

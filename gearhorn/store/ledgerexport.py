@@ -24,7 +24,7 @@ from datetime import UTC, datetime
 import redis
 
 from gearhorn.errors import GearhornError
-from gearhorn.events import FIELDS, Event
+from gearhorn.rules.events import FIELDS, Event
 from gearhorn.store.keys import Keys
 from gearhorn.store.ledger import now_ms
 from gearhorn.store.ledgerentries import rows_from_entries

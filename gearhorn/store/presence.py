@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import json
 
-from gearhorn.messages import PREFIX_WILDCARD, PresenceQuery
-from gearhorn.naming import queue_name
+from gearhorn.rules.messages import PREFIX_WILDCARD, PresenceQuery
+from gearhorn.rules.naming import queue_name
 from gearhorn.store.redisutil import text
 from gearhorn.store.registry import Registry
 

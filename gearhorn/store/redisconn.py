@@ -22,7 +22,7 @@ from redis.exceptions import RedisClusterException
 from redis.retry import Retry
 from redis.sentinel import Sentinel, SentinelConnectionPool
 
-from gearhorn.gearman.tcp import CONNECT_TIMEOUT, keepalive_options
+from gearhorn.gearman import CONNECT_TIMEOUT, keepalive_options
 
 if TYPE_CHECKING:
     from gearhorn.config import Config

@@ -15,9 +15,9 @@ from dataclasses import dataclass
 
 import redis
 
-from gearhorn.limits import REJECT_PUBLISH, Limits, limits_from_dict
-from gearhorn.messages import PREFIX_WILDCARD, Subscription, queue_name
-from gearhorn.naming import is_stream_client, process_id
+from gearhorn.rules.limits import REJECT_PUBLISH, Limits, limits_from_dict
+from gearhorn.rules.messages import PREFIX_WILDCARD, Subscription
+from gearhorn.rules.naming import is_stream_client, process_id, queue_name
 from gearhorn.store.directcalls import DirectCalls
 from gearhorn.store.keys import Keys
 from gearhorn.store.liveness import of_workers

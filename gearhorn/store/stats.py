@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 import redis
 
-from gearhorn.background import Outage
+from gearhorn.runtime.background import Outage
 from gearhorn.store.keys import Keys
 from gearhorn.store.redisconn import REDIS_ERRORS
 from gearhorn.store.redisutil import text

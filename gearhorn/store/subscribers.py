@@ -19,8 +19,8 @@ from collections.abc import Callable, Iterable, Sequence
 
 import redis
 
-from gearhorn.background import Backoff, StoppableThread
-from gearhorn.messages import PREFIX_WILDCARD
+from gearhorn.rules.messages import PREFIX_WILDCARD
+from gearhorn.runtime.background import Backoff, StoppableThread
 from gearhorn.store.redisconn import REDIS_ERRORS
 from gearhorn.store.redisutil import ScriptCall
 from gearhorn.store.registry import Members, Recipient, Registry

@@ -2,7 +2,7 @@
 
 Workers append (one entry per queue and group of copies, after gearmand
 accepted them); the warden reads the oldest entries and forgets the ones
-consumed (gearhorn/retention.py says which). Redis keys: ``<p>tally:{Q}``
+consumed (gearhorn/rules/retention.py says which). Redis keys: ``<p>tally:{Q}``
 (the list) and ``<p>tally:{Q}:sum`` (its copies ``c`` and bytes ``b``),
 one hash slot per queue; ``<p>watched``: the queues whose tally may hold
 copies, and ``<p>tallied``: the queues tallied since the warden's last
@@ -21,9 +21,9 @@ from collections.abc import Iterable, Sequence
 
 import redis
 
-from gearhorn.background import Outage
 from gearhorn.gearman import Copy
-from gearhorn.retention import Tallied, TallyEntry
+from gearhorn.rules.retention import Tallied, TallyEntry
+from gearhorn.runtime.background import Outage
 from gearhorn.store.keys import Keys
 from gearhorn.store.redisconn import REDIS_ERRORS
 from gearhorn.store.redisutil import text

@@ -7,7 +7,7 @@ monkey.patch_all()
 
 import sys  # noqa: E402
 
-from gearhorn.entry import run_patched  # noqa: E402
+from gearhorn.runtime.entry import run_patched  # noqa: E402
 from gearhorn.web.app import run_web  # noqa: E402
 
 sys.exit(run_patched("web", run_web))

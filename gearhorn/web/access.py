@@ -13,7 +13,7 @@ from __future__ import annotations
 import base64
 import binascii
 
-from gearhorn.auth import Credentials, Principal
+from gearhorn.rules.auth import Credentials, Principal
 
 REALM = 'Basic realm="gearhorn", charset="UTF-8"'
 

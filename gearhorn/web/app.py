@@ -35,12 +35,14 @@ import gevent.event
 from gevent.pywsgi import WSGIServer
 from prometheus_client import CollectorRegistry, make_wsgi_app
 
-from gearhorn import auth, gearman
-from gearhorn.background import Fault
+from gearhorn import gearman
 from gearhorn.config import Config
-from gearhorn.messages import BadRequest, PresenceQuery, validate_queue, validate_topic
-from gearhorn.naming import dead_letter_queue
-from gearhorn.ports import WEB_PORT, listen
+from gearhorn.errors import BadRequest
+from gearhorn.rules import auth
+from gearhorn.rules.messages import PresenceQuery, validate_queue, validate_topic
+from gearhorn.rules.naming import dead_letter_queue
+from gearhorn.runtime.background import Fault
+from gearhorn.runtime.ports import WEB_PORT, listen
 from gearhorn.store import deadletters, fsync, redisconn
 from gearhorn.store.keys import Keys
 from gearhorn.store.presence import Presence

@@ -17,8 +17,8 @@ from collections.abc import Sequence
 import redis
 
 from gearhorn import gearman
-from gearhorn.messages import PREFIX_WILDCARD
-from gearhorn.naming import dead_letter_queue
+from gearhorn.rules.messages import PREFIX_WILDCARD
+from gearhorn.rules.naming import dead_letter_queue
 from gearhorn.store import stats
 from gearhorn.store.delayed import Scheduler
 from gearhorn.store.keys import Keys

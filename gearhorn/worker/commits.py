@@ -30,7 +30,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from gearhorn.background import Outage
+from gearhorn.runtime.background import Outage
 from gearhorn.store.durability import Durability
 from gearhorn.store.fsync import BarrierUnavailable, FsyncFailed
 

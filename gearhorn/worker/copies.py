@@ -7,7 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gearhorn import gearman
-from gearhorn.messages import Fanout, copy_unique
+from gearhorn.rules.messages import Fanout
+from gearhorn.rules.naming import copy_unique
 from gearhorn.store.registry import Recipient
 from gearhorn.store.room import RoomKeeper
 

@@ -16,15 +16,16 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from gearhorn import gearman
-from gearhorn.limits import FULL
-from gearhorn.messages import BadRequest, Fanout, header_id_for
-from gearhorn.naming import delayed_unique, new_message_id, queue_name
-from gearhorn.observers import FailedCopy, Observer
+from gearhorn.errors import BadRequest
+from gearhorn.rules.limits import FULL
+from gearhorn.rules.messages import Fanout
+from gearhorn.rules.naming import delayed_unique, header_id_for, new_message_id, queue_name
 from gearhorn.store.dedup import Deduplicator
 from gearhorn.store.delayed import DelayedItem, Scheduler
 from gearhorn.store.headers import HeaderStore
 from gearhorn.store.history import Entry, History
 from gearhorn.store.ledgerentries import SharedSubscribers, SubscriberCopies
+from gearhorn.store.observers import FailedCopy, Observer
 from gearhorn.store.pressure import Pressure
 from gearhorn.store.registry import Recipient
 from gearhorn.store.room import RoomKeeper

@@ -18,9 +18,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from gearhorn import gearman
-from gearhorn.background import Backoff
 from gearhorn.config import Config
-from gearhorn.messages import Fanout
+from gearhorn.rules.messages import Fanout
+from gearhorn.runtime.background import Backoff
 from gearhorn.store.registry import Recipient
 
 # A receiver's end that another try may change; a timeout is still queued.

@@ -15,7 +15,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from gearhorn.messages import Subscription, queue_name
+from gearhorn.rules.messages import Subscription
+from gearhorn.rules.naming import queue_name
 from gearhorn.store.bridges import QUEUE, TOPIC
 from gearhorn.store.liveness import of_bridges
 from gearhorn.store.redisconn import REDIS_ERRORS

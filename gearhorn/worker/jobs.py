@@ -8,8 +8,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from gearhorn import gearman
-from gearhorn.errors import GearhornError
-from gearhorn.messages import BadRequest
+from gearhorn.errors import BadRequest, GearhornError
 from gearhorn.store.redisconn import REDIS_ERRORS
 
 SUBSCRIBE = "subscribe_fanout"

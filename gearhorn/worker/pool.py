@@ -32,7 +32,7 @@ _LONGEST_WAIT = 5.0
 
 def run_worker(config: Config) -> None:
     """Body of one worker process."""
-    from gearhorn.logs import setup_logging
+    from gearhorn.runtime.logs import setup_logging
     from gearhorn.worker.process import WorkerProcess
 
     setup_logging(config.log_level)

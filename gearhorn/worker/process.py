@@ -15,9 +15,9 @@ import threading
 import time
 
 from gearhorn import gearman
-from gearhorn.background import Backoff, Fault, Outage
 from gearhorn.config import Config
-from gearhorn.messages import BadRequest
+from gearhorn.errors import BadRequest
+from gearhorn.runtime.background import Backoff, Fault, Outage
 from gearhorn.store.redisconn import REDIS_ERRORS
 from gearhorn.store.registry import new_worker_id
 from gearhorn.worker.commits import Committer, Group
@@ -193,7 +193,7 @@ class WorkerProcess:
     def _refuse(worker: gearman.WorkerConnection, grabbed: gearman.GrabbedJob, job: Job,
                 reason: str) -> None:
         # WARNING then FAIL: every client (the gearman CLI too) sees the
-        # reason; WORK_EXCEPTION would end the job in gearmand (docs/design.rst).
+        # reason; WORK_EXCEPTION would end the job in gearmand (docs/design/index.rst).
         log.info("rejected %s job: %s", job.function, reason)
         worker.warn(grabbed.handle, reason.encode())
         worker.fail(grabbed.handle)

@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from gearhorn import gearman
-from gearhorn.naming import FOREGROUND_MARK, dead_letter_queue, is_held, queue_copy_unique
+from gearhorn.rules.naming import FOREGROUND_MARK, dead_letter_queue, is_held, queue_copy_unique
 from gearhorn.store.deadletters import DeadLetterIndex
 from gearhorn.store.headers import HeaderStore
 from gearhorn.store.redisconn import REDIS_ERRORS
@@ -124,7 +124,7 @@ class Reaper:
 
 
 def _echo(worker: gearman.WorkerConnection) -> None:
-    from gearhorn.gearman.packets import P, encode
+    from gearhorn.gearman import P, encode
 
     worker.conn.send(encode(P.ECHO_REQ, b"warden"))
     while worker.conn.read().type != P.ECHO_RES:

@@ -1,7 +1,7 @@
 """What the warden holding the lease remembers of each queue between
 rounds: its counts when judged and its verdict's parts, so that a queue
 whose counts have not moved is not judged again, and its tally sums, so
-that they are read only when it was tallied since (docs/design.rst,
+that they are read only when it was tallied since (docs/design/workers.rst,
 "Worker pool"). Stale once another process may have judged: forgotten
 whenever the lease is taken anew."""
 

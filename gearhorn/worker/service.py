@@ -12,16 +12,16 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterator, Sequence
 
-from gearhorn.messages import (
-    BadRequest,
+from gearhorn.errors import BadRequest
+from gearhorn.rules.messages import (
     Fanout,
     parse_fanout,
     parse_history,
     parse_presence,
     parse_subscription,
 )
-from gearhorn.observers import Observer
 from gearhorn.store.history import History
+from gearhorn.store.observers import Observer
 from gearhorn.store.presence import Presence
 from gearhorn.store.registry import Registry
 from gearhorn.worker.copies import plain

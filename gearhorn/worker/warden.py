@@ -11,9 +11,9 @@ and does a round every ``retention_interval`` seconds:
    only when a copy must be taken, consumers looked for, or every
    STATUS_EVERY for jobs others sent; else from ``status``. Then the
    records and limits (``<p>subscriptions``) of the queues whose counts
-   moved (docs/design.rst, "Worker pool": an idle or steady queue costs a
+   moved (docs/design/workers.rst, "Worker pool": an idle or steady queue costs a
    round nothing);
-2. judges each queue (gearhorn/retention.py): entries consumed are
+2. judges each queue (gearhorn/rules/retention.py): entries consumed are
    forgotten; expired copies, then copies over a ``drop-head`` limit, are
    taken from the head as a worker of the queue would (GRAB, then
    WORK_COMPLETE; WORK_FAIL for a foreground copy), dead-lettered first
@@ -42,13 +42,13 @@ import redis
 
 from gearhorn import gearman
 from gearhorn.config import Config
-from gearhorn.limits import DROP_HEAD, EXPIRED, REMOVED, Limits
-from gearhorn.messages import Subscription
-from gearhorn.naming import is_stream_client
-from gearhorn.observers import Observer
-from gearhorn.retention import Tallied, Verdict, judge
+from gearhorn.rules.limits import DROP_HEAD, EXPIRED, REMOVED, Limits
+from gearhorn.rules.messages import Subscription
+from gearhorn.rules.naming import is_stream_client
+from gearhorn.rules.retention import Tallied, Verdict, judge
 from gearhorn.store.heldcopies import HeldCopies
 from gearhorn.store.keys import Keys
+from gearhorn.store.observers import Observer
 from gearhorn.store.redisutil import text
 from gearhorn.store.registry import Registry
 from gearhorn.store.room import RoomKeeper

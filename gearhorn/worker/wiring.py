@@ -9,6 +9,7 @@ cache, the header store and the observers are shared the same way.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -17,9 +18,8 @@ import redis
 
 from gearhorn import gearman
 from gearhorn.config import Config
-from gearhorn.events import Event
-from gearhorn.observers import LedgerObserver, Observer, Observers, StatsObserver
-from gearhorn.presenceevents import PresenceEvents, announce_changes
+from gearhorn.rules.events import Event
+from gearhorn.runtime.background import Outage
 from gearhorn.store import durability, redisconn
 from gearhorn.store.deadletters import DeadLetterIndex
 from gearhorn.store.dedup import Deduplicator
@@ -32,6 +32,8 @@ from gearhorn.store.holding import HoldingClient
 from gearhorn.store.keys import Keys
 from gearhorn.store.ledger import Flusher, Ledger
 from gearhorn.store.liveness import holders_alive
+from gearhorn.store.observers import LedgerObserver, Observer, Observers, StatsObserver
+from gearhorn.store.presenceevents import PresenceEvents, announce_changes
 from gearhorn.store.pressure import Pressure
 from gearhorn.store.registry import Registry
 from gearhorn.store.room import RoomKeeper
@@ -44,6 +46,8 @@ from gearhorn.worker.janitor import Janitor
 from gearhorn.worker.reaper import Reaper
 from gearhorn.worker.service import FanoutService
 from gearhorn.worker.warden import Warden, WardenSettings
+
+log = logging.getLogger(__name__)
 
 
 def fanout_stores(config: Config, registry: Registry) -> FanoutStores:
@@ -168,4 +172,5 @@ def build_worker(config: Config, worker_id: str, functions: tuple[str, ...]) -> 
         # Subscriptions change through the service, the janitor and the warden: one registry.
         announce_changes(config, registry),
         gearman.JobSource(config.gearman_servers, functions, worker_id, config.gearman_tls,
-                          most=config.worker_batch), holding)
+                          most=config.worker_batch,
+                          outages=lambda what: Outage(log, what)), holding)

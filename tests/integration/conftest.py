@@ -7,7 +7,8 @@ import tempfile
 import pytest
 import redis
 
-from gearhorn import servers
+from gearhorn.runtime.children import die_with_parent
+from gearhorn.supervision import servers
 from tests import lossyfs, redis_servers
 from tests.needs import missing, require_binary, require_module
 
@@ -277,7 +278,7 @@ class LossyDisk:
             [sys.executable, "-m", "tests.lossyfs", self.backing, self.path, self.control,
              *(["--strict"] if strict else [])],
             stdout=subprocess.DEVNULL, stderr=open(os.path.join(root, "lossyfs.log"), "ab"),  # noqa: SIM115
-            preexec_fn=servers.die_with_parent)
+            preexec_fn=die_with_parent)
         wait_for(lambda: self.process.poll() is None and os.path.ismount(self.path)
                  and os.path.exists(self.control), 30, message="lossyfs mounted")
 
@@ -324,7 +325,7 @@ class LazyDisk(LossyDisk):
             [os.path.join(lazyfs, "build", "lazyfs"), self.path, "--config-path", config,
              "-o", "allow_other", "-o", "modules=subdir", "-o", f"subdir={self.backing}", "-f"],
             stdout=subprocess.DEVNULL, stderr=open(os.path.join(root, "lazyfs.log"), "ab"),  # noqa: SIM115
-            preexec_fn=servers.die_with_parent)
+            preexec_fn=die_with_parent)
         wait_for(lambda: self.process.poll() is None and os.path.ismount(self.path), 30,
                  message="LazyFS mounted")
 

@@ -17,11 +17,13 @@ from collections import Counter
 
 import gear
 
-from gearhorn import gearman, servers
-from gearhorn.gearman.packets import PacketReader
+from gearhorn import gearman
+from gearhorn.gearman import PacketReader
+from gearhorn.runtime.children import die_with_parent
 from gearhorn.store import redisconn
 from gearhorn.store.keys import Keys
 from gearhorn.store.registry import Registry
+from gearhorn.supervision import servers
 
 
 def wait_for(predicate, timeout=20.0, interval=0.02, message="condition"):
@@ -54,7 +56,7 @@ class ChildProcess:
             self.process = subprocess.Popen([sys.executable, "-m", "gearhorn", *argv],
                                             stdout=log, stderr=subprocess.STDOUT,
                                             env=dict(os.environ, **(env or {})),
-                                            preexec_fn=servers.die_with_parent)
+                                            preexec_fn=die_with_parent)
 
     def wait_listening(self, *ports, timeout=30.0):
         def listening():
@@ -396,7 +398,7 @@ class Up:
                  "--redis-url", f"redis://127.0.0.1:{self.ports['redis']}/0",
                  "--gearman", f"127.0.0.1:{self.ports['gearman']}", *extra],
                 env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                preexec_fn=servers.die_with_parent)  # its children die with it in turn
+                preexec_fn=die_with_parent)  # its children die with it in turn
         wait_for(self._banner, timeout=90, message="the banner of gearhorn up")
         self.gearmand = servers.Managed("gearmand", None, self.ports["gearman"])
         self.redis_url = f"redis://127.0.0.1:{self.ports['redis']}/0"

@@ -39,8 +39,10 @@ ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 RECIPE = os.path.join(ROOT, "etc", "three-nodes")
 sys.path.insert(0, ROOT)
 
-from gearhorn import gearman, servers  # noqa: E402
+from gearhorn import gearman  # noqa: E402
 from gearhorn.gearman import P  # noqa: E402
+from gearhorn.runtime.children import die_with_parent  # noqa: E402
+from gearhorn.supervision import servers  # noqa: E402
 
 NODES = ("127.0.0.2", "127.0.0.3", "127.0.0.4")
 # tests/integration/minority.py: each node in a network namespace of its own.
@@ -91,7 +93,7 @@ class Node:
         with open(os.path.join(self.dir, f"{name}.log"), "ab") as log:
             process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
                                        stdin=subprocess.DEVNULL, env=env,
-                                       preexec_fn=servers.die_with_parent, cwd=self.dir,
+                                       preexec_fn=die_with_parent, cwd=self.dir,
                                        start_new_session=True)  # its group: it and its children
         self.processes.append(process)
         if port is not None:

@@ -9,7 +9,8 @@ import subprocess
 import sys
 import urllib.request
 
-from gearhorn import servers
+from gearhorn.runtime.children import die_with_parent
+from gearhorn.supervision import servers
 from tests.needs import require_module
 
 from .helpers import wait_for
@@ -109,7 +110,7 @@ class SparkCluster:
     def _start(self, log_dir, name, argv):
         with open(os.path.join(log_dir, f"spark-{name}.log"), "ab") as log:
             return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=self.env,
-                                    preexec_fn=servers.die_with_parent)
+                                    preexec_fn=die_with_parent)
 
     @property
     def url(self):

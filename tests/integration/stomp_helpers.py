@@ -10,8 +10,8 @@ import time
 
 import stomp
 
-from gearhorn import servers
 from gearhorn.stomp.frames import FrameParser, encode
+from gearhorn.supervision import servers
 
 from .helpers import ChildProcess
 

@@ -21,9 +21,9 @@ import threading
 import pytest
 import redis
 
-from gearhorn import servers
 from gearhorn.store.durability import Durability
 from gearhorn.store.fsync import FsyncBarrier
+from gearhorn.supervision import servers
 
 from .helpers import wait_for
 

@@ -4,6 +4,7 @@ a minute of clean traffic has no finding, a planted loss is found once
 also across a kill -9 and restart of the audit, and the same on a Spark
 standalone cluster."""
 
+import contextlib
 import glob
 import json
 import os
@@ -18,7 +19,7 @@ from gearhorn import gearman
 from gearhorn.store.keys import Keys
 from tests.needs import require_binary
 
-from .helpers import ChildProcess, GearClient, queue_depth, unique_topic, wait_for
+from .helpers import ChildProcess, GearClient, nothing_held, unique_topic, wait_for
 from .spark_helpers import SparkCluster
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
@@ -92,6 +93,8 @@ class Consumer:
                 self.taken += len(jobs)
                 if not jobs:
                     time.sleep(0.02)
+        except gearman.GearmanError:
+            return  # its gearmand went away: the test is over
         finally:
             worker.close()
 
@@ -101,20 +104,37 @@ class Consumer:
 
 
 class Traffic:
-    """Fanouts to ``topic`` from a thread, about 20 a second, until stopped."""
+    """Fanouts to ``topic`` from a thread, about 20 a second, until stopped;
+    :meth:`pause` holds them (``with traffic.paused():``)."""
 
     def __init__(self, gearmand, topic):
         self.client = GearClient(gearmand)
         self.topic, self.sent = topic, 0
-        self.stopping = threading.Event()
+        self.stopping, self.running = threading.Event(), threading.Event()
+        self.idle = threading.Event()
+        self.running.set()
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
 
     def _run(self):
         while not self.stopping.wait(0.05):
+            if not self.running.is_set():
+                self.idle.set()
+                self.running.wait(1.0)
+                continue
+            self.idle.clear()
             self.client.call("fanout", {"topic": self.topic, "payload": f"m{self.sent}",
                                         "background": True})
             self.sent += 1
+
+    @contextlib.contextmanager
+    def paused(self):
+        self.running.clear()
+        self.idle.wait(60)
+        try:
+            yield
+        finally:
+            self.running.set()
 
     def stop(self):
         self.stopping.set()
@@ -122,20 +142,37 @@ class Traffic:
         self.client.close()
 
 
-def plant_loss(gearmand, gear, consumer, topic, queue):
+@pytest.fixture
+def traffic_to():
+    """Traffic threads, stopped after the test whatever happened."""
+    started = []
+
+    def start(gearmand, topic):
+        started.append(Traffic(gearmand, topic))
+        return started[-1]
+    yield start
+    for traffic in started:
+        traffic.stop()
+
+
+def plant_loss(gearmand, redis_url, gear, consumer, traffic, topic, queue):
     """A copy of ``queue`` taken by a worker that never answers, while its
     real consumer goes on with the copies after it: (message id, the
     connection that holds it; closing it would give the copy back)."""
-    consumer.stop()
-    wait_for(lambda: queue_depth(gearmand, queue) == 0, timeout=60, message="an empty queue")
-    rogue = gearman.WorkerConnection(gearmand.host, gearmand.port, [queue], client_id="rogue")
-    rogue.open()
-    message_id = gear.call("fanout", {"topic": topic, "payload": "victim",
-                                      "background": True})["message_id"]
-    taken = []
-    wait_for(lambda: taken.extend(rogue.grab(1)) or taken, timeout=30, message="the victim")
-    assert taken[0].unique.startswith(message_id)
-    consumer.start()
+    with traffic.paused():
+        # Every copy made so far answered: the next one is the only one.
+        wait_for(nothing_held(redis_url, queue), timeout=60, message="every copy answered")
+        consumer.stop()
+        rogue = gearman.WorkerConnection(gearmand.host, gearmand.port, [queue],
+                                          client_id="rogue")
+        rogue.open()
+        message_id = gear.call("fanout", {"topic": topic, "payload": "victim",
+                                          "background": True})["message_id"]
+        taken = []
+        wait_for(lambda: taken.extend(rogue.grab(1)) or taken, timeout=30,
+                 message="the victim")
+        assert taken[0].unique.startswith(message_id)
+        consumer.start()
     return message_id, rogue
 
 
@@ -144,7 +181,7 @@ def losses(audit):
 
 
 def test_clean_traffic_has_no_finding_and_a_planted_loss_is_found_once_across_a_restart(
-        gearmand, redis_url, start_pool, start_bridge, stomp_clients, tmp_path):
+        gearmand, redis_url, start_pool, start_bridge, stomp_clients, tmp_path, traffic_to):
     require_binary("java", "default-jre-headless")
     start_pool([gearmand])
     bridge = start_bridge([gearmand])
@@ -164,7 +201,7 @@ def test_clean_traffic_has_no_finding_and_a_planted_loss_is_found_once_across_a_
     slow = SlowConsumer(gearmand, f"{topic}_bounded").start()
     audit.wait_judging()
 
-    traffic = Traffic(gearmand, topic)
+    traffic = traffic_to(gearmand, topic)
     minute_ends = time.time_ns() // 1_000_000 + 60_000
     audit.clock_past(minute_ends + (DEADLINE + LATENESS) * 1000, timeout=240)
     assert audit.findings() == [], audit.log()
@@ -175,7 +212,8 @@ def test_clean_traffic_has_no_finding_and_a_planted_loss_is_found_once_across_a_
     assert "audit: nothing lost" in audit.log(full=True)
     assert policy_drops(redis_url, f"{topic}_bounded") > 0  # and none of them a finding
 
-    first, rogue = plant_loss(gearmand, gear, consumer, topic, f"{topic}_a")
+    first, rogue = plant_loss(gearmand, redis_url, gear, consumer, traffic, topic,
+                              f"{topic}_a")
     wait_for(lambda: audit.findings(), timeout=FOUND_WITHIN, message="the planted loss found")
     assert losses(audit) == [("never_delivered", first, f"{topic}_a")]
     assert f"never_delivered: message {first} for {topic}_a" in audit.log(full=True)
@@ -184,7 +222,8 @@ def test_clean_traffic_has_no_finding_and_a_planted_loss_is_found_once_across_a_
     # found, and none is found twice.
     audit.process.kill()
     audit.process.wait()
-    second, rogue2 = plant_loss(gearmand, gear, consumer, topic, f"{topic}_b")
+    second, rogue2 = plant_loss(gearmand, redis_url, gear, consumer, traffic, topic,
+                                f"{topic}_b")
     audit = AuditProcess(redis_url, audit.folder, str(tmp_path))
     wait_for(lambda: len(audit.findings()) == 2, timeout=FOUND_WITHIN + 120,
              message="the loss planted while the audit was down")
@@ -194,7 +233,6 @@ def test_clean_traffic_has_no_finding_and_a_planted_loss_is_found_once_across_a_
     verdict = json.loads(redis.Redis.from_url(redis_url).get(Keys().audit))
     assert verdict["totals"]["never_delivered"] == 2 and verdict["line"].startswith(
         "audit: FINDINGS")
-    traffic.stop()
     for held in (rogue, rogue2):
         held.close()
     consumer.stop()
@@ -249,7 +287,7 @@ def spark_cluster(tmp_path):
 
 
 def test_the_audit_runs_on_a_spark_standalone_cluster(gearmand, redis_url, start_pool,
-                                                      tmp_path, spark_cluster):
+                                                      tmp_path, spark_cluster, traffic_to):
     start_pool([gearmand])
     topic = unique_topic("auditc")
     gear = GearClient(gearmand)
@@ -259,12 +297,12 @@ def test_the_audit_runs_on_a_spark_standalone_cluster(gearmand, redis_url, start
     audit = AuditProcess(redis_url, str(tmp_path / "audit"), str(tmp_path),
                          master=spark_cluster.url, env={"SPARK_LOCAL_IP": "127.0.0.1"})
     audit.wait_judging()
-    traffic = Traffic(gearmand, topic)
-    lost, rogue = plant_loss(gearmand, gear, consumer, topic, f"{topic}_a")
+    traffic = traffic_to(gearmand, topic)
+    lost, rogue = plant_loss(gearmand, redis_url, gear, consumer, traffic, topic,
+                             f"{topic}_a")
     wait_for(lambda: audit.findings(), timeout=FOUND_WITHIN, message="the planted loss found")
     assert losses(audit) == [("never_delivered", lost, f"{topic}_a")]
     assert [app["name"] for app in spark_cluster.state()["activeapps"]] == ["gearhorn-audit"]
-    traffic.stop()
     rogue.close()
     consumer.stop()
     audit.stop()
@@ -272,12 +310,12 @@ def test_the_audit_runs_on_a_spark_standalone_cluster(gearmand, redis_url, start
 
 
 def test_up_with_one_flag_runs_the_audit_and_its_findings_reach_metrics_and_terminal(
-        ups, tmp_path):
+        ups, tmp_path, traffic_to):
     """``gearhorn up --audit``, as a newcomer runs it: the banner says it is
     live, and a planted loss is on up's terminal and at /metrics."""
     import urllib.request
 
-    from gearhorn import servers
+    from gearhorn.supervision import servers
 
     require_binary("java", "default-jre-headless")
     web_port = servers.free_port()
@@ -292,8 +330,9 @@ def test_up_with_one_flag_runs_the_audit_and_its_findings_reach_metrics_and_term
     gear = GearClient(up.gearmand)
     gear.call("subscribe_fanout", {"topic": topic, "client_id": "a"})
     consumer = Consumer(up.gearmand, [f"{topic}_a"]).start()
-    traffic = Traffic(up.gearmand, topic)
-    lost, rogue = plant_loss(up.gearmand, gear, consumer, topic, f"{topic}_a")
+    traffic = traffic_to(up.gearmand, topic)
+    lost, rogue = plant_loss(up.gearmand, up.redis_url, gear, consumer, traffic, topic,
+                             f"{topic}_a")
     wait_for(lambda: f"never_delivered: message {lost} for {topic}_a" in up.text(),
              timeout=FOUND_WITHIN, message="the finding on up's terminal")
 
@@ -302,7 +341,6 @@ def test_up_with_one_flag_runs_the_audit_and_its_findings_reach_metrics_and_term
             text = r.read().decode()
         return f'gearhorn_audit_copies_lost_total{{topic="{topic}"}} 1.0' in text
     wait_for(metric, timeout=30, message="the finding at /metrics")
-    traffic.stop()
     rogue.close()
     consumer.stop()
     gear.close()

@@ -22,7 +22,8 @@ import time
 
 import pytest
 
-from gearhorn import servers
+from gearhorn.runtime.children import die_with_parent
+from gearhorn.supervision import servers
 
 from .helpers import ChildProcess, GearClient, gearman_cli, unique_topic, wait_for
 from .stomp_helpers import StompClient
@@ -48,7 +49,7 @@ class Started(ChildProcess):
         with open(log_path, "ab") as log:
             self.process = subprocess.Popen([sys.executable, "-m", "gearhorn", *argv],
                                             stdout=log, stderr=subprocess.STDOUT, env=env,
-                                            preexec_fn=servers.die_with_parent)
+                                            preexec_fn=die_with_parent)
 
 
 @pytest.fixture
@@ -218,7 +219,7 @@ def served_redis(tmp_path):
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "gearhorn", "fsyncd", "--url", url],
                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                preexec_fn=servers.die_with_parent)
+                preexec_fn=die_with_parent)
             assert self.process.stdout.readline().startswith(b"serving the fsync barrier")
 
         def stop(self):

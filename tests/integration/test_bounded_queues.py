@@ -14,14 +14,15 @@ import time
 import pytest
 import redis
 
-from gearhorn import gearman, servers
-from gearhorn.limits import Limits
-from gearhorn.messages import Subscription
-from gearhorn.naming import stream_client_id
+from gearhorn import gearman
+from gearhorn.rules.limits import Limits
+from gearhorn.rules.messages import Subscription
+from gearhorn.rules.naming import stream_client_id
 from gearhorn.store import redisconn
 from gearhorn.store.keys import Keys
 from gearhorn.store.ledgerentries import rows_from_entries
 from gearhorn.store.ledgerexport import entries
+from gearhorn.supervision import servers
 
 from .helpers import (
     GearClient,

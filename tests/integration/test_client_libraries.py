@@ -138,7 +138,7 @@ def test_subscribe_publish_and_consume_exact_bytes_in_order(library):
     (created,) = library.run("background", "fanout", json.dumps(first))
     assert created["handle"]
     # A background fanout is answered once queued, and a pool of two may run
-    # the next one first: order holds per worker process (docs/design.rst,
+    # the next one first: order holds per worker process (docs/design/index.rst,
     # "Order"), so a producer that needs it across a pool waits for its copy.
     wait_for(lambda: library.queued(f"{topic}_c1") == 1, timeout=60)
     second = library.result("fanout", {"topic": topic, "payload": "second ✓",

@@ -9,7 +9,8 @@ import urllib.request
 
 import pytest
 
-from gearhorn import servers
+from gearhorn.runtime.children import die_with_parent
+from gearhorn.supervision import servers
 
 from .helpers import unique_topic, wait_for
 from .stomp_helpers import StompClient
@@ -82,7 +83,7 @@ def test_up_starts_everything_and_stops_it_on_ctrl_c(tmp_path, redis_server, gea
          "--gearman", f"127.0.0.1:{gearman_port}"],
         env=dict(os.environ, GEARHORN_BRIDGE_PORT=str(stomp_port),
                  GEARHORN_BRIDGE_WS_PORT=str(ws_port), GEARHORN_WEB_PORT=str(web_port)),
-        stdout=log, stderr=subprocess.STDOUT, preexec_fn=servers.die_with_parent)
+        stdout=log, stderr=subprocess.STDOUT, preexec_fn=die_with_parent)
     try:
         text = lambda: (tmp_path / "up.log").read_text()  # noqa: E731
         wait_for(lambda: "gearhorn is up" in text(), timeout=60, message="the banner")

@@ -12,8 +12,9 @@ import time
 
 import pytest
 
-from gearhorn import auth, gearman
-from gearhorn.retention import TallyEntry
+from gearhorn import gearman
+from gearhorn.rules import auth
+from gearhorn.rules.retention import TallyEntry
 from gearhorn.store import redisconn
 from gearhorn.store.keys import Keys
 

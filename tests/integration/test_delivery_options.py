@@ -9,10 +9,11 @@ import types
 
 import pytest
 
-from gearhorn import gearman, servers
+from gearhorn import gearman
 from gearhorn.client import JobFailed, Producer
 from gearhorn.store import redisconn
 from gearhorn.store.keys import Keys
+from gearhorn.supervision import servers
 
 from .helpers import gearman_cli, queue_depth, unique_topic, wait_for
 from .stomp_helpers import error_detail

@@ -15,9 +15,10 @@ from collections import Counter
 import pytest
 import redis
 
-from gearhorn import gearman, servers
+from gearhorn import gearman
 from gearhorn.client import JobFailed, Producer
 from gearhorn.store.keys import Keys
+from gearhorn.supervision import servers
 
 from .helpers import drain_jobs, nothing_held, queue_depth, wait_for
 from .stomp_helpers import StompClient
@@ -79,7 +80,7 @@ def test_gearhorn_up_keeps_every_copy_exactly_once_through_kill_9_of_everything(
 def test_the_redis_servers_up_starts_write_each_command_before_answering(tmp_path, ups):
     """appendfsync everysec answers before writing while a sync is slow (a
     busy disk), and a kill -9 then loses what it acknowledged; gearhorn up
-    syncs the files itself (gearhorn/aofsync.py)."""
+    syncs the files itself (gearhorn/supervision/aofsync.py)."""
     up = ups(tmp_path)
     client = redis.Redis(port=up.ports["redis"])
     settings = client.config_get("append*")
@@ -217,7 +218,7 @@ def test_up_starts_gearmand_again_when_it_crashes_and_its_held_copies_go_to_it(
 
 def test_up_refuses_the_redis_queue_of_the_version_before_and_says_why(tmp_path):
     """``persistence = redis`` was up's gearmand on its redis queue plugin:
-    gone (docs/design.rst, "What went"). A worker beside a gearmand of yours
+    gone (docs/design/gearmand.rst, "What went"). A worker beside a gearmand of yours
     run with -q redis still accepts it, as a description of that gearmand."""
     out = subprocess.run(
         [sys.executable, "-m", "gearhorn", "up", "--data-dir", str(tmp_path / "data"),

@@ -1,6 +1,6 @@
 """Acknowledgements after fsync, on real servers: the worker pool and the
 bridge answer only after the syncer beside their Redis fsynced what the
-answer covers (gearhorn/store/fsync.py, gearhorn/aofsync.py).
+answer covers (gearhorn/store/fsync.py, gearhorn/supervision/aofsync.py).
 
 The syncer runs in this process (servers.start_redis starts it beside a
 Redis with an AOF), so a test replaces its fsync with a disk of its own:
@@ -16,8 +16,8 @@ import time
 import pytest
 import redis
 
-from gearhorn import aofsync, servers
 from gearhorn.store import fsync
+from gearhorn.supervision import aofsync, servers
 
 from .helpers import GearClient, PoolProcess, unique_topic, wait_for
 from .stomp_helpers import BridgeProcess, StompClient

@@ -9,8 +9,9 @@ import sys
 
 import pytest
 
-from gearhorn import gearman, servers
+from gearhorn import gearman
 from gearhorn.client import Producer
+from gearhorn.supervision import servers
 
 from .helpers import PoolProcess, self_signed_certificate, unique_topic, wait_for
 

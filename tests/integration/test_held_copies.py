@@ -19,12 +19,12 @@ import threading
 import pytest
 import redis
 
-from gearhorn import servers
 from gearhorn.client import Producer
 from gearhorn.config import Config
-from gearhorn.naming import durable_client_id
+from gearhorn.rules.naming import durable_client_id
 from gearhorn.store import redisconn
 from gearhorn.store.keys import Keys
+from gearhorn.supervision import servers
 from tests.needs import require_binary
 
 from .helpers import PoolProcess, drain_jobs, nothing_held, queue_depth, unique_topic, wait_for
@@ -408,7 +408,7 @@ def test_copies_gearmand_refuses_wait_in_redis_and_go_once_it_takes_them(
     """A queue at gearmand's ``maxqueue`` answers ERROR to a held copy: the
     fanout was acknowledged (its record is in Redis), so the copy is handed
     again, a while later, until gearmand takes it."""
-    from gearhorn.gearman.admin import admin
+    from gearhorn.gearman import admin
 
     pool = PoolProcess([gearmand], redis_url, processes=1, log_dir=str(tmp_path), env=HELD)
     topic = unique_topic("full")

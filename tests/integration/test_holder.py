@@ -9,8 +9,7 @@ import threading
 
 import pytest
 
-from gearhorn.gearman import Copy, Unavailable, WorkerConnection
-from gearhorn.gearman.holder import Holder
+from gearhorn.gearman import Copy, Holder, Unavailable, WorkerConnection
 
 from .helpers import clients_waiting, queue_depth, unique_topic, wait_for
 
@@ -126,7 +125,7 @@ def test_a_copy_gearmand_refuses_is_reported_refused_and_the_rest_are_held(gearm
     """gearmand answers ERROR instead of JOB_CREATED for a job over the
     function's ``maxqueue``: that copy is reported ``refused`` with
     gearmand's words, and the holder keeps the others."""
-    from gearhorn.gearman.admin import admin
+    from gearhorn.gearman import admin
 
     heard, function = Heard(), unique_topic("q_")
     holder = holder_on(gearmand, heard)

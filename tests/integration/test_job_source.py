@@ -2,7 +2,8 @@
 
 import pytest
 
-from gearhorn import gearman, servers
+from gearhorn import gearman
+from gearhorn.supervision import servers
 
 from .helpers import unique_topic, wait_for
 

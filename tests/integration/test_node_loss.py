@@ -9,7 +9,7 @@ moment, three times (the master's node, a replica's, the master's again),
 and each comes back empty as a replica. Every acknowledged id must reach
 both subscribers (one over Gearman, one over STOMP). With one Redis and
 no replica (``--no-replication``) the same run loses what that node held:
-docs/runs/node-loss-2026-12-04.txt.
+bench/runs/node-loss-2026-12-04.txt.
 """
 
 from __future__ import annotations

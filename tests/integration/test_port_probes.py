@@ -1,4 +1,4 @@
-"""What ``gearhorn up`` asks a port it finds taken (gearhorn/ports.py), against
+"""What ``gearhorn up`` asks a port it finds taken (gearhorn/runtime/ports.py), against
 the real servers: each answers as itself and as nothing else."""
 
 from __future__ import annotations
@@ -7,7 +7,8 @@ from urllib.parse import urlparse
 
 import pytest
 
-from gearhorn import ports, servers
+from gearhorn.runtime import ports
+from gearhorn.supervision import servers
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 

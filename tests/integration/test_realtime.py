@@ -36,7 +36,7 @@ def setting(request):
     so a plain SUBSCRIBE is a live reader: no offsets, its bridge's SENDs
     before they are appended. ``default``: no history setting at all, so
     a plain SUBSCRIBE reads the real-time topic's short history, offsets
-    and all (docs/design.rst "Real-time by default")."""
+    and all (docs/design/index.rst "Real-time by default")."""
     return request.param
 
 
@@ -290,14 +290,14 @@ def test_subscribers_on_the_producers_bridge_have_its_sends_before_redis_stores_
     """With Redis taking no writes (CLIENT PAUSE WRITE) no SEND can be
     appended, yet a live (plain) subscriber on the producer's bridge gets
     it, and so does the stream subscriber beside it, offset and all, once
-    the bridge holds the topic's pen (docs/design.rst, "Offsets given by
+    the bridge holds the topic's pen (docs/design/realtime.rst, "Offsets given by
     the bridge"); a live subscriber on the other bridge gets it only once
     Redis takes writes again, and the history then has each message at the
     offset the stream subscriber was given. Nobody gets anything twice."""
     import redis
 
     from gearhorn.config import Config
-    from gearhorn.historypolicy import HistoryPolicy
+    from gearhorn.rules.historypolicy import HistoryPolicy
     from gearhorn.store.history import History
     from gearhorn.store.keys import Keys
 

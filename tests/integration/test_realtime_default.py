@@ -181,14 +181,14 @@ def test_gearhorn_up_serves_a_plain_subscriber_in_real_time_with_receipts_after_
 def test_a_gearman_producer_beside_a_stomp_one_waits_for_the_pen_and_no_offset_lies(
         stack, stomp_clients, redis_url):
     """The bridge gives its STOMP producer's messages their offsets itself
-    while it holds the topic's pen (docs/design.rst); a Gearman producer's
+    while it holds the topic's pen (docs/design/index.rst); a Gearman producer's
     fanouts to the same topic wait until it is given back. The subscriber
     gets every message of both once, each producer's in order, offsets
     without a gap, and the history holds each message at the very offset
     the subscriber was given."""
     import threading
 
-    from gearhorn.historypolicy import HistoryPolicy
+    from gearhorn.rules.historypolicy import HistoryPolicy
     from gearhorn.store.history import History
 
     gearmand, bridge = stack

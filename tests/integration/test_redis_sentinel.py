@@ -7,8 +7,8 @@ import threading
 import pytest
 import redis
 
-from gearhorn import servers
 from gearhorn.store import redisconn
+from gearhorn.supervision import servers
 from tests import redis_servers
 from tests.needs import require_binary
 

@@ -13,7 +13,8 @@ import subprocess
 import pytest
 import redis
 
-from gearhorn import servers
+from gearhorn.runtime.children import die_with_parent
+from gearhorn.supervision import servers
 from tests import redis_servers
 from tests.needs import require_binary
 
@@ -38,7 +39,7 @@ def rejoin(conf: str, sentinel: servers.Managed) -> subprocess.Popen:
     return subprocess.Popen([SCRIPT, conf, "127.0.0.1", "127.0.0.1"],
                             env={**os.environ, "SENTINEL_PORT": str(sentinel.port)},
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            preexec_fn=servers.die_with_parent)
+                            preexec_fn=die_with_parent)
 
 
 def refused(process: subprocess.Popen) -> str:
@@ -61,7 +62,7 @@ def master_and_sentinel(tmp_path):
     port = servers.free_port()
     conf = write_conf(str(tmp_path / "master"), port)
     master = subprocess.Popen(["redis-server", conf], stdout=subprocess.DEVNULL,
-                              preexec_fn=servers.die_with_parent)
+                              preexec_fn=die_with_parent)
     wait_for(lambda: servers.is_listening("127.0.0.1", port), timeout=60)
     managed = servers.Managed("redis", master, port)
     sentinel = redis_servers.start_redis_sentinel(managed, "gearhorn", str(tmp_path / "s"),

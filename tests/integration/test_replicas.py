@@ -14,8 +14,8 @@ import signal
 import pytest
 import redis
 
-from gearhorn import servers
 from gearhorn.store.keys import Keys
+from gearhorn.supervision import servers
 from tests.needs import require_binary
 
 from .helpers import GearClient, PoolProcess, unique_topic, wait_for

@@ -13,8 +13,9 @@ import threading
 
 import pytest
 
-from gearhorn import gearman, servers
+from gearhorn import gearman
 from gearhorn.client import Consumer, Producer
+from gearhorn.supervision import servers
 from tests.needs import require_binary
 
 from .helpers import queue_depth, unique_topic, wait_for

@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from gearhorn.gearman.packets import P
+from gearhorn.gearman import P
 from gearhorn.stomp.frames import encode
 from gearhorn.store import redisconn
 from gearhorn.store.keys import Keys
@@ -418,7 +418,7 @@ def test_connection_limit(gearmand, start_pool, start_bridge, stomp_clients):
 
 def test_a_fanout_no_worker_answers_is_an_error_that_says_so(gearmand, start_bridge,
                                                              stomp_clients, redis_url):
-    from gearhorn.messages import Subscription
+    from gearhorn.rules.messages import Subscription
     from gearhorn.store import redisconn
     from gearhorn.store.keys import Keys
     from gearhorn.store.registry import Registry

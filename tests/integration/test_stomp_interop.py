@@ -15,7 +15,8 @@ import sys
 import pytest
 import stomp
 
-from gearhorn import servers
+from gearhorn.runtime.children import die_with_parent
+from gearhorn.supervision import servers
 
 from .helpers import queue_depth, unique_topic, wait_for
 from .stomp_helpers import Collector, RawClient, error_detail
@@ -406,7 +407,7 @@ def test_up_starts_without_what_other_programs_hold(tmp_path, up_ports, redis_se
     with open(log_path, "wb") as log:
         up = subprocess.Popen([sys.executable, "-m", "gearhorn", *argv], stdout=log,
                               stderr=subprocess.STDOUT, env=dict(os.environ, **env),
-                              preexec_fn=servers.die_with_parent)
+                              preexec_fn=die_with_parent)
     try:
         text = log_path.read_text
         wait_for(lambda: "gearhorn is up" in text() or up.poll() is not None, timeout=90,

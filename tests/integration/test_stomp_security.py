@@ -5,7 +5,7 @@ import ssl
 
 import pytest
 
-from gearhorn import auth
+from gearhorn.rules import auth
 
 from .helpers import self_signed_certificate, unique_topic, wait_for
 from .stomp_helpers import error_detail

@@ -11,11 +11,11 @@ import threading
 import pytest
 import redis
 
-from gearhorn import servers
 from gearhorn.config import Config
 from gearhorn.store.keys import Keys
 from gearhorn.store.ledgerentries import rows_from_entries
 from gearhorn.store.ledgerexport import entries
+from gearhorn.supervision import servers
 from tests.needs import require_binary
 
 from .helpers import GearClient, PoolProcess, unique_topic, wait_for

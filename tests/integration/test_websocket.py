@@ -114,7 +114,7 @@ def test_heart_beats_over_websocket(gearmand, start_bridge, ws_clients):
 
 def test_logins_and_rights_are_the_same_as_over_tcp(gearmand, start_pool, start_bridge,
                                                     ws_clients, tmp_path):
-    from gearhorn import auth
+    from gearhorn.rules import auth
 
     path = tmp_path / "credentials.ini"
     path.write_text(f"[user carol]\npasscode = {auth.hash_passcode('C4rol-pass-1', 1000)}\n"

@@ -10,8 +10,8 @@ import pytest
 
 from gearhorn import gearman
 from gearhorn.client import Consumer
-from gearhorn.gearman.packets import P
-from gearhorn.messages import Subscription
+from gearhorn.gearman import P
+from gearhorn.rules.messages import Subscription
 from gearhorn.store import redisconn
 from gearhorn.store.keys import Keys
 from gearhorn.store.registry import Registry
@@ -178,7 +178,7 @@ def test_fanout_right_after_a_subscribe_always_includes_it(gearmand, start_pool)
     """The consistency promise, many times over, with two worker processes
     running: gearmand gives each job to whichever asks first, so a subscribe
     and the next fanout may run in different processes (each checks its
-    cache against the topic's version: docs/design.rst)."""
+    cache against the topic's version: docs/design/index.rst)."""
     pool = start_pool([gearmand], processes=2)
     client = GearClient(gearmand)
     topic = unique_topic()
@@ -250,7 +250,7 @@ def test_sigterm_drains_the_job_in_hand(gearmand, start_pool):
 
 def test_several_gearmand_servers_share_the_work_and_survive_losing_one(
         gearmand, tmp_path, start_pool):
-    from gearhorn import servers
+    from gearhorn.supervision import servers
 
     second = servers.start_gearmand(data_dir=str(tmp_path / "second"))
     try:

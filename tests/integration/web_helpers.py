@@ -10,7 +10,7 @@ import urllib.request
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from gearhorn import servers
+from gearhorn.supervision import servers
 
 from .helpers import ChildProcess
 

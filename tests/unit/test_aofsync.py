@@ -1,5 +1,5 @@
-"""The fsync barrier's pure parts and files (gearhorn/aofsync.py,
-gearhorn/store/fsync.py, gearhorn/aofrepair.py); with real Redis servers in
+"""The fsync barrier's pure parts and files (gearhorn/supervision/aofsync.py,
+gearhorn/store/fsync.py, gearhorn/supervision/aofrepair.py); with real Redis servers in
 tests/integration/test_fsync_barrier.py."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import threading
 
 import pytest
 
-from gearhorn import aofrepair, aofsync
 from gearhorn.store.fsync import Progress, Round
+from gearhorn.supervision import aofrepair, aofsync
 
 
 def make_files(data_dir, *names, data=b"*1\r\n$4\r\nPING\r\n"):

@@ -1,4 +1,4 @@
-"""gearhorn/background.py: what a loop that must go on logs of its faults."""
+"""gearhorn/runtime/background.py: what a loop that must go on logs of its faults."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import logging
 
 import pytest
 
-from gearhorn.background import Fault
+from gearhorn.runtime.background import Fault
 
 pytestmark = pytest.mark.timeout(10)
 

@@ -1,6 +1,6 @@
 import json
 
-from gearhorn.messages import Subscription
+from gearhorn.rules.messages import Subscription
 from gearhorn.store.subscribers import SubscriberCache
 
 

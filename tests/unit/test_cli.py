@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from gearhorn.cli import build_parser
+from gearhorn.cli.main import build_parser
 from gearhorn.config import Config
 
 ROOT = os.path.join(os.path.dirname(__file__), "..", "..")

@@ -1,10 +1,10 @@
-"""The collector's settings for a serving process (gearhorn/collector.py)."""
+"""The collector's settings for a serving process (gearhorn/runtime/collector.py)."""
 
 import gc
 
 import pytest
 
-from gearhorn import collector
+from gearhorn.runtime import collector
 
 
 @pytest.fixture

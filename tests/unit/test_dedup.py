@@ -6,7 +6,8 @@ import json
 import pytest
 
 from gearhorn.config import Config
-from gearhorn.messages import DEDUP_HEADER, BadRequest, parse_fanout
+from gearhorn.errors import BadRequest
+from gearhorn.rules.messages import DEDUP_HEADER, parse_fanout
 from gearhorn.stomp.frames import Frame
 from gearhorn.store.subscribers import SubscriberCache
 from gearhorn.worker.wiring import build_service

@@ -17,7 +17,7 @@ WITH_EXAMPLES = sorted(
 
 
 def test_the_modules_with_examples_are_found():
-    assert {"gearhorn.background", "gearhorn.naming", "gearhorn.stomp.dispatch"} <= \
+    assert {"gearhorn.runtime.background", "gearhorn.rules.naming", "gearhorn.stomp.dispatch"} <= \
         set(WITH_EXAMPLES)
 
 

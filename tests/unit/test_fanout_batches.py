@@ -8,7 +8,8 @@ import pytest
 
 from gearhorn import gearman
 from gearhorn.config import Config
-from gearhorn.messages import BadRequest, message_ids_for
+from gearhorn.errors import BadRequest
+from gearhorn.rules.naming import message_ids_for
 from gearhorn.store.subscribers import SubscriberCache
 from gearhorn.worker.jobs import Job, ServiceUnavailable
 from gearhorn.worker.wiring import build_service

@@ -6,7 +6,7 @@ import redis
 
 from gearhorn import gearman
 from gearhorn.config import Config
-from gearhorn.messages import BadRequest
+from gearhorn.errors import BadRequest
 from gearhorn.store.subscribers import SubscriberCache
 from gearhorn.worker.jobs import ServiceUnavailable
 from gearhorn.worker.wiring import build_service
@@ -243,7 +243,7 @@ def test_prefix_subscribers_learn_the_topic_a_message_was_published_to(service):
 
 
 def test_fanouts_are_counted_with_their_copies_and_latency(registry):
-    from gearhorn.observers import StatsObserver
+    from gearhorn.store.observers import StatsObserver
     from gearhorn.store.stats import Stats, read
 
     counts = Stats(registry.redis, registry.keys)  # write-through
@@ -354,10 +354,10 @@ def test_a_reject_publish_subscriber_is_bounded_from_its_first_copy(registry):
 def test_the_ledger_records_exactly_the_copies_gearmand_got(registry, extra, by_client_id):
     """Whatever form the ledger's line takes, it reads back as the very
     (queue, unique) of every copy submitted, and the look-up's width."""
-    from gearhorn.observers import LedgerObserver
     from gearhorn.store.ledger import Ledger
     from gearhorn.store.ledgerentries import rows_from_entries
     from gearhorn.store.ledgerexport import entries
+    from gearhorn.store.observers import LedgerObserver
 
     ledger = Ledger(registry.redis, registry.keys)
     client = RecordingClient()
@@ -383,7 +383,7 @@ def test_the_ledger_records_exactly_the_copies_gearmand_got(registry, extra, by_
 
 
 def test_a_fanouts_plain_subscribers_are_recorded_by_client_id():
-    from gearhorn.events import Event
+    from gearhorn.rules.events import Event
     from gearhorn.store.ledgerentries import (
         PUBLISHED_BATCH,
         SharedSubscribers,

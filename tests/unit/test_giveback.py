@@ -6,7 +6,7 @@ from __future__ import annotations
 import fakeredis
 import pytest
 
-from gearhorn.gearman.worker import GrabbedJob
+from gearhorn.gearman import GrabbedJob
 from gearhorn.stomp.giveback import GiveBack
 from gearhorn.stomp.queues import Delivery
 from gearhorn.store.handouts import Handouts

@@ -7,7 +7,7 @@ from __future__ import annotations
 import fakeredis
 import pytest
 
-from gearhorn.naming import header_id_of
+from gearhorn.rules.naming import header_id_of
 from gearhorn.store.heldcopies import HeldCopies, HeldCopy, key_of
 from gearhorn.store.keys import Keys
 

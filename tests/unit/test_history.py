@@ -6,9 +6,10 @@ import json
 import pytest
 
 from gearhorn.config import Config
-from gearhorn.historypolicy import HistoryPolicy, HistoryPolicyError
-from gearhorn.messages import BadRequest, Subscription, parse_history
-from gearhorn.naming import stream_client_id
+from gearhorn.errors import BadRequest
+from gearhorn.rules.historypolicy import HistoryPolicy, HistoryPolicyError
+from gearhorn.rules.messages import Subscription, parse_history
+from gearhorn.rules.naming import stream_client_id
 from gearhorn.store.history import History
 from gearhorn.store.subscribers import SubscriberCache
 from gearhorn.worker.wiring import build_service

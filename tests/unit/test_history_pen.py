@@ -4,7 +4,7 @@ given back, and a pen that lapsed unreturned costs the topic its epoch."""
 
 import pytest
 
-from gearhorn.historypolicy import HistoryPolicy
+from gearhorn.rules.historypolicy import HistoryPolicy
 from gearhorn.store import history as history_module
 from gearhorn.store.history import LOST, NO_PEN, REFUSED, History, PenArgs
 

@@ -9,7 +9,7 @@ import fakeredis
 import pytest
 
 from gearhorn import gearman
-from gearhorn.naming import GIVEN_BACK
+from gearhorn.rules.naming import GIVEN_BACK
 from gearhorn.store import holding
 from gearhorn.store.heldcopies import HeldCopies
 from gearhorn.store.keys import Keys

@@ -1,5 +1,5 @@
-from gearhorn.limits import Limits
-from gearhorn.messages import Subscription
+from gearhorn.rules.limits import Limits
+from gearhorn.rules.messages import Subscription
 from gearhorn.store.bridges import BridgeLiveness, queue_entry, topic_entry
 from gearhorn.worker.janitor import Janitor
 

@@ -3,7 +3,7 @@ import os
 
 import pytest
 
-from gearhorn.events import ROW_FIELDS, copy_key
+from gearhorn.rules.events import ROW_FIELDS, copy_key
 from gearhorn.store import ledger as L
 from gearhorn.store import ledgerentries as entries_mod
 from gearhorn.store import ledgerexport as X

@@ -3,15 +3,15 @@
 import pytest
 
 from gearhorn.errors import BadRequest
-from gearhorn.limits import (
+from gearhorn.rules.limits import (
     Limits,
     limits_from_headers,
     limits_from_job,
     limits_from_json,
     limits_to_json,
 )
-from gearhorn.messages import parse_subscription
-from gearhorn.retention import Tallied, TallyEntry, judge
+from gearhorn.rules.messages import parse_subscription
+from gearhorn.rules.retention import Tallied, TallyEntry, judge
 
 pytestmark = pytest.mark.timeout(30)
 DEFAULTS = Limits(100_000, 0, 0.0, 0.0, "drop-head", False)

@@ -16,7 +16,7 @@ except ImportError:  # pragma: no cover - tools/run-tests installs pyspark
         raise
     pytest.skip("pyspark is not installed", allow_module_level=True)
 
-from gearhorn.events import FIELDS, copy_key
+from gearhorn.rules.events import FIELDS, copy_key
 from gearhorn.store import ledgerexport
 
 pytestmark = pytest.mark.timeout(300)

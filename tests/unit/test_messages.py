@@ -2,7 +2,8 @@ import json
 
 import pytest
 
-from gearhorn import messages as m
+from gearhorn.rules import messages as m
+from gearhorn.rules import naming
 
 
 @pytest.mark.parametrize("topic", ["news", "a", "news.sports_eu", "x" * 128, "!~"])
@@ -46,11 +47,11 @@ def test_invalid_client_ids(client_id, reason):
 
 
 def test_queue_name_splits_at_the_last_underscore():
-    name = m.queue_name("news_eu", "alice")
+    name = naming.queue_name("news_eu", "alice")
     assert name == "news_eu_alice"
-    assert m.split_queue_name(name) == ("news_eu", "alice")
+    assert naming.split_queue_name(name) == ("news_eu", "alice")
     with pytest.raises(m.BadRequest):
-        m.split_queue_name("nounderscore")
+        naming.split_queue_name("nounderscore")
 
 
 def test_parse_subscription():
@@ -138,19 +139,19 @@ def test_huge_job_is_refused_before_parsing():
 
 
 def test_copy_unique_stays_within_gearmand_limit_and_is_deterministic():
-    assert m.copy_unique("msg1", "alice") == "msg1:alice"
+    assert naming.copy_unique("msg1", "alice") == "msg1:alice"
     # 63 bytes pass as they are; 64 would come back from gearmand corrupted
-    assert m.copy_unique("m" * 32, "c" * 30) == "m" * 32 + ":" + "c" * 30
-    assert len(m.copy_unique("m" * 32, "c" * 31)) == 62
-    assert len(m.copy_unique("m" * 32, "c" * 31, "ab" * 16)) == 63
-    long = m.copy_unique("m" * 32, "c" * 128)
+    assert naming.copy_unique("m" * 32, "c" * 30) == "m" * 32 + ":" + "c" * 30
+    assert len(naming.copy_unique("m" * 32, "c" * 31)) == 62
+    assert len(naming.copy_unique("m" * 32, "c" * 31, "ab" * 16)) == 63
+    long = naming.copy_unique("m" * 32, "c" * 128)
     assert len(long) <= m.MAX_UNIQUE_BYTES
-    assert long == m.copy_unique("m" * 32, "c" * 128)
-    assert long != m.copy_unique("m" * 32, "c" * 127 + "d")
+    assert long == naming.copy_unique("m" * 32, "c" * 128)
+    assert long != naming.copy_unique("m" * 32, "c" * 127 + "d")
 
 
 def test_message_ids_are_unique():
-    assert len({m.new_message_id() for _ in range(1000)}) == 1000
+    assert len({naming.new_message_id() for _ in range(1000)}) == 1000
 
 
 def test_base64_and_batched_payloads():
@@ -221,27 +222,27 @@ def test_bad_priority_delay_and_headers(job, reason):
 
 
 def test_header_ids_travel_in_unique_keys_within_gearmand_limit():
-    hid = m.header_id_for("ab" * 16, None)
+    hid = naming.header_id_for("ab" * 16, None)
     assert hid == "ab" * 16
     for who in ("alice", "news.*:" + "x" * 128):
-        key = m.copy_unique("ignored", who, hid)
-        assert len(key) <= 64 and m.header_id_of(key) == hid
-        assert key == m.copy_unique("ignored", who, hid)
+        key = naming.copy_unique("ignored", who, hid)
+        assert len(key) <= 64 and naming.header_id_of(key) == hid
+        assert key == naming.copy_unique("ignored", who, hid)
     # A producer's unique gives the same header id each time (a retry coalesces).
-    assert m.header_id_for("m1", "order-7") == m.header_id_for("m2", "order-7") != "m1"
-    assert m.header_id_of("plain:alice") is None and m.header_id_of("@short") is None
+    assert naming.header_id_for("m1", "order-7") == naming.header_id_for("m2", "order-7") != "m1"
+    assert naming.header_id_of("plain:alice") is None and naming.header_id_of("@short") is None
 
 
 def test_a_foreground_copy_is_marked_and_keeps_its_header_id_and_length():
-    plain = m.copy_unique("msg1", "alice", foreground=True)
+    plain = naming.copy_unique("msg1", "alice", foreground=True)
     assert plain == "!msg1:alice"
     hid = "ab" * 16
-    marked = m.copy_unique("x", "c" * 100, hid, foreground=True)
+    marked = naming.copy_unique("x", "c" * 100, hid, foreground=True)
     assert marked.startswith("!@") and len(marked) <= m.MAX_UNIQUE_BYTES
-    assert m.header_id_of(marked) == hid
-    long = m.copy_unique("m" * 32, "c" * 128, foreground=True)
+    assert naming.header_id_of(marked) == hid
+    long = naming.copy_unique("m" * 32, "c" * 128, foreground=True)
     assert long.startswith("!h:") and len(long) == 63
-    assert long[1:] == m.copy_unique("m" * 32, "c" * 128)  # same digest, marked
+    assert long[1:] == naming.copy_unique("m" * 32, "c" * 128)  # same digest, marked
 
 
 @pytest.mark.parametrize("function, unique, expected", [
@@ -260,7 +261,7 @@ def test_a_foreground_copy_is_marked_and_keeps_its_header_id_and_length():
     ("jobs", "", False),
 ])
 def test_only_background_jobs_gearhorn_made_may_be_given_back(function, unique, expected):
-    from gearhorn.naming import returnable
+    from gearhorn.rules.naming import returnable
 
     assert returnable(function, unique) is expected
 

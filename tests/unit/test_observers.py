@@ -6,10 +6,10 @@ import pytest
 
 from gearhorn import gearman
 from gearhorn.config import Config
-from gearhorn.observers import FailedCopy, LedgerObserver, Observer, Observers
 from gearhorn.store import ledger as L
 from gearhorn.store import ledgerentries as entries_mod
 from gearhorn.store import ledgerexport as X
+from gearhorn.store.observers import FailedCopy, LedgerObserver, Observer, Observers
 from gearhorn.store.subscribers import SubscriberCache
 from gearhorn.worker.wiring import build_service
 from tests.fakes import RecordingClient

@@ -6,7 +6,7 @@ gives the pen back when quiet, or when a worker waits for it."""
 import gevent
 import pytest
 
-from gearhorn.historypolicy import HistoryPolicy
+from gearhorn.rules.historypolicy import HistoryPolicy
 from gearhorn.stomp import pens
 from gearhorn.stomp.appending import HistoryFirst
 from gearhorn.stomp.sending import PLAIN

@@ -147,7 +147,7 @@ def test_the_jobs_reconcile_finds_the_planted_problems(spark):
 def test_exported_keys_are_sparks_xxhash64(spark):
     """Rows exported with keys and rows without (older exports, hand-written
     JSON Lines) must group together: both keys are the same function."""
-    from gearhorn.events import copy_key, message_key
+    from gearhorn.rules.events import copy_key, message_key
 
     pairs = [("news_a", "m1:a"), ("t\u00e9st_b", "@" + "f" * 32 + ":b"), ("x_y", "u" * 200)]
     rows = [ev("enqueued", 1, f"m{i}", "t", sub, unique) for i, (sub, unique) in enumerate(pairs)]
@@ -158,7 +158,7 @@ def test_exported_keys_are_sparks_xxhash64(spark):
 
 
 def test_a_copy_with_an_exported_key_meets_its_delivery_without_one(spark):
-    from gearhorn.events import copy_key, message_key
+    from gearhorn.rules.events import copy_key, message_key
 
     enqueued = list(ev("enqueued", 1, "m1", "news", "news_a", "m1:a"))
     enqueued[-2:] = [copy_key("news_a", "m1:a"), message_key("m1")]

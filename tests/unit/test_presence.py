@@ -5,13 +5,8 @@ import json
 
 import pytest
 
-from gearhorn.messages import (
-    BadRequest,
-    PresenceQuery,
-    Subscription,
-    parse_presence,
-    presence_event,
-)
+from gearhorn.errors import BadRequest
+from gearhorn.rules.messages import PresenceQuery, Subscription, parse_presence, presence_event
 from gearhorn.store.presence import Presence
 
 pytestmark = pytest.mark.timeout(10)

@@ -5,7 +5,7 @@ import json
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gearhorn import messages
+from gearhorn.rules import fanoutoptions, messages
 from gearhorn.stomp.frames import Frame, FrameError, FrameLimits, FrameParser, encode
 from gearhorn.stomp.sending import send_options
 
@@ -74,7 +74,7 @@ def test_send_headers_give_options_or_a_clear_refusal(headers):
     except messages.BadRequest as exc:
         assert str(exc)
         return
-    assert options.priority in messages.PRIORITIES
+    assert options.priority in fanoutoptions.PRIORITIES
     assert "destination" not in options.headers and "content-length" not in options.headers
 
 
@@ -100,7 +100,7 @@ def test_any_json_job_is_a_fanout_or_a_one_line_refusal(job):
     assert messages.validate_topic(request.topic) == request.topic
     assert 1 <= len(request.bodies) <= messages.MAX_BATCH
     assert sum(len(b) for b in request.bodies) <= 10_000
-    assert request.priority in messages.PRIORITIES
+    assert request.priority in fanoutoptions.PRIORITIES
 
 
 @SETTINGS

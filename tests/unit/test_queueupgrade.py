@@ -1,12 +1,12 @@
 """Reading an older data directory's gearmand redis queue into held copies
-(gearhorn/queueupgrade.py), without servers."""
+(gearhorn/supervision/queueupgrade.py), without servers."""
 
 import pytest
 
-from gearhorn import queueupgrade
-from gearhorn.queueupgrade import UPGRADE_HOLDER, move_to_held, split_key
 from gearhorn.store.heldcopies import HeldCopies
 from gearhorn.store.keys import Keys
+from gearhorn.supervision import queueupgrade
+from gearhorn.supervision.queueupgrade import UPGRADE_HOLDER, move_to_held, split_key
 
 KEYS = Keys("t:", "chan")
 

@@ -2,8 +2,8 @@ import pytest
 from redis.exceptions import RedisClusterException
 
 from gearhorn import config
-from gearhorn.servers import free_port
 from gearhorn.store import redisconn
+from gearhorn.supervision.servers import free_port
 
 
 def test_a_sentinel_url_names_the_sentinels_the_master_and_the_database():

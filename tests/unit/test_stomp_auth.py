@@ -1,6 +1,6 @@
 import pytest
 
-from gearhorn import auth
+from gearhorn.rules import auth
 
 FAST = 1000  # iterations: the tests check behaviour, not cost
 

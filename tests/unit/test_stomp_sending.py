@@ -1,6 +1,6 @@
 import pytest
 
-from gearhorn.messages import BadRequest
+from gearhorn.errors import BadRequest
 from gearhorn.stomp.sending import PLAIN, jms_priority, send_options
 
 

@@ -4,7 +4,7 @@ import types
 
 import pytest
 
-from gearhorn.auth import Principal
+from gearhorn.rules.auth import Principal
 from gearhorn.stomp.frames import Frame
 from gearhorn.stomp.rules import SessionSettings, parse_destination
 from gearhorn.stomp.sending import PLAIN

@@ -4,7 +4,7 @@ seen on the next page."""
 
 import pytest
 
-from gearhorn.historypolicy import HistoryPolicy
+from gearhorn.rules.historypolicy import HistoryPolicy
 from gearhorn.stomp.streams import StreamReader
 from gearhorn.store.history import History
 

@@ -8,8 +8,8 @@ import pytest
 import redis
 
 from gearhorn.gearman import Copy
-from gearhorn.limits import DROP_HEAD, Limits
-from gearhorn.messages import Subscription
+from gearhorn.rules.limits import DROP_HEAD, Limits
+from gearhorn.rules.messages import Subscription
 from gearhorn.store.deadletters import DeadLetterIndex
 from gearhorn.store.headers import HeaderStore
 from gearhorn.store.tally import TallyWriter

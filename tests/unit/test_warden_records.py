@@ -6,8 +6,8 @@ function it knows) unless a copy must be taken or consumers looked for."""
 import pytest
 
 from gearhorn.gearman import Copy
-from gearhorn.limits import DROP_HEAD, REJECT_PUBLISH, Limits
-from gearhorn.messages import Subscription
+from gearhorn.rules.limits import DROP_HEAD, REJECT_PUBLISH, Limits
+from gearhorn.rules.messages import Subscription
 from gearhorn.store.deadletters import DeadLetterIndex
 from gearhorn.store.headers import HeaderStore
 from gearhorn.store.heldcopies import HeldCopies, HeldCopy, handed_unique

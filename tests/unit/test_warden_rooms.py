@@ -3,8 +3,8 @@ a subscription made while a round runs keeps the room it opened."""
 
 import pytest
 
-from gearhorn.limits import REJECT_PUBLISH, Limits
-from gearhorn.messages import Subscription
+from gearhorn.rules.limits import REJECT_PUBLISH, Limits
+from gearhorn.rules.messages import Subscription
 from gearhorn.store.deadletters import DeadLetterIndex
 from gearhorn.store.headers import HeaderStore
 from gearhorn.store.room import RoomKeeper

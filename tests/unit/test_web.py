@@ -10,8 +10,8 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gearhorn import auth
-from gearhorn.messages import Subscription
+from gearhorn.rules import auth
+from gearhorn.rules.messages import Subscription
 from gearhorn.store import stats
 from gearhorn.store.keys import Keys
 from gearhorn.store.registry import Registry
@@ -248,7 +248,7 @@ def test_the_live_audits_verdict_is_served_as_metrics(fake_redis):
 
 
 def test_readyz_and_status_say_when_the_queue_store_is_over_its_guard(fake_redis):
-    from gearhorn.status import render
+    from gearhorn.cli.status import render
 
     collector = Collector(Registry(fake_redis, KEYS), servers=(), top=10)
     fake_redis.hset(KEYS.store, mapping={"used": 95, "max": 100, "guard": 90, "over": ""})
@@ -266,7 +266,7 @@ def test_readyz_and_status_say_when_the_queue_store_is_over_its_guard(fake_redis
 
 
 def test_status_renders_the_consoles_snapshot(fake_redis):
-    from gearhorn.status import render
+    from gearhorn.cli.status import render
 
     fake_redis.sadd(KEYS.topics, "news")
     fake_redis.sadd(KEYS.topic("news"), "alice", "bob")

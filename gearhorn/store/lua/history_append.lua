@@ -27,7 +27,7 @@
 -- - the call once (a bridge's SENDs, new ids each time): only the same call
 --   can come again (the look-up it rode with failed); the hash keeps the
 --   first message id of the last call, 'mid'.
--- The pen (docs/design.rst, "Offsets given by the bridge"): the one caller
+-- The pen (docs/design/realtime.rst, "Offsets given by the bridge"): the one caller
 -- that may give a topic's next offsets itself, before they are written
 -- ('pen', 'pen_until' in the meta hash). Another caller is refused while
 -- it is held (first -1: try again shortly) and marks it 'wanted'; the

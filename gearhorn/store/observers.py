@@ -13,7 +13,7 @@ import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from gearhorn.events import Event
+from gearhorn.rules.events import Event
 from gearhorn.store.ledger import Ledger
 from gearhorn.store.stats import Stats
 

@@ -11,7 +11,7 @@ makes, and the ids of its processes, in one place.
                                order (:func:`returned_unique`)
 ``stomp:<message id>``         a STOMP SEND to a queue (:func:`stomp_unique`)
 ``delayed:<message id>``       a delayed queue message (:func:`delayed_unique`)
-``call:<uuid>``                a request/reply call (:func:`call_unique`)
+``call:<uuid>``                a request/reply call (gearman.client.call_unique)
 ``<queue>.dlq``                a queue's dead letters (:func:`dead_letter_queue`)
 ``gearhorn.tmp.<s>.<name>``    a STOMP ``/temp-queue/`` (:func:`temp_queue`)
 ``d-<name>``                   a durable STOMP subscription's client id
@@ -33,7 +33,7 @@ import uuid
 
 from gearhorn.errors import BadRequest
 
-# gearmand refuses longer unique keys and mangles 64-byte ones (docs/design.rst).
+# gearmand refuses longer unique keys and mangles 64-byte ones (docs/design/index.rst).
 MAX_UNIQUE_BYTES = 63
 # Gearman functions behind /temp-queue/ reply queues.
 TEMP_FUNCTION_PREFIX = "gearhorn.tmp."
@@ -61,7 +61,7 @@ def copy_unique(base: str, client_id: str, header_id: str | None = None,
                 foreground: bool = False) -> str:
     """The Gearman unique key of one copy: ``<base>:<client_id>``.
 
-    Keys over 63 bytes (gearmand's real limit: docs/design.rst, "Unique
+    Keys over 63 bytes (gearmand's real limit: docs/design/paths.rst, "Unique
     keys") become a SHA-256 digest of the same text, so the key stays
     deterministic (coalescing still works) and valid.
     A message with headers has ``@<header id>:<client_id>`` instead (the
@@ -239,12 +239,6 @@ def stomp_unique(message_id: str) -> str:
 
 def delayed_unique(message_id: str) -> str:
     return DELAYED_MARK + message_id
-
-
-def call_unique() -> str:
-    """Unique per call: gearmand merges foreground jobs with equal unique
-    keys, and a merged call would get another caller's result."""
-    return f"call:{uuid.uuid4().hex}"
 
 
 def dead_letter_queue(function: str) -> str:

@@ -1,7 +1,7 @@
 """How a fanout's copies go, and what its producer hears back: priority,
 delay, the tries of a foreground copy, and gathering the receivers'
 answers. Pure: parsing and validation of a ``fanout`` job's options
-(gearhorn/messages.py parses the rest)."""
+(gearhorn/rules/messages.py parses the rest)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from gearhorn.errors import BadRequest
-from gearhorn.naming import shorten
+from gearhorn.rules.naming import shorten
 
 PRIORITIES = ("high", "normal", "low")
 # How far ahead a message may be scheduled (a typo of a year is not a delay).

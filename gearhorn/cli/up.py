@@ -18,13 +18,15 @@ from urllib.parse import urlparse
 
 import redis
 
-from gearhorn import gearman, ports, queueupgrade, servers
+from gearhorn import gearman
 from gearhorn.config import UP_STORE_BOUND, Config, to_env
+from gearhorn.runtime import ports
 from gearhorn.store import durability, redisconn
 from gearhorn.store.heldcopies import HeldCopies
 from gearhorn.store.keys import Keys
 from gearhorn.store.redisconn import REDIS_ERRORS
 from gearhorn.store.registry import Registry
+from gearhorn.supervision import queueupgrade, servers
 from gearhorn.worker.pool import Pool
 
 log = logging.getLogger(__name__)
@@ -121,8 +123,8 @@ class Embedded:
             raise servers.ServerError(
                 "gearhorn up no longer runs gearmand on its redis queue: gearhorn holds its "
                 "copies in the registry's Redis, and gearmand keeps the jobs submitted "
-                "straight to it in sqlite (persistence = auto or sqlite; docs/design.rst, "
-                "\"What went\")")
+                "straight to it in sqlite (persistence = auto or sqlite; "
+                "docs/design/gearmand.rst, \"What went\")")
         self._upgrade_queue()  # an older data directory's copies, from its queue Redis
         if self.config.persistence == "auto":  # gearmand keeps only its own jobs
             self.config = self.config.replace(persistence="sqlite")
@@ -138,7 +140,7 @@ class Embedded:
 
     def _upgrade_queue(self) -> None:
         """Copies an older gearhorn left in gearmand's redis queue in
-        ``data_dir`` become held copies (gearhorn/queueupgrade.py); the
+        ``data_dir`` become held copies (gearhorn/supervision/queueupgrade.py); the
         directory is then renamed, so later starts skip this."""
         old = os.path.join(self.config.data_dir, "gearmand-queue")
         if not os.path.isdir(old):

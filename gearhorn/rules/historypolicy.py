@@ -15,7 +15,7 @@ Real-time topics (``realtime_history_size`` > 0, the default): a topic with
 no history of its own keeps a short one while it has stream readers (a
 plain STOMP SUBSCRIBE is one), and ``realtime_history_ttl`` seconds after
 the last left, so a reader that lost its connection resumes from its last
-offset (docs/design.rst "Real-time by default")::
+offset (docs/design/index.rst "Real-time by default")::
 
     >>> policy = HistoryPolicy.parse("news=0", 0, 3600, realtime=(100, 300))
     >>> policy.mode("chat"), policy.mode("news")
@@ -28,7 +28,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gearhorn.messages import PREFIX_WILDCARD, BadRequest, validate_topic
+from gearhorn.errors import BadRequest
+from gearhorn.rules.messages import PREFIX_WILDCARD, validate_topic
 
 
 class HistoryPolicyError(ValueError):

@@ -2,7 +2,7 @@
 
 Pure functions only (no sockets, no Redis), so every rule is unit tested.
 
-Naming rules (docs/design.rst):
+Naming rules (docs/design/index.rst):
 - topic and client id: printable ASCII without whitespace, 1..128 bytes;
 - a client id has no ``_``, so ``<topic>_<client_id>`` splits at the last ``_``;
 - a topic has no ``*``; a subscription topic may *end* with one ``*``, which
@@ -19,28 +19,19 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from gearhorn.errors import BadRequest
-from gearhorn.fanoutoptions import (  # noqa: F401 - MAX_DELAY_SECONDS, PRIORITIES re-exported
-    MAX_DELAY_SECONDS,
-    PRIORITIES,
+from gearhorn.rules.fanoutoptions import (
     Answering,
     parse_answering,
     parse_priority,
     parse_schedule,
 )
-from gearhorn.limits import Limits, limits_from_job
-from gearhorn.naming import (  # noqa: F401 - the naming rules, re-exported
-    HEADER_MARK,
+from gearhorn.rules.limits import Limits, limits_from_job
+from gearhorn.rules.naming import (
     MAX_UNIQUE_BYTES,
     STREAM_CLIENT_MARK,
-    copy_unique,
     given_message_ids,
-    header_id_for,
-    header_id_of,
     message_ids_for,
-    new_message_id,
-    queue_name,
     shorten,
-    split_queue_name,
 )
 
 MAX_NAME_BYTES = 128
@@ -70,7 +61,7 @@ class Subscription:
 
     topic: str
     client_id: str
-    # Limits given with the request (gearhorn/limits.py); None: keep the ones
+    # Limits given with the request (gearhorn/rules/limits.py); None: keep the ones
     # it has, or the defaults. Not part of what makes two subscriptions equal.
     limits: Limits | None = field(default=None, compare=False)
     # Where it was made, for presence: a STOMP bridge's id ("": by a

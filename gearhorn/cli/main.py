@@ -1,5 +1,5 @@
 """The ``gearhorn`` command: its arguments, its settings and its errors;
-what each command does is in gearhorn/commands.py."""
+what each command does is in gearhorn/cli/commands.py."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import sys
 from dataclasses import fields
 
 from gearhorn import config as configuration
-from gearhorn.commands import (
+from gearhorn.cli.commands import (
     cmd_audit,
     cmd_bridge,
     cmd_consume,
@@ -28,7 +28,7 @@ from gearhorn.commands import (
 )
 from gearhorn.config import Config
 from gearhorn.errors import GearhornError
-from gearhorn.logs import setup_logging
+from gearhorn.runtime.logs import setup_logging
 
 
 def _common(nested: bool = False) -> argparse.ArgumentParser:
@@ -306,7 +306,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"gearhorn {args.command}: {exc}", file=sys.stderr)
         return exc.exit_code
     except _service_errors() as exc:  # the expression is evaluated only then
-        print(f"gearhorn {args.command}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        print(f"gearhorn {args.command}: {_said(exc)}", file=sys.stderr)
         return 1
+
+
+def _said(exc: BaseException) -> str:
+    """A Gearman error's message is written for a person; others get their type."""
+    from gearhorn import gearman
+
+    return str(exc) if isinstance(exc, gearman.GearmanError) else f"{type(exc).__name__}: {exc}"
 
 

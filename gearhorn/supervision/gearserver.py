@@ -1,8 +1,8 @@
-"""``python -m gearhorn.gearserver``: gear's pure-Python Gearman server.
+"""``python -m gearhorn.supervision.gearserver``: gear's pure-Python Gearman server.
 
 For tests and ``gearhorn up`` where C gearmand is not installed. It cannot
 run in a gevent-patched process, so it always gets a process of its own.
-Not for production: no persistence, no unique coalescing (docs/design.rst).
+Not for production: no persistence, no unique coalescing (docs/design/index.rst).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ class NoDelayServer(gear.Server):
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="gearhorn.gearserver")
+    parser = argparse.ArgumentParser(prog="gearhorn.supervision.gearserver")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=4730)
     parser.add_argument("--ssl-ca", help="TLS: CA of the client certificates (PEM)")

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from gearhorn import config as configuration
 from gearhorn.config import Config
 from gearhorn.errors import GearhornError
-from gearhorn.logs import setup_logging
+from gearhorn.runtime.logs import setup_logging
 
 
 def run_patched(command: str, run: Callable[[Config], int]) -> int:

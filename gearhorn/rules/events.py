@@ -24,7 +24,7 @@ class Event(enum.StrEnum):
     FAILED = "failed"  # a fanout or a copy failed (reason)
     # A copy not kept by the subscription's limits (reason: maxlen, maxbytes,
     # expired, removed; full: never made, with its message id): "not
-    # delivered by policy", apart from lost (gearhorn/limits.py).
+    # delivered by policy", apart from lost (gearhorn/rules/limits.py).
     DROPPED = "dropped"
     # A run of a topic's history offsets given to a stream subscription
     # (gearhorn/stomp/spans.py): subscriber is ``<topic>_<client_id>`` and

@@ -22,7 +22,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from gearhorn.limits import DROP_HEAD, MAXBYTES, MAXLEN, Limits
+from gearhorn.rules.limits import DROP_HEAD, MAXBYTES, MAXLEN, Limits
 
 
 @dataclass(frozen=True, slots=True)

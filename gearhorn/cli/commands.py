@@ -1,5 +1,5 @@
 """What each ``gearhorn`` command does, given its settings and arguments
-(gearhorn/cli.py parses them). Modules are imported by the command that
+(gearhorn/cli/main.py parses them). Modules are imported by the command that
 needs them: ``gearhorn status`` must not wait for gevent or Spark."""
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ def cmd_bridge(config: Config, args: argparse.Namespace) -> int:
 
 
 def cmd_up(config: Config, args: argparse.Namespace) -> int:
-    from gearhorn.embedded import Embedded
+    from gearhorn.cli.up import Embedded
 
     return Embedded(config).run()
 
@@ -49,7 +49,7 @@ def cmd_fsyncd(config: Config, args: argparse.Namespace) -> int:
     import signal
     import threading
 
-    from gearhorn.aofsync import AofSyncer, aof_files
+    from gearhorn.supervision.aofsync import AofSyncer, aof_files
 
     url = args.url or config.redis_url
     if args.dir and not os.path.isdir(args.dir):
@@ -221,7 +221,7 @@ def _queued_now(config: Config) -> dict[str, int] | None:
 def cmd_passwd(config: Config, args: argparse.Namespace) -> int:
     import getpass
 
-    from gearhorn import auth
+    from gearhorn.rules import auth
 
     if sys.stdin.isatty():
         passcode = getpass.getpass(f"passcode for {args.user}: ")
@@ -237,7 +237,7 @@ def cmd_passwd(config: Config, args: argparse.Namespace) -> int:
 
 
 def cmd_status(config: Config, args: argparse.Namespace) -> int:
-    from gearhorn.status import collect, render
+    from gearhorn.cli.status import collect, render
 
     report = collect(config)
     print(json.dumps(report, indent=2) if args.json else render(report))
@@ -247,7 +247,7 @@ def cmd_status(config: Config, args: argparse.Namespace) -> int:
 def cmd_dlq(config: Config, args: argparse.Namespace) -> int:
     import time
 
-    from gearhorn.naming import dead_letter_queue
+    from gearhorn.rules.naming import dead_letter_queue
     from gearhorn.store import deadletters, redisconn
 
     index, mover = deadletters.for_config(config, redisconn.for_config(config,

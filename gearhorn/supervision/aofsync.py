@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import redis
 
-from gearhorn.background import Backoff, Outage
+from gearhorn.runtime.background import Backoff, Outage
 from gearhorn.store.fsync import SYNCED, TICKET, WAKE, Round
 from gearhorn.store.redisconn import REDIS_ERRORS, SILENCE_WATCHED
 

@@ -11,7 +11,7 @@ import uuid
 
 from gearhorn import gearman
 from gearhorn.config import Config
-from gearhorn.messages import Subscription, presence_event
+from gearhorn.rules.messages import Subscription, presence_event
 
 log = logging.getLogger(__name__)
 

@@ -7,24 +7,22 @@ Every child gets PR_SET_PDEATHSIG, so it stops by itself if its parent dies
 
 from __future__ import annotations
 
-import ctypes
 import os
 import random
 import shutil
-import signal
 import socket
 import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
 
-from gearhorn import aofrepair
-from gearhorn.aofsync import AofSyncer
 from gearhorn.errors import GearhornError
+from gearhorn.runtime.children import die_with_parent
+from gearhorn.supervision import aofrepair
+from gearhorn.supervision.aofsync import AofSyncer
 
 HOST = "127.0.0.1"
 _SBIN = ("/usr/sbin", "/usr/local/sbin", "/sbin")
-_PR_SET_PDEATHSIG = 1
 
 
 class ServerError(GearhornError, RuntimeError):
@@ -99,11 +97,6 @@ def is_listening(host: str, port: int, timeout: float = 0.5) -> bool:
         return False
 
 
-def die_with_parent() -> None:
-    libc = ctypes.CDLL("libc.so.6", use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-
-
 @dataclass
 class Managed:
     """A child server process."""
@@ -115,7 +108,7 @@ class Managed:
     log_path: str | None = None
     details: dict[str, str] = field(default_factory=dict)
     # What runs beside the server in this process and ends with it (a Redis's
-    # fsync barrier, gearhorn/aofsync.py): anything with a stop().
+    # fsync barrier, gearhorn/supervision/aofsync.py): anything with a stop().
     companions: list = field(default_factory=list)
 
     @property
@@ -200,7 +193,7 @@ def start_redis(port: int | None = None, data_dir: str | None = None,
     argv = [binary, "--bind", HOST, "--port", str(port), "--protected-mode", "yes",
             "--daemonize", "no", "--save", "", "--appendonly", "yes" if appendonly else "no"]
     if appendonly:
-        # Every command in the AOF before its answer; gearhorn/aofsync.py
+        # Every command in the AOF before its answer; gearhorn/supervision/aofsync.py
         # syncs the files to disk (everysec may answer first: aofsync.py).
         argv += ["--appendfsync", "no"]
     log_path, repaired = None, []
@@ -318,7 +311,8 @@ def start_gear_server(port: int | None = None, data_dir: str | None = None,
     """The pure-Python ``gear.Server`` in its own process (tests, no gearmand);
     ``tls`` = (ca, cert, key) PEM files makes it speak TLS only."""
     port = port or free_port()
-    argv = [sys.executable, "-m", "gearhorn.gearserver", "--host", HOST, "--port", str(port)]
+    argv = [sys.executable, "-m", "gearhorn.supervision.gearserver", "--host", HOST,
+            "--port", str(port)]
     if tls:
         argv += ["--ssl-ca", tls[0], "--ssl-cert", tls[1], "--ssl-key", tls[2]]
     log_path = os.path.join(data_dir, "gear-server.log") if data_dir else None
