@@ -31,7 +31,7 @@ from hypothesis import strategies as st
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from gearhorn.stomp.frames import Frame, FrameParser, encode  # noqa: E402
+from gearhorn.stomp.protocol.frames import Frame, FrameParser, encode  # noqa: E402
 from gearhorn.supervision import servers
 
 FRAMES_PER_CONNECTION = 20

@@ -29,7 +29,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from fanout import start_pool  # noqa: E402  (bench/fanout.py)
 
-from gearhorn.stomp.frames import FrameParser, encode  # noqa: E402
+from gearhorn.stomp.protocol.frames import FrameParser, encode  # noqa: E402
 from gearhorn.supervision import servers
 
 MESSAGES = 3

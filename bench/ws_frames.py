@@ -1,7 +1,7 @@
 """The cost of the bridge's WebSocket frames against wsproto's, its peer,
 in the same run: writing a typical MESSAGE of the load benchmark
-(gearhorn/stomp/websocket.py ``data_frame``), and reading a producer's
-masked SEND (gearhorn/stomp/wsframes.py ``ClientFrames``).
+(gearhorn/stomp/transport/websocket.py ``data_frame``), and reading a producer's
+masked SEND (gearhorn/stomp/transport/wsframes.py ``ClientFrames``).
 
     python bench/ws_frames.py
 """
@@ -14,8 +14,8 @@ from wsproto import ConnectionType
 from wsproto.connection import Connection, ConnectionState
 from wsproto.events import Message
 
-from gearhorn.stomp.websocket import data_frame
-from gearhorn.stomp.wsframes import ClientFrames
+from gearhorn.stomp.transport.websocket import data_frame
+from gearhorn.stomp.transport.wsframes import ClientFrames
 
 FRAME = (b"MESSAGE\nsubscription:0\nmessage-id:abc-1\ndestination:/topic/load\n"
          b"redelivered:false\n\n1700000000.123456\x00")

@@ -14,12 +14,12 @@ import types
 from gearhorn import gearman
 from gearhorn.config import Config
 from gearhorn.rules.auth import OPEN
-from gearhorn.stomp.backend import Backend
-from gearhorn.stomp.frames import FrameParser
-from gearhorn.stomp.offsets import Kept
-from gearhorn.stomp.queues import Delivery
-from gearhorn.stomp.sending import PLAIN, TopicSend
-from gearhorn.stomp.session import Session
+from gearhorn.stomp.protocol.frames import FrameParser
+from gearhorn.stomp.protocol.sendheaders import PLAIN, TopicSend
+from gearhorn.stomp.queues.dispatchers import Delivery
+from gearhorn.stomp.sessions.backend import Backend
+from gearhorn.stomp.sessions.session import Session
+from gearhorn.stomp.topics.startoffsets import Kept
 
 
 class RecordingClient:

@@ -27,7 +27,7 @@ class Event(enum.StrEnum):
     # delivered by policy", apart from lost (gearhorn/rules/limits.py).
     DROPPED = "dropped"
     # A run of a topic's history offsets given to a stream subscription
-    # (gearhorn/stomp/spans.py): subscriber is ``<topic>_<client_id>`` and
+    # (gearhorn/stomp/topics/streamruns.py): subscriber is ``<topic>_<client_id>`` and
     # unique is the run, ``stream_span``'s text.
     STREAMED = "streamed"
     # The live audit's clock (gearhorn/pipeline/audit.py): written by its

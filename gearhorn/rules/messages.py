@@ -113,7 +113,7 @@ class Fanout:
     # is a duplicate (gearhorn/store/dedup.py).
     dedup_id: str | None = None
     # Already in the topic's history: the bridge appended it itself, so its
-    # stream subscribers need not wait for a worker (gearhorn/stomp/publisher.py).
+    # stream subscribers need not wait for a worker (gearhorn/stomp/queues/publisher.py).
     in_history: bool = False
     # The messages' ids, when the sender named them (the bridge, for what it
     # appended); else they derive from the job's unique key (naming.py).

@@ -112,7 +112,7 @@ def header_id_of(unique: str) -> str | None:
 # A foreground fanout's copy (its sender waits for the answer).
 FOREGROUND_MARK = "!"
 # A message a bridge gave back itself: ``~<token>``; the token names its
-# original unique key in Redis (gearhorn/store/handouts.py).
+# original unique key in Redis (gearhorn/store/redeliveries.py).
 RETURNED_MARK = "~"
 _DIGEST_COPY = re.compile(r"h:[0-9a-f]{60}")
 
@@ -261,7 +261,7 @@ STREAM_CLIENT_MARK = "+"
 
 def stream_client_id() -> str:
     """A client id for a STOMP subscription served from the topic's history
-    (gearhorn/stomp/streams.py): listed, so presence and the janitor see
+    (gearhorn/stomp/topics/streams.py): listed, so presence and the janitor see
     it, but no worker makes copies for it."""
     return STREAM_CLIENT_MARK + uuid.uuid4().hex[:20]
 

@@ -21,27 +21,26 @@ from gearhorn.rules.naming import process_id
 from gearhorn.runtime import collector
 from gearhorn.runtime.background import Backoff
 from gearhorn.runtime.children import die_with_parent
-from gearhorn.stomp.appending import HistoryFirst
-from gearhorn.stomp.attachments import Attachments
-from gearhorn.stomp.backend import Backend
-from gearhorn.stomp.bounds import QueueBounds
-from gearhorn.stomp.counts import QueueCounts
-from gearhorn.stomp.deadletter import DeadLetterer
 from gearhorn.stomp.flusher import LedgerFlusher
-from gearhorn.stomp.frames import FrameLimits
-from gearhorn.stomp.giveback import GiveBack
-from gearhorn.stomp.logins import Logins
-from gearhorn.stomp.publisher import Publisher
-from gearhorn.stomp.registrations import Registrations
-from gearhorn.stomp.replies import Requester
-from gearhorn.stomp.rules import SessionSettings
-from gearhorn.stomp.server import BridgeServer
-from gearhorn.stomp.topicstreams import TopicStreams
+from gearhorn.stomp.protocol.frames import FrameLimits
+from gearhorn.stomp.protocol.rules import SessionSettings
+from gearhorn.stomp.queues.attachments import Attachments
+from gearhorn.stomp.queues.bounds import QueueBounds
+from gearhorn.stomp.queues.counts import QueueCounts
+from gearhorn.stomp.queues.deadlettering import DeadLetterer
+from gearhorn.stomp.queues.giveback import GiveBack
+from gearhorn.stomp.queues.publisher import Publisher
+from gearhorn.stomp.queues.registrations import Registrations
+from gearhorn.stomp.queues.replies import Requester
+from gearhorn.stomp.sessions.backend import Backend
+from gearhorn.stomp.sessions.logins import Logins
+from gearhorn.stomp.topics.appending import HistoryFirst
+from gearhorn.stomp.topics.feeds import TopicFeeds
+from gearhorn.stomp.transport.server import BridgeServer
 from gearhorn.store import durability, redisconn
 from gearhorn.store.deadletters import DeadLetterIndex
 from gearhorn.store.delayed import Scheduler
 from gearhorn.store.directcalls import DirectCalls
-from gearhorn.store.handouts import Handouts
 from gearhorn.store.headers import HeaderStore
 from gearhorn.store.heldcopies import HeldCopies
 from gearhorn.store.history import History
@@ -51,6 +50,7 @@ from gearhorn.store.ledger import Ledger
 from gearhorn.store.liveness import holders_alive
 from gearhorn.store.observers import LedgerObserver, Observers, StatsObserver
 from gearhorn.store.presenceevents import announce_changes
+from gearhorn.store.redeliveries import Redeliveries
 from gearhorn.store.registry import Registry
 from gearhorn.store.stats import Stats
 from gearhorn.store.subscribers import SubscriberCache
@@ -131,12 +131,12 @@ def build_bridge(config: Config) -> Bridge:
     bounds = QueueBounds(registry)
     ledger = Ledger(client, keys, config.ledger_maxlen, config.ledger_enabled,
                     source=f"bridge-{bridge_id}", shards=config.ledger_shards)
-    # Counts of the SENDs no worker fans out (gearhorn/stomp/appending.py).
+    # Counts of the SENDs no worker fans out (gearhorn/stomp/topics/appending.py).
     stats = Stats(client, keys, config.metrics_enabled, buffered=True)
     flusher = LedgerFlusher(ledger, bounds, stats)
     observer = LedgerObserver(ledger, recorded=flusher.recorded)
     history = History(client, keys, config.history_policy, direct)
-    streams = TopicStreams(history, observer)
+    streams = TopicFeeds(history, observer)
     history_first = HistoryFirst(history, SubscriberCache(registry), streams,
                                  Observers(observer, StatsObserver(stats)), caller=bridge_id)
     streams.own_pens = history_first.pens  # their topics' feeds need not read meanwhile
@@ -159,7 +159,7 @@ def build_bridge(config: Config) -> Bridge:
     registrations = Registrations(registry, bridge_id, 5 * config.worker_ttl,
                                   config.heartbeat_interval,
                                   holder_ttl=config.worker_ttl if holding else None)
-    handouts = Handouts(client, keys, config.headers_ttl, direct)
+    handouts = Redeliveries(client, keys, config.headers_ttl, direct)
     dead_letterer = DeadLetterer(publisher, DeadLetterIndex(client, keys, stats), observer)
     attachments = Attachments(servers, tls, bridge_id, headers_of=headers.for_uniques,
                               dead_letter=dead_letterer,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import gevent
 
-from gearhorn.stomp.bounds import QueueBounds
+from gearhorn.stomp.queues.bounds import QueueBounds
 from gearhorn.store.ledger import Ledger
 from gearhorn.store.stats import Stats
 

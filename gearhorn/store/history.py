@@ -8,7 +8,7 @@ hash slot: ``<p>history:{T}`` (a stream whose entry ids are the offsets)
 and ``<p>history-meta:{T}`` (the last offset and the epoch). Written by the
 workers, one script call per topic and group of fanouts
 (``lua/history_append.lua``); read by ``topic_history`` and by the bridge's
-stream subscriptions (gearhorn/stomp/streams.py).
+stream subscriptions (gearhorn/stomp/topics/streams.py).
 """
 
 from __future__ import annotations

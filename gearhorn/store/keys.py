@@ -17,7 +17,7 @@ Redis the braces are just characters.
                                 history in the last 2 minutes -> when (ms), so a fanout
                                 run again is appended once
 ``<p>room``                     hash: the room of each ``reject-publish`` queue, and what
-                                workers claimed of it (gearhorn/store/room.py)
+                                workers claimed of it (gearhorn/store/rejectroom.py)
 ``<p>unique:{T}:<u>``           string: the job of the last fanout to topic T with the
                                 JSON ``unique`` u, for ``dedup_window``: a second one
                                 is coalesced by gearmand and says so (store/dedup.py)
@@ -74,9 +74,9 @@ Redis the braces are just characters.
                                 size and the start of the body (gearhorn/store/deadletters.py)
 ``<p>last-report``              string: JSON summary of the last ``gearhorn report``
 ``<p>handouts:<function>``      hash: unique key -> times a bridge handed that message of
-                                a shared queue to a client (gearhorn/store/handouts.py)
+                                a shared queue to a client (gearhorn/store/redeliveries.py)
 ``<p>returned:<token>``         string: the original of a message a bridge gave back
-                                as ``~<token>`` (gearhorn/store/handouts.py)
+                                as ``~<token>`` (gearhorn/store/redeliveries.py)
 ``<p>subscriptions``            hash: subscriber queue -> JSON of its topic, client id,
                                 when it was (re)subscribed and the limits it was
                                 given (gearhorn/rules/limits.py, gearhorn/worker/warden.py)

@@ -22,7 +22,7 @@ from gearhorn.store.directcalls import DirectCalls
 from gearhorn.store.keys import Keys
 from gearhorn.store.liveness import of_workers
 from gearhorn.store.redisutil import ScriptCall, script, text
-from gearhorn.store.room import open_room, room_fields
+from gearhorn.store.rejectroom import open_room, room_fields
 
 
 @dataclass(frozen=True, slots=True)

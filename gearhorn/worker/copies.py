@@ -10,7 +10,7 @@ from gearhorn import gearman
 from gearhorn.rules.messages import Fanout
 from gearhorn.rules.naming import copy_unique
 from gearhorn.store.registry import Recipient
-from gearhorn.store.room import RoomKeeper
+from gearhorn.store.rejectroom import RoomKeeper
 
 
 def plain(request: Fanout) -> bool:
@@ -35,7 +35,7 @@ def claim_room(room: RoomKeeper, bounded: frozenset[str], request: Fanout,
     """Claim room in the reject-publish queues among ``kept`` (one Redis
     call, only when there are some): those with room for none of the
     messages join ``refused``; ``cut`` maps a queue with room for some to
-    how many (the first ones) it takes (gearhorn/store/room.py)."""
+    how many (the first ones) it takes (gearhorn/store/rejectroom.py)."""
     claims = [r for r in kept if r.queue in bounded]
     if not claims:
         return kept, refused, {}

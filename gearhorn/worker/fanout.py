@@ -28,7 +28,7 @@ from gearhorn.store.ledgerentries import SharedSubscribers, SubscriberCopies
 from gearhorn.store.observers import FailedCopy, Observer
 from gearhorn.store.pressure import Pressure
 from gearhorn.store.registry import Recipient
-from gearhorn.store.room import RoomKeeper
+from gearhorn.store.rejectroom import RoomKeeper
 from gearhorn.store.subscribers import SubscriberCache
 from gearhorn.store.tally import TallyWriter
 from gearhorn.worker import foreground

@@ -51,12 +51,12 @@ from gearhorn.store.keys import Keys
 from gearhorn.store.observers import Observer
 from gearhorn.store.redisutil import text
 from gearhorn.store.registry import Registry
-from gearhorn.store.room import RoomKeeper
+from gearhorn.store.rejectroom import RoomKeeper
 from gearhorn.store.tally import TallyReader
 from gearhorn.worker.counts import QueueCounts, since
+from gearhorn.worker.lastverdicts import LastVerdict, LastVerdicts
 from gearhorn.worker.reaper import Load, Reaper, Server, gearmand_loads
 from gearhorn.worker.round_report import BACKLOGS_KEPT, Backlog, RoundReport
-from gearhorn.worker.seen import Seen, SeenQueues
 
 log = logging.getLogger(__name__)
 
@@ -110,7 +110,7 @@ class Warden:
                                   settings.store_most)
         self.room = RoomKeeper(self.redis, self.keys)  # reject-publish: claimed at copy time
         self._claimed_before: dict[str, tuple[int, int]] | None = None
-        self.seen = SeenQueues()  # what this process knows of each queue
+        self.seen = LastVerdicts()  # what this process knows of each queue
         self.counts = QueueCounts(
             lambda: gearmand_loads(settings.servers, settings.tls),
             HeldCopies(self.redis, self.keys) if settings.held else None, STATUS_EVERY)
@@ -156,7 +156,7 @@ class Warden:
         version = self.tally.version()
         # Taken before the sums: a queue tallied after this is in the next
         # round's set, so every other queue's sums are what this process
-        # last read or left (Seen.sums, worker/seen.py).
+        # last read or left (LastVerdict.sums, worker/lastverdicts.py).
         tallied = set()
         if not everything and self._status_recent(always, now):
             if version == self._version:
@@ -194,7 +194,7 @@ class Warden:
             if not self._in_chunks([q for q in sums if q not in steady],
                                    lambda some: subscriptions.update(self.registry.records(some))):
                 return self._gave_up(renewed)
-        # A stream subscription has no queue to bound (gearhorn/stomp/streams.py).
+        # A stream subscription has no queue to bound (gearhorn/stomp/topics/streams.py).
         subscriptions = {queue: sub for queue, sub in subscriptions.items()
                          if not is_stream_client(sub[0].get("client_id", ""))}
         before = dict(sums)
@@ -364,7 +364,7 @@ class Warden:
             if load.depth or load.running or left[0]:  # an empty one is idle again
                 # Copies taken: gearmand's counts move, judged again next round.
                 due = -math.inf if taken or limits.expires else _due(verdict, limits)
-                last[queue] = Seen((load.depth, load.running, load.workers, left[0]), left,
+                last[queue] = LastVerdict((load.depth, load.running, load.workers, left[0]), left,
                                     due, verdict.full, backlog, now)
         self.seen.judged(last)
         return verdicts, backlogs, full
@@ -420,7 +420,7 @@ class Warden:
         return True
 
 
-def _aged(steady: Iterable[Seen], now: float) -> list[Backlog]:
+def _aged(steady: Iterable[LastVerdict], now: float) -> list[Backlog]:
     """The largest backlogs of queues not judged this round, as judged then,
     their oldest copy older by now (only the ones that can be reported:
     100,000 rebuilt each round were half of its time)."""

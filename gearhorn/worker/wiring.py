@@ -36,7 +36,7 @@ from gearhorn.store.observers import LedgerObserver, Observer, Observers, StatsO
 from gearhorn.store.presenceevents import PresenceEvents, announce_changes
 from gearhorn.store.pressure import Pressure
 from gearhorn.store.registry import Registry
-from gearhorn.store.room import RoomKeeper
+from gearhorn.store.rejectroom import RoomKeeper
 from gearhorn.store.stats import Stats
 from gearhorn.store.subscribers import InvalidationListener, SubscriberCache
 from gearhorn.store.tally import TallyWriter

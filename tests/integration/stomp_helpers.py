@@ -10,7 +10,7 @@ import time
 
 import stomp
 
-from gearhorn.stomp.frames import FrameParser, encode
+from gearhorn.stomp.protocol.frames import FrameParser, encode
 from gearhorn.supervision import servers
 
 from .helpers import ChildProcess

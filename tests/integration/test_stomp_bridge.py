@@ -8,7 +8,7 @@ import threading
 import pytest
 
 from gearhorn.gearman import P
-from gearhorn.stomp.frames import encode
+from gearhorn.stomp.protocol.frames import encode
 from gearhorn.store import redisconn
 from gearhorn.store.keys import Keys
 

@@ -7,7 +7,7 @@ import gevent
 import gevent.event
 import pytest
 
-from gearhorn.stomp.queues import QueueDispatcher
+from gearhorn.stomp.queues.dispatchers import QueueDispatcher
 
 pytestmark = pytest.mark.timeout(30)
 

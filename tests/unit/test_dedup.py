@@ -8,7 +8,7 @@ import pytest
 from gearhorn.config import Config
 from gearhorn.errors import BadRequest
 from gearhorn.rules.messages import DEDUP_HEADER, parse_fanout
-from gearhorn.stomp.frames import Frame
+from gearhorn.stomp.protocol.frames import Frame
 from gearhorn.store.subscribers import SubscriberCache
 from gearhorn.worker.wiring import build_service
 from tests.fakes import FakeBroker, FakeTransport, RecordingClient, session_without_sockets

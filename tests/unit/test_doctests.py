@@ -17,8 +17,8 @@ WITH_EXAMPLES = sorted(
 
 
 def test_the_modules_with_examples_are_found():
-    assert {"gearhorn.runtime.background", "gearhorn.rules.naming", "gearhorn.stomp.dispatch"} <= \
-        set(WITH_EXAMPLES)
+    assert {"gearhorn.runtime.background", "gearhorn.rules.naming",
+            "gearhorn.stomp.queues.dispatch"} <= set(WITH_EXAMPLES)
 
 
 @pytest.mark.parametrize("name", WITH_EXAMPLES)

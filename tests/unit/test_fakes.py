@@ -6,7 +6,7 @@ import typing
 
 import pytest
 
-from gearhorn.stomp.backend import Backend
+from gearhorn.stomp.sessions.backend import Backend
 from tests.fakes import FakeBroker
 
 pytestmark = pytest.mark.timeout(10)

@@ -1,4 +1,4 @@
-"""A bridge giving held messages back (gearhorn/stomp/giveback.py), on
+"""A bridge giving held messages back (gearhorn/stomp/queues/giveback.py), on
 fakeredis: which it gives back and what it undoes of their hand-outs."""
 
 from __future__ import annotations
@@ -7,10 +7,10 @@ import fakeredis
 import pytest
 
 from gearhorn.gearman import GrabbedJob
-from gearhorn.stomp.giveback import GiveBack
-from gearhorn.stomp.queues import Delivery
-from gearhorn.store.handouts import Handouts
+from gearhorn.stomp.queues.dispatchers import Delivery
+from gearhorn.stomp.queues.giveback import GiveBack
 from gearhorn.store.keys import Keys
+from gearhorn.store.redeliveries import Redeliveries
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -25,7 +25,7 @@ def delivery(unique, delivered):
 
 def test_held_copies_go_back_to_their_holders_and_untaken_ones_are_not_redelivered():
     client = fakeredis.FakeRedis()
-    handouts = Handouts(client, Keys(), ttl=60)
+    handouts = Redeliveries(client, Keys(), ttl=60)
     key = Keys().handouts("jobs")
     client.hset(key, mapping={"stomp:a": 1, "stomp:b": 1, "order-17": 1})  # each grabbed once
     sent, prefetched = delivery("stomp:a^0", True), delivery("stomp:b^1", False)

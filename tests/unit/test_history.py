@@ -234,8 +234,8 @@ def test_a_send_whose_subscribers_all_read_the_history_needs_no_job(history, reg
     round trip: while every one is a stream subscription, no fanout job is
     needed and the bridge records the message itself; a Gearman or prefix
     subscriber brings the job back."""
-    from gearhorn.stomp.appending import HistoryFirst
-    from gearhorn.stomp.sending import PLAIN, SendOptions
+    from gearhorn.stomp.protocol.sendheaders import PLAIN, SendOptions
+    from gearhorn.stomp.topics.appending import HistoryFirst
 
     heard, readers = Heard(), Readers()
     first = HistoryFirst(history, SubscriberCache(registry), readers, heard)
@@ -259,11 +259,11 @@ def test_a_send_whose_subscribers_all_read_the_history_needs_no_job(history, reg
 
 
 def test_an_announced_send_is_stored_later_under_its_ids_or_abandoned(history):
-    """The outbox's two steps (gearhorn/stomp/outbox.py): announced, a SEND
+    """The outbox's two steps (gearhorn/stomp/sessions/outbox.py): announced, a SEND
     is with the live readers but not in the history; stored, it is there
     under the ids announced; abandoned, the readers stop waiting for it."""
-    from gearhorn.stomp.appending import HistoryFirst
-    from gearhorn.stomp.sending import PLAIN
+    from gearhorn.stomp.protocol.sendheaders import PLAIN
+    from gearhorn.stomp.topics.appending import HistoryFirst
 
     readers = Readers(take=True)
     first = HistoryFirst(history, None, readers)
@@ -288,8 +288,8 @@ def test_a_send_whose_append_fails_is_taken_back_from_the_readers_told_of_it(his
     fails they are told, so they stop waiting to see it in the history."""
     import redis as redis_module
 
-    from gearhorn.stomp.appending import HistoryFirst
-    from gearhorn.stomp.sending import PLAIN
+    from gearhorn.stomp.protocol.sendheaders import PLAIN
+    from gearhorn.stomp.topics.appending import HistoryFirst
 
     readers = Readers()
     first = HistoryFirst(history, None, readers)

@@ -1,4 +1,4 @@
-"""A connection's topic SENDs in flight (gearhorn/stomp/outbox.py), under
+"""A connection's topic SENDs in flight (gearhorn/stomp/sessions/outbox.py), under
 gevent with a publisher whose jobs answer when the test says: one job at a
 time, in order, the SENDs that waited leaving together, RECEIPTs after
 their job, and a failed job ending it all."""
@@ -9,10 +9,10 @@ import gevent
 import gevent.event
 import pytest
 
-from gearhorn.stomp.backend import FanoutFailed
-from gearhorn.stomp.frames import Frame
-from gearhorn.stomp.outbox import LINGER_MOST, Outbox
-from gearhorn.stomp.sending import PLAIN, SendOptions, TopicSend
+from gearhorn.stomp.protocol.frames import Frame
+from gearhorn.stomp.protocol.sendheaders import PLAIN, SendOptions, TopicSend
+from gearhorn.stomp.queues.publisher import FanoutFailed
+from gearhorn.stomp.sessions.outbox import LINGER_MOST, Outbox
 
 pytestmark = pytest.mark.timeout(10)
 

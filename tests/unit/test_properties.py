@@ -6,8 +6,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gearhorn.rules import fanoutoptions, messages
-from gearhorn.stomp.frames import Frame, FrameError, FrameLimits, FrameParser, encode
-from gearhorn.stomp.sending import send_options
+from gearhorn.stomp.protocol.frames import Frame, FrameError, FrameLimits, FrameParser, encode
+from gearhorn.stomp.protocol.sendheaders import send_options
 
 SETTINGS = settings(max_examples=300, deadline=None,
                     suppress_health_check=[HealthCheck.too_slow])

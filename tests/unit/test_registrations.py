@@ -1,7 +1,7 @@
 import gevent
 import pytest
 
-from gearhorn.stomp.registrations import Registrations
+from gearhorn.stomp.queues.registrations import Registrations
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -42,7 +42,7 @@ def test_a_heartbeat_fault_that_repeats_is_logged_once(registry, caplog):
             raise RuntimeError("Set changed size during iteration")
 
     registrations.liveness.heartbeat = heartbeat
-    caplog.set_level("INFO", logger="gearhorn.stomp.registrations")
+    caplog.set_level("INFO", logger="gearhorn.stomp.queues.registrations")
     registrations.start()
     try:
         with gevent.Timeout(20):

@@ -1,6 +1,6 @@
 """Who gets which waiting message: the pure part of a bridge's queues."""
 
-from gearhorn.stomp.dispatch import Dispatch
+from gearhorn.stomp.queues.dispatch import Dispatch
 
 
 class Sub:

@@ -1,9 +1,9 @@
-"""RabbitMQ's /exchange/ destinations read as topics (gearhorn/stomp/exchanges.py)."""
+"""RabbitMQ's /exchange/ destinations read as topics (gearhorn/stomp/protocol/exchanges.py)."""
 
 import pytest
 
-from gearhorn.stomp.exchanges import canonical
-from gearhorn.stomp.rules import ProtocolError, parse_destination
+from gearhorn.stomp.protocol.exchanges import canonical
+from gearhorn.stomp.protocol.rules import ProtocolError, parse_destination
 
 
 @pytest.mark.parametrize("destination, topic", [

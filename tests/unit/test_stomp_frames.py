@@ -1,7 +1,7 @@
 
 import pytest
 
-from gearhorn.stomp.frames import Frame, FrameError, FrameLimits, FrameParser, encode
+from gearhorn.stomp.protocol.frames import Frame, FrameError, FrameLimits, FrameParser, encode
 from tests.fakes import chunkings
 
 
@@ -143,7 +143,7 @@ def test_1_0_leaves_out_header_names_it_cannot_write():
 @pytest.mark.parametrize("version", ["1.0", "1.1", "1.2"])
 @pytest.mark.parametrize("ack", [False, True])
 def test_the_fast_message_frame_reads_as_encode_writes_it(version, ack):
-    from gearhorn.stomp.frames import message_frame, message_prefix
+    from gearhorn.stomp.protocol.frames import message_frame, message_prefix
 
     prefix = message_prefix("sub:1", "/queue/a:b", version)
     wire = message_frame(prefix, "s-7", 3, True, ack, b"body\0with nul")

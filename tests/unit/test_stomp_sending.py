@@ -1,7 +1,7 @@
 import pytest
 
 from gearhorn.errors import BadRequest
-from gearhorn.stomp.sending import PLAIN, jms_priority, send_options
+from gearhorn.stomp.protocol.sendheaders import PLAIN, jms_priority, send_options
 
 
 def test_a_frame_without_options_is_plain():

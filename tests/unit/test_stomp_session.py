@@ -5,10 +5,10 @@ import types
 import pytest
 
 from gearhorn.rules.auth import Principal
-from gearhorn.stomp.frames import Frame
-from gearhorn.stomp.rules import SessionSettings, parse_destination
-from gearhorn.stomp.sending import PLAIN
-from gearhorn.stomp.streams import StreamDelivery
+from gearhorn.stomp.protocol.frames import Frame
+from gearhorn.stomp.protocol.rules import SessionSettings, parse_destination
+from gearhorn.stomp.protocol.sendheaders import PLAIN
+from gearhorn.stomp.topics.streams import StreamDelivery
 from tests.fakes import FakeBroker, FakeTransport, session_without_sockets
 
 
@@ -172,7 +172,7 @@ def test_auto_ack_completes_only_once_written(session):
 
 def test_only_a_stream_subscriptions_auto_ack_runs_where_its_message_is_written(session):
     """A queue's ack completes a gearmand job, and may block: the writer
-    runs it. A stream's only frees credit (gearhorn/stomp/streams.py)."""
+    runs it. A stream's only frees credit (gearhorn/stomp/topics/streams.py)."""
     s, transport, broker = session
     connect(session)
     s.handle(Frame("SUBSCRIBE", {"destination": "/queue/a", "id": "q"}))
@@ -498,7 +498,7 @@ def test_topic_sends_go_on_while_a_fanout_runs_and_other_frames_wait_for_it():
     import gevent
     import gevent.event
 
-    from gearhorn.stomp.session import Session
+    from gearhorn.stomp.sessions.session import Session
 
     transport, broker = FakeTransport(), FakeBroker()
     answers = []
@@ -534,8 +534,8 @@ def test_no_receipt_follows_the_error_of_a_failed_fanout():
     import gevent
     import gevent.event
 
-    from gearhorn.stomp.backend import FanoutFailed
-    from gearhorn.stomp.session import Session
+    from gearhorn.stomp.queues.publisher import FanoutFailed
+    from gearhorn.stomp.sessions.session import Session
 
     transport, broker = FakeTransport(), FakeBroker()
     answers = []

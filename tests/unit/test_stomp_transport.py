@@ -1,4 +1,4 @@
-"""The bridge's socket transport (gearhorn/stomp/server.py ClientConnection)
+"""The bridge's socket transport (gearhorn/stomp/transport/server.py ClientConnection)
 on a gevent socket pair: a turn's first frame is written at once, those
 sent after it in the same turn together once the greenlet gives way (and,
 while frames read together are handled, all of them at the end); what
@@ -10,9 +10,9 @@ import gevent.event
 import gevent.socket
 import pytest
 
-from gearhorn.stomp.frames import FrameLimits
-from gearhorn.stomp.rules import SessionSettings
-from gearhorn.stomp.server import _WRITES, ClientConnection
+from gearhorn.stomp.protocol.frames import FrameLimits
+from gearhorn.stomp.protocol.rules import SessionSettings
+from gearhorn.stomp.transport.server import _WRITES, ClientConnection
 from tests.fakes import FakeBroker
 
 pytestmark = pytest.mark.timeout(30)
@@ -173,7 +173,7 @@ def ws_pair():
     from wsproto import ConnectionType
     from wsproto.connection import Connection, ConnectionState
 
-    from gearhorn.stomp.websocket import WebSocketStream
+    from gearhorn.stomp.transport.websocket import WebSocketStream
 
     ours, theirs = gevent.socket.socketpair()
     client = Connection(ConnectionType.CLIENT)  # the upgrade is not what is tested here
@@ -262,7 +262,7 @@ def test_frames_sent_right_behind_the_upgrade_request_are_read():
     from wsproto import ConnectionType, WSConnection
     from wsproto.events import AcceptConnection, Request
 
-    from gearhorn.stomp.websocket import accept
+    from gearhorn.stomp.transport.websocket import accept
 
     ours, theirs = gevent.socket.socketpair()
     client = WSConnection(ConnectionType.CLIENT)

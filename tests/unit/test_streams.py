@@ -1,11 +1,11 @@
-"""A stream reader catching up from history (gearhorn/stomp/streams.py),
+"""A stream reader catching up from history (gearhorn/stomp/topics/streams.py),
 on fakeredis: offsets in order, each once, and a history lost meanwhile
 seen on the next page."""
 
 import pytest
 
 from gearhorn.rules.historypolicy import HistoryPolicy
-from gearhorn.stomp.streams import StreamReader
+from gearhorn.stomp.topics.streams import StreamReader
 from gearhorn.store.history import History
 
 pytestmark = pytest.mark.timeout(10)
@@ -77,10 +77,10 @@ def test_a_history_lost_while_it_catches_up_starts_it_over_in_the_new_epoch(hist
 
 
 def test_what_a_subscription_was_given_is_kept_as_runs_of_offsets(monkeypatch):
-    from gearhorn.stomp import spans as spans_module
+    from gearhorn.stomp.topics import streamruns as spans_module
 
     runs = []
-    spans = spans_module.Spans(runs.append)
+    spans = spans_module.StreamRuns(runs.append)
     for offset in (1, 2, 3, 5, 6):
         spans.given("e1", offset)
     spans.given("e1", 9, told_gap=True)  # the client was told 7-8 are lost
@@ -113,7 +113,7 @@ class FailingConsumer(Consumer):
 
 
 def test_a_reader_whose_delivery_fails_ends_told_and_the_feed_goes_on(history, caplog):
-    from gearhorn.stomp.feed import TopicFeed
+    from gearhorn.stomp.topics.feeds import TopicFeed
 
     feed = TopicFeed(history, "news", on_idle=lambda feed: None)
     feed.stopped = True  # its XREAD loop is not what this test drives
@@ -159,7 +159,7 @@ class LiveConsumer(Consumer):
 
 def stopped_feed(history):
     """A feed whose XREAD loop is not running: the test hands over itself."""
-    from gearhorn.stomp.feed import TopicFeed
+    from gearhorn.stomp.topics.feeds import TopicFeed
 
     feed = TopicFeed(history, "news", on_idle=lambda feed: None)
     feed.stopped = True
@@ -179,11 +179,11 @@ def entries(*ids):
 
 
 def test_a_live_reader_takes_a_send_before_its_append_and_not_again_from_the_feed(history):
-    from gearhorn.stomp.spans import Spans
+    from gearhorn.stomp.topics.streamruns import StreamRuns
 
     runs = []
     feed, live, stream = stopped_feed(history), LiveConsumer(), LiveConsumer()
-    reader = live_reader(feed, live, spans=Spans(runs.append))
+    reader = live_reader(feed, live, spans=StreamRuns(runs.append))
     live_reader(feed, stream, live=False)
     feed.sending(entries("a"))
     assert live.got == [(b"a", b"")]  # at once, and with no offset: it has none yet
@@ -236,11 +236,11 @@ def test_a_send_whose_append_failed_is_owed_no_more(history):
 
 
 def test_a_closed_live_reader_stays_until_what_it_took_early_is_passed(history):
-    from gearhorn.stomp.spans import Spans
+    from gearhorn.stomp.topics.streamruns import StreamRuns
 
     runs = []
     feed, consumer = stopped_feed(history), LiveConsumer()
-    reader = live_reader(feed, consumer, spans=Spans(runs.append))
+    reader = live_reader(feed, consumer, spans=StreamRuns(runs.append))
     feed.sending(entries("a", "b"))
     reader.close()
     assert reader in feed.live and runs == []  # its offsets are still to come
@@ -250,9 +250,9 @@ def test_a_closed_live_reader_stays_until_what_it_took_early_is_passed(history):
 
 
 def test_after_a_send_a_worker_appended_none_is_taken_early_until_it_is_passed(history):
-    from gearhorn.stomp.topicstreams import TopicStreams
+    from gearhorn.stomp.topics.feeds import TopicFeeds
 
-    streams = TopicStreams(history)
+    streams = TopicFeeds(history)
     feed = streams.feeds["news"] = stopped_feed(history)
     consumer = LiveConsumer()
     live_reader(feed, consumer)
@@ -302,7 +302,7 @@ def test_a_reader_without_credit_stays_on_the_feed_and_gets_all_in_order(history
 
 def test_a_reader_too_far_behind_leaves_the_feed_to_catch_up_from_history(
         history, monkeypatch):
-    from gearhorn.stomp import streams
+    from gearhorn.stomp.topics import streams
 
     monkeypatch.setattr(streams, "LAG_MESSAGES", 3)
     feed, consumer = stopped_feed(history), LiveConsumer(credit=0)

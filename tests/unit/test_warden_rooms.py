@@ -7,7 +7,7 @@ from gearhorn.rules.limits import REJECT_PUBLISH, Limits
 from gearhorn.rules.messages import Subscription
 from gearhorn.store.deadletters import DeadLetterIndex
 from gearhorn.store.headers import HeaderStore
-from gearhorn.store.room import RoomKeeper
+from gearhorn.store.rejectroom import RoomKeeper
 from gearhorn.worker.reaper import Reaper
 from gearhorn.worker.warden import Warden, WardenSettings
 

@@ -6,7 +6,7 @@ from wsproto import ConnectionType
 from wsproto.connection import Connection
 from wsproto.events import Message
 
-from gearhorn.stomp.websocket import data_frame
+from gearhorn.stomp.transport.websocket import data_frame
 
 pytestmark = pytest.mark.timeout(10)
 

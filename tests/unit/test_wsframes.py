@@ -1,4 +1,4 @@
-"""A client's WebSocket frames read without I/O (gearhorn/stomp/wsframes.py):
+"""A client's WebSocket frames read without I/O (gearhorn/stomp/transport/wsframes.py):
 the payloads wsproto's client frames carry, fed in any pieces, and every
 broken frame refused with the close code RFC 6455 gives it, what came
 before it kept."""
@@ -10,7 +10,7 @@ from wsproto import ConnectionType
 from wsproto.connection import Connection, ConnectionState
 from wsproto.events import CloseConnection, Message, Ping
 
-from gearhorn.stomp.wsframes import (
+from gearhorn.stomp.transport.wsframes import (
     INVALID_DATA,
     PROTOCOL_ERROR,
     ClientFrames,
