@@ -69,7 +69,7 @@ def run_now(run):
 
 def session_without_sockets(backend, transport, settings=None):
     session = Session(backend, transport, settings)
-    session.outbox.spawn = run_now
+    session.sends.outbox.spawn = run_now
     return session
 
 

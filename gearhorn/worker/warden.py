@@ -40,10 +40,8 @@ from dataclasses import dataclass
 
 import redis
 
-from gearhorn import gearman
 from gearhorn.config import Config
-from gearhorn.rules.limits import DROP_HEAD, EXPIRED, REMOVED, Limits
-from gearhorn.rules.messages import Subscription
+from gearhorn.rules.limits import DROP_HEAD, Limits
 from gearhorn.rules.naming import is_stream_client
 from gearhorn.rules.retention import Tallied, Verdict, judge
 from gearhorn.store.heldcopies import HeldCopies
@@ -54,6 +52,7 @@ from gearhorn.store.registry import Registry
 from gearhorn.store.rejectroom import RoomKeeper
 from gearhorn.store.tally import TallyReader
 from gearhorn.worker.counts import QueueCounts, since
+from gearhorn.worker.enforcing import Enforcing
 from gearhorn.worker.lastverdicts import LastVerdict, LastVerdicts
 from gearhorn.worker.reaper import Load, Reaper, Server, gearmand_loads
 from gearhorn.worker.round_report import BACKLOGS_KEPT, Backlog, RoundReport
@@ -68,6 +67,31 @@ LEASE_CHECK = 5000
 STATUS_EVERY = 10.0
 # Watched queues (gearhorn/store/tally.py) looked at per round, at most about.
 WATCHED_PER_ROUND = 10_000
+
+
+@dataclass(frozen=True)
+class _Rooms:
+    """The reject-publish rooms as a round found them."""
+
+    claimed_now: dict
+    claimed_before: dict
+    had_room: set[str]
+
+
+@dataclass
+class _Round:
+    """What one round read, for :meth:`Warden._judge_round`."""
+
+    subscriptions: dict[str, tuple[dict, Limits]]
+    read: dict[str, tuple[int, int]]  # the tally sums read
+    sums: dict[str, tuple[int, int]]  # the sums of the queues to judge
+    steady: dict[str, LastVerdict]  # queues whose counts did not move: not judged
+    loads: dict[str, Load]
+    renewed: set[str]
+    watched: set[str]
+    tallied: set[str]
+    rooms: _Rooms
+    full: bool  # every subscription read (a default expires)
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,8 +127,9 @@ class Warden:
         self.redis: redis.Redis = registry.redis
         self.keys: Keys = registry.keys
         self.tally = TallyReader(self.redis, self.keys)
-        self.reaper = reaper
         self.observer = observer or Observer()  # the ledger and the metrics
+        self.enforcing = Enforcing(settings.servers, settings.tls, registry, reaper,
+                                   self.observer)
         self.owner = owner or uuid.uuid4().hex
         self.report = RoundReport(self.redis, self.keys, queue_store, settings.store_guard,
                                   settings.store_most)
@@ -132,7 +157,10 @@ class Warden:
 
     def round(self, now: float | None = None) -> dict[str, Verdict]:
         """One pass over the subscriber queues that may need it; the
-        verdicts, for tests."""
+        verdicts, for tests. A default ``expires`` makes every subscription
+        one whose consumers are looked for: then each round reads them all
+        (:meth:`_full_round`, docs/scaling.rst); else a round reads only the
+        queues that may have moved (:meth:`_incremental_round`)."""
         now = time.time() if now is None else now
         if self.counts.spaced(now) and self.counts.held is None:
             return {}  # gearmand's status is slow to read: rounds spaced out to match
@@ -144,21 +172,39 @@ class Warden:
         claimed_before = claimed_now if self._claimed_before is None else self._claimed_before
         if not self._scanned() and not self._scan():
             return {}
-        # A default ``expires`` makes every subscription one whose consumers
-        # are looked for: each round reads them all (docs/scaling.rst).
-        everything = bool(self.settings.defaults.expires)
-        watched = set() if everything else self._watched_slice()
-        expiring = set() if everything else self.registry.expiring()
+        rooms = _Rooms(claimed_now, claimed_before, had_room)
+        if self.settings.defaults.expires:
+            return self._full_round(now, rooms)
+        return self._incremental_round(now, rooms)
+
+    def _full_round(self, now: float, rooms: _Rooms) -> dict[str, Verdict]:
+        renewed = self.registry.renewed(WATCHED_PER_ROUND)
+        self._claimed(rooms.claimed_now, rooms.claimed_before)
+        version = self.tally.version()
+        self.seen.unjudged = set()
+        subscriptions = self.registry.subscriptions()
+        reads = self._read_counts(set(subscriptions), now, renewed)
+        if reads is None:
+            return self._gave_up(renewed)
+        read, loads = reads
+        self._version = version
+        if not self.lead():
+            return self._gave_up(renewed)
+        return self._judge_round(_Round(subscriptions, read, dict(read), {}, loads, renewed,
+                                        set(), set(), rooms, full=True), now)
+
+    def _incremental_round(self, now: float, rooms: _Rooms) -> dict[str, Verdict]:
+        watched = self._watched_slice()
         renewed = self.registry.renewed(WATCHED_PER_ROUND)
         # Judged whatever their counts say: a subscription made or changed
         # since, a room claimed since, consumers to look for.
-        always = renewed | self._claimed(claimed_now, claimed_before) | expiring
+        always = (renewed | self._claimed(rooms.claimed_now, rooms.claimed_before)
+                  | self.registry.expiring())
         version = self.tally.version()
         # Taken before the sums: a queue tallied after this is in the next
         # round's set, so every other queue's sums are what this process
         # last read or left (LastVerdict.sums, worker/lastverdicts.py).
-        tallied = set()
-        if not everything and self._status_recent(always, now):
+        if self._status_recent(always, now):
             if version == self._version:
                 return {}  # nothing moved that a round could see without gearmand
             tallied = self.tally.changed() | self.seen.unjudged
@@ -166,57 +212,65 @@ class Warden:
                 self.seen.unjudged, self._version = tallied, version
                 self.report.refresh_store()
                 return {}  # judged at the next status read
-        elif not everything:
+        else:
             tallied = self.tally.changed() | self.seen.unjudged
         self.seen.unjudged = set()
-        if everything:
-            subscriptions = self.registry.subscriptions()
-            ask = set(subscriptions)
-        else:
-            ask = {q for q in watched | always | tallied | self.seen.unread
-                   if q in always or q in tallied or not self.seen.knows(q)}
-        # Tally sums before gearmand's counts: a copy queued in between then
-        # looks unconsumed, never consumed.
-        read: dict[str, tuple[int, int]] = {}
-        if not self._in_chunks(sorted(ask), lambda some: read.update(self.tally.sums(some))):
+        ask = {q for q in watched | always | tallied | self.seen.unread
+               if q in always or q in tallied or not self.seen.knows(q)}
+        reads = self._read_counts(ask, now, renewed)
+        if reads is None:
             return self._gave_up(renewed)
-        # Every queue this round may judge: the ones asked and the ones
-        # remembered (their counts say whether they moved).
-        loads = self.counts.read(sorted(ask | self.seen.last.keys()), now)
+        read, loads = reads
         self._version = version
         if not self.lead():
             return self._gave_up(renewed)
-        if everything:
-            sums, steady = read, {}
-        else:
-            sums, steady = self.seen.sort(read, loads, always, now)
-            subscriptions = {}
-            if not self._in_chunks([q for q in sums if q not in steady],
-                                   lambda some: subscriptions.update(self.registry.records(some))):
-                return self._gave_up(renewed)
+        sums, steady = self.seen.sort(read, loads, always, now)
+        subscriptions: dict[str, tuple[dict, Limits]] = {}
+        if not self._in_chunks([q for q in sums if q not in steady],
+                               lambda some: subscriptions.update(self.registry.records(some))):
+            return self._gave_up(renewed)
+        return self._judge_round(_Round(subscriptions, read, sums, steady, loads, renewed,
+                                        watched, tallied, rooms, full=False), now)
+
+    def _read_counts(self, ask: set[str], now: float, renewed: set[str]
+                     ) -> tuple[dict[str, tuple[int, int]], dict[str, Load]] | None:
+        """The tally sums of ``ask``, then the counts of those and of the
+        queues remembered (their counts say whether they moved); None if the
+        lease went meanwhile. Sums first: a copy queued in between then looks
+        unconsumed, never consumed."""
+        read: dict[str, tuple[int, int]] = {}
+        if not self._in_chunks(sorted(ask), lambda some: read.update(self.tally.sums(some))):
+            return None
+        return read, self.counts.read(sorted(ask | self.seen.last.keys()), now)
+
+    def _judge_round(self, this: _Round, now: float) -> dict[str, Verdict]:
+        """Judge and enforce what the round read, then keep the rooms, the
+        watched set and the report."""
         # A stream subscription has no queue to bound (gearhorn/stomp/topics/streams.py).
-        subscriptions = {queue: sub for queue, sub in subscriptions.items()
+        subscriptions = {queue: sub for queue, sub in this.subscriptions.items()
                          if not is_stream_client(sub[0].get("client_id", ""))}
+        sums, steady = this.sums, this.steady
         before = dict(sums)
         # The lease renewed between the long reads too: a second warden would
         # start the same round (judging every queue: it knows no verdict
         # yet), and the lease would go back and forth between them.
-        verdicts, backlogs, full = (self._judge_all(subscriptions, sums, loads, now)
+        verdicts, backlogs, full = (self._judge_all(subscriptions, sums, this.loads, now)
                                     if self.lead() else (None, [], set()))
         if verdicts is None:  # the lease went in a long round: the new holder goes on
-            return self._gave_up(renewed)
-        if not everything:
-            self.seen.others(sums, steady, subscriptions, loads, now)
+            return self._gave_up(this.renewed)
+        if not this.full:
+            self.seen.others(sums, steady, subscriptions, this.loads, now)
         full.update(queue for queue, seen in steady.items() if seen.full)
         backlogs += _aged(steady.values(), now)
         self.report.mark_full(full)
         rooms = [(q, v.room, v.room_bytes) for q, v in verdicts.items() if v.room is not None]
         # Rooms of queues judged and no longer reject-publish, or gone; one
         # not judged keeps its room (unsubscribing takes it away).
-        judged = had_room if everything else had_room & (set(sums) - set(steady))
-        self.room.set(rooms, claimed_before, judged - {q for q, _, _ in rooms})
-        self._claimed_before = claimed_now
-        self._watch(watched, tallied, read, before, sums)
+        had_room = this.rooms.had_room
+        judged = had_room if this.full else had_room & (set(sums) - set(steady))
+        self.room.set(rooms, this.rooms.claimed_before, judged - {q for q, _, _ in rooms})
+        self._claimed_before = this.rooms.claimed_now
+        self._watch(this.watched, this.tallied, this.read, before, sums)
         self.report.publish(backlogs, now)
         self.observer.flush()  # what this round dropped is in the ledger now
         return verdicts
@@ -348,10 +402,10 @@ class Warden:
             left = (sums[queue][0] - sum(e.count for e in consumed),
                     sums[queue][1] - sum(e.size for e in consumed))
             sums[queue] = left
-            taken = self._enforce(queue, entry, limits, load, verdict)
+            taken = self.enforcing.enforce(queue, entry, limits, load, verdict)
             if verdict.full:
                 full.add(queue)
-            if self._expired(queue, entry, limits, load, now):
+            if self.enforcing.expired(queue, entry, limits, load, now):
                 continue
             backlog = None
             if load.depth:
@@ -375,49 +429,6 @@ class Warden:
         """The reject-publish queues that workers claimed room in since the
         last round."""
         return {q for q, c in claimed_now.items() if claimed_before.get(q) != c}
-
-    def _enforce(self, queue: str, entry: dict, limits: Limits, load: Load,
-                 verdict: Verdict) -> int:
-        """Take what ``verdict`` says from the head; how many were taken."""
-        taken = 0
-        for count, reason in ((verdict.expire, EXPIRED), (verdict.drop, verdict.drop_reason)):
-            if count:
-                taken += self._drop(queue, entry, count, reason, load, limits.dead_letter)
-        return taken
-
-    def _drop(self, queue: str, entry: dict, count: int, reason: str, load: Load,
-              dead_letter: bool | None) -> int:
-        uniques = self.reaper.take(queue, count, load.waiting, reason if dead_letter else None)
-        if uniques:
-            self.observer.dropped(reason, entry.get("topic", ""), queue, uniques)
-        for server in load.waiting:  # what the next judge of this round sees
-            load.waiting[server] = max(0, load.waiting[server] - len(uniques))
-        if uniques:
-            log.info("%s: %d copies dropped (%s)%s", queue, len(uniques), reason,
-                     ", dead-lettered" if dead_letter else "")
-        return len(uniques)
-
-    def _expired(self, queue: str, entry: dict, limits: Limits, load: Load,
-                 now: float) -> bool:
-        """Remove a subscription unused for ``expires`` seconds; True if removed."""
-        if not limits.expires:
-            return False
-        if load.workers:
-            self.redis.set(self.keys.consumed(queue), str(now))
-            return False
-        seen = float(text(self.redis.get(self.keys.consumed(queue)) or b"0") or 0)
-        last = max(seen, float(entry.get("since", now)))
-        if now - last < limits.expires:
-            return False
-        if entry.get("topic"):
-            self.registry.unsubscribe(Subscription(entry["topic"], entry["client_id"]))
-        else:  # a bounded /queue/: no subscription, only its record
-            self.registry.unbound_queue(queue)
-        emptied = self._drop(queue, entry, load.depth, REMOVED, load, limits.dead_letter)
-        gearman.drop_function(self.settings.servers, queue, self.settings.tls)
-        log.info("%s: subscription expired after %.0fs without a consumer; %d copies removed",
-                 queue, now - last, emptied)
-        return True
 
 
 def _aged(steady: Iterable[LastVerdict], now: float) -> list[Backlog]:

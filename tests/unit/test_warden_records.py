@@ -115,7 +115,7 @@ def test_a_copy_to_take_reads_gearmands_status_once_a_round(registry, gearmand):
     server = ("127.0.0.1", 1)
     gearmand.loads = {QUEUE: Load(5, 0, 0, {server: 5}), "news_bob": Load(3, 0, 0, {server: 3})}
     taken = []
-    warden.reaper.take = lambda queue, count, waiting, reason: taken.append(
+    warden.enforcing.reaper.take = lambda queue, count, waiting, reason: taken.append(
         (queue, count, dict(waiting))) or []
     verdicts = warden.round(now=1001.0)
     assert gearmand.reads == 2
@@ -166,7 +166,7 @@ def test_a_queue_judged_before_is_judged_again_from_its_records(registry, gearma
     assert warden.round(now=1001.0)[QUEUE].takes == 0  # young yet
     gearmand.loads = {QUEUE: Load(2, 0, 0, {server: 2})}
     taken = []
-    warden.reaper.take = lambda queue, count, waiting, reason: taken.append(
+    warden.enforcing.reaper.take = lambda queue, count, waiting, reason: taken.append(
         (queue, count, reason)) or []
     verdicts = warden.round(now=1002.0)  # due: judged, and read from gearmand to take
     assert verdicts[QUEUE].expire == 2

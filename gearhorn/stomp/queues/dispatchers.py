@@ -31,12 +31,45 @@ from gearhorn import gearman
 from gearhorn.rules.naming import GIVEN_BACK, is_held
 from gearhorn.stomp.queues import dispatch
 from gearhorn.stomp.queues.grabbing import Grabber
-from gearhorn.stomp.queues.inorder import InOrder
 from gearhorn.stomp.queues.jobinfo import JobInfo
 from gearhorn.store.redeliveries import Redeliveries
 from gearhorn.store.redisconn import REDIS_ERRORS
 
 log = logging.getLogger(__name__)
+
+
+
+# Calls that wait (for gearmand, for Redis) are made one at a time, in the
+# order asked for, off the caller's greenlet: a greenlet each would let a
+# slow first call be overtaken, and a queue's dead letters would then be out
+# of the order they were given up in.
+class InOrder:
+    """Runs the calls given to :meth:`later` in one greenlet, in order; a
+    call that raises is logged, and the ones behind it still run."""
+
+    def __init__(self, what: str) -> None:
+        self.what = what  # for the log
+        self._calls: deque[tuple[Callable[[], None], str]] = deque()
+        self._running = False
+
+    def later(self, call: Callable[[], None], about: str = "") -> None:
+        """Run ``call`` after those before it (``about``: what the log names
+        should it raise)."""
+        self._calls.append((call, about))
+        if not self._running:
+            self._running = True
+            gevent.spawn(self._run)
+
+    def _run(self) -> None:
+        try:
+            while self._calls:
+                call, about = self._calls.popleft()
+                try:
+                    call()
+                except Exception:  # noqa: BLE001 - a bug; the calls behind it still go
+                    log.exception("%s %s", self.what, about)
+        finally:
+            self._running = False
 
 
 class QueueConsumer(dispatch.Taker, Protocol):

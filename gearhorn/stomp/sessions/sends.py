@@ -9,6 +9,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from gearhorn import gearman
+from gearhorn.errors import BadRequest
 from gearhorn.rules.auth import Principal
 from gearhorn.rules.messages import DEDUP_HEADER
 from gearhorn.rules.naming import TEMP_FUNCTION_PREFIX
@@ -25,8 +26,12 @@ from gearhorn.stomp.protocol.rules import (
     sendable,
 )
 from gearhorn.stomp.protocol.sendheaders import SendOptions
+from gearhorn.stomp.queues.bounds import QueueFull
+from gearhorn.stomp.queues.publisher import FanoutFailed
 from gearhorn.stomp.sessions.backend import Backend
 from gearhorn.stomp.sessions.outbox import Outbox
+from gearhorn.store.fsync import BarrierUnavailable, FsyncFailed
+from gearhorn.store.redisconn import REDIS_ERRORS
 
 
 class SendingSession(Protocol):
@@ -35,7 +40,6 @@ class SendingSession(Protocol):
     backend: Backend
     settings: SessionSettings
     principal: Principal
-    outbox: Outbox
     transactions: Transactions
 
     @property
@@ -52,14 +56,26 @@ class SendingSession(Protocol):
     def temp_queue(self, name: str) -> str: ...
 
 
+# What a frame may fail with; each ends the connection with an ERROR (Session.refused).
+REFUSALS = (ProtocolError, BadRequest, FanoutFailed, QueueFull, FsyncFailed,
+             BarrierUnavailable, gearman.GearmanError, *REDIS_ERRORS)
+
+
 class Sends:
-    """The SEND half of one session (which keeps the connection's state)."""
+    """The SEND half of one session (which keeps the connection's state):
+    queue SENDs go to Gearman here, topic SENDs through the outbox, which
+    answers them here (:meth:`answered`) in the order they were read."""
 
     def __init__(self, session: SendingSession) -> None:
         self.session = session
         self.pending_requests = 0
+        self.outbox = Outbox(session.backend.publisher, self._client, self.answered,
+                             session.refused, session.settings.max_payload_bytes)
 
-    def batch(self, batch: list[Frame], refusals: tuple[type[Exception], ...]) -> None:
+    def _client(self) -> gearman.Client:
+        return self.session.gearman
+
+    def batch(self, batch: list[Frame]) -> None:
         """Consecutive SENDs to one destination, as one batch."""
         s = self.session
         try:
@@ -69,13 +85,13 @@ class Sends:
             self.check(dest)
             bodies = [f.body for f in batch]
             if dest.kind == "topic":
-                s.outbox.put(s.backend.publisher.prepare(dest.name, bodies), batch)
+                self.outbox.put(s.backend.publisher.prepare(dest.name, bodies), batch)
                 return
             if not s.flushed():
                 return
             s.backend.publisher.send_to_queue(s.gearman, dest.name, bodies)
             self.on_disk(batch)
-        except refusals as exc:
+        except REFUSALS as exc:
             s.refused(batch[0], exc)
             return
         for frame in batch:
@@ -106,7 +122,7 @@ class Sends:
         options, reply_queue = self._replied_to(options_of(frame))
         publisher = s.backend.publisher
         if in_outbox and dest.kind == "topic" and DEDUP_HEADER not in options.headers:
-            s.outbox.put(publisher.prepare(dest.name, [frame.body], options), [frame])
+            self.outbox.put(publisher.prepare(dest.name, [frame.body], options), [frame])
             return None
         if not s.flushed():
             return {}
@@ -143,8 +159,7 @@ class Sends:
         return SendOptions(options.priority, options.delay,
                            {**options.headers, "reply-to": f"/queue/{function}"}), function
 
-    def answered(self, frames: list[Frame], result: dict | None,
-                 refusals: tuple[type[Exception], ...]) -> None:
+    def answered(self, frames: list[Frame], result: dict | None) -> None:
         """The outbox's topic SENDs are done: the worker that ran their
         fanout job answered after an fsync covering them and what this
         bridge wrote before (``result``); ``None``: no job was needed (every
@@ -153,7 +168,7 @@ class Sends:
         if result is None:
             try:
                 self.on_disk(frames)
-            except refusals as exc:
+            except REFUSALS as exc:
                 s.refused(frames[0], exc)
                 return
         for frame in frames:

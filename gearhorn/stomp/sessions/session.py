@@ -38,17 +38,12 @@ from gearhorn.stomp.protocol.rules import (
 from gearhorn.stomp.queues.bounds import QueueFull
 from gearhorn.stomp.queues.publisher import FanoutFailed
 from gearhorn.stomp.sessions.backend import Backend, Transport
-from gearhorn.stomp.sessions.outbox import Outbox
-from gearhorn.stomp.sessions.sends import Sends
+from gearhorn.stomp.sessions.sends import REFUSALS, Sends
 from gearhorn.stomp.sessions.subscriptions import Subscriptions
-from gearhorn.store.fsync import BarrierUnavailable, FsyncFailed
-from gearhorn.store.redisconn import REDIS_ERRORS
+from gearhorn.store.fsync import FsyncFailed
 
 log = logging.getLogger(__name__)
 
-# What a frame may fail with; each ends the connection with an ERROR (_refused).
-_REFUSALS = (ProtocolError, BadRequest, FanoutFailed, QueueFull, FsyncFailed,
-             BarrierUnavailable, gearman.GearmanError, *REDIS_ERRORS)
 # Frames that need not wait for the topic SENDs in flight (gearhorn/stomp/sessions/outbox.py).
 _BESIDE_SENDS = frozenset({"SEND", "ACK", "NACK"})
 
@@ -74,10 +69,7 @@ class Session:
         self.subscriptions = self.subs.by_id
         self.acks = self.subs.acks
         self._gearman: gearman.Client | None = None
-        self.sends = Sends(self)
-        self.outbox = Outbox(backend.publisher, lambda: self.gearman,
-                             lambda frames, result: self.sends.answered(frames, result, _REFUSALS),
-                             self.refused, self.settings.max_payload_bytes)
+        self.sends = Sends(self)  # and its outbox: the topic SENDs in flight
         self._handlers = {
             "CONNECT": self.on_connect, "STOMP": self.on_connect, "SEND": self.sends.on_send,
             "SUBSCRIBE": self.subs.subscribe, "UNSUBSCRIBE": self.subs.unsubscribe,
@@ -109,7 +101,7 @@ class Session:
             if frame.command not in _BESIDE_SENDS and not self.flushed():
                 return
             handler(frame)
-        except _REFUSALS as exc:
+        except REFUSALS as exc:
             self.refused(frame, exc)
 
     def refused(self, frame: Frame, exc: Exception) -> None:
@@ -134,7 +126,7 @@ class Session:
             if self.closed:
                 return
             if len(group) > 1 and self.connected:
-                self.sends.batch(group, _REFUSALS)
+                self.sends.batch(group)
             else:
                 for frame in group:
                     self.handle(frame)
@@ -165,7 +157,7 @@ class Session:
         """The socket is gone: give back every unacked message, end subscriptions."""
         self.closed = True
         self.subs.end_all()
-        self.outbox.flush()  # what was read before the socket went still goes out
+        self.sends.outbox.flush()  # what was read before the socket went still goes out
         if self._gearman is not None:
             self._gearman.close()
 
@@ -204,7 +196,7 @@ class Session:
     def flushed(self) -> bool:
         """Wait for the topic SENDs in flight; False if one failed (the
         connection is ending)."""
-        self.outbox.flush()
+        self.sends.outbox.flush()
         return not self.closed
 
     def check(self, allowed: Callable[[str], bool], destination: str, what: str) -> None:
