@@ -60,8 +60,10 @@ from gearhorn.store import redisconn  # noqa: E402
 from gearhorn.store.keys import Keys  # noqa: E402
 from gearhorn.store.registry import Registry  # noqa: E402
 from gearhorn.store.subscribers import SubscriberCache  # noqa: E402
-from gearhorn.supervision import servers
-from tests import redis_servers  # noqa: E402
+from gearhorn.supervision import (
+    redisclusters,  # noqa: E402
+    servers,
+)
 
 WIDTH = 10  # subscribers per topic
 CALLS = 200  # of each per-call figure
@@ -363,7 +365,7 @@ def chart(results: dict[int, dict], path: str) -> None:
 @contextlib.contextmanager
 def deployment(cluster: bool):
     """A fresh Redis (or 3-master Cluster) and gearmand: (nodes, url, gearmand)."""
-    made = redis_servers.start_redis_cluster(masters=3) if cluster else servers.start_redis()
+    made = redisclusters.start_redis_cluster(masters=3) if cluster else servers.start_redis()
     gm = servers.start_gearmand()
     try:
         if cluster:

@@ -40,8 +40,10 @@ from gearhorn.rules.messages import Subscription  # noqa: E402
 from gearhorn.store import redisconn
 from gearhorn.store.keys import Keys  # noqa: E402
 from gearhorn.store.registry import Registry  # noqa: E402
-from gearhorn.supervision import servers
-from tests import redis_servers  # noqa: E402
+from gearhorn.supervision import (
+    redisclusters,  # noqa: E402
+    servers,
+)
 
 WIDTH = 100
 
@@ -59,7 +61,7 @@ def commands(nodes: list[servers.Managed]) -> dict[str, int]:
 def start_redis(cluster: bool) -> tuple[str, list[servers.Managed], object]:
     """(url, nodes, what to stop): one Redis, or a 3-master cluster."""
     if cluster:
-        started = redis_servers.start_redis_cluster(masters=3)
+        started = redisclusters.start_redis_cluster(masters=3)
         return started.url, started.nodes, started
     red = servers.start_redis()
     return red.details["url"], [red], red
@@ -111,7 +113,7 @@ def run(gearmands: int, fanouts: int, cluster: bool = False) -> tuple[float, dic
 
 def bytes_per_subscription(subscriptions: int, topics: int = 10_000) -> float:
     """Memory of ``subscriptions`` over ``topics`` on a 3-master cluster."""
-    cluster = redis_servers.start_redis_cluster(masters=3)
+    cluster = redisclusters.start_redis_cluster(masters=3)
     try:
         registry = Registry(redisconn.connect(cluster.url), Keys())
         used = sum(redis.Redis.from_url(n.details["url"]).info("memory")["used_memory"]

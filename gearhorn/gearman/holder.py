@@ -1,19 +1,6 @@
 """Foreground jobs held open on one gearmand connection, and their answers.
 
-Issue 63's held copies: gearhorn keeps each copy in Redis and hands it to
-gearmand as a foreground job, so that its receiver's answer (WORK_COMPLETE,
-WORK_FAIL, WORK_EXCEPTION) comes back to gearhorn, which then forgets the
-copy. A :class:`Holder` is one connection's life: it submits copies in
-pipelined writes, returns once gearmand created them, and reports each
-answer from a reader thread of its own.
-
-When the connection breaks, every job it held is lost to gearhorn for good:
-gearmand marks a foreground job whose last submitter left ``ignore_job``,
-never runs it, and frees it (with any later submitter that attached to it
-under the same unique) when a worker next looks for its function
-(tests/integration/test_gearmand_foreground.py). So :attr:`on_lost` is told
-every copy not answered, to be placed again under a unique of its own
-(docs/design/gearmand.rst, "Held copies").
+Why it is shaped so: docs/design/notes.rst, "gearhorn/gearman/holder.py".
 """
 
 from __future__ import annotations

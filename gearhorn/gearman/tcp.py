@@ -1,16 +1,7 @@
 """Noticing a silent peer: every TCP connection gearhorn holds (to gearmand,
 to Redis) gives up on a peer that stops answering within seconds.
 
-Without this, a partition that heals leaves each connection waiting out
-TCP's retransmission backoff: measured under ``gearhorn up`` with packets
-to Redis or gearmand dropped for 20 s, the first fanout was answered 6.4 to
-6.7 s after the heal. Here a connection with data unacknowledged for
-``SILENT_AFTER`` seconds (``TCP_USER_TIMEOUT``), or idle and unanswered
-for as long (keepalive probes), is dropped by the kernel; its owner opens
-another, with a short connect timeout, and service resumes within a
-second of the network (bench/partition.py measures it). The peer's kernel
-acknowledges, not its process, so a busy gearmand or Redis never looks
-silent.
+Why it is shaped so: docs/design/notes.rst, "gearhorn/gearman/tcp.py".
 """
 
 from __future__ import annotations

@@ -1,14 +1,6 @@
 """Pure DataFrame transforms of ledger events: DataFrames in, DataFrames out.
 
-Events have the columns of ``EVENT_SCHEMA`` (one row per ledger event; see
-gearhorn/store/ledger.py). A *copy* is one (subscriber, unique) pair: the Gearman
-job that carries one message to one subscriber's queue.
-
-The big aggregations group by 64-bit keys (``copy_key``, ``message_key``:
-Spark's ``xxhash64`` of the strings, written by the export) rather than by
-the strings: at 30M rows that is what brings the reconciliation within its
-time (docs/benchmarks.rst). Names are joined back only for the few rows
-that are reported.
+Why it is shaped so: docs/design/notes.rst, "gearhorn/pipeline/transforms.py".
 """
 
 from __future__ import annotations

@@ -1,24 +1,6 @@
 """Who may connect to the bridge, and where they may send and subscribe.
 
-The credentials file (``stomp_credentials_file``) is INI::
-
-    [user alice]
-    passcode = pbkdf2_sha256$200000$<salt>$<hash>    # from `gearhorn passwd`
-    read = /topic/news.*, /queue/jobs               # SUBSCRIBE (and /control/ counts)
-    write = /queue/jobs                             # SEND
-    admin = true                                    # may act in gearhorn web's console
-
-    [anonymous]                                     # only if anonymous clients are allowed
-    read = /topic/public.*
-
-Patterns are shell-style (``*`` matches anything, ``/`` included) against
-``/queue/NAME`` and ``/topic/NAME``; a user may do nothing that no pattern
-allows. Passcodes are stored only as salted PBKDF2-SHA256 hashes; a file
-with a plain passcode is refused. Without a credentials file the bridge is
-open: anyone connects and may do anything (``gearhorn up``'s default).
-
-Pure apart from :func:`load` and :func:`save_passcode`, which read and write
-the file: unit tested without sockets.
+Why it is shaped so: docs/design/notes.rst, "gearhorn/rules/auth.py".
 """
 
 from __future__ import annotations

@@ -1,27 +1,6 @@
 """Which topics keep a history, how much and how long: pure, no I/O.
 
-``history_size`` and ``history_ttl`` are every topic's; ``history_topics``
-overrides them for some, as ``PATTERN=SIZE[/TTL]`` items separated by
-commas, where PATTERN is a topic or a prefix ending in ``*`` (the longest
-match wins, as a Centrifugo namespace's options do)::
-
-    >>> policy = HistoryPolicy.parse("chat.*=1000/600, chat.admin=0", 0, 3600)
-    >>> policy.of("chat.room1"), policy.of("chat.admin"), policy.of("news")
-    ((1000, 600), (0, 3600), (0, 3600))
-    >>> policy.enabled
-    True
-
-Real-time topics (``realtime_history_size`` > 0, the default): a topic with
-no history of its own keeps a short one while it has stream readers (a
-plain STOMP SUBSCRIBE is one), and ``realtime_history_ttl`` seconds after
-the last left, so a reader that lost its connection resumes from its last
-offset (docs/design/index.rst "Real-time by default")::
-
-    >>> policy = HistoryPolicy.parse("news=0", 0, 3600, realtime=(100, 300))
-    >>> policy.mode("chat"), policy.mode("news")
-    (Mode(size=100, ttl=300, while_read=True), Mode(size=0, ttl=3600, while_read=False))
-    >>> policy.readable("chat"), policy.keeps("chat"), policy.readable("news")
-    (True, False, False)
+Why it is shaped so: docs/design/notes.rst, "gearhorn/rules/historypolicy.py".
 """
 
 from __future__ import annotations

@@ -1,23 +1,6 @@
 """What a subscription may hold: its limits, parsed and validated (pure).
 
-A subscriber that stops reading must not stop the others, so every
-subscriber queue is bounded (docs/reliability.rst, "Bounded queues"):
-
-==================  =========================================================
-``max_length``      copies queued at most (0: no limit)
-``max_bytes``       payload bytes queued at most (0: no limit)
-``message_ttl``     seconds a copy may wait before it expires (0: forever)
-``expires``         seconds with no consumer before the subscription is
-                    removed (0: never)
-``overflow``        ``drop-head`` (the oldest copies leave) or
-                    ``reject-publish`` (the new copy is not made)
-``dead_letter``     dropped and expired copies go to ``<queue>.dlq``
-==================  =========================================================
-
-Gearman subscribers give them as keys of ``subscribe_fanout``; STOMP
-clients as RabbitMQ's ``x-*`` SUBSCRIBE headers (milliseconds there). A
-subscription given no limit keys keeps the ones it has; the config's
-``queue_*`` settings fill whatever a subscription does not say.
+Why it is shaped so: docs/design/notes.rst, "gearhorn/rules/limits.py".
 """
 
 from __future__ import annotations

@@ -1,19 +1,6 @@
 """What a bounded queue must give up now (pure: numbers in, a verdict out).
 
-gearmand tells how many jobs a queue holds (admin ``status``), not how old
-they are. So each fanout worker adds one entry per queue and group of
-copies to the queue's tally (``<p>tally:<queue>``: ``<ms> <copies>
-<bytes>``, oldest first). A queue is first in, first out, so its queued
-copies are the newest ``depth`` of the tally; every entry older than those
-was consumed and can go. That is what this module works out, with the
-copies to expire (too old) and to drop (over a limit) from the head.
-
-Copies gearmand holds that no tally entry accounts for count as the
-newest, at the queue's mean copy size: mostly they are (a worker writes
-its entries every 0.1 s, after gearmand accepted the copies), and so a
-copy is never expired early. Copies sent to the queue by something else
-than a fanout or the bridge never expire by age; the length and bytes
-limits still count them.
+Why it is shaped so: docs/design/notes.rst, "gearhorn/rules/retention.py".
 """
 
 from __future__ import annotations

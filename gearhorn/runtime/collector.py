@@ -1,23 +1,6 @@
 """The garbage collector's settings for a long-running gearhorn server.
 
-CPython collects its youngest generation after every 700 net allocations
-of container objects, and every tenth of those passes also walks the next
-generation. The bridge allocates several such objects per delivery (the
-delivery, its callbacks, the entry in its connection's queue) and, under
-load, holds many at once (what each connection has yet to write). So the
-collector ran thousands of times a second: at 100 subscribers per topic it
-took about half of the bridge's time, and topic x100 went from about
-70,000 to 117,000 deliveries/s with the settings below (docs/benchmarks.rst,
-"The collector").
-
-- The youngest generation is collected every ``GEN0`` allocations instead
-  of 700: still many times a second at full load, each pass still short.
-- What exists once the server has started (modules, settings, connection
-  pools) is frozen (``gc.freeze``): it is never garbage, and no full
-  collection walks it again.
-
-The older generations keep CPython's thresholds, so cyclic garbage is still
-collected, in larger batches.
+Why it is shaped so: docs/design/notes.rst, "gearhorn/runtime/collector.py".
 """
 
 from __future__ import annotations

@@ -1,20 +1,6 @@
 """Dead letters: list them without consuming, move them back, or drop them.
 
-A dead letter is a background job on ``<queue>.dlq`` whose headers (in the
-HeaderStore, by the header id in its unique key) say ``dlq-reason`` and
-``dlq-delivery-count``. Gearman cannot show a queued job without taking it,
-so the bridge also keeps an index when it dead-letters a message:
-``<p>dead:<queue>`` (header ids by time) and ``<p>dead-info:<queue>`` (reason,
-delivery count, size, the start of the body). ``list`` reads the index;
-gearmand's own count of ``<queue>.dlq`` is the truth for how many are
-queued (a Gearman worker of ``<queue>.dlq`` may take them without us).
-
-``requeue`` and ``purge`` take the jobs from every gearmand as a worker of
-``<queue>.dlq``: requeue submits each to ``<queue>`` again (without the
-``dlq-*`` headers, so its delivery count starts over) and only then
-completes the dead letter, so a crash in between duplicates a message
-rather than losing it. Copies requeued to a bounded queue are tallied as a
-fanout's are, so the warden knows their age and size at its next round.
+Why it is shaped so: docs/design/notes.rst, "gearhorn/store/deadletters.py".
 """
 
 from __future__ import annotations

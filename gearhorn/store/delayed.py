@@ -1,15 +1,6 @@
 """Delayed delivery: messages kept in Redis until due, then sent.
 
-gearmand's own epoch jobs (SUBMIT_JOB_EPOCH) are not enough: measured with
-gearmand 1.1.20, a due epoch job does not wake a sleeping worker, so
-``gearman -w`` (or any worker waiting in PRE_SLEEP) never receives it until
-other work arrives (docs/delivery.rst). So gearhorn keeps a delayed message
-in a sorted set per lane and time shard (``{<p>due:<lane>}:<n>``,
-``delay_shard_seconds`` wide) and every worker of the pool polls for due messages
-(``lua/release.lua``): each one is taken by one worker, sent, then removed.
-
-:class:`DelayedItem` is the pure part (what is kept); :class:`Scheduler`
-talks to Redis.
+Why it is shaped so: docs/design/notes.rst, "gearhorn/store/delayed.py".
 """
 
 from __future__ import annotations

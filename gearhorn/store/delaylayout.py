@@ -1,16 +1,7 @@
 """How delayed messages are laid out in Redis: the width of a time shard
 and the number of lanes (gearhorn/store/delayed.py).
 
-Both are numbers in the keys (``{<p>due:<lane>}:<shard>``) and in each
-lane's cursor, so every bridge and worker must use the same ones, and they
-cannot change while anything is kept: with the shards narrowed, the
-cursors point millions of shards back and nothing new is looked at; widened,
-the messages kept are in shards no one reaches for decades; with fewer
-lanes, those in the others are never looked at. So the layout is the
-store's, not each process's: the first to use the store records its
-configured one (``<p>due-layout``), and every process uses what is
-recorded, saying so when its configuration differs. Changing it is an
-operator's step (docs/operations.rst, "Delayed delivery").
+Why it is shaped so: docs/design/notes.rst, "gearhorn/store/delaylayout.py".
 """
 
 from __future__ import annotations

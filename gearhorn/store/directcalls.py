@@ -1,24 +1,6 @@
 """The bridge's per-message Redis calls on connections of their own.
 
-A stream subscription's message costs the bridge two Redis calls: the
-append (with the subscriber look-up) and the feed's XREAD. Through
-redis-py's pool each costs about 100-150 us more than the same commands
-written on a connection already held (pool checks, a readiness poll,
-observability counters, the retry wrapper: bench/stomp_load.py under
-py-spy, docs/benchmarks.rst). Here they go straight to a connection taken
-from a small stack of idle ones.
-
-Only for a client of one Redis server (``redis.Redis`` on a plain or
-blocking pool). A Redis Cluster or Sentinel client keeps its own routing
-and failover: every call then goes through it, as before. When
-``most_open`` connections are busy a call goes through the client too,
-which waits for a connection of its pool, so a burst of producers cannot
-open a connection each (``most_open=0``: every call goes through it).
-
-The calls made here are idempotent (scripts that append nothing twice for
-one message id, reads), so a call that loses its connection is made once
-more on a new one, as redis-py's retry would; the idle connections are
-closed with it, as whatever broke one (a restart) broke them too.
+Why it is shaped so: docs/design/notes.rst, "gearhorn/store/directcalls.py".
 """
 
 from __future__ import annotations

@@ -1,16 +1,6 @@
 """What a process's acknowledgements wait for, and what they promise.
 
-:class:`Durability` holds every fsync barrier (gearhorn/store/fsync.py) an
-acknowledgement of this process waits for: the registry's Redis, which
-holds the subscriptions and the copies. An outage of one (no syncer, its
-Redis unreachable) is waited out for ``barrier_timeout``
-seconds; then the operation fails with the reason, so a producer is never
-left waiting for ever.
-
-:func:`promises` says, once at start (the worker pool, the bridge) and in
-``gearhorn status``, what an acknowledgement covers in the setup found, and
-stops the start when a setting cannot be kept (a Redis it names that does
-not answer; ``durability = fsync`` with a Redis no syncer serves).
+Why it is shaped so: docs/design/notes.rst, "gearhorn/store/durability.py".
 """
 
 from __future__ import annotations

@@ -1,40 +1,6 @@
 """Acknowledgements after fsync: the waiting side of the fsync barrier.
 
-An acknowledgement (a fanout's result, a STOMP RECEIPT) is a promise that
-survives a power cut, so it waits until the Redis servers that hold what it
-acknowledges have fsynced their append-only files past it. Redis itself
-cannot say so cheaply: ``appendfsync always`` syncs once per event-loop
-turn in its main thread (gearmand's queue writes one job per command, so
-one fsync per copy), ``everysec`` answers up to two seconds ahead of the
-disk, and ``WAITAOF`` came only with Redis 7.2 (Debian 12 has 7.0). So a
-syncer runs beside each Redis (:mod:`gearhorn.supervision.aofsync`) and serves a
-barrier through Redis itself, with one counter and two channels:
-
-1. A waiter whose writes Redis has answered takes a ticket, ``INCR``
-   ``gearhorn:fsync:ticket``, and wakes the syncer, ``PUBLISH
-   gearhorn:fsync:wake`` (one round trip; the PUBLISH says how many
-   syncers listen). Redis writes every command to its AOF before it
-   answers (``appendfsync no``), so the waiter's writes, and everything
-   anyone wrote before its ticket, are in the file now.
-2. The syncer reads the counter, fsyncs the files, and publishes ``ok T``
-   on ``gearhorn:fsync:synced``: every ticket up to T is on disk. One fsync
-   covers every ticket taken before it was read, from every process: group
-   commit. A failed fsync publishes ``fail A T reason``: tickets after A up
-   to T fail with the reason (their writes may never reach the disk).
-3. The waiter's process hears ``synced`` on one connection of its own
-   (:class:`Watcher`) and releases every waiter the round covered.
-
-Which Redis needs waiting for is asked, not assumed (:func:`verdict`): one
-without an AOF keeps nothing on disk (the acknowledgement cannot wait for
-what will never happen; the start-up line says so), one with ``appendfsync always`` has
-synced before it answered, and any other needs its syncer. With
-``durability = auto`` an AOF no syncer serves is acknowledged once written
-(Redis's own appendfsync decides when it reaches the disk), until a syncer
-is seen; from then on its absence is an outage. The barriers of a process,
-and how long an outage is waited out, are gearhorn/store/durability.py's.
-A Redis Cluster's masters are not
-covered by the barrier: run them with ``appendfsync always``
-(docs/reliability.rst).
+Why it is shaped so: docs/design/notes.rst, "gearhorn/store/fsync.py".
 """
 
 from __future__ import annotations

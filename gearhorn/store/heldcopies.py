@@ -1,17 +1,7 @@
 """The copies gearhorn holds itself (``copies = held``): one record per copy
 in Redis until its receiver answers (docs/design/gearmand.rst, "Held copies").
 
-A queue's records are one hash, ``<p>copies:{Q}`` (one hash slot per queue,
-as a Redis Cluster needs), field = the copy's key (its unique, or a digest
-of a long one), value = the record: which holder (worker process) holds
-it, its precedence, its generation, its unique and its body. Each holder
-lists the queues it has records in (``<p>holding:<id>``), so that when it
-dies another process finds its copies without reading every queue.
-
-A copy's generation counts how often it was handed to gearmand; each goes
-under ``<key>^<generation>`` (:func:`handed_unique`), a unique of its own:
-gearmand never runs a foreground job whose holder left, nor one attached
-to it later under the same unique (tests/integration/test_gearmand_foreground.py).
+Why it is shaped so: docs/design/notes.rst, "gearhorn/store/heldcopies.py".
 """
 
 from __future__ import annotations

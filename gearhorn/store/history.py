@@ -1,14 +1,7 @@
 """Topic history: each topic's last messages, with an offset per topic and
 an epoch that changes when its history is lost (Centrifugo's model).
 
-Kept ``history_size`` messages (about: the stream is trimmed with ``~``) and
-``history_ttl`` seconds after the topic's last message (per topic or
-prefix: ``history_topics``, gearhorn/rules/historypolicy.py), in the topic's
-hash slot: ``<p>history:{T}`` (a stream whose entry ids are the offsets)
-and ``<p>history-meta:{T}`` (the last offset and the epoch). Written by the
-workers, one script call per topic and group of fanouts
-(``lua/history_append.lua``); read by ``topic_history`` and by the bridge's
-stream subscriptions (gearhorn/stomp/topics/streams.py).
+Why it is shaped so: docs/design/notes.rst, "gearhorn/store/history.py".
 """
 
 from __future__ import annotations

@@ -3,14 +3,7 @@ to gearmand as foreground jobs this process holds open, forgotten once
 their receivers answer, and handed again when a holding connection is lost
 or a holder dies (docs/design/gearmand.rst, "Held copies").
 
-:class:`HoldingClient` stands in for the fanout path's ``gearman.Client``:
-its ``submit_background`` writes the records (the acknowledgement then waits
-for the fsync covering them, as for every write) and hands the copies to a
-:class:`~gearhorn.gearman.holder.Holder` per gearmand, on each function's
-home server. A thread of its own forgets answered copies in batches, hands
-again the copies of a server whose connection broke (the next generation,
-once that gearmand answers), and takes over the copies of holders whose
-heartbeat ran out.
+Why it is shaped so: docs/design/notes.rst, "gearhorn/store/holding.py".
 """
 
 from __future__ import annotations

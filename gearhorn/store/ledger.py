@@ -1,28 +1,7 @@
 """The delivery ledger: events in a bounded Redis Stream (exported to files
 by gearhorn/store/ledgerexport.py).
 
-Events are buffered and written every 0.1-0.2 s by a background
-flusher, so no job waits for the ledger. The many go as lines of one
-entry per flush: messages published (a line each, in JSON, listing every
-copy enqueued) in a ``published-batch`` entry, bridge events (delivered,
-acked, attached, streamed) in a ``batch`` entry. The rare (failed,
-dropped) are an entry each. An entry per published message cost the
-bridge a 5 ms stall every flush at 2,350 msg/s, packing and parsing
-~500 XADDs: its p99 latency (issue 27, docs/benchmarks.rst). Older
-ledgers' ``published`` entries (one per message) still export.
-The export turns entries into flat rows, one per event, which is what the
-Spark pipeline reads.
-
-Row fields (``ROW_FIELDS``): ``event`` (published, enqueued, attached,
-delivered, acked, failed), ``ts`` (epoch milliseconds), ``message_id``,
-``topic``, ``subscriber`` (the copy's queue, ``<topic>_<client_id>``),
-``unique`` (the copy's Gearman unique key, which names one copy), ``count``
-(subscribers of a published message), ``reason`` (failed), ``redelivered``,
-``source`` (the worker or bridge that wrote it), ``stream_id``, and two
-64-bit keys the pipeline groups by instead of strings: ``copy_key`` (of
-``subscriber`` and ``unique``) and ``message_key`` (of ``message_id``).
-They are Spark's ``xxhash64`` of the same columns, so the pipeline computes
-them itself for rows exported without them (see :func:`copy_key`).
+Why it is shaped so: docs/design/notes.rst, "gearhorn/store/ledger.py".
 """
 
 from __future__ import annotations

@@ -1,19 +1,7 @@
 """The ledger's stream entries: how buffered events are packed into them,
 and how they read back as flat rows (``ROW_FIELDS``). Pure.
 
-Kinds of entry (``e``):
-
-- ``published-batch``: messages published, a JSON line each,
-  ``[ts, message_id, topic, count, [[queue, unique], ...]]`` (``count``:
-  the subscribers looked up; the pairs: the copies gearmand accepted), or
-  ``[ts, message_id, topic, count, {"to": [client_id, ...]}]`` when every
-  copy is named the plain way (:class:`SubscriberCopies`).
-- ``batch``: bridge events, a line each,
-  ``event TAB ts TAB subscriber TAB unique TAB redelivered``.
-- any other event name (failed, dropped): an entry of its own, its fields
-  ``ts mid topic sub u reason r``.
-- ``published`` (written until the batches): one message, its copies as
-  ``queue TAB unique`` lines in ``subs``; still read back.
+Why it is shaped so: docs/design/notes.rst, "gearhorn/store/ledgerentries.py".
 """
 
 from __future__ import annotations

@@ -1,13 +1,7 @@
 """The ledger's export: its streams' new events as files, by date, that the
 Spark pipeline reads (``gearhorn ledger export``; ``--follow`` repeats it).
 
-An export is idempotent. Before it writes, it records in ``_checkpoint``
-the stream ids it will end at (``pending``); an export that died half way
-is redone next time up to the same ids, so its files come out the same
-under the same names, then the ends become ``done``. A reader that follows
-the folder (Spark's file source, which reads a path once) therefore never
-sees a file change under it: no event is skipped or read twice. Files are
-written as ``.tmp`` and put in place whole.
+Why it is shaped so: docs/design/notes.rst, "gearhorn/store/ledgerexport.py".
 """
 
 from __future__ import annotations

@@ -2,22 +2,7 @@
 handed it to a STOMP client before, and the original of a message a bridge
 gave back itself.
 
-A STOMP client relies on ``redelivered:true`` to spot a message it may
-have processed already, whichever bridge delivered it first; a bridge's
-memory does not survive the client's reconnect to another bridge, or the
-bridge's death. So a bridge counts in Redis, one script call per grab
-(gearhorn/store/lua/redeliveries.lua), the messages of a shared queue (``/queue/``,
-a durable subscription's) it hands out, and forgets a message once it is
-acknowledged (in the next grab's call).
-
-================================  =============================================
-``<p>handouts:<function>``        hash: unique key -> times a bridge took the
-                                  message for its clients; expires
-                                  ``ttl`` after the queue's last hand-out
-``<p>returned:<token>``           string: JSON ``{"u": unique, "d": 0|1}`` of a
-                                  message a bridge gave back as ``~<token>``
-                                  (``d``: it had reached a client)
-================================  =============================================
+Why it is shaped so: docs/design/notes.rst, "gearhorn/store/redeliveries.py".
 """
 
 from __future__ import annotations

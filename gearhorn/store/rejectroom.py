@@ -2,14 +2,7 @@
 burst of fanouts cannot pass a queue's limit between two warden rounds
 (RabbitMQ's ``x-overflow: reject-publish`` never does).
 
-The warden sets each such queue's room every round from gearmand's count,
-less what workers claimed meanwhile (``lua/room_set.lua``); a worker claims
-room for a fanout's copies in one call (``lua/room_claim.lua``) and makes
-no copy for a queue that may be full. The room shrinks with every copy
-made and grows only at the warden's next round, when gearmand says what
-was consumed: a queue may refuse copies it had room for until then, never
-take one it had no room for. One hash, ``<p>room``, holds only
-reject-publish queues, so a fanout to other queues costs nothing more.
+Why it is shaped so: docs/design/notes.rst, "gearhorn/store/rejectroom.py".
 """
 
 from __future__ import annotations

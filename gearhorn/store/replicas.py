@@ -1,16 +1,6 @@
 """Acknowledgements after replication: the replica wait of a group commit.
 
-With ``min_replicas = N`` an acknowledgement also waits until N replicas of
-the registry's Redis hold every write it covers, so a node lost with its
-disk loses nothing acknowledged. One wait covers a whole group commit
-(gearhorn/store/durability.py), never one per copy.
-
-Redis's ``WAIT`` counts the replicas that received the writes (in their
-memory); ``WAITAOF`` (Redis 7.2+) counts those that fsynced them, and is
-used where the server has it. Both cover the writes of the connection
-that sends them, so the wait makes one write of its own first, on the same
-connection: the replication stream has one order, so that write follows
-every write answered before it, from any client.
+Why it is shaped so: docs/design/notes.rst, "gearhorn/store/replicas.py".
 """
 
 from __future__ import annotations

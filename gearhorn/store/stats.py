@@ -1,15 +1,6 @@
 """Counters that every process adds to and any process reads: in Redis.
 
-Prometheus counters must not reset when one of many worker processes
-restarts, and must add up over processes and hosts; so they live in Redis,
-added to by every worker (summed in memory and written every 0.1 s, or with
-each fanout: ``metrics_write_through``), and read by ``gearhorn web``
-(gearhorn/web/metrics.py).
-
-Per topic, copies and fanouts are sorted sets (``ZINCRBY``): a scrape reads
-the top N by copies with one ``ZREVRANGE``, however many topics exist.
-Totals over every topic and the fanout latency histogram (buckets stored
-apart, made cumulative when read) are fields of one hash.
+Why it is shaped so: docs/design/notes.rst, "gearhorn/store/stats.py".
 """
 
 from __future__ import annotations

@@ -1,15 +1,6 @@
 """Each subscriber queue's tally: when its copies were queued, and their size.
 
-Workers append (one entry per queue and group of copies, after gearmand
-accepted them); the warden reads the oldest entries and forgets the ones
-consumed (gearhorn/rules/retention.py says which). Redis keys: ``<p>tally:{Q}``
-(the list) and ``<p>tally:{Q}:sum`` (its copies ``c`` and bytes ``b``),
-one hash slot per queue; ``<p>watched``: the queues whose tally may hold
-copies, and ``<p>tallied``: the queues tallied since the warden's last
-round. The warden reads only those (with the queues gearmand says hold
-jobs), so an idle queue costs its round nothing; it takes a queue out of
-``<p>watched`` once its tally is empty (:meth:`TallyReader.unwatch`) and
-empties ``<p>tallied`` each round (:meth:`TallyReader.changed`).
+Why it is shaped so: docs/design/notes.rst, "gearhorn/store/tally.py".
 """
 
 from __future__ import annotations

@@ -1,20 +1,6 @@
 """Cutting a torn append-only file back to its last complete command.
 
-A power cut leaves the end of an AOF as the disk had it: whatever the
-kernel wrote back of the pages written after the last fsync, so a command
-cut short, or zeros where a page never reached the disk (the file's size
-was on disk, its data not). Redis repairs the first itself
-(``aof-load-truncated``) but stops at the second with "Bad file format
-reading the append only file", for a person to run ``redis-check-aof
---fix``. Nothing acknowledged lies past the first bad byte: every
-acknowledgement waited for an fsync of the whole file (gearhorn/store/
-fsync.py), and what an fsync covers is intact. So before a Redis with a
-data directory starts, :func:`repair` cuts each torn file at its last
-complete command (a transaction left open counts as torn), keeps a copy
-of the original, and logs what it cut. Increments after a torn one are
-emptied too: what they hold came after the hole.
-
-:func:`complete_prefix` is the pure part: bytes in, a length out.
+Why it is shaped so: docs/design/notes.rst, "gearhorn/supervision/aofrepair.py".
 """
 
 from __future__ import annotations

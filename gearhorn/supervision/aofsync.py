@@ -1,18 +1,6 @@
 """The syncer: serves the fsync barrier of one Redis, beside it.
 
-The Redis servers gearhorn starts run ``appendfsync no``: Redis writes
-every command to its append-only file before it answers, and leaves the
-sync to disk to us (``everysec`` answers up to two seconds ahead of the
-file when the disk is slow; ``always`` syncs once per event-loop turn, in
-Redis's only thread). This thread syncs the files when a waiter asks
-(gearhorn/store/fsync.py has the protocol): it reads the ticket counter,
-fsyncs, and publishes the round, so one fsync covers every acknowledgement
-waiting at that moment, from every process (group commit). While nobody
-asks it still syncs once a second, for what arrives without a ticket (a
-job a client submits straight into gearmand).
-
-It must run on the host of its Redis: ``gearhorn up`` runs one per Redis
-it starts; ``gearhorn fsyncd`` runs one beside a Redis you run yourself.
+Why it is shaped so: docs/design/notes.rst, "gearhorn/supervision/aofsync.py".
 """
 
 from __future__ import annotations

@@ -1,22 +1,6 @@
 """Upgrading a data directory whose copies wait in gearmand's redis queue.
 
-Before held copies, ``gearhorn up`` ran gearmand on its redis queue plugin
-(a second Redis, in ``<data_dir>/gearmand-queue``), and the copies queued
-there are acknowledged: an upgrade must deliver them. With ``copies =
-held`` up runs gearmand without that Redis, so at its first start it moves
-each job still queued there into a held copy's record in the registry's
-Redis, under a holder that is never alive (:data:`UPGRADE_HOLDER`): the
-pool takes them over within a second and hands them out like any others.
-
-Safe to repeat: a record written before a crash is left as it is (a copy
-already held is never written again), and a job's key in the queue Redis
-goes only after an fsync covers its record.
-
-gearmand's plugin keeps a job in a hash named ``_gear_-<function>-<unique>``
-(fields ``data`` and ``priority``). A name alone cannot tell where a
-function with a ``-`` ends, so the older version recorded such functions in
-the registry (``<p>dashed-functions``); it also set aside, under
-``<p>held:<key>``, jobs that gearmand would replay wrong while it started.
+Why it is shaped so: docs/design/notes.rst, "gearhorn/supervision/queueupgrade.py".
 """
 
 from __future__ import annotations

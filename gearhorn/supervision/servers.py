@@ -141,7 +141,7 @@ class Managed:
             return "".join(fp.readlines()[-lines:])
 
 
-def _spawn(name: str, argv: list[str], port: int, log_path: str | None,
+def spawn(name: str, argv: list[str], port: int, log_path: str | None,
            env: dict[str, str] | None = None, inherit_output: bool = False,
            cpus: set[int] | None = None) -> Managed:
     def prepare() -> None:
@@ -204,7 +204,7 @@ def start_redis(port: int | None = None, data_dir: str | None = None,
         # After a power cut: the torn tail cut back, so Redis starts by itself.
         repaired = aofrepair.repair(data_dir) if appendonly else []
     argv += extra or []
-    server = _spawn("redis-server", argv, port, log_path, cpus=cpus)
+    server = spawn("redis-server", argv, port, log_path, cpus=cpus)
     server.details["url"] = f"redis://{HOST}:{port}/0"
     if repaired:
         server.details["repaired"] = "; ".join(repaired)
@@ -269,7 +269,7 @@ def start_gearmand(port: int | None = None, data_dir: str | None = None,
     if data_dir:
         os.makedirs(data_dir, exist_ok=True)
         log_path = os.path.join(data_dir, "gearmand.log")
-    return _spawn("gearmand", argv, port, log_path, cpus=cpus)
+    return spawn("gearmand", argv, port, log_path, cpus=cpus)
 
 
 def queue_cpus() -> set[int] | None:
@@ -318,7 +318,7 @@ def start_gear_server(port: int | None = None, data_dir: str | None = None,
     log_path = os.path.join(data_dir, "gear-server.log") if data_dir else None
     if data_dir:
         os.makedirs(data_dir, exist_ok=True)
-    return _spawn("gear.Server", argv, port, log_path)
+    return spawn("gear.Server", argv, port, log_path)
 
 
 def start_web(env: dict[str, str], host: str, port: int) -> Managed:
@@ -344,7 +344,7 @@ def _start_gevent_process(name: str, module: str, env: dict[str, str], host: str
                           port: int) -> Managed:
     """``python -m module``, which patches the standard library before
     anything imports it; its log goes to our terminal."""
-    server = _spawn(name, [sys.executable, "-m", module], port, None,
+    server = spawn(name, [sys.executable, "-m", module], port, None,
                     env={**os.environ, **env}, inherit_output=True)
     server.host = host
     return server

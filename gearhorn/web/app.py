@@ -1,22 +1,6 @@
 """``gearhorn web``: one gevent WSGI server for metrics, health and the console.
 
-=========================  =============================================  ========
-``GET /metrics``           Prometheus text format (prometheus_client)      open
-``GET /healthz``           the process is alive                            open
-``GET /readyz``            Redis, every gearmand and a live worker         open
-``GET /``                  the live console (static/console.html)         look
-``GET /api/whoami``        the logged-in user and whether they may act     look
-``GET /api/overview``      the latest snapshot as JSON                     look
-``GET /api/events``        Server-Sent Events: a snapshot every second     look
-``GET /api/dlq?queue=Q``   dead letters of Q, not consumed                 look
-``POST /api/dlq/requeue``  ``{"queue": Q, "count": N}``: back to Q         act
-``POST /api/dlq/purge``    ``{"queue": Q}``: drop them                     act
-=========================  =============================================  ========
-
-"look" and "act" are gearhorn/web/access.py. An action must carry the
-header ``X-Requested-With: gearhorn`` (a page elsewhere cannot add it
-without CORS, which this server never allows), so another site cannot make
-a logged-in browser purge a queue.
+Why it is shaped so: docs/design/notes.rst, "gearhorn/web/app.py".
 """
 
 from __future__ import annotations

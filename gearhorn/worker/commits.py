@@ -1,25 +1,7 @@
 """Answering a worker's jobs once an fsync covers them, while the worker
 takes the next ones (group commit, as ocamlmq and RabbitMQ do it).
 
-A worker that waited for each group's fsync before taking the next sat
-idle for the disk: measured with bench/durable.py, 0.75 to 0.83 of the
-rate of answering when written. Here the worker hands each group's
-answers to a :class:`Committer` thread and goes on; the committer takes
-every group waiting, writes what must be in Redis before their answers
-(the ledger's entries: one round trip for them all, off the worker's
-thread), waits for one fsync that covers it all (gearhorn/store/fsync.py),
-and only then writes their answers. So the
-disk's pace sets how late an answer comes, not how many jobs a worker
-runs; at most ``most`` groups wait, then the worker waits too.
-
-Every answer of the process goes through here, in order (refusals and
-warnings too), so one thread writes a connection's answers. When an fsync
-fails, the group's jobs are refused with the reason; when a connection to
-Redis broke after the group's writes, the group goes back to the worker to
-run again (:meth:`Committer.take_redo`: its copies have the same unique
-keys, so gearmand coalesces those still queued); when the barrier is
-unavailable (no syncer serves, its Redis is away) for ``barrier_timeout``,
-the group's jobs fail with the reason, logged once for the outage.
+Why it is shaped so: docs/design/notes.rst, "gearhorn/worker/commits.py".
 """
 
 from __future__ import annotations

@@ -2,12 +2,7 @@
 often as the fanout allows), and what the producer is told of each
 receiver: who failed and why, and, with ``"gather": true``, every answer.
 
-A receiver's WORK_FAIL or WORK_EXCEPTION is its answer: by default
-(``fanout_attempts = 1``) it is reported at once, as any Gearman client
-would see it; a fanout that wants retries says ``"attempts": N``. A copy
-with no answer within ``fanout_timeout`` is not withdrawn (gearmand cannot
-take back a queued job): it is reported ``timeout`` with ``"queued":
-true``, and its receiver still gets it when it comes.
+Why it is shaped so: docs/design/notes.rst, "gearhorn/worker/foreground.py".
 """
 
 from __future__ import annotations

@@ -1,13 +1,6 @@
 """Cleaning up after a bridge that died without a word (kill -9, a crash).
 
-A bridge's non-durable topic subscriptions and temp queues live only as long
-as its connections. When it stops cleanly it removes them itself; when it
-dies, they would stay registered in Redis and their Gearman queues would
-fill forever. So each bridge sends heartbeats (``<p>bridges``) and lists
-what dies with it (``<p>bridge:<id>``); every worker of the pool sweeps now
-and then, and the first to see a bridge's heartbeat expire removes its
-subscriptions (announced on the matchmaking channel like any unsubscribe)
-and drops their queues in gearmand.
+Why it is shaped so: docs/design/notes.rst, "gearhorn/worker/janitor.py".
 """
 
 from __future__ import annotations

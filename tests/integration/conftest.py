@@ -8,8 +8,8 @@ import pytest
 import redis
 
 from gearhorn.runtime.children import die_with_parent
-from gearhorn.supervision import servers
-from tests import lossyfs, redis_servers
+from gearhorn.supervision import redisclusters, servers
+from tests import lossyfs
 from tests.needs import missing, require_binary, require_module
 
 from .helpers import PoolProcess, Up, wait_for
@@ -52,7 +52,7 @@ def redis_cluster():
     """A Redis Cluster of 3 masters (tests/integration/test_redis_cluster.py)."""
     require_binary("redis-server", "redis-server")
     require_binary("redis-cli", "redis-tools")
-    cluster = redis_servers.start_redis_cluster(masters=3)
+    cluster = redisclusters.start_redis_cluster(masters=3)
     yield cluster
     cluster.stop()
 

@@ -25,7 +25,7 @@ from gearhorn.store.keys import Keys
 from gearhorn.store.ledger import Ledger
 from gearhorn.store.ledgerentries import rows_from_entries
 from gearhorn.store.ledgerexport import entries
-from tests import redis_servers
+from gearhorn.supervision import redisclusters
 from tests.needs import require_binary
 
 # Tests of other modules marked cluster_too run on the cluster too, through
@@ -168,7 +168,7 @@ def test_a_master_killed_mid_broadcast_fails_over_and_nothing_acknowledged_is_lo
     durable STOMP subscriber receiving live through a bridge; the master
     serving the topic is killed with -9 while the broadcast runs."""
     require_binary("java", "default-jre-headless")  # for the reconciliation at the end
-    cluster = redis_servers.start_redis_cluster(masters=3, replicas=1, node_timeout_ms=1000,
+    cluster = redisclusters.start_redis_cluster(masters=3, replicas=1, node_timeout_ms=1000,
                                           data_dir=str(tmp_path / "cluster"))
     pool = None
     try:

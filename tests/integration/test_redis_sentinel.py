@@ -8,8 +8,7 @@ import pytest
 import redis
 
 from gearhorn.store import redisconn
-from gearhorn.supervision import servers
-from tests import redis_servers
+from gearhorn.supervision import redisclusters, servers
 from tests.needs import require_binary
 
 from .helpers import GearClient, PoolProcess, drain_queue, unique_topic, wait_for
@@ -27,7 +26,7 @@ def sentinel_stack(tmp_path):
         replica = servers.start_redis(data_dir=str(tmp_path / "replica"), appendonly=True,
                                       extra=["--replicaof", master.host, str(master.port)])
         started.append(replica)
-        sentinel = redis_servers.start_redis_sentinel(master, "gearhorn",
+        sentinel = redisclusters.start_redis_sentinel(master, "gearhorn",
                                                       str(tmp_path / "sentinel"))
         started.append(sentinel)
         yield master, replica, sentinel

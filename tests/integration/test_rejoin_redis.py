@@ -14,8 +14,7 @@ import pytest
 import redis
 
 from gearhorn.runtime.children import die_with_parent
-from gearhorn.supervision import servers
-from tests import redis_servers
+from gearhorn.supervision import redisclusters, servers
 from tests.needs import require_binary
 
 from .helpers import wait_for
@@ -65,7 +64,7 @@ def master_and_sentinel(tmp_path):
                               preexec_fn=die_with_parent)
     wait_for(lambda: servers.is_listening("127.0.0.1", port), timeout=60)
     managed = servers.Managed("redis", master, port)
-    sentinel = redis_servers.start_redis_sentinel(managed, "gearhorn", str(tmp_path / "s"),
+    sentinel = redisclusters.start_redis_sentinel(managed, "gearhorn", str(tmp_path / "s"),
                                                   down_after_ms=600_000)
     processes = [master]
     yield managed, conf, sentinel, processes

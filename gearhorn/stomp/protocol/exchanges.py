@@ -1,16 +1,6 @@
 """RabbitMQ's ``/exchange/...`` destinations, read as gearhorn topics: pure.
 
-A STOMP client written for RabbitMQ names its broadcasts by exchange. Its
-three standard exchanges have a gearhorn meaning, so such a client works
-unchanged (docs/stomp.rst, "Destinations"):
-
-- ``/exchange/amq.topic/K`` is ``/topic/K``, as in RabbitMQ itself;
-- ``/exchange/amq.fanout[/K]`` is the topic ``amq.fanout``: a fanout
-  exchange ignores the routing key;
-- ``/exchange/amq.direct/K`` is the topic ``amq.direct.K``: a direct
-  exchange matches the key exactly, as one topic per key does.
-
-Any other exchange does not exist here: RabbitMQ's ``not_found``.
+Why it is shaped so: docs/design/notes.rst, "gearhorn/stomp/protocol/exchanges.py".
 """
 
 from __future__ import annotations

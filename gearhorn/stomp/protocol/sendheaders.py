@@ -1,19 +1,6 @@
 """What the headers of a STOMP SEND ask for (pure, no I/O).
 
-- ``priority``: 0-9 (JMS; 4 is the default). Gearman has three
-  precedences, so 0-3 are low, 4 is normal, 5-9 are high.
-- ``x-delay`` (RabbitMQ's delayed-message plugin) or
-  ``AMQ_SCHEDULED_DELAY`` (ActiveMQ): milliseconds before delivery.
-- ``reply-to: /temp-queue/NAME``: a reply queue private to the connection.
-- ``persistent`` (RabbitMQ's and ActiveMQ's delivery mode): accepted, not
-  carried. Durability belongs to the deployment (setting ``persistence``,
-  on by default), the same for every message, so the flag changes nothing;
-  carried, it would cost a Redis write per message and keep the SEND out
-  of a batch, and RabbitMQ clients set it on every message.
-- Every other header a sender sets (content-type, correlation-id, reply-to,
-  custom ones) is carried to STOMP consumers unchanged; the frame's own
-  bookkeeping (destination, receipt, transaction, content-length) and the
-  options above are not.
+Why it is shaped so: docs/design/notes.rst, "gearhorn/stomp/protocol/sendheaders.py".
 """
 
 from __future__ import annotations

@@ -1,18 +1,6 @@
 """A bridge's Gearman queues (runs under gevent).
 
-A :class:`QueueDispatcher` works one Gearman function for every STOMP
-subscription of it in this bridge: it grabs only as many jobs as its
-subscribers have credit for, hands them out round-robin (which one gets
-what is :mod:`gearhorn.stomp.queues.dispatch`'s, pure), and completes a job only
-when its STOMP client acknowledged it. NACK, an ack timeout or a subscriber
-that leaves gives the job to another subscriber; when the last one leaves,
-the dispatcher gives what it held back in order (:mod:`gearhorn.stomp.queues.giveback`)
-and closes its Gearman connections; gearmand requeues whatever is left. So a
-message is never completed before its ack and never vanishes.
-
-A shared queue's dispatcher (``/queue/``, a durable subscription's) counts
-in Redis what it hands out (:mod:`gearhorn.store.redeliveries`), so a message that
-reached a client before is ``redelivered`` whichever bridge delivers it again.
+Why it is shaped so: docs/design/notes.rst, "gearhorn/stomp/queues/dispatchers.py".
 """
 
 from __future__ import annotations

@@ -1,22 +1,6 @@
 """Giving a queue's held messages back in order (runs under gevent).
 
-When the last subscriber of a queue on a bridge leaves (a client that
-disconnects without acking, a bridge that stops), the messages the bridge
-held would go back to gearmand by the close of its connection, and
-gearmand 1.1.20 appends a released worker's jobs to the end of the queue,
-most recent first: a client that reconnects gets them reversed and behind
-newer ones. So the bridge gives them back itself: it submits each again, in
-the order it had them, as a high-priority background job ``~<token>``, and
-only then completes the originals. A crash in between leaves both: a
-message may come twice, never not at all. The token's record in Redis
-(:mod:`gearhorn.store.redeliveries`) names the original unique key, so its headers,
-its ledger entries and its ``redelivered`` flag follow it.
-
-Only background jobs gearhorn made can be given back this way
-(:func:`gearhorn.rules.naming.returnable`); a request waiting for its reply, a
-foreground fanout's copy and other clients' jobs stay with gearmand. A held
-copy is given back to its holder instead: answered ``naming.GIVEN_BACK``,
-it is handed again first in line (gearhorn/store/holding.py).
+Why it is shaped so: docs/design/notes.rst, "gearhorn/stomp/queues/giveback.py".
 """
 
 from __future__ import annotations

@@ -1,41 +1,6 @@
 """A connection's topic SENDs in flight, in order (runs under gevent).
 
-Waiting for each fanout job's answer before reading the next SEND held a
-producer to one message per gearmand and worker round trip (about 1.6 ms
-on the benchmark machine): at 1,000 msg/s its messages queued behind each
-other in the session. Here the session reads on while a job runs. Jobs
-still go one at a time, in order, so every subscriber gets a producer's
-messages in the order sent; the SENDs that arrived during a job leave
-together as the next one (one job of up to ``MAX_BATCH`` messages).
-
-On a topic with a history the bridge appends each SEND itself before its
-job (if one is needed at all), so stream subscribers do not wait for any
-job (docs/design/index.rst). The session has already handed the SEND to this
-bridge's live subscribers (gearhorn/stomp/topics/streams.py). Mostly the append
-is made at once, in the session, as the SEND is read. One case waits: a
-SEND that was read alone, or with at most ``LINGER_MOST`` messages in all,
-and that live subscribers here took early is appended by the outbox when
-the connection's next SEND is read, or ``APPEND_LINGER`` later. The
-bridge's bookkeeping (the append, the history read that follows, the
-ledger) then runs after those subscribers
-read their MESSAGEs, not beside them on the same two cores (issue 27:
-0.1-0.9 ms off their p99 at 100 msg/s, docs/benchmarks.rst), and the next
-SEND shares the append. Ending the linger there, rather than at a time
-that falls anywhere between two SENDs, keeps the bookkeeping out of the
-way of the SEND after (p99 at 1,000 msg/s 0.8 -> 0.6 ms). A few SENDs
-read together (a producer at 2,350 msg/s writes two a millisecond) were
-appended at once, in the session, and its next SENDs waited in the
-socket for that round trip: lingering, p99 1.24 -> 0.77 ms. SENDs read
-in larger batches (a busy producer) are appended at once: appending all
-in the outbox measured 3-15% less topic x100 throughput. Appends keep the
-order read: while the outbox holds a SEND not yet appended, those behind
-it wait too.
-
-RECEIPTs of these SENDs follow their append and job. Every other frame but
-ACK and NACK waits for the outbox to empty first (:meth:`Outbox.flush`),
-so a connection's frames still take effect in the order sent. A SEND whose
-subscribers all read the history needs no job (``TopicSend.needs_job``):
-it is answered once appended.
+Why it is shaped so: docs/design/notes.rst, "gearhorn/stomp/sessions/outbox.py".
 """
 
 from __future__ import annotations

@@ -1,14 +1,7 @@
 """A STOMP SEND to a topic with history, appended by the bridge itself
 before its fanout job (runs under gevent).
 
-The topic's stream subscribers then have the message one Redis round trip
-after the SEND, not after gearmand and a worker (docs/design/index.rst); its
-live subscribers on this bridge (plain SUBSCRIBEs) have it before the
-append, with no round trip at all (gearhorn/stomp/topics/streams.py). The
-subscriber look-up rides the same round trip, as in the workers (the
-cache's version token makes it exact): when every subscriber of the topic
-reads its history, the SEND needs no fanout job at all, and the bridge
-records the message in the ledger and the metrics itself.
+Why it is shaped so: docs/design/notes.rst, "gearhorn/stomp/topics/appending.py".
 """
 
 from __future__ import annotations

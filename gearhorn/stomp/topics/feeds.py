@@ -5,11 +5,8 @@ and the SENDs of this bridge its live readers may take before their append
 (gearhorn/stomp/topics/appending.py). :class:`TopicFeeds` says where a
 SUBSCRIBE starts reading a topic's history.
 
-While this bridge holds the topic's pen (gearhorn/stomp/topics/offsetlease.py) and the
-feed has all it gave, the feed does not read: no other caller can append
-then, and each message the pen gives or writes is handed over here, so an
-XREAD would only wake for what the readers have (a round trip, and a
-reply, per write)."""
+Why it is shaped so: docs/design/notes.rst, "gearhorn/stomp/topics/feeds.py".
+"""
 
 from __future__ import annotations
 

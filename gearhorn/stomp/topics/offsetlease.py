@@ -5,11 +5,7 @@ each message, offset and all, before the append's round trip to Redis
 (lua/history_append.lua) to one caller at a time; the others' appends wait
 until it is given back.
 
-What the pen gave is written in the order given, by one greenlet per
-topic (:class:`OffsetLease`), a batch per round trip: the appends of every
-connection of the bridge to the topic go through it while it is held, so
-none takes an offset the pen gave. It is given back when the topic has
-been quiet here for :data:`IDLE`, or at once when another caller wants it.
+Why it is shaped so: docs/design/notes.rst, "gearhorn/stomp/topics/offsetlease.py".
 """
 
 from __future__ import annotations

@@ -1,21 +1,6 @@
 """Where a stream subscription starts: pure, no I/O.
 
-A SUBSCRIBE to ``/topic/T`` with ``x-stream-offset`` (RabbitMQ streams'
-header and values) reads T's history from there, then goes live:
-
-=======================  ===============================================
-``first``                the oldest message kept
-``last``                 the last message published, then the live ones
-``next``                 only messages published from now on
-``N`` or ``offset=N``    from offset N (inclusive: resume with last + 1)
-``timestamp=S``          from the first message published at or after
-                         S (epoch seconds)
-=======================  ===============================================
-
-``x-stream-epoch`` is the epoch the client saw last. An offset that
-history no longer covers (trimmed, expired, another epoch) is not
-recovered: the subscription starts at the oldest message kept, and its
-first MESSAGE says ``x-recovered:false``.
+Why it is shaped so: docs/design/notes.rst, "gearhorn/stomp/topics/startoffsets.py".
 """
 
 from __future__ import annotations

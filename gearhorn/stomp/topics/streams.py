@@ -2,29 +2,7 @@
 ``x-stream-offset`` reads the topic's history (gearhorn/store/history.py)
 instead of a gearmand queue of its own.
 
-Each subscription has a :class:`StreamReader`, its position in the
-topic's history. It starts by reading history from its start a page at a
-time (catching up), then joins the topic's ``TopicFeed`` (gearhorn/stomp/topics/feeds.py), the one
-blocking XREAD per topic and bridge that hands each new message to every
-reader live on it. The seam is exact: a reader joins only once its
-position has reached the feed's, and takes no offset at or below its own,
-so it gets every message once, in order. A reader whose client cannot
-take more (no credit) leaves the feed and catches up again later from
-history: a slow client never holds the others back, and what it missed
-while history still had it, it gets; what history trimmed first, it is
-told of (``x-recovered:false``).
-
-At most once across a disconnect, as RabbitMQ's non-durable topic
-subscriptions; resuming from the last offset seen covers the gap.
-
-A plain SUBSCRIBE (no ``x-stream-offset``) is a *live* reader: the SENDs
-of this bridge's own producers reach it before they are appended
-(:meth:`TopicFeed.sending`), one Redis round trip sooner, so its MESSAGEs
-carry no offset. It still follows the feed, which gives it everything
-else in order and skips, by message id, what it got early. A producer's
-order holds because a live reader takes a SEND early only when it owes
-none of the earlier ones sent here (``owed``: they reach it through the
-feed first).
+Why it is shaped so: docs/design/notes.rst, "gearhorn/stomp/topics/streams.py".
 """
 
 from __future__ import annotations

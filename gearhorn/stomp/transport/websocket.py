@@ -2,15 +2,7 @@
 at ``/ws`` with the subprotocols ``v12.stomp``, ``v11.stomp`` and
 ``v10.stomp``, then STOMP bytes carried in WebSocket messages.
 
-:class:`WebSocketStream` looks like a socket to
-:class:`gearhorn.stomp.transport.server.ClientConnection` (``recv``, ``sendall``,
-``settimeout``, ``shutdown``, ``close``), so a WebSocket connection has the
-same session, logins, rights, limits, heart-beats and TLS as a TCP one. The
-bytes of every message go to the same incremental frame parser: a message
-may hold one frame, several, or part of one. wsproto does the upgrade
-without doing I/O (docs/design/index.rst says why it was chosen); the frames
-after it are read by gearhorn/stomp/transport/wsframes.py and written by
-:func:`data_frame`, at a fraction of wsproto's cost.
+Why it is shaped so: docs/design/notes.rst, "gearhorn/stomp/transport/websocket.py".
 """
 
 from __future__ import annotations

@@ -1,18 +1,6 @@
 """The WebSocket frames a client sends (RFC 6455 5), read without I/O.
 
-The bridge read them with wsproto until its cost showed: about 8 us a
-frame in a loop, and a tenth of the bridge's time at topic x10 over
-WebSocket, on the path of every SEND before its deliveries (issue 27,
-docs/benchmarks.rst). wsproto still does the HTTP upgrade
-(gearhorn/stomp/transport/websocket.py); after it, :class:`ClientFrames` reads the
-frames. No extension is agreed, so none is read.
-
-What a STOMP connection needs of a frame is its payload: the payloads of
-data frames are one byte stream (STOMP's parser finds its frames in it),
-handed over as they come, even a frame's part, so no message is held
-whole in memory. Control frames are answered by the caller: a ping with a
-pong, a close with a close. A broken frame ends the connection with the
-code RFC 6455 7.4.1 gives it (:class:`Violation`).
+Why it is shaped so: docs/design/notes.rst, "gearhorn/stomp/transport/wsframes.py".
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
-"""Redis Cluster and Sentinel on loopback, for the tests and benchmarks that
-need them (gearhorn itself starts neither: ``gearhorn up`` runs one Redis)."""
+"""Redis Cluster and Sentinel on loopback, for the tests, benchmarks and
+recipes that need them (``gearhorn up`` runs one Redis; etc/three-nodes
+starts Sentinels by hand)."""
 
 from __future__ import annotations
 
@@ -16,9 +17,9 @@ from gearhorn.supervision.servers import (
     HOST,
     Managed,
     ServerError,
-    _spawn,
     find_binary,
     free_port,
+    spawn,
     start_redis,
 )
 
@@ -96,7 +97,7 @@ def start_redis_sentinel(master: Managed, name: str, data_dir: str,
                  f"sentinel monitor {name} {master.host} {master.port} 1\n"
                  f"sentinel down-after-milliseconds {name} {down_after_ms}\n"
                  f"sentinel failover-timeout {name} 10000\n")
-    server = _spawn("redis-sentinel", [binary, conf, "--sentinel"], port,
+    server = spawn("redis-sentinel", [binary, conf, "--sentinel"], port,
                     os.path.join(data_dir, "sentinel.log"))
     server.details["url"] = f"redis+sentinel://{HOST}:{port}/{name}/0"
     return server
