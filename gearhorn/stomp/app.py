@@ -27,8 +27,8 @@ from gearhorn.stomp.protocol.rules import SessionSettings
 from gearhorn.stomp.queues.attachments import Attachments
 from gearhorn.stomp.queues.bounds import QueueBounds
 from gearhorn.stomp.queues.counts import QueueCounts
-from gearhorn.stomp.queues.deadlettering import DeadLetterer
 from gearhorn.stomp.queues.giveback import GiveBack
+from gearhorn.stomp.queues.maxdeliveries import DeadLetterer
 from gearhorn.stomp.queues.publisher import Publisher
 from gearhorn.stomp.queues.registrations import Registrations
 from gearhorn.stomp.queues.replies import Requester

@@ -30,7 +30,7 @@ class Pressure:
         self.clock = clock
         self.full: frozenset[str] = frozenset()
         self.over = ""  # why the queue store takes no more, or empty
-        # reject-publish queues whose room a fanout claims first (store/room.py)
+        # reject-publish queues whose room a fanout claims first (store/rejectroom.py)
         self.bounded: frozenset[str] = frozenset()
         self._read_at: float | None = None
 

@@ -140,7 +140,7 @@ class Registry:
             pipe.sadd(self.keys.renewed, queue)
         if limits.overflow == REJECT_PUBLISH:
             # Room from the first copy on, not from the warden's next round
-            # (store/room.py): a new queue is empty; a known one keeps its
+            # (store/rejectroom.py): a new queue is empty; a known one keeps its
             # room. A round that saw the room then sees the record, and does
             # not take the room away.
             open_room(pipe, self.keys, queue, limits.max_length, limits.max_bytes)
@@ -177,7 +177,7 @@ class Registry:
         pipe.srem(self.keys.watched, queue)
         pipe.srem(self.keys.renewed, queue)
         pipe.srem(self.keys.expiring, queue)
-        # Its room too (store/room.py): the warden's rounds judge only queues
+        # Its room too (store/rejectroom.py): the warden's rounds judge only queues
         # that changed, so they would not come to take it away.
         pipe.hdel(self.keys.room, *room_fields(queue))
         pipe.execute()

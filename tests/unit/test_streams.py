@@ -77,10 +77,10 @@ def test_a_history_lost_while_it_catches_up_starts_it_over_in_the_new_epoch(hist
 
 
 def test_what_a_subscription_was_given_is_kept_as_runs_of_offsets(monkeypatch):
-    from gearhorn.stomp.topics import streamruns as spans_module
+    from gearhorn.stomp.topics import streamruns
 
     runs = []
-    spans = spans_module.StreamRuns(runs.append)
+    spans = streamruns.StreamRuns(runs.append)
     for offset in (1, 2, 3, 5, 6):
         spans.given("e1", offset)
     spans.given("e1", 9, told_gap=True)  # the client was told 7-8 are lost
@@ -89,7 +89,7 @@ def test_what_a_subscription_was_given_is_kept_as_runs_of_offsets(monkeypatch):
     spans.end()
     spans.end()  # nothing more
     assert runs == ["e1:1-3", "e1:5-6", "e1:9-9:unrecovered", "e2:1-1"]
-    monkeypatch.setattr(spans_module, "MOST_PER_RUN", 3)
+    monkeypatch.setattr(streamruns, "MOST_PER_RUN", 3)
     for offset in range(2, 9):
         spans.given("e2", offset)
     spans.end()

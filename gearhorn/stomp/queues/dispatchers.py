@@ -120,7 +120,7 @@ class QueueDispatcher:
         self.function = function
         self._dead_letter = dead_letter
         self._dead_letters = InOrder(f"{function}: dead-lettering")  # in the order given up
-        self._recall = JobInfo(function, lookup, handouts)
+        self._jobinfo = JobInfo(function, lookup, handouts)
         self._give_back = give_back
         self.released: gevent.Greenlet | None = None  # our own give-back, once closed
         self.state = dispatch.Dispatch(max_deliveries)
@@ -195,7 +195,7 @@ class QueueDispatcher:
 
     def _forget(self, delivery: Delivery) -> None:
         if delivery.tracked:
-            self._recall.settled(delivery.unique, delivery.worker)
+            self._jobinfo.settled(delivery.unique, delivery.worker)
 
     def give_back(self, deliveries: list[Delivery]) -> None:
         """NACK: the jobs go to another subscriber (or back in line), first
@@ -279,7 +279,7 @@ class QueueDispatcher:
         """The grabbed jobs as deliveries, with what Redis knows of each."""
         return [Delivery(job, worker, self, known.headers, unique=known.unique,
                          redelivered=known.redelivered, tracked=known.tracked)
-                for job, known in zip(jobs, self._recall.known(jobs), strict=True)]
+                for job, known in zip(jobs, self._jobinfo.known(jobs), strict=True)]
 
     def _arrived(self, deliveries: list[Delivery]) -> None:
         self.waiting.extend(deliveries)
@@ -301,8 +301,8 @@ class QueueDispatcher:
             return
         self._closed = True
         self._gearman.stop()
-        if self._recall.unwritten:
-            gevent.spawn(self._recall.write_settled)
+        if self._jobinfo.unwritten:
+            gevent.spawn(self._jobinfo.write_settled)
         held = [d for d in self.waiting if not d.done]
         self.waiting.clear()
         if give_back and held and self._give_back is not None:

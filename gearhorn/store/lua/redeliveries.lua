@@ -1,5 +1,5 @@
 -- Count one more hand-out of each message a bridge grabbed, and forget the
--- messages acknowledged since its last call (gearhorn/store/handouts.py).
+-- messages acknowledged since its last call (gearhorn/store/redeliveries.py).
 -- KEYS[1] <p>handouts:<function>
 -- ARGV[1] how long the hash lives after this, milliseconds
 -- ARGV[2] n, the number of acknowledged messages that follow
