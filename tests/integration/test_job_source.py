@@ -1,8 +1,11 @@
 """gearman.JobSource, the fanout workers' intake, on real gearmand."""
 
+import logging
+
 import pytest
 
 from gearhorn import gearman
+from gearhorn.runtime.background import Outage
 from gearhorn.supervision import servers
 
 from .helpers import unique_topic, wait_for
@@ -83,20 +86,26 @@ def test_large_jobs_come_as_many_as_fit_in_the_batch_bytes(gearmand, monkeypatch
 def test_a_server_down_at_start_is_served_once_it_is_up(gearmand, tmp_path):
     function = unique_topic("js")
     port = servers.free_port()
+    outages = {}
+
+    def outage(what):  # as the pool tells its outages (worker/wiring.py)
+        outages[what] = Outage(logging.getLogger("test"), what)
+        return outages[what]
     source = gearman.JobSource([("127.0.0.1", port), (gearmand.host, gearmand.port)],
-                               [function], "js-test")
+                               [function], "js-test", outages=outage)
+    down = outages[f"gearmand 127.0.0.1:{port} (worker)"]
     late = None
     try:
         submit(gearmand, function, 1)
         [(_, job)] = source.take(timeout=20)  # the live one serves meanwhile
         assert job.data == b"0"
-        assert source.servers[0].outage.down
+        assert down.down
         late = servers.start_gearmand(port=port, data_dir=str(tmp_path))
         submit(late, function, 1)
         taken = wait_for(lambda: source.take(timeout=1), timeout=30,
                          message="the job of the gearmand that came up")
         assert [(w.conn.port, j.data) for w, j in taken] == [(port, b"0")]
-        assert not source.servers[0].outage.down
+        assert not down.down
     finally:
         source.close()
         if late is not None:
