@@ -132,7 +132,7 @@ class Brokers:
         return self
 
     def cpu_seconds(self) -> float:
-        from stomp_bridge import tree_cpu_seconds
+        from proctree import tree_cpu_seconds
         return sum(tree_cpu_seconds(node.process.pid) for node in self.nodes)
 
     @property

@@ -34,11 +34,12 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 sys.path.insert(0, os.path.dirname(__file__))
 
 import rabbit_cluster  # noqa: E402
+from proctree import tree_cpu_seconds  # noqa: E402
 
-from gearhorn.runtime.children import die_with_parent
+from gearhorn.runtime.children import die_with_parent  # noqa: E402
 from gearhorn.store.keys import Keys  # noqa: E402
 from gearhorn.store.registry import Registry  # noqa: E402
-from gearhorn.supervision import servers
+from gearhorn.supervision import servers  # noqa: E402
 
 SUBSCRIBERS = 10
 
@@ -47,29 +48,6 @@ def children(pid: int) -> list[int]:
     """The processes whose parent is ``pid`` (``pgrep -P``)."""
     out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout
     return [int(p) for p in out.split()]
-
-
-def tree_cpu_seconds(pid: int) -> float:
-    """CPU time (user + system) of ``pid`` and every process under it."""
-    tick = os.sysconf("SC_CLK_TCK")
-    parents, times = {}, {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as fp:
-                fields = fp.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        parents[int(entry)] = int(fields[1])
-        times[int(entry)] = (int(fields[11]) + int(fields[12])) / tick
-    tree, frontier = {pid}, [pid]
-    while frontier:
-        parent = frontier.pop()
-        kids = [p for p, pp in parents.items() if pp == parent and p not in tree]
-        tree.update(kids)
-        frontier += kids
-    return sum(times.get(p, 0.0) for p in tree)
 
 
 class Counter(stomp.ConnectionListener):
