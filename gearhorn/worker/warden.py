@@ -183,13 +183,10 @@ class Warden:
         version = self.tally.version()
         self.seen.unjudged = set()
         subscriptions = self.registry.subscriptions()
-        reads = self._read_counts(set(subscriptions), now, renewed)
+        reads = self._read_counts(set(subscriptions), now, version)
         if reads is None:
             return self._gave_up(renewed)
         read, loads = reads
-        self._version = version
-        if not self.lead():
-            return self._gave_up(renewed)
         return self._judge_round(_Round(subscriptions, read, dict(read), {}, loads, renewed,
                                         set(), set(), rooms, full=True), now)
 
@@ -217,13 +214,10 @@ class Warden:
         self.seen.unjudged = set()
         ask = {q for q in watched | always | tallied | self.seen.unread
                if q in always or q in tallied or not self.seen.knows(q)}
-        reads = self._read_counts(ask, now, renewed)
+        reads = self._read_counts(ask, now, version)
         if reads is None:
             return self._gave_up(renewed)
         read, loads = reads
-        self._version = version
-        if not self.lead():
-            return self._gave_up(renewed)
         sums, steady = self.seen.sort(read, loads, always, now)
         subscriptions: dict[str, tuple[dict, Limits]] = {}
         if not self._in_chunks([q for q in sums if q not in steady],
@@ -232,16 +226,18 @@ class Warden:
         return self._judge_round(_Round(subscriptions, read, sums, steady, loads, renewed,
                                         watched, tallied, rooms, full=False), now)
 
-    def _read_counts(self, ask: set[str], now: float, renewed: set[str]
+    def _read_counts(self, ask: set[str], now: float, version: int
                      ) -> tuple[dict[str, tuple[int, int]], dict[str, Load]] | None:
         """The tally sums of ``ask``, then the counts of those and of the
-        queues remembered (their counts say whether they moved); None if the
-        lease went meanwhile. Sums first: a copy queued in between then looks
-        unconsumed, never consumed."""
+        queues remembered (their counts say whether they moved), as of the
+        tallies' ``version``; None if the lease went meanwhile. Sums first:
+        a copy queued in between then looks unconsumed, never consumed."""
         read: dict[str, tuple[int, int]] = {}
         if not self._in_chunks(sorted(ask), lambda some: read.update(self.tally.sums(some))):
             return None
-        return read, self.counts.read(sorted(ask | self.seen.last.keys()), now)
+        loads = self.counts.read(sorted(ask | self.seen.last.keys()), now)
+        self._version = version
+        return (read, loads) if self.lead() else None
 
     def _judge_round(self, this: _Round, now: float) -> dict[str, Verdict]:
         """Judge and enforce what the round read, then keep the rooms, the

@@ -357,3 +357,14 @@ def lossy_disk(tmp_path, request):
     disk = LossyDisk(str(tmp_path / "lossy"), strict=strict)
     yield disk
     disk.unmount()
+
+
+@pytest.fixture
+def spark_cluster(tmp_path):
+    """A Spark standalone master and worker on loopback (spark_helpers.py)."""
+    from .spark_helpers import SparkCluster
+
+    require_binary("java", "default-jre-headless")
+    cluster = SparkCluster(str(tmp_path))
+    yield cluster
+    cluster.stop()

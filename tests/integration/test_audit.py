@@ -20,7 +20,6 @@ from gearhorn.store.keys import Keys
 from tests.needs import require_binary
 
 from .helpers import ChildProcess, GearClient, nothing_held, unique_topic, wait_for
-from .spark_helpers import SparkCluster
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
@@ -278,12 +277,6 @@ class SlowConsumer(Consumer):
             worker.close()
 
 
-@pytest.fixture
-def spark_cluster(tmp_path):
-    require_binary("java", "default-jre-headless")
-    cluster = SparkCluster(str(tmp_path))
-    yield cluster
-    cluster.stop()
 
 
 def test_the_audit_runs_on_a_spark_standalone_cluster(gearmand, redis_url, start_pool,

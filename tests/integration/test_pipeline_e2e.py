@@ -13,10 +13,8 @@ import redis
 from gearhorn import gearman
 from gearhorn.store import redisconn
 from gearhorn.store.keys import Keys
-from tests.needs import require_binary
 
 from .helpers import GearClient, drain_jobs, queue_depth, unique_topic, wait_for
-from .spark_helpers import SparkCluster
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -43,12 +41,6 @@ def reconciliation(out_dir):
     return sorted((row["kind"], row["subscriber"]) for row in table)
 
 
-@pytest.fixture
-def spark_cluster(tmp_path):
-    require_binary("java", "default-jre-headless")
-    cluster = SparkCluster(str(tmp_path))
-    yield cluster
-    cluster.stop()
 
 
 def test_traffic_reconciles_and_a_planted_loss_is_found(gearmand, redis_url, start_pool,
