@@ -1,4 +1,4 @@
-"""The warden's round and the rooms of reject-publish queues (store/room.py):
+"""The warden's round and the rooms of reject-publish queues (store/rejectroom.py):
 a subscription made while a round runs keeps the room it opened."""
 
 import pytest

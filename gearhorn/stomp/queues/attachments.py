@@ -31,7 +31,7 @@ class Attachments:
         self.max_deliveries = max_deliveries
         self.handouts = handouts
         self.give_back = give_back
-        self.bounds = bounds  # x-max-length on /queue/ (stomp/bounds.py)
+        self.bounds = bounds  # x-max-length on /queue/ (stomp/queues/bounds.py)
         self.dispatchers: dict[str, QueueDispatcher] = {}
         # Queues whose held messages a closed dispatcher is giving back: a new
         # dispatcher of the same queue grabs only after that.
