@@ -153,6 +153,24 @@ def test_the_query_finds_a_loss_once_across_a_restart_and_no_away_copy(spark, tm
     again.stop()
 
 
+def test_a_micro_batch_judged_before_a_restart_still_runs_through_spark(spark, tmp_path):
+    """A restart that stopped after the judge saved a micro-batch and before
+    Spark committed it runs that micro-batch again: the judge must not judge
+    it twice, and Spark's state stores must still commit it (a judge that
+    returned at once failed the query on Spark 4: STATE_STORE_COMMIT_VALIDATION_FAILED)."""
+    folder = tmp_path / "audit"
+    os.makedirs(folder / "inbox")
+    state = verdicts.AuditState(DEADLINE, batch=5, started_ms=BASE)  # ahead of Spark
+    verdicts.save(str(folder / "state.json"), state)
+    replayed = Audit(spark, folder).start()
+    replayed.write("a", [enqueued("m1", BASE), ev("tick", BASE)])
+    replayed.until(lambda: replayed.query.lastProgress is not None
+                   and replayed.query.lastProgress["batchId"] >= 2)
+    assert replayed.query.isActive, replayed.query.exception()
+    assert replayed.judge.state.batch == 5 and not replayed.found  # nothing judged twice
+    replayed.stop()
+
+
 def test_the_report_shows_the_live_audits_findings_beside_its_reconciliation(spark, tmp_path):
     from gearhorn.pipeline import job
 
