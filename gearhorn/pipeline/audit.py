@@ -37,6 +37,7 @@ from gearhorn.pipeline import verdicts
 from gearhorn.pipeline.verdicts import FINDING_FIELDS, AuditState, Finding, Presence, Unsettled
 from gearhorn.store import ledgerexport
 from gearhorn.store.keys import Keys
+from gearhorn.store.ledger import now_ms
 from gearhorn.store.redisconn import REDIS_ERRORS
 
 log = logging.getLogger(__name__)
@@ -73,19 +74,21 @@ class AuditSettings:
         return os.path.join(self.folder, "state.json")
 
 
-def now_ms() -> int:
-    return time.time_ns() // 1_000_000
-
-
 # -- the export that follows the ledger -------------------------------------------
 
 
 def follow_ledger(client: redis.Redis, keys: Keys, settings: AuditSettings,
                   stop: threading.Event) -> None:
-    """Export new events into the inbox until ``stop``, a tick after each round."""
-    if not settings.from_start and ledgerexport.start_at_heads(
-            client, keys, settings.inbox, settings.shards):
-        log.info("audit: first start, judging what happens from now on")
+    """Export new events into the inbox until ``stop``, a tick after each
+    round; a Redis away at the first start is waited for."""
+    while not settings.from_start and not stop.is_set():
+        try:
+            if ledgerexport.start_at_heads(client, keys, settings.inbox, settings.shards):
+                log.info("audit: first start, judging what happens from now on")
+            break
+        except REDIS_ERRORS as exc:
+            log.warning("audit: redis unavailable at start (%s); trying again", exc)
+            stop.wait(settings.interval_s)
 
     def ticked(result: ledgerexport.ExportResult) -> None:
         if result["read_at"] is not None:
@@ -210,7 +213,8 @@ def _read(frame) -> tuple[list[Presence], list]:
     frame.persist()
     try:
         settled = (frame.filter(F.col("outcome") == SETTLED).groupBy("subscriber")
-                   .agg(F.max("enqueued_ts"), F.max("settled_ts"), F.count("*")).collect())
+                   .agg(F.max("enqueued_ts"), F.max("settled_ts"), F.countDistinct("copy_key"))
+                   .collect())
         others = frame.filter(F.col("outcome") != SETTLED).collect()
     finally:
         frame.unpersist()

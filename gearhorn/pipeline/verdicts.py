@@ -137,16 +137,14 @@ class AuditState:
         return finding
 
     def streamed(self, subscriber: str, runs: Iterable[str]) -> list[Finding]:
-        """A stream subscription's runs of offsets (``stream_span`` texts, in
-        ledger order), checked as transforms.stream_problems checks them:
-        each against the furthest offset given before it."""
+        """A stream subscription's runs of offsets (``stream_span`` texts) in
+        one micro-batch, checked as transforms.stream_problems checks them:
+        in order of their offsets (a micro-batch's rows come in no promised
+        order), each against the furthest offset given before it."""
         findings = []
-        for run in runs:
-            match = re.match(STREAM_SPAN, run or "")
-            if match is None:
-                continue
-            epoch, first, last, told = match.group(1), int(match.group(2)), \
-                int(match.group(3)), bool(match.group(4))
+        parsed = sorted((m.group(1), int(m.group(2)), int(m.group(3)), bool(m.group(4)), run)
+                        for run in runs if (m := re.match(STREAM_SPAN, run or "")))
+        for epoch, first, last, told, run in parsed:
             key = f"{subscriber}\t{epoch}"
             furthest = self.streams.get(key, [None])[0]
             if furthest is not None and first > furthest + 1 and not told:

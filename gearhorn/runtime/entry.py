@@ -8,6 +8,7 @@ import sys
 from collections.abc import Callable
 
 from gearhorn import config as configuration
+from gearhorn import gearman
 from gearhorn.config import Config
 from gearhorn.errors import GearhornError
 from gearhorn.runtime.logs import setup_logging
@@ -21,3 +22,6 @@ def run_patched(command: str, run: Callable[[Config], int]) -> int:
     except GearhornError as exc:
         print(f"gearhorn {command}: {exc}", file=sys.stderr)
         return exc.exit_code
+    except gearman.GearmanError as exc:  # written for a person too, not a GearhornError
+        print(f"gearhorn {command}: {exc}", file=sys.stderr)
+        return 1

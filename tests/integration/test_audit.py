@@ -29,15 +29,11 @@ DEADLINE, LATENESS, INTERVAL = 5, 2, 1
 FOUND_WITHIN = 120
 
 
-class AuditProcess(ChildProcess):
-    name = "audit"
+class AuditFolder:
+    """What an audit running in ``process`` wrote to ``folder``."""
 
-    def __init__(self, redis_url, folder, log_dir, master=None, env=None):
-        self.folder = folder
-        argv = ["audit", "--dir", folder, "--redis-url", redis_url, "--deadline", str(DEADLINE),
-                "--lateness", str(LATENESS), "--interval", str(INTERVAL)]
-        super().__init__(argv + (["--master", master] if master else []),
-                         os.path.join(log_dir, "audit.log"), env=env)
+    def __init__(self, folder, process):
+        self.folder, self.process = folder, process
 
     def state(self):
         try:
@@ -64,6 +60,19 @@ class AuditProcess(ChildProcess):
         for path in sorted(glob.glob(os.path.join(self.folder, "findings", "*.parquet"))):
             rows += pq.read_table(path).to_pylist()
         return rows
+
+
+class AuditProcess(ChildProcess, AuditFolder):
+    """``gearhorn audit`` as a real child process."""
+
+    name = "audit"
+
+    def __init__(self, redis_url, folder, log_dir, master=None, env=None):
+        argv = ["audit", "--dir", folder, "--redis-url", redis_url, "--deadline", str(DEADLINE),
+                "--lateness", str(LATENESS), "--interval", str(INTERVAL)]
+        ChildProcess.__init__(self, argv + (["--master", master] if master else []),
+                              os.path.join(log_dir, "audit.log"), env=env)
+        AuditFolder.__init__(self, folder, self.process)
 
 
 class Consumer:
@@ -316,8 +325,7 @@ def test_up_with_one_flag_runs_the_audit_and_its_findings_reach_metrics_and_term
         "GEARHORN_WEB_PORT": str(web_port), "GEARHORN_AUDIT_DEADLINE": str(DEADLINE),
         "GEARHORN_AUDIT_LATENESS": str(LATENESS), "GEARHORN_AUDIT_INTERVAL": str(INTERVAL)})
     assert "audit     live: a copy not delivered within 5 s" in up.text()
-    audit = AuditProcess.__new__(AuditProcess)  # the one up started: read its folder
-    audit.folder, audit.process = os.path.join(up.store, "audit"), up.process
+    audit = AuditFolder(os.path.join(up.store, "audit"), up.process)  # the one up started
     audit.wait_judging()
     topic = unique_topic("auditup")
     gear = GearClient(up.gearmand)

@@ -81,6 +81,33 @@ def test_stream_runs_and_ticks_pass_through(spark):
         ("streamed", "e:0-4", None), ("tick", None, None)]
 
 
+def test_the_export_waits_for_a_redis_away_at_the_first_start(tmp_path, monkeypatch):
+    """Redis refusing the first look at the ledger's ends is waited out; the
+    export then starts at those ends and follows the ledger."""
+    import threading
+
+    import redis
+
+    from gearhorn.store.keys import Keys
+
+    settings = audit.AuditSettings(str(tmp_path / "audit"), DEADLINE, LATENESS, 0.0)
+    calls, stop = [], threading.Event()
+    real = ledgerexport.start_at_heads
+
+    def away_once(*args):
+        calls.append("start")
+        if len(calls) == 1:
+            raise redis.ConnectionError("away")
+        return real(*args)
+
+    monkeypatch.setattr(ledgerexport, "start_at_heads", away_once)
+    monkeypatch.setattr(ledgerexport, "follow", lambda *args, **kwargs: calls.append("follow"))
+    fake = __import__("fakeredis").FakeRedis()
+    audit.follow_ledger(fake, Keys("t:"), settings, stop)
+    assert calls == ["start", "start", "follow"]
+    assert os.path.exists(os.path.join(settings.inbox, ledgerexport.CHECKPOINT))
+
+
 # -- the query and its judge, streaming over a folder -------------------------------
 
 

@@ -70,6 +70,15 @@ def test_stream_runs_are_checked_as_the_report_checks_them():
     assert book.streamed("news_+s1", ["e1:50-60:unrecovered", "e2:0-3"]) == []
 
 
+def test_stream_runs_of_one_micro_batch_are_checked_in_offset_order():
+    """A micro-batch's rows come in no promised order: runs given 0-9 then
+    10-19 are no duplicate however they arrive, and a gap is found as well."""
+    book = state()
+    assert book.streamed("news_+s1", ["e1:10-19", "e1:0-9"]) == []
+    (gap,) = book.streamed("news_+s1", ["e1:30-35", "e1:20-24"])
+    assert gap.detail == "offsets 25-29 never given"
+
+
 def test_counts_and_the_console_line():
     book = state()
     book.lags_ms.extend([1000, 2000, 3000])
