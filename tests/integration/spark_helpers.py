@@ -103,7 +103,7 @@ class SparkCluster:
                 str(servers.free_port())])]
 
     def wait_ready(self):
-        wait_for(lambda: self.state().get("aliveworkers") == 1, timeout=120,
+        wait_for(lambda: self._read_state().get("aliveworkers") == 1, timeout=120,
                  message="a Spark master with its worker")
         return self
 
@@ -117,12 +117,18 @@ class SparkCluster:
         return f"spark://127.0.0.1:{self.port}"
 
     def state(self):
-        """The master's own view (its web UI's /json)."""
+        """The master's own view (its web UI's /json/)."""
+        return wait_for(self._read_state, timeout=60, message="the Spark master's /json/")
+
+    def _read_state(self):
+        """The master's view, or {} while it cannot give it: not listening
+        yet, or (seen in CI) its UI answering /json with the HTML page of
+        its status while it starts."""
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.ui_port}/json",
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.ui_port}/json/",
                                         timeout=10) as response:
                 return json.loads(response.read())
-        except OSError:
+        except (OSError, ValueError):
             return {}
 
     def stop(self):
