@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass
 
 import redis
@@ -123,6 +123,7 @@ class HeldCopies:
     def __init__(self, client: redis.Redis, keys: Keys) -> None:
         self.redis, self.keys = client, keys
         self._keep = script(client, "keep_copies.lua")
+        self._claim = script(client, "claim_takeover.lua")
 
     def keep(self, copies: Sequence[HeldCopy], again: bool = False) -> list[HeldCopy]:
         """Write the records of ``copies`` (one round trip; their
@@ -234,10 +235,19 @@ class HeldCopies:
         pipe.srem(self.keys.holders, holder)
         pipe.execute()
 
-    def claim(self, holder: str, seconds: int = 60) -> bool:
-        """Take over ``holder``'s copies: True for one process at a time (the
-        claim expires if that one dies too)."""
-        return bool(self.redis.set(self.keys.taking_over(holder), "1", nx=True, ex=seconds))
+    def claim(self, holder: str, claimer: str, alive: Collection[str] = (),
+              seconds: int = 60) -> bool:
+        """Take over ``holder``'s copies: True for one ``claimer`` at a
+        time. A claim lasts ``seconds``, or until its claimer is no longer
+        among ``alive`` (killed mid-takeover, its claim would otherwise hold
+        the copies back for the rest of those seconds)."""
+        key = self.keys.taking_over(holder)
+        if self._claim(keys=[key], args=[claimer, seconds, ""]):
+            return True
+        current = self.redis.get(key)
+        if current is None or (text(current) in alive and text(current) != claimer):
+            return False
+        return bool(self._claim(keys=[key], args=[claimer, seconds, text(current)]))
 
 
 def _queues_by_holder(copies: Sequence[HeldCopy]) -> dict[str, set[str]]:

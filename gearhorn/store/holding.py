@@ -378,7 +378,8 @@ class HoldingClient:
             return next_look
         alive = set(self.alive())
         for holder in self.store.holders():
-            if holder == self.holder_id or holder in alive or not self.store.claim(holder):
+            if holder == self.holder_id or holder in alive or not self.store.claim(
+                    holder, self.holder_id, alive):
                 continue
             copies = list(self.store.held_by(holder))
             moved = self.store.hand_over(copies, self.holder_id)

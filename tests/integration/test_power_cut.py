@@ -181,6 +181,7 @@ def test_a_power_cut_loses_nothing_acknowledged_and_up_restarts_by_itself(
         tmp_path, lossy_disk, ups, report):
     seed = int(os.environ.get("GEARHORN_POWER_CUT_SEED", random.randrange(1 << 30)))
     chance = random.Random(seed)
+    print(f"GEARHORN_POWER_CUT_SEED={seed}")  # shown with a failure: run it again
     topic, subs_topic, queue = unique_topic("pc"), unique_topic("pcsubs"), unique_topic("pcq")
     store = os.path.join(lossy_disk.path, "data")
     up = ups(tmp_path, store=store, env=UNBOUNDED)
@@ -221,7 +222,8 @@ def test_a_power_cut_loses_nothing_acknowledged_and_up_restarts_by_itself(
                                                    until=nothing_held(up.redis_url, mine))}
         lost = expected - got
         assert not lost, f"{who} lost {len(lost)} acknowledged messages, e.g. {sorted(lost)[:5]}"
-    got = {j.data.decode() for j in drain_jobs(gm, queue)}
+    got = {j.data.decode() for j in drain_jobs(gm, queue,  # held by the bridge: as above
+                                               until=nothing_held(up.redis_url, queue))}
     assert not queue_sends - got, f"queue lost {sorted(queue_sends - got)[:5]}"
     with Producer([("127.0.0.1", up.ports["gearman"])]) as producer:
         present = _clients(producer, subs_topic)
