@@ -17,7 +17,7 @@ from gearhorn.rules.retention import Tallied, TallyEntry
 from gearhorn.runtime.background import Outage
 from gearhorn.store.keys import Keys
 from gearhorn.store.redisconn import REDIS_ERRORS
-from gearhorn.store.redisutil import text
+from gearhorn.store.redisutil import script, text
 
 log = logging.getLogger(__name__)
 
@@ -98,6 +98,7 @@ class TallyReader:
         self.redis = client
         self.keys = keys
         self.window = window
+        self._forget = script(client, "tally_forget.lua")
 
     def watched(self, cursor: int = 0, count: int = 10_000) -> tuple[int, set[str]]:
         """Some of the watched queues, about ``count``, from ``cursor`` (an
@@ -149,12 +150,13 @@ class TallyReader:
         return {q: Tallied(*sums[q], [TallyEntry.decode(e) for e in window])
                 for q, window in zip(queues, pipe.execute(), strict=True)}
 
-    def forget(self, queue: str, entries: Sequence[TallyEntry]) -> None:
-        """Drop the oldest ``entries`` (consumed), from the list and its sums."""
+    def forget(self, queue: str, entries: Sequence[TallyEntry]) -> bool:
+        """Drop the oldest ``entries`` (consumed), from the list and its
+        sums, if they are still its head (lua/tally_forget.lua); whether
+        they were."""
         if not entries:
-            return
-        pipe = self.redis.pipeline(transaction=True)
-        pipe.ltrim(self.keys.tally(queue), len(entries), -1)
-        pipe.hincrby(self.keys.tally_sum(queue), "c", -sum(e.count for e in entries))
-        pipe.hincrby(self.keys.tally_sum(queue), "b", -sum(e.size for e in entries))
-        pipe.execute()
+            return True
+        args = [sum(e.count for e in entries), sum(e.size for e in entries),
+                *(e.encode() for e in entries)]
+        return bool(self._forget(keys=[self.keys.tally(queue), self.keys.tally_sum(queue)],
+                                 args=args))

@@ -393,10 +393,12 @@ class Warden:
                 load = loads.get(queue, Load())
                 verdict = judge(tallied, load.depth, load.running, limits, int(now * 1000))
             verdicts[queue] = verdict
-            self.tally.forget(queue, tallied.window[:verdict.consumed_entries])
             consumed = tallied.window[:verdict.consumed_entries]
-            left = (sums[queue][0] - sum(e.count for e in consumed),
-                    sums[queue][1] - sum(e.size for e in consumed))
+            if self.tally.forget(queue, consumed):
+                left = (sums[queue][0] - sum(e.count for e in consumed),
+                        sums[queue][1] - sum(e.size for e in consumed))
+            else:  # forgotten by a warden whose lease ran out mid-round: read again
+                left = self.tally.sums([queue])[queue]
             sums[queue] = left
             taken = self.enforcing.enforce(queue, entry, limits, load, verdict)
             if verdict.full:

@@ -11,7 +11,7 @@ from gearhorn.rules.messages import Subscription
 from gearhorn.store.deadletters import DeadLetterIndex
 from gearhorn.store.headers import HeaderStore
 from gearhorn.store.heldcopies import HeldCopies, HeldCopy, handed_unique
-from gearhorn.store.tally import TallyWriter
+from gearhorn.store.tally import TallyReader, TallyWriter
 from gearhorn.worker import warden as warden_module
 from gearhorn.worker.reaper import Load, Reaper
 from gearhorn.worker.warden import Warden, WardenSettings
@@ -171,3 +171,19 @@ def test_a_queue_judged_before_is_judged_again_from_its_records(registry, gearma
     verdicts = warden.round(now=1002.0)  # due: judged, and read from gearmand to take
     assert verdicts[QUEUE].expire == 2
     assert taken == [(QUEUE, 2, None)]
+
+
+def test_entries_forgotten_twice_take_no_newer_one_with_them(registry):
+    """Two wardens judged the same entries consumed: one whose lease ran
+    out mid-round and the one that took it. Trimmed twice by count, the
+    second would take the entry of a copy still queued with them."""
+    held_copies(registry, 1, at_ms=1_000_500)
+    answered(registry, 1)
+    reader = TallyReader(registry.redis, registry.keys)
+    [consumed] = reader.read(reader.sums([QUEUE]))[QUEUE].window
+    assert reader.forget(QUEUE, [consumed])
+    held_copies(registry, 2, at_ms=1_000_900)  # still queued
+    assert not reader.forget(QUEUE, [consumed])  # the late warden's
+    [left] = reader.read(reader.sums([QUEUE]))[QUEUE].window
+    assert (left.at_ms, left.count, left.size) == (1_000_900, 2, 20)
+    assert reader.sums([QUEUE]) == {QUEUE: (2, 20)}
