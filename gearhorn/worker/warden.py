@@ -47,7 +47,7 @@ from gearhorn.rules.retention import Tallied, Verdict, judge
 from gearhorn.store.heldcopies import HeldCopies
 from gearhorn.store.keys import Keys
 from gearhorn.store.observers import Observer
-from gearhorn.store.redisutil import text
+from gearhorn.store.redisutil import script, text
 from gearhorn.store.registry import Registry
 from gearhorn.store.rejectroom import RoomKeeper
 from gearhorn.store.tally import TallyReader
@@ -140,6 +140,7 @@ class Warden:
             lambda: gearmand_loads(settings.servers, settings.tls),
             HeldCopies(self.redis, self.keys) if settings.held else None, STATUS_EVERY)
         self._version = -1  # the tallies' version then
+        self._renew = script(self.redis, "lease_renew.lua")
 
     def lead(self) -> bool:
         """Hold the lease for three intervals; True while this process holds it."""
@@ -150,10 +151,7 @@ class Warden:
         if self.redis.set(key, self.owner, nx=True, px=ttl):
             self.seen.forget()  # taken anew: another process may have judged meanwhile
             return True
-        if text(self.redis.get(key) or b"") == self.owner:
-            self.redis.pexpire(key, ttl)
-            return True
-        return False
+        return bool(self._renew(keys=[key], args=[self.owner, ttl]))  # if still its own
 
     def round(self, now: float | None = None) -> dict[str, Verdict]:
         """One pass over the subscriber queues that may need it; the

@@ -278,6 +278,19 @@ def test_a_lease_taken_anew_forgets_what_it_knew(idle, monkeypatch):
     assert "idle.5_c5" in warden.round(now=later)
 
 
+def test_a_lease_another_took_is_neither_renewed_nor_led(idle):
+    """The lease ran out and another process took it: this one stops, and
+    leaves the other's lease to run as the other set it."""
+    warden = warden_of(idle)
+    assert warden.lead()
+    idle.redis.set(idle.keys.warden, "another", px=60_000)
+    assert not warden.lead()
+    assert idle.redis.get(idle.keys.warden) == b"another"
+    assert idle.redis.pttl(idle.keys.warden) > 3_000  # not cut to this one's ttl
+    idle.redis.delete(idle.keys.warden)
+    assert warden.lead() and warden.lead()  # taken anew, then renewed
+
+
 def test_copies_elsewhere_do_not_make_a_round_read_steady_queues(idle, monkeypatch):
     """A wide topic's unread queues hold copies while another topic gets
     fanouts every second: a round reads the sums of what was tallied, not
