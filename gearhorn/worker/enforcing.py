@@ -70,7 +70,7 @@ class Enforcing:
         else:  # a bounded /queue/: no subscription, only its record
             self.registry.unbound_queue(queue)
         emptied = self._drop(queue, entry, load.depth, REMOVED, load, limits.dead_letter)
-        gearman.drop_function(self.settings.servers, queue, self.settings.tls)
+        gearman.drop_function(self.servers, queue, self.tls)
         log.info("%s: subscription expired after %.0fs without a consumer; %d copies removed",
                  queue, now - last, emptied)
         return True

@@ -241,12 +241,16 @@ def test_expires_removes_an_unused_subscription_and_keeps_a_consumed_one(
         removed_at = time.time()
         assert sorted(r for r, _ in dropped(redis_url, f"{topic}_gone")) == ["removed"] * 2
         assert queue_depth(gearmand, f"{topic}_gone") == 0
+        # Its function is dropped from gearmand too, and the round went on.
+        wait_for(lambda: all(f.name != f"{topic}_gone" for f in _status(gearmand)),
+                 timeout=30, message="the unused queue's function dropped")
         # Rounds well past its expiry later, the consumed one is still there.
         backlogs = Keys().backlogs
         registry_redis = redisconn.connect(redis_url)
         wait_for(lambda: json.loads(registry_redis.get(backlogs))["at"] > removed_at + 2,
                  timeout=30, message="the warden's rounds 2 s on")
         assert pool.registry.subscribers(topic) == {"kept", streamed}
+        assert "Traceback" not in pool.log(full=True)
     finally:
         consumer.kill()
         consumer.wait(timeout=10)
