@@ -81,7 +81,8 @@ def test_stream_runs_and_ticks_pass_through(spark):
         ("streamed", "e:0-4", None), ("tick", None, None)]
 
 
-def test_the_export_waits_for_a_redis_away_at_the_first_start(tmp_path, monkeypatch):
+def test_the_export_waits_for_a_redis_away_at_the_first_start(tmp_path, monkeypatch,
+                                                                fake_redis):
     """Redis refusing the first look at the ledger's ends is waited out; the
     export then starts at those ends and follows the ledger."""
     import threading
@@ -102,8 +103,7 @@ def test_the_export_waits_for_a_redis_away_at_the_first_start(tmp_path, monkeypa
 
     monkeypatch.setattr(ledgerexport, "start_at_heads", away_once)
     monkeypatch.setattr(ledgerexport, "follow", lambda *args, **kwargs: calls.append("follow"))
-    fake = __import__("fakeredis").FakeRedis()
-    audit.follow_ledger(fake, Keys("t:"), settings, stop)
+    audit.follow_ledger(fake_redis, Keys("t:"), settings, stop)
     assert calls == ["start", "start", "follow"]
     assert os.path.exists(os.path.join(settings.inbox, ledgerexport.CHECKPOINT))
 
