@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import redis
@@ -235,17 +235,19 @@ class HeldCopies:
         pipe.srem(self.keys.holders, holder)
         pipe.execute()
 
-    def claim(self, holder: str, claimer: str, alive: Collection[str] = (),
+    def claim(self, holder: str, claimer: str, is_alive: Callable[[str], bool],
               seconds: int = 60) -> bool:
         """Take over ``holder``'s copies: True for one ``claimer`` at a
         time. A claim lasts ``seconds``, or until its claimer is no longer
-        among ``alive`` (killed mid-takeover, its claim would otherwise hold
-        the copies back for the rest of those seconds)."""
+        alive (killed mid-takeover, its claim would otherwise hold the
+        copies back for the rest of those seconds). ``is_alive`` is asked
+        after the claim is read: a claimer claims only once its own
+        heartbeat is there (HoldingClient), so a live one is always seen."""
         key = self.keys.taking_over(holder)
         if self._claim(keys=[key], args=[claimer, seconds, ""]):
             return True
         current = self.redis.get(key)
-        if current is None or (text(current) in alive and text(current) != claimer):
+        if current is None or (text(current) != claimer and is_alive(text(current))):
             return False
         return bool(self._claim(keys=[key], args=[claimer, seconds, text(current)]))
 

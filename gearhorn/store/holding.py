@@ -377,9 +377,11 @@ class HoldingClient:
         if now < next_look:
             return next_look
         alive = set(self.alive())
+        if self.holder_id not in alive:  # its heartbeat first: others must see its claims live
+            return now + TAKEOVER_EVERY
         for holder in self.store.holders():
             if holder == self.holder_id or holder in alive or not self.store.claim(
-                    holder, self.holder_id, alive):
+                    holder, self.holder_id, lambda claimer: claimer in self.alive()):
                 continue
             copies = list(self.store.held_by(holder))
             moved = self.store.hand_over(copies, self.holder_id)

@@ -11,7 +11,7 @@ import pytest
 from gearhorn import gearman
 from gearhorn.rules.naming import GIVEN_BACK
 from gearhorn.store import holding
-from gearhorn.store.heldcopies import HeldCopies
+from gearhorn.store.heldcopies import HeldCopies, HeldCopy
 from gearhorn.store.keys import Keys
 
 pytestmark = pytest.mark.timeout(30)
@@ -184,3 +184,28 @@ def test_a_held_foreground_copy_gearmand_refuses_is_told_at_once_and_stays_held(
     held._forget()
     assert held.store.count("news_alice") == 1  # handed again in a while
     assert held._again == [("news_alice", "m1:alice")]
+
+
+def test_a_takeover_waits_for_its_own_heartbeat_and_respects_a_live_claim(monkeypatch):
+    """Two processes of a pool started after a crash both look for dead
+    holders. One that claimed must be seen alive by the other, however
+    late the other read who is alive, or both hand the copies (each
+    delivered twice)."""
+    FakeHolder.made = []
+    monkeypatch.setattr(holding, "Holder", FakeHolder)
+    store = HeldCopies(fakeredis.FakeRedis(), Keys())
+    store.keep([HeldCopy("news_alice", "m1:alice", b"x", "dead")])
+    seen = [[]]  # who is alive, as each call finds it
+
+    def alive():
+        return seen.pop(0) if len(seen) > 1 else seen[0]
+    held = holding.HoldingClient(FakeClient((1,)), store, "w1", alive=alive)
+    held._take_over_dead(0.0)  # no heartbeat of its own yet: no claim either
+    assert FakeHolder.made == [] and [c.holder for c in store.held_by("dead")] == ["dead"]
+    assert store.claim("dead", "w2", lambda who: who == "w2")  # w2 beat, then claimed
+    seen[:] = [["w1"], ["w1", "w2"]]  # w1's first look missed w2's heartbeat
+    held._take_over_dead(0.0)
+    assert FakeHolder.made == [] and store.holders() == ["dead"]  # w2's to hand
+    seen[:] = [["w1"]]  # w2 died mid-takeover: its claim is void
+    held._take_over_dead(0.0)
+    assert [c.holder for c in store.held_by("w1")] == ["w1"]
