@@ -19,12 +19,24 @@ from gearhorn.gearman.packets import (
     P,
     Packet,
     Unavailable,
+    encode,
 )
 
 log = logging.getLogger(__name__)
 
 Answered = Callable[[Copy, Outcome], None]
 Lost = Callable[[list[Copy], str], None]
+Status = tuple[bool, int]  # GET_STATUS_UNIQUE: is the job known, how many clients wait for it
+ECHO_MARK = b"gearhorn-status"  # ends each ask: gear.Server answers no status, but an echo
+
+
+class _Ask:
+    """One GET_STATUS_UNIQUE batch on this connection, until its echo."""
+
+    def __init__(self, uniques: Sequence[str], verify: bool) -> None:
+        self.uniques, self.verify = list(uniques), verify
+        self.found: dict[str, Status] = {}
+        self.done = threading.Event()
 
 
 class Holder:
@@ -33,13 +45,18 @@ class Holder:
     ``answered(copy, outcome)`` is called, from the reader thread, for each
     job that ended (and for one gearmand refused, with status ``refused``);
     ``on_lost(copies, reason)`` once, when the connection broke or was
-    closed, with every copy not yet answered.
+    closed, with every copy not yet answered; ``vanished(copies)`` for the
+    copies a :meth:`verify` found gone from gearmand unanswered.
     """
 
     def __init__(self, host: str, port: int, answered: Answered, on_lost: Lost,
-                 connect_timeout: float = 5.0, tls: TlsFiles | None = None) -> None:
+                 connect_timeout: float = 5.0, tls: TlsFiles | None = None,
+                 vanished: Callable[[list[Copy]], None] | None = None) -> None:
         self.conn = Connection(host, port, connect_timeout, tls)
         self.answered, self.on_lost = answered, on_lost
+        self.vanished = vanished or (lambda copies: None)
+        self._asks: deque[_Ask] = deque()  # sent, in order; each ends with its echo
+        self._handles: dict[str, bytes] = {}  # the handle of each held job, by unique
         self._writing = threading.Lock()
         self._changed = threading.Condition()
         self._awaiting: deque[Copy] = deque()  # sent; gearmand answers JOB_CREATED in order
@@ -95,6 +112,42 @@ class Holder:
         with self._changed:
             return len(self._held)
 
+    def status(self, uniques: Sequence[str], timeout: float = 30.0) -> dict[str, Status]:
+        """What gearmand says of each job (by its unique): (known, clients
+        waiting). A unique left out: the server does not answer
+        GET_STATUS_UNIQUE (gear.Server), or did not in ``timeout``."""
+        ask = self._ask(uniques, verify=False)
+        ask.done.wait(timeout)
+        return dict(ask.found)
+
+    def verify(self, uniques: Sequence[str]) -> None:
+        """Ask after jobs this connection holds; any gearmand no longer knows
+        with no answer read before is told to ``vanished`` (gearmand answers
+        in order: an answer comes before a status that no longer knows it).
+        It happens to a job attached to in the instant it was abandoned."""
+        self._ask(uniques, verify=True)
+
+    def _ask(self, uniques: Sequence[str], verify: bool) -> _Ask:
+        ask = _Ask(uniques, verify)
+        if not uniques:
+            ask.done.set()
+            return ask
+        packets = b"".join(encode(P.GET_STATUS_UNIQUE, u.encode()) for u in ask.uniques)
+        with self._writing:
+            if self.broken:
+                raise Unavailable(f"holder of gearmand {self.conn.host}:{self.conn.port} "
+                                  f"is gone: {self.broken}")
+            try:
+                self.conn.open()
+                self._start_reader()
+                with self._changed:
+                    self._asks.append(ask)
+                self.conn.send(packets + encode(P.ECHO_REQ, ECHO_MARK))
+            except GearmanError as exc:
+                self._lose(str(exc))
+                raise Unavailable(str(exc)) from None
+        return ask
+
     def close(self, reason: str = "closed", expected: bool = False) -> None:
         """Let go of every job: :attr:`on_lost` is told them (``expected``:
         a stop, logged as such, not as a fault)."""
@@ -120,7 +173,7 @@ class Holder:
     def _heard(self, packets: list[Packet], answers: Answers) -> None:
         """Each packet in order; the replies to submissions under one lock
         (a batch's JOB_CREATED come together: one wake-up for them all)."""
-        refused, ended = [], []
+        refused, ended, vanished = [], [], []
         with self._changed:
             for packet in packets:
                 if packet.type in (P.JOB_CREATED, P.ERROR):
@@ -130,16 +183,42 @@ class Holder:
                     self._created += 1
                     if packet.type == P.JOB_CREATED:
                         self._held[packet.args[0]] = copy
+                        self._handles[copy.unique] = packet.args[0]
                     else:  # the job was not made (a full queue, say)
                         refused.append((copy, b": ".join(packet.args).decode(errors="replace")))
+                elif packet.type in (P.STATUS_RES_UNIQUE, P.ECHO_RES):
+                    self._heard_status(packet, vanished)
                 elif ((outcome := answers.heard(packet)) is not None
                       and (copy := self._held.pop(packet.args[0], None)) is not None):
+                    self._handles.pop(copy.unique, None)
                     ended.append((copy, outcome))
             self._changed.notify_all()
         for copy, said in refused:
             self.answered(copy, Outcome("refused", reason=f"gearmand refused it: {said}"))
         for copy, outcome in ended:
             self.answered(copy, outcome)
+        if vanished:
+            self.vanished(vanished)
+
+    def _heard_status(self, packet: Packet, vanished: list[Copy]) -> None:
+        """A status or the echo that ends an ask (under ``_changed``)."""
+        if not self._asks:
+            return
+        ask = self._asks[0]
+        if packet.type == P.ECHO_RES:
+            if packet.args and packet.args[0] == ECHO_MARK:
+                self._asks.popleft()
+                ask.done.set()
+            return
+        unique = packet.args[0].rstrip(b"\0").decode(errors="replace")
+        try:
+            status = (packet.args[1].rstrip(b"\0") == b"1", int(packet.args[5]))
+        except (IndexError, ValueError):
+            return
+        ask.found[unique] = status
+        handle = self._handles.pop(unique, None) if ask.verify and not status[0] else None
+        if handle is not None and (copy := self._held.pop(handle, None)) is not None:
+            vanished.append(copy)
 
     def _lose(self, reason: str, expected: bool = False) -> None:
         with self._changed:
@@ -148,7 +227,11 @@ class Holder:
             self.broken = reason or "lost"
             lost = list(self._held.values()) + list(self._awaiting)
             self._held.clear()
+            self._handles.clear()
             self._awaiting.clear()
+            for ask in self._asks:
+                ask.done.set()
+            self._asks.clear()
             self._changed.notify_all()
         self.conn.shutdown()  # wakes the reader, and gearmand sees the holder go
         if lost:

@@ -44,6 +44,8 @@ class P(enum.IntEnum):
     SUBMIT_JOB_HIGH_BG = 32
     SUBMIT_JOB_LOW = 33
     SUBMIT_JOB_LOW_BG = 34
+    GET_STATUS_UNIQUE = 41
+    STATUS_RES_UNIQUE = 42
 
 
 # Number of NUL-separated arguments of each packet gearhorn reads, as
@@ -52,6 +54,7 @@ _ARITY = {
     P.JOB_CREATED: 1, P.WORK_COMPLETE: 2, P.WORK_FAIL: 1, P.WORK_EXCEPTION: 2,
     P.WORK_DATA: 2, P.WORK_WARNING: 2, P.WORK_STATUS: 3, P.ERROR: 2, P.ECHO_RES: 1,
     P.OPTION_RES: 1, P.NOOP: 0, P.NO_JOB: 0, P.JOB_ASSIGN: 3, P.JOB_ASSIGN_UNIQ: 4,
+    P.STATUS_RES_UNIQUE: 6,
 }
 # Packets that carry a handle and nothing else; gearmand 1.1.20 sends some
 # with a NUL after it (a WORK_FAIL it makes when a worker's WORK_EXCEPTION

@@ -44,10 +44,10 @@ from gearhorn.store.directcalls import DirectCalls
 from gearhorn.store.headers import HeaderStore
 from gearhorn.store.heldcopies import HeldCopies
 from gearhorn.store.history import History
+from gearhorn.store.holders import Holders
 from gearhorn.store.holding import HoldingClient
 from gearhorn.store.keys import Keys
 from gearhorn.store.ledger import Ledger
-from gearhorn.store.liveness import holders_alive
 from gearhorn.store.observers import LedgerObserver, Observers, StatsObserver
 from gearhorn.store.presenceevents import announce_changes
 from gearhorn.store.redeliveries import Redeliveries
@@ -140,6 +140,7 @@ def build_bridge(config: Config) -> Bridge:
     history_first = HistoryFirst(history, SubscriberCache(registry), streams,
                                  Observers(observer, StatsObserver(stats)), caller=bridge_id)
     streams.own_pens = history_first.pens  # their topics' feeds need not read meanwhile
+    acks = durability.for_config(config, client)
     holding = None
     if config.copies == "held":  # the bridge's background jobs are copies it holds
         def answered(queue: str, unique: str, status: str) -> None:
@@ -147,18 +148,19 @@ def build_bridge(config: Config) -> Bridge:
             flusher.recorded()
 
         holding = HoldingClient(gearman.Client(servers, tls=tls), HeldCopies(client, keys),
-                                bridge_id, holders_alive(client, keys), tls, answered)
+                                Holders(client, keys), bridge_id, config.worker_ttl,
+                                config.heartbeat_interval, tls, answered, durability=acks)
     publisher = Publisher(servers, tls, headers,
                           Scheduler(client, keys, config.delay_shard_seconds,
                                     config.delay_lease, config.delay_lanes),
                           bounds, config.fanout_timeout, history_first=history_first,
                           holding=holding)
     # Five times a worker's: the janitor removes a bridge's subscriptions
-    # only when it is surely dead, not merely busy for a few seconds.
-    # Its held copies, though, are taken over as soon as a dead worker's.
+    # only when it is surely dead, not merely busy for a few seconds. Its
+    # held copies, though, are taken over as soon as a dead worker's (their
+    # lease is the HoldingClient's own).
     registrations = Registrations(registry, bridge_id, 5 * config.worker_ttl,
-                                  config.heartbeat_interval,
-                                  holder_ttl=config.worker_ttl if holding else None)
+                                  config.heartbeat_interval)
     handouts = Redeliveries(client, keys, config.headers_ttl, direct)
     dead_letterer = DeadLetterer(publisher, DeadLetterIndex(client, keys, stats), observer)
     attachments = Attachments(servers, tls, bridge_id, headers_of=headers.for_uniques,
@@ -171,7 +173,7 @@ def build_bridge(config: Config) -> Bridge:
                       queues=attachments, registrations=registrations,
                       counts=QueueCounts(attachments, registry), observer=observer,
                       streams=streams,
-                      durability=durability.for_config(config, client))
+                      durability=acks)
     server = _server(config, backend)
     registrations.describe = lambda: {"connections": len(server.connections)}
     return Bridge(server, registrations, flusher, attachments, history_first, holding)

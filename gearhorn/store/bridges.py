@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 
 from gearhorn.rules.messages import Subscription
-from gearhorn.store.liveness import of_bridges, of_holding_bridges
+from gearhorn.store.liveness import of_bridges
 from gearhorn.store.registry import Registry
 
 log = logging.getLogger(__name__)
@@ -27,8 +27,7 @@ def queue_entry(function: str) -> str:
 class BridgeLiveness:
     """A bridge's side: heartbeats, and the list of what dies with it."""
 
-    def __init__(self, registry: Registry, bridge_id: str, ttl: float,
-                 holder_ttl: float | None = None) -> None:
+    def __init__(self, registry: Registry, bridge_id: str, ttl: float) -> None:
         self.registry = registry
         self.redis = registry.redis
         self.keys = registry.keys
@@ -38,9 +37,6 @@ class BridgeLiveness:
         # (limits, bridge), to register it again as it was (_restore).
         self.entries: dict[str, Subscription | None] = {}
         self.liveness = of_bridges(self.redis, self.keys)
-        # With held copies (holder_ttl): the heartbeat that keeps them ours.
-        self.holder_ttl = holder_ttl
-        self.holding = of_holding_bridges(self.redis, self.keys)
         self._beating = False
 
     def tell(self, info: dict[str, object]) -> None:
@@ -50,11 +46,6 @@ class BridgeLiveness:
     def heartbeat(self, now: float | None = None) -> None:
         """Renew; if the janitor swept this bridge anyway (its heartbeats were
         late, not missing), put back what it holds and say so."""
-        if self.holder_ttl is not None:
-            pipe = self.redis.pipeline(transaction=False)
-            self.holding.beat(self.bridge_id, self.holder_ttl, now, pipe)
-            self.holding.forget_dead(now, pipe)
-            pipe.execute()
         added = self.liveness.beat(self.bridge_id, self.ttl, now)
         if added and self._beating and self.entries:
             log.error("bridge %s was taken for dead (heartbeats late by over %.0fs): "
@@ -108,6 +99,5 @@ class BridgeLiveness:
         """A clean stop: the bridge removed its subscriptions itself."""
         pipe = self.redis.pipeline(transaction=False)
         self.liveness.retire(self.bridge_id, pipe)
-        self.holding.retire(self.bridge_id, pipe)
         pipe.delete(self.keys.bridge(self.bridge_id))
         pipe.execute()

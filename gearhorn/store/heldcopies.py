@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import redis
@@ -16,7 +16,14 @@ import redis
 from gearhorn.gearman import Copy
 from gearhorn.rules.naming import FOREGROUND_MARK, GENERATION_MARK, HEADER_MARK
 from gearhorn.store.keys import Keys
-from gearhorn.store.redisutil import ScriptCall, script, text, with_scripts_loaded
+from gearhorn.store.redisutil import (
+    ScriptCall,
+    add_script_calls,
+    run_scripts,
+    script,
+    text,
+    with_scripts_loaded,
+)
 
 # Room for "^" and three base-36 digits within gearmand's 63 bytes of unique.
 KEY_BYTES = 59
@@ -117,75 +124,99 @@ def key_of(handed: str) -> str:
     return handed.rpartition(GENERATION_MARK)[0]
 
 
+def mark_of(handed: str) -> int:
+    """The generation a handed unique carries, modulo 36^3 (its three digits).
+
+    >>> mark_of("m1:bob^3^14"), mark_of(handed_unique("k", 46657))
+    (40, 1)
+    """
+    return int(handed.rpartition(GENERATION_MARK)[2], 36)
+
+
+class Fenced(redis.RedisError):
+    """This holder was taken for dead: its writes to held copies are
+    refused from now on (docs/design/held-copies.rst). It lets go of its
+    connections and comes back under a new name; to a caller outside the
+    holder this is an outage of the store: the work is tried again."""
+
+
 class HeldCopies:
-    """The records of held copies, on the registry's Redis."""
+    """The records of held copies, queue by queue, and their holders'
+    indexes, on the registry's Redis (lua/copies.lua)."""
 
     def __init__(self, client: redis.Redis, keys: Keys) -> None:
         self.redis, self.keys = client, keys
-        self._keep = script(client, "keep_copies.lua")
-        self._claim = script(client, "claim_takeover.lua")
+        self._script = script(client, "copies.lua")
 
-    def keep(self, copies: Sequence[HeldCopy], again: bool = False) -> list[HeldCopy]:
+    def keep(self, copies: Sequence[HeldCopy]) -> list[HeldCopy]:
         """Write the records of ``copies`` (one round trip; their
         acknowledgement waits for the fsync that covers this write); the
         copies written, to be handed. A copy whose record is there already
-        (its fanout ran before) is held already and left out
-        (lua/keep_copies.lua). With ``again`` (handed over), a copy whose
-        record is gone (answered meanwhile) is left out, and the others go
-        at a generation above any handed out."""
-        by_queue: dict[str, list[HeldCopy]] = {}
-        for copy in copies:
-            by_queue.setdefault(copy.queue, []).append(copy)
+        (its fanout ran before) is held already and left out. Raises
+        Fenced when a holder of theirs is fenced in one of their queues."""
         calls: list[ScriptCall] = []
+        by_queue = _by_queue(copies)
         heads: dict[tuple[str, str], bytes] = {}  # a batch has one holder, few precedences
         for queue, some in by_queue.items():  # one call a queue: a batch has many
-            args: list[object] = ["again" if again else "new"]
+            args: list[object] = ["keep", some[0].holder]
             for copy in some:
                 head = heads.get((copy.holder, copy.precedence))
                 if head is None:
                     head = heads[copy.holder, copy.precedence] = copy.head()
                 args += (copy.key, head, copy.generation, copy.tail())
-            calls.append((self._keep, [self.keys.copies(queue)], args))
+            calls.append(self._call(queue, args))
         # One round trip: each holder's index first, so that no record is
         # ever missing from it, then the records.
-        written = with_scripts_loaded(self.redis, calls, lambda some: self._write(copies, some))
+        written = self._with_index(copies, calls)
         return [copy if generation == copy.generation else copy.at(generation)
                 for some, generations in zip(by_queue.values(), written, strict=True)
                 for copy, generation in zip(some, generations, strict=True)
                 if generation >= 0]
 
-    def _write(self, copies: Sequence[HeldCopy], calls: list[ScriptCall]) -> list[object]:
-        """The holders' index of ``copies`` and the script ``calls``, in one
-        pipeline; each call's reply (an error reply as its exception)."""
-        cluster = isinstance(self.redis, redis.RedisCluster)
-        pipe = self.redis.pipeline(transaction=False)
-        for holder, queues in _queues_by_holder(copies).items():
-            pipe.sadd(self.keys.holding(holder), *queues)
-            pipe.sadd(self.keys.holders, holder)
-        indexed = len(pipe)
-        for script_, keys, args in calls:
-            options = {"target_nodes": self.redis.get_node_from_key(keys[0])} if cluster else {}
-            pipe.execute_command("EVALSHA", script_.sha, len(keys), *keys, *args, **options)
-        replies = pipe.execute(raise_on_error=False)
-        for reply in replies[:indexed]:
-            if isinstance(reply, Exception):
-                raise reply
-        return replies[indexed:]
+    def hand_again(self, copies: Sequence[HeldCopy], holder: str) -> list[HeldCopy]:
+        """The next generation of each of ``copies`` that is still ``holder``'s
+        at the generation it was handed at, written before it goes to
+        gearmand; the others (answered, or taken over) are left out."""
+        calls, by_queue = [], _by_queue(copies)
+        for queue, some in by_queue.items():
+            args: list[object] = ["again", holder]
+            for copy in some:
+                args += (copy.key, copy.generation)
+            calls.append(self._call(queue, args))
+        written = self._run(calls)
+        return [HeldCopy(c.queue, c.unique, c.data, holder, c.precedence, generation)
+                for some, generations in zip(by_queue.values(), written, strict=True)
+                for c, generation in zip(some, generations, strict=True) if generation >= 0]
+
+    def fence(self, queue: str, holders: Sequence[str]) -> set[str]:
+        """Refuse every write of ``holders`` (none live) to ``queue``; every
+        holder fenced there."""
+        (found,) = self._run([self._call(queue, ["fence", "", *holders])])
+        return {text(h) for h in found}
+
+    def take(self, queue: str, taker: str,
+             copies: Sequence[tuple[HeldCopy, int]]) -> list[HeldCopy]:
+        """Each (copy as read, the generation to hand it at) becomes
+        ``taker``'s, if its owner is fenced in ``queue`` and the record did not
+        change since it was read; those taken."""
+        args: list[object] = ["take", taker]
+        for copy, generation in copies:
+            args += (copy.key, copy.holder, copy.generation, generation)
+        (written,) = self._run([self._call(queue, args)])
+        return [HeldCopy(c.queue, c.unique, c.data, taker, c.precedence, generation)
+                for (c, _), generation in zip(copies, written, strict=True) if generation >= 0]
 
     def forget(self, answered: Sequence[tuple[str, str]]) -> None:
         """The receivers answered these copies, each (queue, the unique
-        gearmand was given): drop their records, in one round trip. Only a
-        copy's last generation can be answered: gearmand runs no job whose
-        holder left."""
+        gearmand was given): drop their records, in one round trip. A
+        record handed again since that generation stays."""
         if not answered:
             return
-        by_queue: dict[str, list[str]] = {}
+        by_queue: dict[str, list[object]] = {}
         for queue, handed in answered:
-            by_queue.setdefault(queue, []).append(key_of(handed))
-        pipe = self.redis.pipeline(transaction=False)
-        for queue, keys in by_queue.items():  # one HDEL a queue
-            pipe.hdel(self.keys.copies(queue), *keys)
-        pipe.execute()
+            by_queue.setdefault(queue, []).extend((key_of(handed), mark_of(handed)))
+        self._run([self._call(queue, ["forget", "", *items])
+                   for queue, items in by_queue.items()])
 
     def count(self, queue: str) -> int:
         return int(self.redis.hlen(self.keys.copies(queue)))
@@ -197,13 +228,19 @@ class HeldCopies:
             pipe.hlen(self.keys.copies(queue))
         return dict(zip(queues, (int(n) for n in pipe.execute()), strict=True)) if queues else {}
 
+    def records(self, queue: str) -> Iterator[HeldCopy]:
+        """Every record of ``queue``, in no order."""
+        for _, record in self.redis.hscan_iter(self.keys.copies(queue), count=1000):
+            yield HeldCopy.decode(queue, record)
+
+    def queues_of(self, holder: str) -> list[str]:
+        """The queues ``holder``'s index lists."""
+        return sorted(text(q) for q in self.redis.smembers(self.keys.holder_queues(holder)))
+
     def held_by(self, holder: str) -> Iterator[HeldCopy]:
         """Every copy ``holder`` holds, queue by queue."""
-        for queue in sorted(text(q) for q in self.redis.smembers(self.keys.holding(holder))):
-            for _, record in self.redis.hscan_iter(self.keys.copies(queue), count=1000):
-                copy = HeldCopy.decode(queue, record)
-                if copy.holder == holder:
-                    yield copy
+        for queue in self.queues_of(holder):
+            yield from (c for c in self.records(queue) if c.holder == holder)
 
     def find(self, wanted: Sequence[tuple[str, str]]) -> list[HeldCopy]:
         """The records still there of ``wanted``, each (queue, record key)."""
@@ -217,39 +254,52 @@ class HeldCopies:
                 for queue, records in zip(by_queue, pipe.execute(), strict=True)
                 for record in records if record is not None]
 
-    def holders(self) -> list[str]:
-        return sorted(text(h) for h in self.redis.smembers(self.keys.holders))
+    def owners(self, queue: str) -> dict[str, int]:
+        """Who may hold copies of ``queue`` (0), and who is fenced there
+        (when, Redis ms)."""
+        return {text(h): int(v) for h, v in self.redis.hgetall(self.keys.owners(queue)).items()}
 
-    def hand_over(self, copies: Sequence[HeldCopy], holder: str) -> list[HeldCopy]:
-        """The next generation of ``copies``, held by ``holder``, written
-        before it goes to gearmand: a later takeover then never submits a
-        generation that was handed out already."""
-        moved = [copy.again(holder) for copy in copies]
-        return [written for at in range(0, len(moved), 1000)
-                for written in self.keep(moved[at:at + 1000], again=True)]
+    def _call(self, queue: str, args: list[object]) -> ScriptCall:
+        return self._script, [self.keys.copies(queue), self.keys.owners(queue)], args
 
-    def retire(self, holder: str) -> None:
-        """``holder`` holds nothing any more (its copies were handed over)."""
-        pipe = self.redis.pipeline(transaction=False)
-        pipe.delete(self.keys.holding(holder))
-        pipe.srem(self.keys.holders, holder)
-        pipe.execute()
+    def _run(self, calls: list[ScriptCall]) -> list:
+        try:
+            return run_scripts(self.redis, calls)
+        except redis.ResponseError as exc:
+            raise _fenced_or(exc) from None
 
-    def claim(self, holder: str, claimer: str, is_alive: Callable[[str], bool],
-              seconds: int = 60) -> bool:
-        """Take over ``holder``'s copies: True for one ``claimer`` at a
-        time. A claim lasts ``seconds``, or until its claimer is no longer
-        alive (killed mid-takeover, its claim would otherwise hold the
-        copies back for the rest of those seconds). ``is_alive`` is asked
-        after the claim is read: a claimer claims only once its own
-        heartbeat is there (HoldingClient), so a live one is always seen."""
-        key = self.keys.taking_over(holder)
-        if self._claim(keys=[key], args=[claimer, seconds, ""]):
-            return True
-        current = self.redis.get(key)
-        if current is None or (text(current) != claimer and is_alive(text(current))):
-            return False
-        return bool(self._claim(keys=[key], args=[claimer, seconds, text(current)]))
+    def _with_index(self, copies: Sequence[HeldCopy], calls: list[ScriptCall]) -> list:
+        """The holders' index of ``copies``, then the script ``calls``, in one
+        pipeline; each call's reply."""
+        def write(some: list[ScriptCall]) -> list[object]:
+            pipe = self.redis.pipeline(transaction=False)
+            for holder, queues in _queues_by_holder(copies).items():
+                pipe.sadd(self.keys.holder_queues(holder), *queues)
+                # A holder that was forgotten (fenced, its index emptied) and
+                # writes again is listed again, and so judged again.
+                pipe.zadd(self.keys.holders, {holder: 0}, nx=True)
+            indexed = len(pipe)
+            add_script_calls(self.redis, pipe, some)
+            replies = pipe.execute(raise_on_error=False)
+            for reply in replies[:indexed]:
+                if isinstance(reply, Exception):
+                    raise reply
+            return replies[indexed:]
+        try:
+            return with_scripts_loaded(self.redis, calls, write)
+        except redis.ResponseError as exc:
+            raise _fenced_or(exc) from None
+
+
+def _fenced_or(exc: redis.ResponseError) -> Exception:
+    return Fenced(str(exc)) if str(exc).startswith("FENCED") else exc
+
+
+def _by_queue(copies: Sequence[HeldCopy]) -> dict[str, list[HeldCopy]]:
+    found: dict[str, list[HeldCopy]] = {}
+    for copy in copies:
+        found.setdefault(copy.queue, []).append(copy)
+    return found
 
 
 def _queues_by_holder(copies: Sequence[HeldCopy]) -> dict[str, set[str]]:

@@ -73,10 +73,6 @@ class Keys:
         return self.prefix + "bridges"
 
     @property
-    def holding_bridges(self) -> str:
-        return self.prefix + "holding-bridges"
-
-    @property
     def temp_queues(self) -> str:
         return self.prefix + "temp-queues"
 
@@ -190,12 +186,27 @@ class Keys:
     def copies(self, queue: str) -> str:
         return f"{self.prefix}copies:{{{queue}}}"
 
-    def holding(self, holder: str) -> str:
-        return f"{self.prefix}holding:{holder}"
+    def owners(self, queue: str) -> str:
+        """Who may hold copies of ``queue``, and who is fenced there."""
+        return f"{self.prefix}owners:{{{queue}}}"
+
+    @property
+    def owners_pattern(self) -> str:
+        return f"{self.prefix}owners:*"
 
     @property
     def holders(self) -> str:
-        return self.prefix + "holders"
+        """Every holder's lease (docs/design/held-copies.rst)."""
+        return f"{{{self.prefix}holders}}"
 
-    def taking_over(self, holder: str) -> str:
-        return f"{self.prefix}taking-over:{holder}"
+    def holder_queues(self, holder: str) -> str:
+        """The queues ``holder`` may hold copies in (its index)."""
+        return f"{self.holders}:{holder}"
+
+    # Written by versions before issue 77 (gearhorn/supervision/queueupgrade.py)
+    def old_holding(self, holder: str) -> str:
+        return f"{self.prefix}holding:{holder}"
+
+    @property
+    def old_holders(self) -> str:
+        return self.prefix + "holders"

@@ -1,5 +1,6 @@
 """Who is alive: one sorted set per kind of process, scored by the epoch
-second at which each member is dead unless it sends a heartbeat first.
+second, by Redis's clock, at which each member is dead unless it sends a
+heartbeat first (no process's clock is compared with another's).
 
 Workers (``<p>workers``) and bridges (``<p>bridges``) both use it: a member
 that dies without a word drops out when its score passes, with no one
@@ -8,7 +9,6 @@ removing it (dramatiq's dispatch.lua does the same).
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 
 import redis
@@ -36,7 +36,7 @@ class Liveness:
              pipe: redis.client.Pipeline | None = None) -> object:
         """``member`` is alive for ``ttl`` more seconds; returns 1 when it was
         not listed (new, or removed meanwhile)."""
-        now = time.time() if now is None else now
+        now = redis_now(self.redis) if now is None else now
         return (pipe or self.redis).zadd(self.key, {member: now + ttl})
 
     def tell(self, member: str, info: dict[str, object], ttl: float,
@@ -69,18 +69,24 @@ class Liveness:
                 for m, info in zip(members, pipe.execute(), strict=True)}
 
     def alive(self, now: float | None = None) -> list[str]:
-        now = time.time() if now is None else now
+        now = redis_now(self.redis) if now is None else now
         return [text(m) for m in self.redis.zrangebyscore(self.key, now, "+inf")]
 
     def dead(self, now: float | None = None) -> list[str]:
         """Members whose heartbeat ran out and who are still listed."""
-        now = time.time() if now is None else now
+        now = redis_now(self.redis) if now is None else now
         return [text(m) for m in self.redis.zrangebyscore(self.key, "-inf", now)]
 
     def forget_dead(self, now: float | None = None,
                     pipe: redis.client.Pipeline | None = None) -> object:
-        now = time.time() if now is None else now
+        now = redis_now(self.redis) if now is None else now
         return (pipe or self.redis).zremrangebyscore(self.key, "-inf", now)
+
+
+def redis_now(client: redis.Redis) -> float:
+    """Redis's clock, in epoch seconds."""
+    seconds, micros = client.time()
+    return seconds + micros / 1_000_000
 
 
 def of_bridges(client: redis.Redis, keys: Keys) -> Liveness:
@@ -91,17 +97,3 @@ def of_bridges(client: redis.Redis, keys: Keys) -> Liveness:
 def of_workers(client: redis.Redis, keys: Keys) -> Liveness:
     """The worker processes' heartbeats and what each says about itself."""
     return Liveness(client, keys.workers, keys.worker)
-
-
-def of_holding_bridges(client: redis.Redis, keys: Keys) -> Liveness:
-    """Bridges holding copies: beaten with a worker's ttl, so that a dead
-    bridge's copies are taken over as soon as a dead worker's are (its
-    subscriptions wait for the longer ttl of ``<p>bridges``)."""
-    return Liveness(client, keys.holding_bridges)
-
-
-def holders_alive(client: redis.Redis, keys: Keys) -> Callable[[], list[str]]:
-    """The ids of the processes that may hold copies (workers and bridges)
-    alive now: the others' copies are taken over (gearhorn/store/holding.py)."""
-    workers, bridges = of_workers(client, keys), of_holding_bridges(client, keys)
-    return lambda: workers.alive() + bridges.alive()

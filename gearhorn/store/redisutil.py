@@ -63,9 +63,14 @@ def with_scripts_loaded(client: redis.Redis, calls: list[ScriptCall],
 
 def _pipelined_scripts(client: redis.Redis, calls: list[ScriptCall]) -> list[object]:
     """Each call's reply, an error reply as its exception."""
-    cluster = isinstance(client, RedisCluster)
     pipe = client.pipeline(transaction=False)
+    add_script_calls(client, pipe, calls)
+    return pipe.execute(raise_on_error=False)
+
+
+def add_script_calls(client: redis.Redis, pipe, calls: list[ScriptCall]) -> None:
+    """``calls`` added to ``pipe`` as plain EVALSHA (see :func:`run_scripts`)."""
+    cluster = isinstance(client, RedisCluster)
     for script_, keys, args in calls:
         options = {"target_nodes": client.get_node_from_key(keys[0])} if cluster else {}
         pipe.execute_command("EVALSHA", script_.sha, len(keys), *keys, *args, **options)
-    return pipe.execute(raise_on_error=False)

@@ -20,7 +20,7 @@ from gearhorn.rules.messages import PREFIX_WILDCARD, Subscription
 from gearhorn.rules.naming import is_stream_client, process_id, queue_name
 from gearhorn.store.directcalls import DirectCalls
 from gearhorn.store.keys import Keys
-from gearhorn.store.liveness import of_workers
+from gearhorn.store.liveness import of_workers, redis_now
 from gearhorn.store.redisutil import ScriptCall, script, text
 from gearhorn.store.rejectroom import open_room, room_fields
 
@@ -298,6 +298,7 @@ class Registry:
     def heartbeat(self, worker_id: str, ttl: float, info: dict[str, object] | None = None,
                   now: float | None = None) -> None:
         """Mark ``worker_id`` alive for ``ttl`` seconds and forget the dead."""
+        now = redis_now(self.redis) if now is None else now
         pipe = self.redis.pipeline(transaction=False)
         self.workers.beat(worker_id, ttl, now, pipe)
         self.workers.forget_dead(now, pipe)

@@ -6,6 +6,7 @@ Why it is shaped so: docs/design/notes.rst, "gearhorn/supervision/queueupgrade.p
 from __future__ import annotations
 
 import logging
+import uuid
 from collections.abc import Callable, Collection, Iterator
 
 import redis
@@ -33,6 +34,8 @@ def move_to_held(queue: redis.Redis, store: HeldCopies, keys: Keys,
     short had set aside) as a held copy; returns how many. ``synced()``
     returns once an fsync covers the records."""
     moved = 0
+    # A holder that never registers: the pool's holders take its copies over.
+    holder = f"{UPGRADE_HOLDER}:{uuid.uuid4().hex[:12]}"
     for pattern, head in ((GEARMAND_PREFIX + b"-*", b""), (keys.held_job(b"*"),
                                                             keys.held_job(b""))):
         for batch in scan_keys(queue, pattern):
@@ -44,7 +47,7 @@ def move_to_held(queue: redis.Redis, store: HeldCopies, keys: Keys,
                 copy, precedence = queued_copy(key[len(head):], fields, dashed, GEARMAND_PREFIX)
                 if copy is not None:
                     found.append((key, HeldCopy(copy.function, copy.unique, copy.data,
-                                                UPGRADE_HOLDER, precedence)))
+                                                holder, precedence)))
             if not found:
                 continue
             store.keep([held for _, held in found])

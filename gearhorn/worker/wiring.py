@@ -28,10 +28,10 @@ from gearhorn.store.durability import Durability
 from gearhorn.store.headers import HeaderStore
 from gearhorn.store.heldcopies import HeldCopies
 from gearhorn.store.history import History
+from gearhorn.store.holders import Holders
 from gearhorn.store.holding import HoldingClient
 from gearhorn.store.keys import Keys
 from gearhorn.store.ledger import Flusher, Ledger
-from gearhorn.store.liveness import holders_alive
 from gearhorn.store.observers import LedgerObserver, Observer, Observers, StatsObserver
 from gearhorn.store.presenceevents import PresenceEvents, announce_changes
 from gearhorn.store.pressure import Pressure
@@ -115,15 +115,19 @@ def build_worker(config: Config, worker_id: str, functions: tuple[str, ...]) -> 
     client, release_client = gearman_client(), gearman_client()
     ledger = Ledger(client_redis, keys, config.ledger_maxlen, config.ledger_enabled,
                     source=worker_id, shards=config.ledger_shards)
+    # Answers wait for an fsync that covers them (gearhorn/store/durability.py):
+    # held copies are in the registry's Redis alone, gearmand's queue gets none.
+    acks = durability.for_config(config, client_redis)
     holding = None
     if config.copies == "held":  # gearhorn keeps the copies; gearmand dispatches them
         def answered(queue: str, unique: str, status: str) -> None:
             ledger.record(Event.ANSWERED, queue, unique, reason=status)
             flusher.poke()  # written within 0.1 s, as a fanout's entries are
 
-        holding = HoldingClient(client, HeldCopies(client_redis, keys), worker_id,
-                                holders_alive(client_redis, keys), config.gearman_tls,
-                                answered)
+        holding = HoldingClient(client, HeldCopies(client_redis, keys),
+                                Holders(client_redis, keys), worker_id, config.worker_ttl,
+                                config.heartbeat_interval, config.gearman_tls, answered,
+                                durability=acks)
         client, release_client = holding, holding.beside(release_client)
     stats = Stats(client_redis, keys, config.metrics_enabled,
                   buffered=not config.metrics_write_through)
@@ -165,9 +169,7 @@ def build_worker(config: Config, worker_id: str, functions: tuple[str, ...]) -> 
         config.gearman_servers, function, config.gearman_tls))
     return WorkerParts(
         worker_id, registry, client, release_client, ledger, pressure, service, flusher,
-        # Answers wait for an fsync that covers them (gearhorn/store/durability.py):
-        # held copies are in the registry's Redis alone, gearmand's queue gets none.
-        durability.for_config(config, client_redis), warden, releaser,
+        acks, warden, releaser,
         listener, janitor,
         # Subscriptions change through the service, the janitor and the warden: one registry.
         announce_changes(config, registry),

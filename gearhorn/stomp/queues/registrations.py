@@ -27,10 +27,10 @@ class Registrations:
     """Topic subscriptions and temp queues of one bridge, with its liveness."""
 
     def __init__(self, registry: Registry, bridge_id: str, ttl: float,
-                 heartbeat_interval: float, holder_ttl: float | None = None) -> None:
+                 heartbeat_interval: float) -> None:
         self.registry = registry
         self.bridge_id = bridge_id
-        self.liveness = BridgeLiveness(registry, bridge_id, ttl, holder_ttl)
+        self.liveness = BridgeLiveness(registry, bridge_id, ttl)
         self.heartbeat_interval = heartbeat_interval
         # What the heartbeat tells the console (the server's connections).
         self.describe: Callable[[], dict[str, object]] = dict

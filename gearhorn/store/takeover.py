@@ -1,0 +1,181 @@
+"""Taking over the copies of holders found dead, without handing twice what
+is still live in gearmand (docs/design/held-copies.rst)."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING
+
+from gearhorn.store.heldcopies import HeldCopies, HeldCopy
+from gearhorn.store.holders import FENCED, Holders
+from gearhorn.store.redisutil import text
+
+if TYPE_CHECKING:
+    from gearhorn.store.holding import HoldingClient
+
+log = logging.getLogger(__name__)
+
+TAKEOVER_EVERY = 1.0  # seconds between looks for dead holders
+BATCH = 1000  # copies taken and handed at a time
+VERIFY_EACH = 500  # taken copies asked after per look, in turn, until answered
+WALK_EACH = 100  # <p>owners:* keys looked at per look (the backstop walk)
+
+
+class Takeover:
+    """One holder's part in taking over from the dead: judging, taking
+    their queues one at a time, and asking after what it took."""
+
+    def __init__(self, holding: HoldingClient, holders: Holders, store: HeldCopies,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.holding, self.holders, self.store = holding, holders, store
+        self._clock = clock
+        self._next_look = 0.0
+        self._lock = threading.Lock()
+        self._pending: set[str] = set()  # queues moved to this holder, not all taken yet
+        # Taken copies not yet answered: (queue, key) -> (server, handed unique)
+        self._taken: OrderedDict[tuple[str, str], tuple[int, str]] = OrderedDict()
+        self._walker: Iterator | None = None
+
+    def tick(self) -> None:
+        """A look, once every TAKEOVER_EVERY: nobody is judged while this
+        holder's own lease is not fresh or after an outage of its own."""
+        now = self._clock()
+        if now < self._next_look:
+            return
+        self._next_look = now + TAKEOVER_EVERY
+        lease = self.holding.lease
+        if not lease.may_judge():
+            return
+        me = lease.name
+        fenced = self.holders.judge(me)
+        if fenced is None:
+            return
+        for queue in sorted(self._pending):
+            self._take_queue(queue, me)
+        for dead in fenced:
+            if dead != me:
+                self._take_holder(dead, me)
+        self._verify_some()
+        self._walk(me)
+
+    def settled(self, held: tuple[str, str]) -> None:
+        """The copy (queue, key) was answered: no more asking after it."""
+        with self._lock:
+            self._taken.pop(held, None)
+
+    def forget_all(self) -> None:
+        """This holder was fenced: what it took is its taker's now."""
+        with self._lock:
+            self._pending.clear()
+            self._taken.clear()
+
+    def _take_holder(self, dead: str, me: str) -> None:
+        took = handed = 0
+        done: set[str] = set()  # a queue listed again (a zombie's write) waits a look
+        while (queues := set(self.holders.some_queues(dead, 100))) - done:
+            for queue in queues - done:
+                done.add(queue)
+                if self.holders.move_queue(queue, dead, me):  # this queue is ours to take
+                    with self._lock:
+                        self._pending.add(queue)
+                    attached, again = self._take_queue(queue, me)
+                    took, handed = took + attached + again, handed + again
+        if self.holders.drop(dead) or took:
+            log.info("holder %s is gone: took over its %d held copies (%d still live in "
+                     "gearmand, attached to; %d handed again)", dead, took, took - handed,
+                     handed)
+
+    def _take_queue(self, queue: str, me: str) -> tuple[int, int]:
+        """Every record in ``queue`` of a holder that is dead for good (fenced
+        there first, so that it writes nothing more there): how many were
+        attached to live jobs, and how many handed again."""
+        leases = self.holders.leases()
+        dead = [h for h in self.store.owners(queue) if h != me and leases.get(h, FENCED) <= 0]
+        fenced = self.store.fence(queue, dead)
+        orphans = [c for c in self.store.records(queue) if c.holder in fenced]
+        attached = again = 0
+        for at in range(0, len(orphans), BATCH):
+            decided = self._decide(orphans[at:at + BATCH])
+            marks = self.holding.durability.marks()
+            taken = self.store.take(queue, me, [(c, g) for c, g, _ in decided])
+            self.holding.durability.wait(marks)  # on disk before it is handed
+            server = {c.key: s for c, _, s in decided}
+            servers = [server[c.key] for c in taken]
+            self.holding.hand(taken, servers=servers)
+            with self._lock:
+                for copy, at_server in zip(taken, servers, strict=True):
+                    home = self.holding.client.home(queue) if at_server is None else at_server
+                    self._taken[(queue, copy.key)] = (home, copy.handed().unique)
+            live = sum(1 for at_server in servers if at_server is not None)
+            attached, again = attached + live, again + len(taken) - live
+        with self._lock:
+            self._pending.discard(queue)
+        return attached, again
+
+    def _decide(self, copies: Sequence[HeldCopy]) -> list[tuple[HeldCopy, int, int | None]]:
+        """Each copy's generation to hand, and the server to hand it to
+        (None: its home), from what gearmand says of its job:
+
+        - known with a client waiting (its holder's open connection): the
+          same generation, to that server: the taker attaches to the job;
+        - known with none (abandoned: gearmand would free it unrun and
+          strand what attaches to it): the next generation;
+        - unknown (answered, or freed): the same generation again, with
+          which a zombie's late hand coalesces.
+        """
+        uniques = [c.handed().unique for c in copies]
+        said = self.holding.gearmands.status(uniques)
+        decided = []
+        for copy, unique in zip(copies, uniques, strict=True):
+            found = [(n, s[unique]) for n, s in enumerate(said) if unique in s]
+            live = [n for n, (known, clients) in found if known and clients > 0]
+            if live:
+                decided.append((copy, copy.generation, live[0]))
+            elif any(known for _, (known, _) in found):
+                decided.append((copy, copy.generation + 1, None))
+            else:
+                decided.append((copy, copy.generation, None))
+        return decided
+
+    def _verify_some(self) -> None:
+        """Ask after some taken copies, in turn: one attached to a job in
+        the instant it was abandoned vanishes unanswered (Holder.verify)."""
+        with self._lock:
+            some = []
+            for _ in range(min(VERIFY_EACH, len(self._taken))):
+                held, where = self._taken.popitem(last=False)
+                self._taken[held] = where
+                some.append(where)
+        by_server: dict[int, list[str]] = {}
+        for server, unique in some:
+            by_server.setdefault(server, []).append(unique)
+        for server, uniques in by_server.items():
+            self.holding.gearmands.verify(server, uniques)
+
+    def _walk(self, me: str) -> None:
+        """The backstop: a page of ``<p>owners:*`` a look. A queue where a
+        holder dead for good was never fenced may hold a record no index
+        lists (a Redis Cluster, a holder killed between the two writes of
+        one pipeline): it is taken like the others."""
+        if self._walker is None:
+            self._walker = self.store.redis.scan_iter(match=self.store.keys.owners_pattern,
+                                                      count=WALK_EACH)
+        leases = None
+        for _ in range(WALK_EACH):
+            key = next(self._walker, None)
+            if key is None:
+                self._walker = None
+                return
+            queue = text(key)[len(self.store.keys.owners("")) - 1:-1]
+            owners = self.store.owners(queue)
+            leases = self.holders.leases() if leases is None else leases
+            if any(h != me and not state and leases.get(h, FENCED) <= 0
+                   for h, state in owners.items()):
+                self.holders.add_queue(me, queue)  # in our index before we take
+                with self._lock:
+                    self._pending.add(queue)
+                self._take_queue(queue, me)
