@@ -97,6 +97,10 @@ class ModelGearmand:
             conn.broke("gearmand restarted")
         self.connections.clear()
 
+    def client_ids(self) -> set[str]:
+        """What admin ``workers`` lists: every open connection's id."""
+        return {c.client_id for c in self.connections}
+
     def waiting(self) -> list[Job]:
         """Jobs a receiver could still be given or is running."""
         return [j for j in self.jobs.values() if not j.abandoned or j.running]
@@ -107,8 +111,9 @@ class ModelHolder:
     nothing: what it is told waits in its inbox until :meth:`resume`."""
 
     def __init__(self, host, port, answered, on_lost, connect_timeout=5.0, tls=None,
-                 vanished=None) -> None:
+                 vanished=None, client_id="") -> None:
         self.server = ModelGearmand.servers[port]
+        self.client_id = client_id
         self.answered, self.on_lost = answered, on_lost
         self.vanished = vanished or (lambda copies: None)
         self.conn = types.SimpleNamespace(open=self._open, host=host, port=port)

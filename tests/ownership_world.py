@@ -26,7 +26,7 @@ import fakeredis
 import fakeredis.commands_mixins.server_mixin as server_mixin
 
 from gearhorn import gearman
-from gearhorn.store import holding
+from gearhorn.store import gearmands, holding
 from gearhorn.store.fsync import RedisLost
 from gearhorn.store.heldcopies import Fenced, HeldCopies, HeldCopy, key_of
 from gearhorn.store.holders import Holders
@@ -91,7 +91,9 @@ class Process:
         self.world.answers[key] += 1
 
     def connections(self) -> list[ModelHolder]:
-        return list(self.holding.gearmands._holders.values())
+        gearmands = self.holding.gearmands
+        return [*gearmands._holders.values(),
+                *(h for _, holders, _ in gearmands._retiring for h in holders)]
 
     def runs(self) -> bool:
         return self.alive and not self.paused
@@ -135,7 +137,10 @@ class Process:
             conn.resume()
 
     def kill(self) -> None:
-        """kill -9: its connections close; what it had not read is lost."""
+        """kill -9: its connections close; what it had not read, or read
+        and not yet forgotten, is lost."""
+        for _, unique in self.holding._answered:
+            self.world.allowance[key_of(unique)] += 1
         for conn in self.connections():
             for item in conn.inbox:
                 if item[0] == "answer":
@@ -270,4 +275,6 @@ def make_world(monkeypatch, **options) -> World:
     clock = Clock()
     monkeypatch.setattr(server_mixin, "time", types.SimpleNamespace(time=clock.time))
     monkeypatch.setattr(holding, "Holder", ModelHolder)
+    monkeypatch.setattr(gearmands.Gearmands, "connected", lambda self, index: ModelGearmand.servers[
+        self.client.connections[index].port].client_ids())
     return World(clock, **options)

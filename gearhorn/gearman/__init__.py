@@ -19,6 +19,7 @@ per-job state kept after the call. Every socket has TCP_NODELAY.
 from gearhorn.gearman.admin import (
     FunctionStatus,
     admin,
+    client_ids,
     drop_function,
     status,
     status_rows,
@@ -52,10 +53,10 @@ from gearhorn.gearman.tcp import CONNECT_TIMEOUT, keepalive_options
 from gearhorn.gearman.worker import GrabbedJob, JobSource, NoDelayWorker, WorkerConnection
 
 __all__ = [
-    "add_server", "admin", "Answers", "call_unique", "Client", "connect", "CONNECT_TIMEOUT",
-    "Connection", "Copy", "drop_function", "encode", "FunctionStatus", "GearmanError",
-    "GrabbedJob", "Holder", "JobSource", "keepalive_options", "MAX_PACKET", "NoDelayWorker",
-    "Outcome", "P", "Packet", "PacketError", "PacketReader", "PartialSubmit", "Placed", "REQ",
-    "RES", "status", "status_rows", "TlsFiles", "totals", "Unavailable", "wait_for_results",
-    "WorkerConnection",
+    "add_server", "admin", "Answers", "call_unique", "Client", "client_ids", "connect",
+    "CONNECT_TIMEOUT", "Connection", "Copy", "drop_function", "encode", "FunctionStatus",
+    "GearmanError", "GrabbedJob", "Holder", "JobSource", "keepalive_options", "MAX_PACKET",
+    "NoDelayWorker", "Outcome", "P", "Packet", "PacketError", "PacketReader", "PartialSubmit",
+    "Placed", "REQ", "RES", "status", "status_rows", "TlsFiles", "totals", "Unavailable",
+    "wait_for_results", "WorkerConnection",
 ]

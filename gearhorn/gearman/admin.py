@@ -44,6 +44,14 @@ def drop_function(servers: Sequence[tuple[str, int]], function: str,
             log.warning("could not drop %s on %s:%s: %s", function, host, port, exc)
 
 
+def client_ids(host: str, port: int, timeout: float = 5.0,
+               tls: TlsFiles | None = None) -> set[str]:
+    """The ids of every connection open to gearmand (admin ``workers``:
+    ``fd address id : functions``), clients' as workers'."""
+    return {parts[2] for line in admin(host, port, "workers", timeout, tls)
+            if len(parts := line.split()) >= 3}
+
+
 @dataclass(frozen=True, slots=True)
 class FunctionStatus:
     name: str

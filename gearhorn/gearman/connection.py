@@ -112,8 +112,10 @@ class Connection:
     """One client connection to one gearmand."""
 
     def __init__(self, host: str, port: int, connect_timeout: float = 5.0,
-                 tls: TlsFiles | None = None, reply_timeout: float = REPLY_TIMEOUT) -> None:
+                 tls: TlsFiles | None = None, reply_timeout: float = REPLY_TIMEOUT,
+                 client_id: str = "") -> None:
         self.host, self.port = host, port
+        self.client_id = client_id  # what admin ``workers`` lists it as
         self.connect_timeout = connect_timeout
         self.reply_timeout = reply_timeout
         self.tls = tls
@@ -135,7 +137,10 @@ class Connection:
                 # Ask for workers' exceptions: without it gearmand 1.1.20 turns a
                 # WORK_EXCEPTION into a bare WORK_FAIL and the reason is lost. The
                 # answer (OPTION_RES) is read with the next reply and skipped.
-                self._sock.sendall(encode(P.OPTION_REQ, b"exceptions"))
+                hello = encode(P.OPTION_REQ, b"exceptions")
+                if self.client_id:
+                    hello += encode(P.SET_CLIENT_ID, self.client_id.encode())
+                self._sock.sendall(hello)
             except OSError as exc:
                 self.close()
                 self._lost = True

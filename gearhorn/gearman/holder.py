@@ -51,8 +51,9 @@ class Holder:
 
     def __init__(self, host: str, port: int, answered: Answered, on_lost: Lost,
                  connect_timeout: float = 5.0, tls: TlsFiles | None = None,
-                 vanished: Callable[[list[Copy]], None] | None = None) -> None:
-        self.conn = Connection(host, port, connect_timeout, tls)
+                 vanished: Callable[[list[Copy]], None] | None = None,
+                 client_id: str = "") -> None:
+        self.conn = Connection(host, port, connect_timeout, tls, client_id=client_id)
         self.answered, self.on_lost = answered, on_lost
         self.vanished = vanished or (lambda copies: None)
         self._asks: deque[_Ask] = deque()  # sent, in order; each ends with its echo

@@ -32,6 +32,9 @@ class Gearmands:
         # While a server's copies are read to be handed again: the keys
         # handed to its new connection meanwhile (not to be handed twice).
         self._fresh: dict[int, set[str]] = {}
+        # A fenced name's connections, open until its taker attached to their
+        # jobs: (name, connections, when to close them anyway)
+        self._retiring: list[tuple[str, list[Holder], float]] = []
 
     def hold(self, home: int, jobs: Sequence[gearman.Copy], precedence: str) -> bool:
         """``jobs`` to ``home``, or the next server up while it is lost; False
@@ -93,6 +96,15 @@ class Gearmands:
             # A broken connection's copies are handed again anyway.
             with contextlib.suppress(gearman.GearmanError):
                 holder.verify(uniques)
+
+    def connected(self, index: int) -> set[str] | None:
+        """The client ids of the connections open to server ``index`` (admin
+        ``workers``); None when it does not answer."""
+        conn = self.client.connections[index]
+        try:
+            return gearman.client_ids(conn.host, conn.port, tls=getattr(conn, "tls", None))
+        except (OSError, gearman.GearmanError):
+            return None
 
     def lose(self, index: int) -> None:
         with self._lock:
@@ -159,3 +171,29 @@ class Gearmands:
             self._retry_at.clear()
             self._rerouted.clear()
             return holders
+
+    def retire(self, name: str, within: float) -> None:
+        """Every connection leaves, to be closed once ``name`` was taken over
+        (:meth:`close_retired`) or ``within`` seconds from now."""
+        holders = self.let_go()
+        with self._lock:
+            self._retiring.append((name, holders, self._clock() + within))
+
+    def close_retired(self, listed: Callable[[str], bool]) -> None:
+        """Close the retiring connections of each name no longer ``listed``
+        (all taken over), or whose time ran out."""
+        now = self._clock()
+        with self._lock:
+            retiring = list(self._retiring)
+        due = [r for r in retiring if now >= r[2] or not listed(r[0])]
+        with self._lock:
+            self._retiring = [r for r in self._retiring if r not in due]
+        for _, holders, _ in due:
+            for holder in holders:
+                holder.close("fenced: its copies were taken over", expected=True)
+
+    def retired(self) -> list[Holder]:
+        """Every retiring connection, to be closed now (a stop)."""
+        with self._lock:
+            retiring, self._retiring = self._retiring, []
+        return [holder for _, holders, _ in retiring for holder in holders]

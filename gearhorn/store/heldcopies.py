@@ -27,6 +27,7 @@ from gearhorn.store.redisutil import (
 
 # Room for "^" and three base-36 digits within gearmand's 63 bytes of unique.
 KEY_BYTES = 59
+WRAP = 36 ** 3  # a handed unique carries its generation modulo this
 _DIGITS = "0123456789abcdefghijklmnopqrstuvwxyz"
 # A copy's unique that carries its header id: naming.copy_unique's head.
 _HEADED = re.compile(re.escape(FOREGROUND_MARK) + "?" + re.escape(HEADER_MARK)
@@ -107,7 +108,7 @@ def handed_unique(key: str, generation: int) -> str:
     >>> handed_unique("m1:alice", 0), handed_unique("m1:bob^3", 40)
     ('m1:alice^0', 'm1:bob^3^14')
     """
-    number, digits = generation % 36 ** 3, ""
+    number, digits = generation % WRAP, ""
     while True:
         number, digit = divmod(number, 36)
         digits = _DIGITS[digit] + digits

@@ -65,6 +65,10 @@ class Holders:
         return {text(h): int(s) for h, s in
                 self.redis.zrange(self.keys.holders, 0, -1, withscores=True)}
 
+    def listed(self, holder: str) -> bool:
+        """Is ``holder`` still listed (alive, or fenced and not all taken over)?"""
+        return self.redis.zscore(self.keys.holders, holder) is not None
+
     def move_queue(self, queue: str, source: str, taker: str) -> bool:
         """``queue`` from ``source``'s index to ``taker``'s: True for the one
         caller that moved it."""

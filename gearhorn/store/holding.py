@@ -21,7 +21,15 @@ from gearhorn.store.durability import Durability
 from gearhorn.store.fsync import ERRORS as BARRIER_ERRORS
 from gearhorn.store.gearmands import Gearmands
 from gearhorn.store.heldanswers import HeldAnswers
-from gearhorn.store.heldcopies import Fenced, HeldCopies, HeldCopy, key_of, record_key
+from gearhorn.store.heldcopies import (
+    WRAP,
+    Fenced,
+    HeldCopies,
+    HeldCopy,
+    key_of,
+    mark_of,
+    record_key,
+)
 from gearhorn.store.holders import Holders
 from gearhorn.store.lease import HolderLease
 from gearhorn.store.redisconn import REDIS_ERRORS
@@ -29,8 +37,11 @@ from gearhorn.store.takeover import Takeover
 
 log = logging.getLogger(__name__)
 
+Pending = tuple[str, str, int]  # a copy's queue, key and generation mark (modulo WRAP)
+
 AGAIN_EVERY = 1.0  # seconds before copies refused (or not handed) are handed again
 FORGET_EVERY = 0.05  # seconds an answered copy's record may wait to be dropped
+RETIRE_WITHIN = 3  # leases a fenced name's connections stay open for its taker at most
 NO_DURABILITY = Durability()
 
 
@@ -56,11 +67,12 @@ class HoldingClient:
         self._lock = threading.Lock()
         self._fencing = threading.Lock()  # one new name at a time
         self._answered: list[tuple[str, str]] = []
-        # (queue, key) of copies to hand again in a while: gearmand refused
-        # them, their write failed half-way, or their lease was not fresh
-        self._again: list[tuple[str, str]] = []
-        # (queue, key) of copies a bridge gave back, in order: handed again at once
-        self._given_back: list[tuple[str, str]] = []
+        # (queue, key, generation mark) of copies to hand again in a while:
+        # gearmand refused them, their write failed half-way, their lease was
+        # not fresh, or their job vanished; only if still at that generation
+        self._again: list[Pending] = []
+        # The same of copies a bridge gave back, in order: handed again at once
+        self._given_back: list[Pending] = []
         self._said_again = -60.0  # when the last warning of copies handed again went
         self._next_again = 0.0  # when copies waiting to go again are handed next
         # The copy's own unique, by the one gearmand was given, where that is
@@ -92,19 +104,25 @@ class HoldingClient:
         return self
 
     def stop(self) -> None:
-        """Stop handing copies and let go of those held: gearmand drops
-        their jobs, and this holder fences itself so that another takes
-        the records over at once (their jobs are gone: none is held twice)."""
+        """Stop handing copies and let go of those held: this holder fences
+        itself, so that another takes the records over at once, attaching
+        to the jobs still in gearmand; then it closes its connections (a
+        while later at most: gearmand drops what no taker attached to)."""
         self._stopping.set()
         self._wake.set()
         if self._thread.is_alive():
             self._thread.join(10)
         self.lease.stop()
-        self._close_all("stopping: another holder takes them over")
+        name, holders = self.holder_id, self.takeover.holders
         try:
-            self.takeover.holders.retire(self.holder_id)
+            holders.retire(name)
+            others = [h for h, ends in holders.leases().items() if h != name and ends > 0]
+            deadline = self._clock() + (self.lease.ttl if others else 0)
+            while self._clock() < deadline and holders.listed(name):
+                self._stopping.wait(0.1)
         except REDIS_ERRORS as exc:  # its lease ends by itself
-            log.warning("could not retire holder %s: %s", self.holder_id, exc)
+            log.warning("could not retire holder %s: %s", name, exc)
+        self._close_all("stopping: another holder takes them over")
 
     def submit_background(self, copies: Sequence[gearman.Copy],
                           precedence: str = "normal") -> int:
@@ -159,7 +177,7 @@ class HoldingClient:
 
     def _hand_later_all(self, held: Sequence[HeldCopy]) -> None:
         with self._lock:
-            self._again += [(c.queue, c.key) for c in held]
+            self._again += [(c.queue, c.key, c.generation % WRAP) for c in held]
 
     def hand(self, held: Sequence[HeldCopy], precedence: str | None = None,
              servers: Sequence[int | None] | None = None) -> None:
@@ -184,10 +202,11 @@ class HoldingClient:
     def _new_holder(self, index: int) -> Holder:
         conn, name = self.client.connections[index], self.holder_id
         return Holder(conn.host, conn.port, self._answered_by, self._lost_on(index, name),
-                      tls=self.tls, vanished=self._vanished)
+                      tls=self.tls, vanished=self._vanished, client_id=name)
 
     def _answered_by(self, copy: gearman.Copy, outcome: gearman.Outcome) -> None:
         held = (copy.function, key_of(copy.unique))
+        pending = (*held, mark_of(copy.unique))
         refused = outcome.status == "refused"  # its record stays: handed again in a while
         given_back = outcome.status == "exception" and outcome.data == GIVEN_BACK
         if refused:
@@ -197,9 +216,9 @@ class HoldingClient:
         with self._lock:
             own = self._own.pop(copy.unique, None) or held[1]
             if refused:
-                self._again.append(held)
+                self._again.append(pending)
             elif given_back:  # a bridge's client left it unacked: first in line again
-                self._given_back.append(held)
+                self._given_back.append(pending)
             else:
                 self._answered.append((copy.function, copy.unique))
             # A refused one is told at once (not after the fanout's timeout);
@@ -216,7 +235,7 @@ class HoldingClient:
         log.info("%d held copies vanished from gearmand unanswered: handed again",
                  len(copies))
         with self._lock:
-            self._again += [(c.function, key_of(c.unique)) for c in copies]
+            self._again += [(c.function, key_of(c.unique), mark_of(c.unique)) for c in copies]
         self._wake.set()
 
     def _lost_on(self, index: int, name: str) -> Callable[[list[gearman.Copy], str], None]:
@@ -241,14 +260,18 @@ class HoldingClient:
                 self._let_go_of(name)
 
     def _let_go_of(self, name: str) -> None:
-        holders = self.gearmands.let_go()
+        # Its connections stay open (gearmand would drop the jobs receivers
+        # are running, and their taker would hand them again) until its
+        # taker attached to their jobs; answers read meanwhile are still
+        # forgotten.
+        self.gearmands.retire(name, RETIRE_WITHIN * self.lease.ttl)
         with self._lock:
             self._again.clear()
             self._given_back.clear()
         log.warning("holder %s was taken for dead (paused, or cut off from Redis, for over "
-                    "its lease of %gs): its copies are another holder's now; it lets go of "
-                    "its gearmand connections and holds on as a new holder", name,
-                    self.lease.ttl)
+                    "its lease of %gs): its copies are another holder's now; it holds on as "
+                    "a new holder, and lets go of its old connections once they are taken "
+                    "over", name, self.lease.ttl)
         self.takeover.forget_all()
         self.lease.name = ""  # no copy is kept under a name until the new one
         try:
@@ -256,11 +279,8 @@ class HoldingClient:
         except REDIS_ERRORS as exc:
             log.warning("could not register again (%s): will try again", exc)
             self.lease.troubled()
-        for holder in holders:  # after the new name: their losses are not this one's
-            holder.close("fenced: taken for dead", expected=True)
-
     def _close_all(self, reason: str) -> None:
-        for holder in self.gearmands.let_go():
+        for holder in self.gearmands.let_go() + self.gearmands.retired():
             holder.close(reason, expected=True)
 
     # -- the thread -------------------------------------------------------------
@@ -291,6 +311,7 @@ class HoldingClient:
         self._hand_again()
         self.takeover.tick()
         self._hand_later()
+        self.gearmands.close_retired(self.takeover.holders.listed)
 
     def _forget(self) -> None:
         """Drop the records of answered copies, and wait for the fsync that
@@ -393,19 +414,20 @@ class HoldingClient:
                     "%d held copies handed again (refused by gearmand: a full queue?, "
                     "or not handed when written)", len(moved))
 
-    def _next_generation(self, pending: list[tuple[str, str]],
+    def _next_generation(self, pending: list[Pending],
                          precedence: str | None = None) -> list[HeldCopy]:
-        """The copies listed in ``pending`` (queue, key), emptied, that are
-        still this holder's, handed as their next generation; on an error
-        they stay listed."""
+        """The copies listed in ``pending``, emptied, that are still this
+        holder's at the generation listed (not handed again since), handed
+        as their next generation; on an error they stay listed."""
         with self._lock:
             wanted = pending[:]
             pending.clear()
         if not wanted:
             return []
-        name = self.holder_id
+        name, marks = self.holder_id, {(q, k): m for q, k, m in wanted}
         try:
-            mine = [c for c in self.store.find(wanted) if c.holder == name]
+            mine = [c for c in self.store.find([(q, k) for q, k, _ in wanted])
+                    if c.holder == name and c.generation % WRAP == marks[c.queue, c.key]]
             return self._hand_next(mine, name, precedence)
         except (*REDIS_ERRORS, *BARRIER_ERRORS):
             with self._lock:

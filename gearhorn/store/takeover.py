@@ -84,7 +84,8 @@ class Takeover:
                         self._pending.add(queue)
                     attached, again = self._take_queue(queue, me)
                     took, handed = took + attached + again, handed + again
-        if self.holders.drop(dead) or took:
+        self.holders.drop(dead)
+        if took:
             log.info("holder %s is gone: took over its %d held copies (%d still live in "
                      "gearmand, attached to; %d handed again)", dead, took, took - handed,
                      handed)
@@ -92,14 +93,17 @@ class Takeover:
     def _take_queue(self, queue: str, me: str) -> tuple[int, int]:
         """Every record in ``queue`` of a holder that is dead for good (fenced
         there first, so that it writes nothing more there): how many were
-        attached to live jobs, and how many handed again."""
+        attached to live jobs, and how many handed again. The queue stays
+        pending while some copy waits for its old owner's connection to go."""
         leases = self.holders.leases()
         dead = [h for h in self.store.owners(queue) if h != me and leases.get(h, FENCED) <= 0]
         fenced = self.store.fence(queue, dead)
         orphans = [c for c in self.store.records(queue) if c.holder in fenced]
-        attached = again = 0
+        attached = again = waiting = 0
+        connected: dict[int, set[str] | None] = {}
         for at in range(0, len(orphans), BATCH):
-            decided = self._decide(orphans[at:at + BATCH])
+            decided = [d for d in self._decide(orphans[at:at + BATCH], connected) if d[1] >= 0]
+            waiting += min(BATCH, len(orphans) - at) - len(decided)
             marks = self.holding.durability.marks()
             taken = self.store.take(queue, me, [(c, g) for c, g, _ in decided])
             self.holding.durability.wait(marks)  # on disk before it is handed
@@ -112,20 +116,26 @@ class Takeover:
                     self._taken[(queue, copy.key)] = (home, copy.handed().unique)
             live = sum(1 for at_server in servers if at_server is not None)
             attached, again = attached + live, again + len(taken) - live
-        with self._lock:
-            self._pending.discard(queue)
+        if not waiting:
+            with self._lock:
+                self._pending.discard(queue)
         return attached, again
 
-    def _decide(self, copies: Sequence[HeldCopy]) -> list[tuple[HeldCopy, int, int | None]]:
-        """Each copy's generation to hand, and the server to hand it to
-        (None: its home), from what gearmand says of its job:
+    def _decide(self, copies: Sequence[HeldCopy], connected: dict[int, set[str] | None]
+                ) -> list[tuple[HeldCopy, int, int | None]]:
+        """Each copy's generation to hand (-1: not now), and the server to
+        hand it to (None: its home), from what gearmand says of its job:
 
         - known with a client waiting (its holder's open connection): the
           same generation, to that server: the taker attaches to the job;
         - known with none (abandoned: gearmand would free it unrun and
           strand what attaches to it): the next generation;
-        - unknown (answered, or freed): the same generation again, with
-          which a zombie's late hand coalesces.
+        - unknown while its old owner still has a connection to its home:
+          it was answered, and that owner drops the record (or is paused,
+          its answer unread): not now;
+        - unknown otherwise (freed unrun, or answered to a connection gone
+          with its answer): the same generation again, with which a
+          zombie's late hand coalesces.
         """
         uniques = [c.handed().unique for c in copies]
         said = self.holding.gearmands.status(uniques)
@@ -137,9 +147,21 @@ class Takeover:
                 decided.append((copy, copy.generation, live[0]))
             elif any(known for _, (known, _) in found):
                 decided.append((copy, copy.generation + 1, None))
+            elif self._still_connected(copy, connected):
+                decided.append((copy, -1, None))
             else:
                 decided.append((copy, copy.generation, None))
         return decided
+
+    def _still_connected(self, copy: HeldCopy, connected: dict[int, set[str] | None]) -> bool:
+        """Has the copy's old owner a connection open to some gearmand (the
+        copy may have gone to any while its home was away)?"""
+        for index in range(len(self.holding.client.connections)):
+            if index not in connected:
+                connected[index] = self.holding.gearmands.connected(index)
+            if copy.holder in (connected[index] or ()):
+                return True
+        return False
 
     def _verify_some(self) -> None:
         """Ask after some taken copies, in turn: one attached to a job in
