@@ -5,20 +5,18 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import TYPE_CHECKING
 
 from gearhorn import gearman
-
-if TYPE_CHECKING:
-    from gearhorn.store.holding import HoldingClient
 
 
 class HeldAnswers:
     """The answers a foreground fanout waits for, one per held copy (its
     queue and record key), in the order the copies came."""
 
-    def __init__(self, holding: HoldingClient, keys: list[tuple[str, str]]) -> None:
-        self.holding, self.keys = holding, keys
+    def __init__(self, waiting: dict[tuple[str, str], HeldAnswers], lock: threading.Lock,
+                 keys: list[tuple[str, str]]) -> None:
+        # The holder's waiting fanouts by copy, and the lock that guards them
+        self._waiting, self._lock, self.keys = waiting, lock, keys
         self._outcomes: dict[tuple[str, str], gearman.Outcome] = {}
         self._settled = threading.Condition()
 
@@ -44,7 +42,7 @@ class HeldAnswers:
 
     def let_go(self) -> None:
         """Answers that come from now on are not waited for."""
-        with self.holding._lock:
+        with self._lock:
             for key in self.keys:
-                if self.holding._waiting.get(key) is self:
-                    del self.holding._waiting[key]
+                if self._waiting.get(key) is self:
+                    del self._waiting[key]

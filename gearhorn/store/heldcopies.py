@@ -156,10 +156,10 @@ class HeldCopies:
         (its fanout ran before) is held already and left out. Raises
         Fenced when a holder of theirs is fenced in one of their queues."""
         calls: list[ScriptCall] = []
-        by_queue = _by_queue(copies)
+        by_queue = _by_queue(copies, by_holder=True)
         heads: dict[tuple[str, str], bytes] = {}  # a batch has one holder, few precedences
-        for queue, some in by_queue.items():  # one call a queue: a batch has many
-            args: list[object] = ["keep", some[0].holder]
+        for (queue, holder), some in by_queue.items():  # a call a queue: a batch has many
+            args: list[object] = ["keep", holder]
             for copy in some:
                 head = heads.get((copy.holder, copy.precedence))
                 if head is None:
@@ -296,10 +296,11 @@ def _fenced_or(exc: redis.ResponseError) -> Exception:
     return Fenced(str(exc)) if str(exc).startswith("FENCED") else exc
 
 
-def _by_queue(copies: Sequence[HeldCopy]) -> dict[str, list[HeldCopy]]:
-    found: dict[str, list[HeldCopy]] = {}
+def _by_queue(copies: Sequence[HeldCopy], by_holder: bool = False) -> dict:
+    """``copies`` by queue (and holder: a call writes for one)."""
+    found: dict = {}
     for copy in copies:
-        found.setdefault(copy.queue, []).append(copy)
+        found.setdefault((copy.queue, copy.holder) if by_holder else copy.queue, []).append(copy)
     return found
 
 

@@ -137,7 +137,8 @@ class HoldingClient:
         answers come with :meth:`HeldAnswers.wait`. One not answered in time
         stays held, as safe as a background one, and goes to its receiver later."""
         self._forget()  # a copy tried again was answered: its old record goes first
-        answers = HeldAnswers(self, [(c.function, record_key(c.unique)) for c in copies])
+        answers = HeldAnswers(self._waiting, self._lock,
+                              [(c.function, record_key(c.unique)) for c in copies])
         with self._lock:
             self._waiting.update(dict.fromkeys(answers.keys, answers))
         try:
@@ -260,10 +261,8 @@ class HoldingClient:
                 self._let_go_of(name)
 
     def _let_go_of(self, name: str) -> None:
-        # Its connections stay open (gearmand would drop the jobs receivers
-        # are running, and their taker would hand them again) until its
-        # taker attached to their jobs; answers read meanwhile are still
-        # forgotten.
+        # Its connections stay open until its taker attached to their jobs
+        # (closed, they would let gearmand drop the jobs receivers run).
         self.gearmands.retire(name, RETIRE_WITHIN * self.lease.ttl)
         with self._lock:
             self._again.clear()

@@ -8,14 +8,15 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
-from typing import TYPE_CHECKING
+from typing import Protocol
 
+from gearhorn import gearman
+from gearhorn.store.durability import Durability
+from gearhorn.store.gearmands import Gearmands
 from gearhorn.store.heldcopies import HeldCopies, HeldCopy
 from gearhorn.store.holders import FENCED, Holders
+from gearhorn.store.lease import HolderLease
 from gearhorn.store.redisutil import text
-
-if TYPE_CHECKING:
-    from gearhorn.store.holding import HoldingClient
 
 log = logging.getLogger(__name__)
 
@@ -25,11 +26,23 @@ VERIFY_EACH = 500  # taken copies asked after per look, in turn, until answered
 WALK_EACH = 100  # <p>owners:* keys looked at per look (the backstop walk)
 
 
+class Holding(Protocol):
+    """What a takeover uses of its holder (gearhorn/store/holding.py)."""
+
+    client: gearman.Client
+    lease: HolderLease
+    gearmands: Gearmands
+    durability: Durability
+
+    def hand(self, held: Sequence[HeldCopy], precedence: str | None = None,
+             servers: Sequence[int | None] | None = None) -> None: ...
+
+
 class Takeover:
     """One holder's part in taking over from the dead: judging, taking
     their queues one at a time, and asking after what it took."""
 
-    def __init__(self, holding: HoldingClient, holders: Holders, store: HeldCopies,
+    def __init__(self, holding: Holding, holders: Holders, store: HeldCopies,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.holding, self.holders, self.store = holding, holders, store
         self._clock = clock

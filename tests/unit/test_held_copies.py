@@ -8,7 +8,7 @@ import fakeredis
 import pytest
 
 from gearhorn.rules.naming import header_id_of
-from gearhorn.store.heldcopies import HeldCopies, HeldCopy, key_of
+from gearhorn.store.heldcopies import Fenced, HeldCopies, HeldCopy, key_of
 from gearhorn.store.keys import Keys
 
 pytestmark = pytest.mark.timeout(30)
@@ -48,66 +48,75 @@ def test_a_holders_copies_are_found_queue_by_queue_and_only_its_own(store):
                 HeldCopy("q1", "m2", b"c", "w2")])
     assert sorted((c.queue, c.unique) for c in store.held_by("w1")) == [("q1", "m1"),
                                                                         ("q2", "m1")]
-    assert store.holders() == ["w1", "w2"]
-    store.keep([HeldCopy("q1", "m1", b"a", "w1", generation=4)])
-    store.forget([("q1", "m1^4")])  # an answer names its generation
+    assert store.queues_of("w1") == ["q1", "q2"] and store.owners("q1") == {"w1": 0, "w2": 0}
+    store.forget([("q1", "m1^0")])  # an answer names its generation
     assert store.count("q1") == 1 and [c.unique for c in store.held_by("w1")] == ["m1"]
-
-
-def alive(*ids):
-    """``claim``'s question: is this claimer alive now?"""
-    return set(ids).__contains__
-
-
-def test_a_takeover_hands_the_next_generation_and_retires_the_dead_holder(store):
-    store.keep([HeldCopy("q1", "m1", b"a", "dead", "low", 2)])
-    assert store.claim("dead", "alive", alive("alive", "other"))
-    assert not store.claim("dead", "other", alive("alive", "other"))  # one taker at a time
-    [moved] = store.hand_over(list(store.held_by("dead")), "alive")
-    store.retire("dead")
-    assert (moved.holder, moved.generation, moved.precedence) == ("alive", 3, "low")
-    assert list(store.held_by("dead")) == [] and store.holders() == ["alive"]
-    [kept] = list(store.held_by("alive"))
-    assert kept == moved  # written before it is handed: a second loss goes to 4
-
-
-def test_a_claim_ends_with_its_claimer_not_only_with_its_time(store):
-    """A claimer killed mid-takeover (a power cut takes the whole node)
-    leaves its claim behind, good for a minute: the copies it was taking
-    over must not wait for that minute, nor be taken twice meanwhile."""
-    assert store.claim("dead", "w1", alive("w1"))
-    assert not store.claim("dead", "w2", alive("w1", "w2"))  # w1 is alive: still its claim
-    assert store.claim("dead", "w1", alive("w1", "w2"))  # its own claim, again after an error
-    assert store.claim("dead", "w2", alive("w2"))  # w1 died with its claim: w2 takes it
-    assert not store.claim("dead", "w3", alive("w2", "w3"))
-    store.redis.set(store.keys.taking_over("old"), "1", ex=60)  # an older version's claim
-    assert store.claim("old", "w2", alive("w2"))
 
 
 def test_a_copy_kept_again_is_not_handed_again_its_holder_has_it(store):
     """A fanout run again (a producer's retry, or a replay after its worker
     died) keeps the same copies: each is held already, by its holder or by
     whoever takes over from it, so it goes out once, as gearmand's
-    coalescing did, and never under a unique handed out before."""
+    coalescing did."""
     [first] = store.keep([HeldCopy("q", "m1:alice", b"a", "dead")])
     assert first.generation == 0 and first.handed().unique == "m1:alice^0"
     assert [c.unique for c in store.keep([HeldCopy("q", "m1:alice", b"a", "w2"),
                                           HeldCopy("q", "m2:alice", b"b", "w2")])] == [
         "m2:alice"]
-    [taken] = store.hand_over(list(store.held_by("dead")), "w3")
-    assert (taken.unique, taken.generation, taken.holder) == ("m1:alice", 1, "w3")
-    # a hand-over never goes under a generation that was handed out already
-    [later] = store.hand_over([first.again("dead")], "w4")  # read before w3's hand-over
-    assert later.generation == 2
 
 
-def test_a_copy_answered_before_its_hand_over_is_not_handed_again(store):
-    store.keep([HeldCopy("q", "m1", b"a", "dead"), HeldCopy("q", "m2", b"b", "dead")])
-    found = list(store.held_by("dead"))
-    store.forget([("q", "m1^0")])  # answered while the taker read the records
-    moved = store.hand_over(found, "alive")
-    assert [(c.unique, c.generation) for c in moved] == [("m2", 1)]
+def test_a_holder_hands_again_only_what_is_still_its_own_at_that_generation(store):
+    store.keep([HeldCopy("q", "m1", b"a", "w1"), HeldCopy("q", "m2", b"b", "w1"),
+                HeldCopy("q", "m3", b"c", "w2")])
+    found = {c.unique: c for c in store.records("q")}
+    [again] = store.hand_again([found["m1"]], "w1")
+    assert (again.generation, again.holder) == (1, "w1")
+    # read before that hand again: its generation is gone, so is w2's copy
+    assert store.hand_again([found["m1"], found["m3"]], "w1") == []
+    store.forget([("q", "m2^0")])  # answered meanwhile
+    assert store.hand_again([found["m2"]], "w1") == []
+
+
+def test_an_answer_to_an_older_generation_leaves_a_copy_handed_again_since(store):
+    [copy] = store.keep([HeldCopy("q", "m1", b"a", "w1")])
+    store.hand_again([copy], "w1")  # now at generation 1
+    store.forget([("q", "m1^0")])
     assert store.count("q") == 1
+    store.forget([("q", "m1^2")])  # a later one (the write of 2 was lost): it goes
+    assert store.count("q") == 0
+
+
+def test_a_fenced_holder_writes_nothing_more_in_that_queue(store):
+    [copy] = store.keep([HeldCopy("q", "m1", b"a", "zombie")])
+    assert store.fence("q", ["zombie"]) == {"zombie"}
+    with pytest.raises(Fenced):
+        store.keep([HeldCopy("q", "m2", b"b", "zombie")])
+    with pytest.raises(Fenced):
+        store.hand_again([copy], "zombie")
+    store.keep([HeldCopy("other", "m2", b"b", "zombie")])  # elsewhere it may, until fenced
+    assert store.count("q") == 1
+
+
+def test_a_taker_takes_a_record_only_from_a_fenced_owner_as_it_read_it(store):
+    store.keep([HeldCopy("q", "m1", b"a", "dead"), HeldCopy("q", "m2", b"b", "alive")])
+    found = {c.unique: c for c in store.records("q")}
+    assert store.take("q", "taker", [(found["m1"], 0)]) == []  # not fenced yet
+    store.fence("q", ["dead"])
+    store.forget([("q", "m1^0")])
+    assert store.take("q", "taker", [(found["m1"], 0), (found["m2"], 1)]) == []
+    store.keep([HeldCopy("q", "m3", b"c", "dead2")])
+    store.fence("q", ["dead2"])
+    [taken] = store.take("q", "taker", [(next(c for c in store.records("q")
+                                              if c.unique == "m3"), 1)])
+    assert (taken.holder, taken.generation, taken.data) == ("taker", 1, b"c")
+    assert store.records("q") and store.owners("q")["taker"] == 0
+
+
+def test_the_owners_of_a_queue_go_with_its_last_record(store):
+    store.keep([HeldCopy("q", "m1", b"a", "w1")])
+    store.fence("q", ["w0"])
+    store.forget([("q", "m1^0")])
+    assert store.owners("q") == {}
 
 
 def test_a_long_unique_that_names_its_headers_keeps_them_when_held():

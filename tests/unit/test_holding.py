@@ -11,7 +11,8 @@ import pytest
 from gearhorn import gearman
 from gearhorn.rules.naming import GIVEN_BACK
 from gearhorn.store import holding
-from gearhorn.store.heldcopies import HeldCopies, HeldCopy
+from gearhorn.store.heldcopies import HeldCopies
+from gearhorn.store.holders import Holders
 from gearhorn.store.keys import Keys
 
 pytestmark = pytest.mark.timeout(30)
@@ -22,7 +23,7 @@ class FakeHolder:
 
     made: list[FakeHolder] = []
 
-    def __init__(self, host, port, answered, on_lost, tls=None):
+    def __init__(self, host, port, answered, on_lost, tls=None, vanished=None, client_id=""):
         self.port, self.answered, self.on_lost = port, answered, on_lost
         self.handed: list[tuple[str, str]] = []  # (unique, precedence)
         self.broken = ""
@@ -55,8 +56,11 @@ def holder(monkeypatch):
     monkeypatch.setattr(holding, "Holder", FakeHolder)
 
     def make(ports=(1,), home=0):
-        return holding.HoldingClient(FakeClient(ports, home), HeldCopies(fakeredis.FakeRedis(),
-                                     Keys()), "w1", alive=lambda: ["w1"])
+        redis = fakeredis.FakeRedis()
+        held = holding.HoldingClient(FakeClient(ports, home), HeldCopies(redis, Keys()),
+                                     Holders(redis, Keys()), "w1", ttl=6, interval=2)
+        held.lease.register()
+        return held
     return make
 
 
@@ -91,10 +95,10 @@ def test_an_answer_other_than_given_back_forgets_the_copy(holder):
 
 def test_while_a_copys_home_is_away_it_goes_to_a_server_that_is_up(holder):
     held = holder(ports=(1, 2), home=0)
-    held._lost.add(0)  # the home server's connection broke
+    held.gearmands.lose(0)  # the home server's connection broke
     held.submit_background(copies("m1:alice"))
     assert [(h.port, h.handed) for h in FakeHolder.made] == [(2, [("m1:alice^0", "normal")])]
-    held._lost.add(1)  # every server away: the copy waits in Redis
+    held.gearmands.lose(1)  # every server away: the copy waits in Redis
     held.submit_background(copies("m2:alice"))
     assert sum(len(h.handed) for h in FakeHolder.made) == 1
     assert held.store.count("news_alice") == 2
@@ -102,9 +106,10 @@ def test_while_a_copys_home_is_away_it_goes_to_a_server_that_is_up(holder):
 
 def test_a_server_back_gets_only_the_copies_no_connection_holds(holder):
     held = holder(ports=(1, 2), home=0)
-    held._lost.update({0, 1})
+    held.gearmands.lose(0)
+    held.gearmands.lose(1)
     held.submit_background(copies("m1:alice"))  # waits: nobody is up
-    held._lost.discard(1)
+    held.gearmands.lost.discard(1)
     held.submit_background(copies("m2:alice"))  # to server 2, while 1 is away
     held._hand_again()  # server 1 takes a connection again
     back = [h for h in FakeHolder.made if h.port == 1]
@@ -183,29 +188,4 @@ def test_a_held_foreground_copy_gearmand_refuses_is_told_at_once_and_stays_held(
     assert (outcome.status, outcome.reason) == ("refused", "queue full")
     held._forget()
     assert held.store.count("news_alice") == 1  # handed again in a while
-    assert held._again == [("news_alice", "m1:alice")]
-
-
-def test_a_takeover_waits_for_its_own_heartbeat_and_respects_a_live_claim(monkeypatch):
-    """Two processes of a pool started after a crash both look for dead
-    holders. One that claimed must be seen alive by the other, however
-    late the other read who is alive, or both hand the copies (each
-    delivered twice)."""
-    FakeHolder.made = []
-    monkeypatch.setattr(holding, "Holder", FakeHolder)
-    store = HeldCopies(fakeredis.FakeRedis(), Keys())
-    store.keep([HeldCopy("news_alice", "m1:alice", b"x", "dead")])
-    seen = [[]]  # who is alive, as each call finds it
-
-    def alive():
-        return seen.pop(0) if len(seen) > 1 else seen[0]
-    held = holding.HoldingClient(FakeClient((1,)), store, "w1", alive=alive)
-    held._take_over_dead(0.0)  # no heartbeat of its own yet: no claim either
-    assert FakeHolder.made == [] and [c.holder for c in store.held_by("dead")] == ["dead"]
-    assert store.claim("dead", "w2", lambda who: who == "w2")  # w2 beat, then claimed
-    seen[:] = [["w1"], ["w1", "w2"]]  # w1's first look missed w2's heartbeat
-    held._take_over_dead(0.0)
-    assert FakeHolder.made == [] and store.holders() == ["dead"]  # w2's to hand
-    seen[:] = [["w1"]]  # w2 died mid-takeover: its claim is void
-    held._take_over_dead(0.0)
-    assert [c.holder for c in store.held_by("w1")] == ["w1"]
+    assert held._again == [("news_alice", "m1:alice", 0)]

@@ -4,6 +4,7 @@
 import pytest
 
 from gearhorn.store.heldcopies import HeldCopies
+from gearhorn.store.holders import Holders
 from gearhorn.store.keys import Keys
 from gearhorn.supervision import queueupgrade
 from gearhorn.supervision.queueupgrade import UPGRADE_HOLDER, move_to_held, split_key
@@ -51,8 +52,9 @@ def test_every_queued_job_becomes_a_held_copy_and_leaves_the_queue(fake_redis):
     assert move_to_held(fake_redis, store, KEYS, dashed, lambda: synced.append(1)) == 4
     assert fake_redis.keys(b"_gear_-*") == [] and fake_redis.keys(b"t:held:*") == []
     assert synced, "the queue's keys went before an fsync covered the records"
-    held = {(c.queue, c.unique, c.data, c.precedence)
-            for c in store.held_by(UPGRADE_HOLDER)}
+    (holder,) = Holders(fake_redis, KEYS).leases()  # never registered: taken over at once
+    assert holder.startswith(UPGRADE_HOLDER)
+    held = {(c.queue, c.unique, c.data, c.precedence) for c in store.held_by(holder)}
     assert held == {("news_alice", "m1:alice", b"fine", "normal"),
                     ("price-feed_alice", "m1:alice", b"dashed", "high"),
                     ("news_carol", "m2:carol", b"a\0b", "low"),
