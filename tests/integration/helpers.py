@@ -101,7 +101,7 @@ class PoolProcess(ChildProcess):
                 "GEARHORN_FANOUT_TIMEOUT": "20"}
 
     def __init__(self, gearman_servers, redis_url, processes=2, log_dir=None, extra=(),
-                 tls=None, env=None):
+                 tls=None, env=None, log_name="pool.log"):
         self.gearman_servers = list(gearman_servers)
         self.tls = tls  # gearman.TlsFiles of the servers; the pool reads its own from env
         self.redis_url = redis_url
@@ -111,17 +111,22 @@ class PoolProcess(ChildProcess):
         for server in self.gearman_servers:
             argv += ["--gearman", server.address]
         super().__init__(argv + list(extra),
-                         os.path.join(log_dir, "pool.log") if log_dir else os.devnull,
+                         os.path.join(log_dir, log_name) if log_dir else os.devnull,
                          env={**self.SETTINGS, **(env or {})})
 
     def live(self):
         return self.registry.live_workers()
 
+    def own_pids(self):
+        """The pids of this pool's worker processes (its children)."""
+        return [int(info["pid"]) for info in self.live().values()
+                if "pid" in info and _parent_of(int(info["pid"])) == self.process.pid]
+
     def wait_ready(self, timeout=60.0):
         def ready():
             if self.process.poll() is not None:
                 raise AssertionError(f"pool exited early:\n{self.log()}")
-            if len(self.live()) < self.processes:
+            if len(self.own_pids()) < self.processes:  # another pool's do not count
                 return False
             for server in self.gearman_servers:
                 table = {f.name: f for f in gearman.status(server.host, server.port,
@@ -131,6 +136,14 @@ class PoolProcess(ChildProcess):
             return True
         wait_for(ready, timeout, message="worker pool ready")
         return self
+
+
+def _parent_of(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as fp:
+            return int(fp.read().rpartition(")")[2].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 class _WakingClient(gear.Client):
