@@ -118,15 +118,21 @@ class PoolProcess(ChildProcess):
         return self.registry.live_workers()
 
     def own_pids(self):
-        """The pids of this pool's worker processes (its children)."""
-        return [int(info["pid"]) for info in self.live().values()
-                if "pid" in info and _parent_of(int(info["pid"])) == self.process.pid]
+        """The pids of this pool's worker processes (its children that
+        multiprocessing spawned, not its resource tracker)."""
+        found = []
+        for entry in os.listdir("/proc"):
+            if entry.isdigit() and _parent_of(int(entry)) == self.process.pid:
+                with contextlib.suppress(OSError), open(f"/proc/{entry}/cmdline", "rb") as fp:
+                    if b"spawn_main" in fp.read():
+                        found.append(int(entry))
+        return found
 
     def wait_ready(self, timeout=60.0):
         def ready():
             if self.process.poll() is not None:
                 raise AssertionError(f"pool exited early:\n{self.log()}")
-            if len(self.own_pids()) < self.processes:  # another pool's do not count
+            if len(self.live()) < self.processes:
                 return False
             for server in self.gearman_servers:
                 table = {f.name: f for f in gearman.status(server.host, server.port,
