@@ -179,9 +179,9 @@ class Gearmands:
         with self._lock:
             self._retiring.append((name, holders, self._clock() + within))
 
-    def close_retired(self, listed: Callable[[str], bool]) -> None:
+    def close_retired(self, listed: Callable[[str], bool]) -> bool:
         """Close the retiring connections of each name no longer ``listed``
-        (all taken over), or whose time ran out."""
+        (all taken over), or whose time ran out; whether any closed."""
         now = self._clock()
         with self._lock:
             retiring = list(self._retiring)
@@ -191,6 +191,7 @@ class Gearmands:
         for _, holders, _ in due:
             for holder in holders:
                 holder.close("fenced: its copies were taken over", expected=True)
+        return bool(due)
 
     def retired(self) -> list[Holder]:
         """Every retiring connection, to be closed now (a stop)."""

@@ -310,7 +310,8 @@ class HoldingClient:
         self._hand_again()
         self.takeover.tick()
         self._hand_later()
-        self.gearmands.close_retired(self.takeover.holders.listed)
+        if self.gearmands.close_retired(self.takeover.holders.listed):
+            self._forget()  # what they read last: before a taker hands those again
 
     def _forget(self) -> None:
         """Drop the records of answered copies, and wait for the fsync that

@@ -52,6 +52,10 @@ class Takeover:
         # Taken copies not yet answered: (queue, key) -> (server, handed unique)
         self._taken: OrderedDict[tuple[str, str], tuple[int, str]] = OrderedDict()
         self._walker: Iterator | None = None
+        # Old owners first seen with no connection left, by name: their
+        # unknown copies go again one look later, once what they read
+        # last is forgotten (they forget, then close)
+        self._gone: dict[str, float] = {}
 
     def tick(self) -> None:
         """A look, once every TAKEOVER_EVERY: nobody is judged while this
@@ -85,6 +89,7 @@ class Takeover:
         with self._lock:
             self._pending.clear()
             self._taken.clear()
+            self._gone.clear()
 
     def _take_holder(self, dead: str, me: str) -> None:
         took = handed = 0
@@ -168,13 +173,19 @@ class Takeover:
 
     def _still_connected(self, copy: HeldCopy, connected: dict[int, set[str] | None]) -> bool:
         """Has the copy's old owner a connection open to some gearmand (the
-        copy may have gone to any while its home was away)?"""
+        copy may have gone to any while its home was away), or did it close
+        its last less than a look ago?"""
         for index in range(len(self.holding.client.connections)):
             if index not in connected:
                 connected[index] = self.holding.gearmands.connected(index)
             if copy.holder in (connected[index] or ()):
+                self._gone.pop(copy.holder, None)
                 return True
-        return False
+        now = self._clock()
+        if len(self._gone) > 1000:  # dead names pile up no further
+            self._gone = {h: t for h, t in self._gone.items() if now - t < 60}
+        gone = self._gone.setdefault(copy.holder, now)
+        return now - gone < TAKEOVER_EVERY
 
     def _verify_some(self) -> None:
         """Ask after some taken copies, in turn: one attached to a job in
