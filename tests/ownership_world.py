@@ -93,7 +93,7 @@ class Process:
     def connections(self) -> list[ModelHolder]:
         gearmands = self.holding.gearmands
         return [*gearmands._holders.values(),
-                *(h for _, holders, _ in gearmands._retiring for h in holders)]
+                *(h for _, holders in gearmands._retiring for h in holders)]
 
     def runs(self) -> bool:
         return self.alive and not self.paused

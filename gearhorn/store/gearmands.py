@@ -33,8 +33,8 @@ class Gearmands:
         # handed to its new connection meanwhile (not to be handed twice).
         self._fresh: dict[int, set[str]] = {}
         # A fenced name's connections, open until its taker attached to their
-        # jobs: (name, connections, when to close them anyway)
-        self._retiring: list[tuple[str, list[Holder], float]] = []
+        # jobs: (name, connections)
+        self._retiring: list[tuple[str, list[Holder]]] = []
 
     def hold(self, home: int, jobs: Sequence[gearman.Copy], precedence: str) -> bool:
         """``jobs`` to ``home``, or the next server up while it is lost; False
@@ -172,23 +172,24 @@ class Gearmands:
             self._rerouted.clear()
             return holders
 
-    def retire(self, name: str, within: float) -> None:
+    def retire(self, name: str) -> None:
         """Every connection leaves, to be closed once ``name`` was taken over
-        (:meth:`close_retired`) or ``within`` seconds from now."""
+        (:meth:`close_retired`): until then their jobs stay runnable, and
+        their answers are read. A name is taken over within a lease or so,
+        by its own process's new name if by no other."""
         holders = self.let_go()
         with self._lock:
-            self._retiring.append((name, holders, self._clock() + within))
+            self._retiring.append((name, holders))
 
     def close_retired(self, listed: Callable[[str], bool]) -> bool:
         """Close the retiring connections of each name no longer ``listed``
-        (all taken over), or whose time ran out; whether any closed."""
-        now = self._clock()
+        (all taken over); whether any closed."""
         with self._lock:
             retiring = list(self._retiring)
-        due = [r for r in retiring if now >= r[2] or not listed(r[0])]
+        due = [r for r in retiring if not listed(r[0])]
         with self._lock:
             self._retiring = [r for r in self._retiring if r not in due]
-        for _, holders, _ in due:
+        for _, holders in due:
             for holder in holders:
                 holder.close("fenced: its copies were taken over", expected=True)
         return bool(due)
@@ -197,4 +198,4 @@ class Gearmands:
         """Every retiring connection, to be closed now (a stop)."""
         with self._lock:
             retiring, self._retiring = self._retiring, []
-        return [holder for _, holders, _ in retiring for holder in holders]
+        return [holder for _, holders in retiring for holder in holders]

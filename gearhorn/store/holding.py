@@ -41,7 +41,6 @@ Pending = tuple[str, str, int]  # a copy's queue, key and generation mark (modul
 
 AGAIN_EVERY = 1.0  # seconds before copies refused (or not handed) are handed again
 FORGET_EVERY = 0.05  # seconds an answered copy's record may wait to be dropped
-RETIRE_WITHIN = 3  # leases a fenced name's connections stay open for its taker at most
 NO_DURABILITY = Durability()
 
 
@@ -263,7 +262,7 @@ class HoldingClient:
     def _let_go_of(self, name: str) -> None:
         # Its connections stay open until its taker attached to their jobs
         # (closed, they would let gearmand drop the jobs receivers run).
-        self.gearmands.retire(name, RETIRE_WITHIN * self.lease.ttl)
+        self.gearmands.retire(name)
         with self._lock:
             self._again.clear()
             self._given_back.clear()

@@ -24,6 +24,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections import Counter
 
@@ -125,18 +126,19 @@ def publish_held(plain, topic, count):
     return acked
 
 
-def drain_and_count(plain, topic, acked):
-    """Every subscriber's queue drained until nothing is held; (missing,
-    received twice, records left), over the three subscribers."""
-    missing, twice = 0, 0
+def drain_and_count(plain, topic, acked, taken=None):
+    """Every subscriber's queue drained until nothing is held, on top of
+    what receivers ``taken`` ((subscriber, id) -> times); (missing, received
+    twice, records left, every (subscriber, id)'s count)."""
+    got = Counter(taken or {})
     for who in SUBSCRIBERS:
         queue = f"{topic}_{who}"
-        got = Counter(j.data.decode() for j in drain_jobs(
+        got.update((who, j.data.decode()) for j in drain_jobs(
             plain.gearmand, queue, timeout=120, until=nothing_held(plain.redis_url, queue)))
-        missing += len(acked - set(got))
-        twice += sum(n - 1 for n in got.values() if n > 1)
+    missing = sum(1 for who in SUBSCRIBERS for m in acked if not got[(who, m)])
+    twice = sum(n - 1 for n in got.values() if n > 1)
     left = sum(HeldCopies(plain.client, Keys()).count(f"{topic}_{w}") for w in SUBSCRIBERS)
-    return missing, twice, left
+    return missing, twice, left, got
 
 
 def records_of(plain, topic, worker_id):
@@ -158,30 +160,86 @@ def worker_id_of(pool, pid):
     return next(w for w, info in pool.live().items() if int(info["pid"]) == pid)
 
 
-def test_a_worker_paused_past_its_lease_hands_nothing_twice(plain, tmp_path, report):
+class Receivers:
+    """A Gearman worker taking every subscriber's copies, one at a time at a
+    steady pace, while a fault happens: when each (subscriber, id) was
+    first taken, and how often."""
+
+    def __init__(self, plain, topic):
+        self.queues = {f"{topic}_{who}": who for who in SUBSCRIBERS}
+        self.first: dict[tuple[str, str], float] = {}
+        self.got: Counter = Counter()
+        self.stopping = threading.Event()
+        self.worker = gearman.WorkerConnection(plain.gearmand.host, plain.gearmand.port,
+                                               list(self.queues), "tests-receivers")
+        self.worker.open()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self):
+        while not self.stopping.wait(0.02):  # a pace: a receiver that works on each copy
+            for job in self.worker.grab(1):
+                taken = (self.queues[job.function], job.data.decode())
+                self.first.setdefault(taken, time.monotonic())
+                self.got[taken] += 1
+                self.worker.complete(job.handle)
+
+    def stop(self):
+        self.stopping.set()
+        self.thread.join(30)
+        self.worker.close()
+
+
+@pytest.mark.parametrize("fault,consuming", [("pause", False), ("pause", True),
+                                             ("kill", True)])
+def test_a_worker_paused_or_killed_hands_twice_only_what_was_taken_before(
+        plain, tmp_path, report, fault, consuming):
+    """Paused (SIGSTOP) past its lease and resumed, or killed (-9): with
+    nothing consumed meanwhile, nothing comes twice; with receivers taking
+    copies all along, a copy comes twice only if a receiver had taken it
+    before the fault (it ran when its holder died)."""
     first, second = two_pools(plain, tmp_path)
-    topic = unique_topic("pause")
+    topic = unique_topic(fault)
+    receivers = None
     try:
         acked = publish_held(plain, topic, 200)
         (victim,) = first.own_pids()
         victim_id = worker_id_of(first, victim)
         held = records_of(plain, topic, victim_id)
-        os.kill(victim, signal.SIGSTOP)
-        try:  # paused until the other pool has taken over what it held
+        receivers = Receivers(plain, topic) if consuming else None
+        wait_for(lambda: receivers is None or len(receivers.got) >= 20, 60,
+                 message="receivers at work")
+        struck = time.monotonic()
+        os.kill(victim, signal.SIGSTOP if fault == "pause" else signal.SIGKILL)
+        try:  # until the other pool has taken over what it held
             wait_for(lambda: records_of(plain, topic, victim_id) == 0, 60, interval=0.2,
-                     message="the paused worker's copies taken over")
+                     message="the worker's copies taken over")
         finally:
-            os.kill(victim, signal.SIGCONT)
-        wait_for(lambda: victim_id in first.live(), 30, message="the paused worker back")
-        wait_redis_time(plain, 2 * TTL, "the resumed worker told it was fenced")
-        missing, twice, left = drain_and_count(plain, topic, acked)
+            if fault == "pause":
+                os.kill(victim, signal.SIGCONT)
+        if fault == "pause":
+            wait_for(lambda: victim_id in first.live(), 30, message="the paused worker back")
+        wait_redis_time(plain, 2 * TTL, "the fault to settle (a resumed worker fenced)")
+        if receivers is not None:
+            receivers.stop()
+        missing, twice, left, got = drain_and_count(plain, topic, acked,
+                                                    receivers.got if receivers else None)
     finally:
+        if receivers is not None:
+            receivers.stop()
         first.stop()
         second.stop()
-    report(f"held copies, a worker paused past its lease: {len(acked)} acknowledged "
-           f"({held} of the {3 * len(acked)} copies held by the paused one), {missing} missing, "
-           f"{twice} received twice, {left} records left")
-    assert (missing, twice, left) == (0, 0, 0), first.log() + second.log()
+    again = {k for k, n in got.items() if n > 1}
+    taken_before = {k for k in again if receivers and receivers.first.get(k, 1e18) < struck}
+    report(f"held copies, a worker {'paused past its lease' if fault == 'pause' else 'killed'}"
+           f"{', receivers consuming' if consuming else ''}: {len(acked)} acknowledged "
+           f"({held} of the {3 * len(acked)} copies held by it), {missing} missing, "
+           f"{twice} received twice ({len(taken_before)} of them taken before the fault), "
+           f"{left} records left")
+    assert (missing, left) == (0, 0), first.log() + second.log()
+    assert again == taken_before, (sorted(again - taken_before)[:10], first.log())
+    if not consuming:
+        assert twice == 0
 
 
 def test_a_redis_restart_longer_than_every_lease_hands_nothing_twice(plain, tmp_path, report):
@@ -205,7 +263,7 @@ def test_a_redis_restart_longer_than_every_lease_hands_nothing_twice(plain, tmp_
         wait_for(lambda: len(first.live()) == 2, 60, interval=0.2,
                  message="both workers beating again")
         wait_redis_time(plain, 3 * TTL, "any takeover after the restart")
-        missing, twice, left = drain_and_count(plain, topic, acked)
+        missing, twice, left, _ = drain_and_count(plain, topic, acked)
     finally:
         first.stop()
         second.stop()
@@ -228,7 +286,7 @@ def test_a_pool_whose_clock_is_ten_seconds_behind_hands_nothing_twice(plain, tmp
     try:
         acked = publish_held(plain, topic, 200)
         wait_redis_time(plain, 4 * TTL, "takeovers, if clocks were compared")
-        missing, twice, left = drain_and_count(plain, topic, acked)
+        missing, twice, left, _ = drain_and_count(plain, topic, acked)
     finally:
         first.stop()
         second.stop()
