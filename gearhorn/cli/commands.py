@@ -44,6 +44,15 @@ def cmd_up(config: Config, args: argparse.Namespace) -> int:
     return Embedded(config).run()
 
 
+def cmd_node(config: Config, args: argparse.Namespace) -> int:
+    from gearhorn.supervision.node import Node
+
+    if len(set(args.nodes)) < 3:
+        raise CommandError("gearhorn node needs this node's address and its two peers' "
+                           "(three different addresses)")
+    return Node(config, args.nodes, args.data_dir or config.data_dir, args.only).run()
+
+
 def cmd_fsyncd(config: Config, args: argparse.Namespace) -> int:
     """Serve the fsync barrier of one Redis until SIGTERM or Ctrl-C."""
     import signal

@@ -16,6 +16,7 @@ from gearhorn.cli.commands import (
     cmd_fsyncd,
     cmd_history,
     cmd_ledger,
+    cmd_node,
     cmd_passwd,
     cmd_presence,
     cmd_publish,
@@ -56,7 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gearhorn", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     common = _common()
-    for add in (_add_worker, _add_up, _add_fsyncd, _add_bridge, _add_subscriptions,
+    for add in (_add_worker, _add_up, _add_node, _add_fsyncd, _add_bridge, _add_subscriptions,
                 _add_publish, _add_consume, _add_ledger, _add_audit, _add_report,
                 _add_passwd, _add_dlq, _add_web, _add_status, _add_presence, _add_history):
         add(sub, common)
@@ -93,6 +94,24 @@ def _add_up(sub, common) -> None:
                          "local; its findings on this terminal and at /metrics)")
     _durability(up)
     up.set_defaults(func=cmd_up)
+
+
+def _add_node(sub, common) -> None:
+    node = sub.add_parser("node", parents=[common],
+                          help="run one node of three: Redis, Sentinel, gearmand, the pool, "
+                               "the bridge and the console, started again when they die")
+    node.add_argument("nodes", nargs="+", metavar="ADDRESS",
+                      help="this node's address, then its peers' (the same three on "
+                           "every node, this one first)")
+    node.add_argument("--data-dir", metavar="DIR",
+                      help="where this node keeps Redis's data and the logs "
+                           "(default .gearhorn)")
+    node.add_argument("--processes", type=int, metavar="N", help="worker processes")
+    node.add_argument("--only", choices=("redis", "fsyncd", "sentinel", "gearmand", "worker",
+                                         "bridge", "web"),
+                      help="run this part alone (a service manager runs each part as its "
+                           "own service: etc/systemd/)")
+    node.set_defaults(func=cmd_node)
 
 
 def _durability(command) -> None:
