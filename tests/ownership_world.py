@@ -139,7 +139,7 @@ class Process:
     def kill(self) -> None:
         """kill -9: its connections close; what it had not read, or read
         and not yet forgotten, is lost."""
-        for _, unique in self.holding._answered:
+        for _, unique in self.holding.forgets.pending():
             self.world.allowance[key_of(unique)] += 1
         for conn in self.connections():
             for item in conn.inbox:

@@ -18,6 +18,7 @@ from gearhorn.gearman import Holder
 from gearhorn.rules.naming import GIVEN_BACK
 from gearhorn.runtime.background import Backoff, Outage
 from gearhorn.store.durability import Durability
+from gearhorn.store.forgets import Forgets
 from gearhorn.store.fsync import ERRORS as BARRIER_ERRORS
 from gearhorn.store.gearmands import Gearmands
 from gearhorn.store.heldanswers import HeldAnswers
@@ -65,7 +66,7 @@ class HoldingClient:
         self.gearmands = Gearmands(client, self._new_holder, clock)
         self._lock = threading.Lock()
         self._fencing = threading.Lock()  # one new name at a time
-        self._answered: list[tuple[str, str]] = []
+        self.forgets = Forgets(store, durability, clock)  # answered: records to drop
         # (queue, key, generation mark) of copies to hand again in a while:
         # gearmand refused them, their write failed half-way, their lease was
         # not fresh, or their job vanished; only if still at that generation
@@ -220,7 +221,7 @@ class HoldingClient:
             elif given_back:  # a bridge's client left it unacked: first in line again
                 self._given_back.append(pending)
             else:
-                self._answered.append((copy.function, copy.unique))
+                self.forgets.add(copy.function, copy.unique)
             # A refused one is told at once (not after the fanout's timeout);
             # a given-back one is still awaited (it comes again).
             waiting = None if given_back else self._waiting.pop(held, None)
@@ -313,21 +314,7 @@ class HoldingClient:
             self._forget()  # what they read last: before a taker hands those again
 
     def _forget(self) -> None:
-        """Drop the records of answered copies, and wait for the fsync that
-        covers it: a forget lost with Redis's last second would leave a
-        record next to a live connection that never hands it again."""
-        with self._lock:
-            answered, self._answered = self._answered, []
-        if not answered:
-            return
-        try:
-            marks = self.durability.marks()
-            self.store.forget(answered)
-            self.durability.wait(marks)
-        except (*REDIS_ERRORS, *BARRIER_ERRORS):
-            with self._lock:
-                self._answered[:0] = answered
-            raise
+        self.forgets.flush()
 
     def _hand_again(self) -> None:
         """For each server whose connection broke: once it takes one again,
