@@ -24,11 +24,64 @@
 -- keep, again and take reply the error FENCED when the writer is fenced in Q.
 local mode, holder = ARGV[1], ARGV[2]
 local copies, owners = KEYS[1], KEYS[2]
+
+-- The writer may write in Q (and is listed as a holder there), unless fenced.
+local function admitted()
+  local state = redis.call('HGET', owners, holder)
+  if not state then
+    redis.call('HSET', owners, holder, '0')
+  elseif state ~= '0' then
+    return false
+  end
+  return true
+end
+
+if mode == 'keep' then  -- the common case first, with no more than it needs
+  if not admitted() then return redis.error_reply('FENCED ' .. holder) end
+  local written = {}
+  for i = 3, #ARGV, 4 do
+    local generation = tonumber(ARGV[i + 2])
+    if redis.call('HSETNX', copies, ARGV[i], ARGV[i + 1] .. generation .. ARGV[i + 3]) == 0 then
+      generation = -1
+    end
+    written[#written + 1] = generation
+  end
+  return written
+end
+
 local WRAP = 46656  -- 36^3: handed uniques carry three base-36 digits
+
+if mode == 'forget' then
+  local gone = 0
+  for i = 3, #ARGV, 2 do
+    local record = redis.call('HGET', copies, ARGV[i])
+    if record then
+      local generation = tonumber(string.match(record, '^[^%z]*%z[^%z]*%z(%d+)'))
+      if (tonumber(ARGV[i + 1]) - generation) % WRAP < WRAP / 2 then
+        gone = gone + redis.call('HDEL', copies, ARGV[i])
+      end
+    end
+  end
+  if redis.call('EXISTS', copies) == 0 then redis.call('DEL', owners) end
+  return gone
+end
 
 local function fenced(who)
   local state = redis.call('HGET', owners, who)
   return state and state ~= '0'
+end
+
+if mode == 'fence' then
+  local now = redis.call('TIME')
+  local stamp = tostring(tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000))
+  for i = 3, #ARGV do
+    if not fenced(ARGV[i]) then redis.call('HSET', owners, ARGV[i], stamp) end
+  end
+  local found, all = {}, redis.call('HGETALL', owners)
+  for i = 1, #all, 2 do
+    if all[i + 1] ~= '0' then found[#found + 1] = all[i] end
+  end
+  return found
 end
 
 -- owner, precedence, generation and where the rest (NUL unique NUL body) starts
@@ -46,46 +99,9 @@ local function rewrite(field, record, owner, generation)
              owner .. '\0' .. precedence .. '\0' .. generation .. string.sub(record, rest))
 end
 
-if mode == 'forget' then
-  local gone = 0
-  for i = 3, #ARGV, 2 do
-    local record = redis.call('HGET', copies, ARGV[i])
-    if record then
-      local generation = tonumber(string.match(record, '^[^%z]*%z[^%z]*%z(%d+)'))
-      if (tonumber(ARGV[i + 1]) - generation) % WRAP < WRAP / 2 then
-        gone = gone + redis.call('HDEL', copies, ARGV[i])
-      end
-    end
-  end
-  if redis.call('EXISTS', copies) == 0 then redis.call('DEL', owners) end
-  return gone
-end
-
-if mode == 'fence' then
-  local now = redis.call('TIME')
-  local stamp = tostring(tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000))
-  for i = 3, #ARGV do
-    if not fenced(ARGV[i]) then redis.call('HSET', owners, ARGV[i], stamp) end
-  end
-  local found, all = {}, redis.call('HGETALL', owners)
-  for i = 1, #all, 2 do
-    if all[i + 1] ~= '0' then found[#found + 1] = all[i] end
-  end
-  return found
-end
-
-if fenced(holder) then return redis.error_reply('FENCED ' .. holder) end
-redis.call('HSETNX', owners, holder, '0')
+if not admitted() then return redis.error_reply('FENCED ' .. holder) end
 local written = {}
-if mode == 'keep' then
-  for i = 3, #ARGV, 4 do
-    local generation = tonumber(ARGV[i + 2])
-    if redis.call('HSETNX', copies, ARGV[i], ARGV[i + 1] .. generation .. ARGV[i + 3]) == 0 then
-      generation = -1
-    end
-    written[#written + 1] = generation
-  end
-elseif mode == 'again' then
+if mode == 'again' then
   for i = 3, #ARGV, 2 do
     local record, generation = redis.call('HGET', copies, ARGV[i]), -1
     if record then
