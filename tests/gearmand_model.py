@@ -144,6 +144,9 @@ class ModelHolder:
     def held(self) -> int:
         return len(self._held)
 
+    def probe(self, every, timeout=1.5) -> None:
+        """A model gearmand answers every echo (a silent one is not modelled)."""
+
     def status(self, uniques, timeout=30.0) -> dict:
         if self.broken:
             raise Unavailable(f"gone: {self.broken}")

@@ -32,6 +32,7 @@ from gearhorn.store.heldcopies import Fenced, HeldCopies, HeldCopy, key_of
 from gearhorn.store.holders import Holders
 from gearhorn.store.keys import Keys
 from gearhorn.store.redisconn import REDIS_ERRORS
+from gearhorn.store.takeover import OWNER_WAIT
 from tests.gearmand_model import ModelGearmand, ModelHolder
 
 TTL, INTERVAL = 2.0, 0.5
@@ -79,7 +80,7 @@ class Process:
 
     def __init__(self, world: World, name: str, skew: float) -> None:
         self.world, self.name, self.skew = world, name, skew
-        self.alive, self.paused = True, False
+        self.alive, self.paused, self.paused_at = True, False, 0.0
         self.holding = holding.HoldingClient(
             Client(world.ports), HeldCopies(world.redis, world.keys),
             Holders(world.redis, world.keys), name, TTL, INTERVAL,
@@ -127,12 +128,20 @@ class Process:
         return True
 
     def pause(self) -> None:
-        self.paused = True
+        self.paused, self.paused_at = True, self.world.clock.now
         for conn in self.connections():
             conn.paused = True
 
     def resume(self) -> None:
+        """Its connections read what came meanwhile. An answer that waited
+        unread past OWNER_WAIT leases may have been handed again: the bound
+        allows that copy once more (docs/design/held-copies.rst)."""
         self.paused = False
+        if self.world.clock.now - self.paused_at > OWNER_WAIT * TTL:
+            for conn in self.connections():
+                for item in conn.inbox:
+                    if item[0] == "answer":
+                        self.world.allowance[key_of(_unique(conn, item[1]))] += 1
         for conn in self.connections():
             conn.resume()
 
@@ -145,8 +154,8 @@ class Process:
             for item in conn.inbox:
                 if item[0] == "answer":
                     self.world.allowance[key_of(_unique(conn, item[1]))] += 1
-            for job in self.world.running_jobs():
-                if job.clients == [conn]:
+            for job in self.world.running_jobs():  # its answer may now reach no one
+                if conn in job.clients:
                     self.world.allowance[key_of(job.unique)] += 1
             conn.die()
         self.alive = False

@@ -102,10 +102,13 @@ def _option_answer(packet: Packet) -> bool:
     return packet.type == P.ERROR and packet.args[:1] == (b"UNKNOWN_OPTION",)
 
 
-# How long a submission waits for gearmand's replies (JOB_CREATED) before
-# the connection counts as broken: gearmand answers at once, and one that
-# does not must not hold a worker or a bridge's SEND for ever.
-REPLY_TIMEOUT = 60.0
+# How long a submission waits for gearmand's replies (JOB_CREATED) with no
+# byte coming before the connection counts as broken: gearmand answers each
+# packet as it reads it, so seconds without a byte while replies are due is
+# a silent gearmand (a node lost, a cable pulled), not a busy one, and it
+# must not hold a worker's fanout or a bridge's SEND for TCP's 10 s
+# (docs/reliability.rst, "Partitions").
+REPLY_TIMEOUT = 1.5
 
 
 class Connection:
@@ -233,6 +236,10 @@ class Connection:
             raise GearmanError(f"gearmand {self.host}:{self.port} closed the connection")
         return chunk
 
+    def _replies_until(self) -> float:
+        """The deadline of the next reply: REPLY_TIMEOUT from now."""
+        return time.monotonic() + self.reply_timeout
+
     def _recv_until(self, deadline: float) -> bytes | None:
         left = deadline - time.monotonic()
         if left <= 0:
@@ -269,11 +276,10 @@ class Connection:
         wire = _wire(_SUBMIT[(False, precedence)], copies)
         handles: list[bytes] = []
         early: list[Packet] = []  # results of jobs done before all JOB_CREATED came
-        deadline = time.monotonic() + self.reply_timeout
         try:
             self.send(wire)
             while len(handles) < len(copies):
-                packet = self._read_reply(deadline)
+                packet = self._read_reply(self._replies_until())
                 if packet.type == P.JOB_CREATED:
                     handles.append(packet.args[0])
                 else:
@@ -291,7 +297,7 @@ class Connection:
         (:meth:`finish_background` reads them): several servers then work on
         their parts at once. Raises :class:`PartialSubmit` (none accepted)."""
         wire = _wire(_SUBMIT[(True, precedence)], copies)
-        self._replies_due = time.monotonic() + self.reply_timeout
+        self._replies_due = self._replies_until()
         try:
             self.send(wire)
         except GearmanError as exc:
@@ -320,6 +326,7 @@ class Connection:
                 raise PartialSubmit(got, str(exc)) from exc
             if chunk is None:
                 raise PartialSubmit(got, str(self._silent()))
+            deadline = max(deadline, self._replies_until())  # it answers: a while more
             count, others = self._reader.count_created(chunk, want - got)
             got += count
             for packet in others:
@@ -331,8 +338,8 @@ class Connection:
         """gearmand did not answer a submission in time: the connection is
         closed (a late reply must not be read as another's)."""
         self._broke()
-        return GearmanError(f"gearmand {self.host}:{self.port} did not answer within "
-                            f"{self.reply_timeout:g}s")
+        return GearmanError(f"gearmand {self.host}:{self.port} answered nothing for "
+                            f"{self.reply_timeout:g}s: taken for gone")
 
     @staticmethod
     def _took(packet: Packet, early: list[Packet], got: int) -> int:

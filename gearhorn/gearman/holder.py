@@ -5,12 +5,14 @@ Why it is shaped so: docs/design/notes.rst, "gearhorn/gearman/holder.py".
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Sequence
 
-from gearhorn.gearman.connection import Connection, TlsFiles, foreground_jobs
+from gearhorn.gearman.connection import REPLY_TIMEOUT, Connection, TlsFiles, foreground_jobs
 from gearhorn.gearman.packets import (
     Answers,
     Copy,
@@ -31,12 +33,14 @@ ECHO_MARK = b"gearhorn-status"  # ends each ask: gear.Server answers no status, 
 
 
 class _Ask:
-    """One GET_STATUS_UNIQUE batch on this connection, until its echo."""
+    """One GET_STATUS_UNIQUE batch on this connection (none: a probe), until
+    its echo."""
 
     def __init__(self, uniques: Sequence[str], verify: bool) -> None:
         self.uniques, self.verify = list(uniques), verify
         self.found: dict[str, Status] = {}
         self.done = threading.Event()
+        self.sent = time.monotonic()
 
 
 class Holder:
@@ -57,6 +61,7 @@ class Holder:
         self.answered, self.on_lost = answered, on_lost
         self.vanished = vanished or (lambda copies: None)
         self._asks: deque[_Ask] = deque()  # sent, in order; each ends with its echo
+        self._probe: _Ask | None = None  # the last echo sent to see gearmand is there
         self._handles: dict[str, bytes] = {}  # the handle of each held job, by unique
         self._writing = threading.Lock()
         self._changed = threading.Condition()
@@ -67,11 +72,12 @@ class Holder:
         self._reader: threading.Thread | None = None
 
     def hold(self, copies: Sequence[Copy], precedence: str = "normal",
-             timeout: float = 60.0) -> None:
+             timeout: float = REPLY_TIMEOUT) -> None:
         """Submit ``copies`` as foreground jobs in one write; return once
         gearmand created (or refused) every one. Raises Unavailable when the
-        connection is gone or breaks first: the copies not created are then
-        among those :attr:`on_lost` is told."""
+        connection is gone or breaks first, or gearmand creates none for
+        ``timeout`` seconds (a silent gearmand: see connection.REPLY_TIMEOUT):
+        the copies not created are then among those :attr:`on_lost` is told."""
         if not copies:
             return
         with self._writing:
@@ -94,11 +100,15 @@ class Holder:
                 self._lose(str(exc))
                 raise Unavailable(str(exc)) from None
         with self._changed:
-            if not self._changed.wait_for(lambda: self._created >= target or self.broken,
-                                          timeout):
-                reason = f"gearmand created no job within {timeout:.3g}s"
-            else:
-                reason = self.broken
+            reason, created = "", -1
+            while not (self._created >= target or self.broken):
+                if self._created == created:  # nothing for a whole timeout
+                    reason = f"gearmand created no job for {timeout:.3g}s: taken for gone"
+                    break
+                created = self._created
+                self._changed.wait_for(lambda seen=created: self._created >= target
+                                       or self.broken or self._created != seen, timeout)
+            reason = reason or self.broken
         if reason:
             self.close(reason)
             raise Unavailable(reason)
@@ -128,9 +138,25 @@ class Holder:
         It happens to a job attached to in the instant it was abandoned."""
         self._ask(uniques, verify=True)
 
-    def _ask(self, uniques: Sequence[str], verify: bool) -> _Ask:
+    def probe(self, every: float, timeout: float = REPLY_TIMEOUT) -> None:
+        """An echo every ``every`` seconds; one unanswered for ``timeout``
+        means a silent gearmand (its node lost, its cable pulled): the
+        connection is let go at once, not after TCP's 10 s, so no copy is
+        handed to it meanwhile (its copies go to the others)."""
+        probe = self._probe
+        if self.broken or not self.conn.is_open:
+            return
+        if probe is not None and not probe.done.is_set():
+            if time.monotonic() - probe.sent > timeout:
+                self.close(f"gearmand answered no echo for {timeout:g}s: taken for gone")
+            return
+        if probe is None or time.monotonic() - probe.sent >= every:
+            with contextlib.suppress(Unavailable):
+                self._probe = self._ask([], verify=False, probe=True)
+
+    def _ask(self, uniques: Sequence[str], verify: bool, probe: bool = False) -> _Ask:
         ask = _Ask(uniques, verify)
-        if not uniques:
+        if not uniques and not probe:
             ask.done.set()
             return ask
         packets = b"".join(encode(P.GET_STATUS_UNIQUE, u.encode()) for u in ask.uniques)

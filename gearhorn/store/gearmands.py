@@ -106,6 +106,14 @@ class Gearmands:
         except (OSError, gearman.GearmanError):
             return None
 
+    def probe(self, every: float) -> None:
+        """An echo on each connection every ``every`` seconds (Holder.probe):
+        a silent gearmand is let go before a copy waits on it."""
+        with self._lock:
+            holders = [h for h in self._holders.values() if not h.broken]
+        for holder in holders:
+            holder.probe(every)
+
     def lose(self, index: int) -> None:
         with self._lock:
             self.lost.add(index)

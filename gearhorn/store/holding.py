@@ -42,6 +42,7 @@ Pending = tuple[str, str, int]  # a copy's queue, key and generation mark (modul
 
 AGAIN_EVERY = 1.0  # seconds before copies refused (or not handed) are handed again
 FORGET_EVERY = 0.05  # seconds an answered copy's record may wait to be dropped
+PROBE_EVERY = 0.5  # seconds between echoes that tell a silent gearmand
 NO_DURABILITY = Durability()
 
 
@@ -306,6 +307,7 @@ class HoldingClient:
         if not self.holder_id:  # registering again failed: try once more
             self.lease.register()
         self._forget()
+        self.gearmands.probe(PROBE_EVERY)
         self._hand_given_back()
         self._hand_again()
         self.takeover.tick()

@@ -12,6 +12,9 @@ URL names Sentinels and a master name instead (:func:`_sentinel_master`).
 from __future__ import annotations
 
 import logging
+import threading
+import time
+import weakref
 from typing import TYPE_CHECKING
 from urllib.parse import unquote, urlsplit
 
@@ -89,8 +92,80 @@ def _sentinel_master(url: str, **options: object) -> redis.Redis:
     # growing pauses: 9 s before the next Sentinel was asked, measured).
     sentinel = Sentinel(hosts, sentinel_kwargs={**SILENCE_WATCHED, "socket_timeout": 2.0,
                                                 "retry": Retry(NoBackoff(), 0)})
-    return sentinel.master_for(path[0], db=int(path[1]) if len(path) > 1 else 0,
-                               **connection)
+    client = sentinel.master_for(path[0], db=int(path[1]) if len(path) > 1 else 0,
+                                 **connection)
+    MasterWatch.of(tuple(hosts), path[0], parts.password).add(client.connection_pool)
+    return client
+
+
+class MasterWatch:
+    """Hears every Sentinel of a master name say it moved (``+switch-master``)
+    and closes the connections of each pool to it at once: a command in
+    flight to a master gone silent (its node lost, its cable pulled) would
+    otherwise wait TCP's 10 s before it fails and the pool asks the
+    Sentinels again; now it fails as the failover ends, and is tried on the
+    new master (docs/reliability.rst, "Partitions"). One a process per
+    master name and Sentinels, a thread per Sentinel."""
+
+    _watches: dict[tuple, MasterWatch] = {}
+    _lock = threading.Lock()
+
+    def __init__(self, hosts: tuple[tuple[str, int], ...], name: str,
+                 password: str | None) -> None:
+        self.name, self.password = name, password
+        self.pools: weakref.WeakSet = weakref.WeakSet()
+        self.moves = 0  # failovers heard (tests)
+        self.master = ""  # where the last move went: each Sentinel tells of it
+        for host, port in hosts:
+            threading.Thread(target=self._listen, args=(host, port), daemon=True,
+                             name=f"gearhorn-sentinel-watch-{host}:{port}").start()
+
+    @classmethod
+    def of(cls, hosts: tuple[tuple[str, int], ...], name: str,
+           password: str | None = None) -> MasterWatch:
+        with cls._lock:
+            watch = cls._watches.get((hosts, name))
+            if watch is None:
+                watch = cls._watches[(hosts, name)] = cls(hosts, name, password)
+            return watch
+
+    def add(self, pool: redis.ConnectionPool) -> None:
+        self.pools.add(pool)
+
+    def moved(self, to: str) -> None:
+        """The master moved (to ``to``: host port): every connection to the
+        old one goes now, once (every Sentinel says so: the later ones must
+        not cut the connections just made to the new master)."""
+        with self._lock:
+            if to == self.master:
+                return
+            self.master = to
+            self.moves += 1
+        for pool in list(self.pools):
+            pool.disconnect(inuse_connections=True)
+
+    def _listen(self, host: str, port: int) -> None:
+        backoff = ExponentialBackoff(cap=5.0, base=0.2)
+        failures = 0
+        while True:
+            client = redis.Redis(host, port, socket_timeout=None, **SILENCE_WATCHED)
+            try:
+                pubsub = client.pubsub(ignore_subscribe_messages=True)
+                pubsub.subscribe("+switch-master")
+                failures = 0
+                for message in pubsub.listen():
+                    data = message.get("data")
+                    words = (data.decode() if isinstance(data, bytes) else str(data)).split()
+                    if len(words) == 5 and words[0] == self.name:  # name old-host port host port
+                        if words[3:] != self.master.split():
+                            log.warning("the Sentinels moved master %s from %s:%s to %s:%s",
+                                        *words)
+                        self.moved(" ".join(words[3:]))
+            except redis.RedisError:
+                failures += 1
+            finally:
+                client.close()
+            time.sleep(backoff.compute(failures))
 
 
 class BlockingSentinelPool(SentinelConnectionPool, redis.BlockingConnectionPool):

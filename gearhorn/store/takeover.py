@@ -24,6 +24,11 @@ TAKEOVER_EVERY = 1.0  # seconds between looks for dead holders
 BATCH = 1000  # copies taken and handed at a time
 VERIFY_EACH = 500  # taken copies asked after per look, in turn, until answered
 WALK_EACH = 100  # <p>owners:* keys looked at per look (the backstop walk)
+# Leases a taker waits, after fencing a holder, for its connections to go
+# before it hands again a copy gearmand no longer knows (the holder may be
+# paused with the answer unread; past that, a listed connection is a dead
+# host's half-open one).
+OWNER_WAIT = 3
 
 
 class Holding(Protocol):
@@ -118,7 +123,7 @@ class Takeover:
         fenced = self.store.fence(queue, dead)
         orphans = [c for c in self.store.records(queue) if c.holder in fenced]
         attached = again = waiting = 0
-        connected: dict[int, set[str] | None] = {}
+        connected: dict[int, set[str] | None] = self._waited_for_long(queue)
         for at in range(0, len(orphans), BATCH):
             decided = [d for d in self._decide(orphans[at:at + BATCH], connected) if d[1] >= 0]
             waiting += min(BATCH, len(orphans) - at) - len(decided)
@@ -171,10 +176,23 @@ class Takeover:
                 decided.append((copy, copy.generation, None))
         return decided
 
-    def _still_connected(self, copy: HeldCopy, connected: dict[int, set[str] | None]) -> bool:
+    def _waited_for_long(self, queue: str) -> dict:
+        """The holders fenced in ``queue`` for over OWNER_WAIT leases (by
+        Redis's clock), under the key ``"long"``: a connection gearmand still
+        lists for one of them is taken for what a dead host leaves (gearmand
+        keeps a half-open connection for hours), not for a paused owner."""
+        seconds, micros = self.store.redis.time()
+        now = seconds * 1000 + micros // 1000
+        bound = OWNER_WAIT * self.holding.lease.ttl * 1000
+        return {"long": {h for h, at in self.store.owners(queue).items()
+                         if at and now - at > bound}}
+
+    def _still_connected(self, copy: HeldCopy, connected: dict) -> bool:
         """Has the copy's old owner a connection open to some gearmand (the
-        copy may have gone to any while its home was away), or did it close
-        its last less than a look ago?"""
+        copy may have gone to any while its home was away), fenced not long
+        ago, or did it close its last less than a look ago?"""
+        if copy.holder in connected["long"]:
+            return False
         for index in range(len(self.holding.client.connections)):
             if index not in connected:
                 connected[index] = self.holding.gearmands.connected(index)

@@ -98,8 +98,9 @@ class Node:
                   "worker": lambda: self._gearhorn("worker"),
                   "bridge": lambda: self._gearhorn("bridge", "--host", self.me),
                   "web": lambda: self._gearhorn("web", "--host", self.me)}
-        self.parts = [Part(name, starts[name], backoff=Backoff(0.5, 10.0))
-                      for name in PARTS if only in (None, name)]
+        wanted = [p for p in PARTS if only in (None, p) and not (p == "web" and
+                                                                  not self.config.web_port)]
+        self.parts = [Part(name, starts[name], backoff=Backoff(0.5, 10.0)) for name in wanted]
 
     # -- the run ----------------------------------------------------------------
 
@@ -115,9 +116,7 @@ class Node:
             if not self.stopping.is_set() and self.only is None:
                 print(self.banner(), flush=True)
             while not self.stopping.wait(0.5):
-                if self.only is not None and self._died(self.parts[0]):
-                    return 1  # its own service: the service manager starts it again
-                for part in self.parts:
+                for part in self.parts:  # --only too: a pool before its Redis comes up
                     self._look_after(part)
             return 0
         finally:
@@ -312,11 +311,12 @@ class Node:
 
     def banner(self) -> str:
         config = self.config
+        web = f"http://{self.me}:{config.web_port}/" if config.web_port else "off"
         return f"""
 gearhorn node {self.me} is up (peers {', '.join(self.peers)}; data in {self.dir}).
   redis     {self.me}:{REDIS_PORT}, its Sentinel on {SENTINEL_PORT}, its fsync barrier
   gearman   {self.me}:{GEARMAN_PORT} (plain: jobs submitted straight to it live in memory)
-  stomp     {self.me}:{config.bridge_port}   console http://{self.me}:{config.web_port}/
+  stomp     {self.me}:{config.bridge_port}   console {web}
   workers   {config.processes} processes, following the master the Sentinels name
   acks      after a replica has each write (min_replicas = {config.min_replicas}) and an
             fsync covers it on the master: a node lost with its disk, or a power cut

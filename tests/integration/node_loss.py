@@ -159,22 +159,29 @@ def _listening(address: str, port: int) -> bool:
 
 
 class Acknowledged:
-    """The ids acknowledged (thread-safe), and when each was."""
+    """The ids acknowledged (thread-safe), when each was sent and when it
+    was acknowledged."""
 
     def __init__(self) -> None:
         self.ids: set[str] = set()
-        self.times: list[float] = []
+        self.sent: dict[str, float] = {}
+        self.times: list[tuple[float, float]] = []  # (sent, acknowledged)
         self.refused = 0
         self._lock = threading.Lock()
+
+    def sending(self, message_id: str) -> None:
+        with self._lock:
+            self.sent[message_id] = time.monotonic()
 
     def add(self, message_id: str) -> None:
         with self._lock:
             self.ids.add(message_id)
-            self.times.append(time.monotonic())
+            self.times.append((self.sent.pop(message_id, 0.0), time.monotonic()))
 
     def first_after(self, moment: float) -> float | None:
+        """When the first message sent after ``moment`` was acknowledged."""
         with self._lock:
-            later = [t for t in self.times if t > moment]
+            later = [acked for sent, acked in self.times if sent > moment]
         return min(later) if later else None
 
 
@@ -207,6 +214,7 @@ def gearman_producer(node: str, acked: Acknowledged, stop: threading.Event) -> N
     while not stop.is_set():
         count += 1
         message_id = f"g{node.split('.')[2]}-{count}"
+        acked.sending(message_id)
         if fanout_once(node, message_id):
             acked.add(message_id)
         else:
@@ -239,8 +247,9 @@ def stomp_producer(node: str, acked: Acknowledged, stop: threading.Event) -> Non
                 connection.set_listener("receipts", Receipts(acked))
                 connection.connect(wait=True)
             count += 1
-            connection.send(destination=f"/topic/{TOPIC}", body=f"s{node.split('.')[2]}-"
-                            f"{count}", receipt=f"s{node.split('.')[2]}-{count}")
+            message_id = f"s{node.split('.')[2]}-{count}"
+            acked.sending(message_id)
+            connection.send(destination=f"/topic/{TOPIC}", body=message_id, receipt=message_id)
             time.sleep(0.02)
         except (stomp.exception.StompException, OSError):
             connection = None
@@ -377,21 +386,29 @@ def lose(nodes: list[Node], loss: int, mode: str, acked: Acknowledged,
     time.sleep(rng.uniform(1.0, 4.0))  # a random moment under load
     master = current_master(NODES)
     victim = next(n for n in nodes if (n.address == master) == (loss % 2 == 0))
+    others = [a for a in NODES if a != victim.address]
     struck = time.monotonic()
     if mode == "silent":
         victim.signal(signal.SIGSTOP)
         netns.silence(victim.address)
-        answered = _wait_for_answer(acked, struck, SILENT_FOR)
+    else:
+        victim.kill()
+    failover = None
+    if victim.address == master:  # when the Sentinels name another master
+        wait_until(lambda: current_master(others) not in (None, master), 60,
+                   "the Sentinels to promote a replica", every=0.02)
+        failover = round(time.monotonic() - struck, 2)
+    answered = _wait_for_answer(acked, struck, SILENT_FOR if mode == "silent" else 90)
+    if mode == "silent":
         time.sleep(max(0.0, SILENT_FOR - (time.monotonic() - struck)))
-    victim.kill()
+        victim.kill()
     netns.heal()
-    if mode != "silent":
-        answered = _wait_for_answer(acked, struck, 90)
     victim.start()  # at once: the command waits out the failover itself
     outage = {"node": victim.address, "was_master": victim.address == master,
-              "answered_again_after_s": answered}
+              "failover_after_s": failover, "answered_again_after_s": answered}
     print(f"{mode} {victim.address} ({'master' if outage['was_master'] else 'replica'}): "
-          f"answered again {'never' if answered is None else f'after {answered}s'}",
+          f"answered again {'never' if answered is None else f'after {answered}s'}"
+          f"{'' if failover is None else f' (a replica promoted after {failover}s)'}",
           flush=True)
     wait_until(lambda: victim.process.poll() is None and serving(victim.address), 180,
                f"{victim.address} serving again")

@@ -238,7 +238,47 @@ def test_a_gearmand_that_stops_answering_fails_the_submission_in_time(monkeypatc
     fake = FakeGearmand(monkeypatch)
     fake.conn.reply_timeout = 0.2
     fake.reply((g.P.JOB_CREATED, (b"H:1",)))  # then silence
-    with pytest.raises(g.PartialSubmit, match="did not answer within 0.2s") as info:
+    with pytest.raises(g.PartialSubmit, match="answered nothing for 0.2s") as info:
         fake.conn.submit([g.Copy("f", "u", b""), g.Copy("f", "v", b"")], background=background)
     assert info.value.accepted == 1
     assert not fake.conn.is_open  # a late reply is never read as another submission's
+
+
+def holder_on(fake):
+    from gearhorn.gearman import holder
+
+    lost = []
+    held = holder.Holder("fake", 1, lambda copy, outcome: None,
+                         lambda copies, reason: lost.append((len(copies), reason)))
+    held.conn = fake.conn
+    return held, lost
+
+
+def test_a_holder_takes_a_gearmand_that_creates_nothing_for_a_while_for_gone(monkeypatch):
+    """A silent gearmand (its node lost, its cable pulled) holds a fanout no
+    longer than the reply timeout, not TCP's 10 s: the copies go elsewhere."""
+    fake = FakeGearmand(monkeypatch)
+    held, lost = holder_on(fake)
+    fake.reply((g.P.JOB_CREATED, (b"H:1",)))  # then silence
+    with pytest.raises(g.Unavailable, match="created no job for 0.3s"):
+        held.hold([g.Copy("f", "u", b""), g.Copy("f", "v", b"")], timeout=0.3)
+    assert lost == [(2, "gearmand created no job for 0.3s: taken for gone")]
+
+
+def test_a_holder_waits_as_long_as_gearmand_keeps_creating(monkeypatch):
+    """A busy gearmand answers slowly but steadily: that is no silence."""
+    import threading
+    import time
+
+    fake = FakeGearmand(monkeypatch)
+    held, lost = holder_on(fake)
+
+    def slowly():
+        for n in range(8):
+            time.sleep(0.1)
+            fake.reply((g.P.JOB_CREATED, (b"H:%d" % n,)))
+    thread = threading.Thread(target=slowly)
+    thread.start()
+    held.hold([g.Copy("f", f"u{n}", b"") for n in range(8)], timeout=0.3)  # 0.8 s in all
+    thread.join()
+    assert held.held() == 8 and lost == []

@@ -40,6 +40,9 @@ class FakeHolder:
     def close(self, reason="", expected=False):
         self.broken = reason
 
+    def probe(self, every, timeout=1.5):
+        pass
+
 
 class FakeClient:
     def __init__(self, ports, home=0):
