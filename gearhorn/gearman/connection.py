@@ -256,7 +256,7 @@ class Connection:
     def _read_reply(self, deadline: float) -> Packet:
         packet = self.read(deadline)
         if packet is None:
-            raise self._silent()
+            raise self.silent()
         if packet.type == P.ERROR:
             code, text = (packet.args + (b"", b""))[:2]
             raise GearmanError(f"gearmand error {code.decode()}: {text.decode()}")
@@ -325,7 +325,7 @@ class Connection:
             except GearmanError as exc:
                 raise PartialSubmit(got, str(exc)) from exc
             if chunk is None:
-                raise PartialSubmit(got, str(self._silent()))
+                raise PartialSubmit(got, str(self.silent()))
             deadline = max(deadline, self._replies_until())  # it answers: a while more
             count, others = self._reader.count_created(chunk, want - got)
             got += count
@@ -334,9 +334,9 @@ class Connection:
         # What came behind the last JOB_CREATED is read as usual.
         self._pending.extend(p for p in self._reader.feed(b"") if not _option_answer(p))
 
-    def _silent(self) -> GearmanError:
-        """gearmand did not answer a submission in time: the connection is
-        closed (a late reply must not be read as another's)."""
+    def silent(self) -> GearmanError:
+        """gearmand did not answer in time: the connection is closed (a late
+        reply must not be read as another's); the error to raise."""
         self._broke()
         return GearmanError(f"gearmand {self.host}:{self.port} answered nothing for "
                             f"{self.reply_timeout:g}s: taken for gone")

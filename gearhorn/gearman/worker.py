@@ -89,7 +89,11 @@ class WorkerConnection:
                            + (encode(P.PRE_SLEEP) if then_sleep else b""))
         jobs, answers = [], 0
         while answers < count:
-            packet = self.conn.read()
+            # A silent gearmand (its node lost) must not hold the worker for
+            # TCP's 10 s: no byte for REPLY_TIMEOUT, and it is taken for gone.
+            packet = self.conn.read(time.monotonic() + self.conn.reply_timeout)
+            if packet is None:
+                raise self.conn.silent()
             if packet.type == P.JOB_ASSIGN_UNIQ:
                 handle, function, unique, data = packet.args
                 jobs.append(GrabbedJob(handle, function.decode(), unique.decode(), data))
