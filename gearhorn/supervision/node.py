@@ -24,6 +24,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from gearhorn.config import Config, to_env
 from gearhorn.runtime.background import Backoff
@@ -80,6 +82,7 @@ class Part:
     process: subprocess.Popen | None = None
     backoff: Backoff | None = None
     next_try: float = 0.0
+    failed: bool = False  # its last start failed: tried again at next_try
 
 
 class Node:
@@ -111,8 +114,7 @@ class Node:
             for part in self.parts:
                 if self.stopping.is_set():
                     break
-                part.process = part.start()
-                log.info("node %s: %s started", self.me, part.name)
+                self._first_start(part)
             if not self.stopping.is_set() and self.only is None:
                 print(self.banner(), flush=True)
             while not self.stopping.wait(0.5):
@@ -122,19 +124,33 @@ class Node:
         finally:
             self._stop()
 
+    def _first_start(self, part: Part) -> None:
+        """Start ``part``; one that cannot start yet (its Redis not up: a
+        part alone, as a service manager runs it) is tried again later."""
+        try:
+            part.process = part.start()
+            log.info("node %s: %s started", self.me, part.name)
+        except (ServerError, OSError, redis.RedisError) as exc:
+            log.warning("node %s: %s cannot start yet (%s): trying again", self.me,
+                        part.name, exc)
+            part.failed = True
+            part.next_try = time.monotonic() + part.backoff.failed()
+
     def _died(self, part: Part) -> bool:
         return part.process is not None and part.process.poll() is not None
 
     def _look_after(self, part: Part) -> None:
-        if not self._died(part) or time.monotonic() < part.next_try:
+        if not (self._died(part) or part.failed) or time.monotonic() < part.next_try:
             return
-        log.warning("node %s: %s exited (%s): starting it again", self.me, part.name,
-                    part.process.returncode)
+        if part.process is not None:
+            log.warning("node %s: %s exited (%s): starting it again", self.me, part.name,
+                        part.process.returncode)
         try:
-            part.process = part.start()
+            part.process, part.failed = part.start(), False
             part.backoff.succeeded()
         except (ServerError, OSError, redis.RedisError) as exc:
             log.error("node %s: %s could not start again: %s", self.me, part.name, exc)
+            part.failed = True
             part.next_try = time.monotonic() + part.backoff.failed()
 
     def _stop(self) -> None:
@@ -203,9 +219,7 @@ class Node:
     def _named_master(self) -> str | None:
         for node in self.nodes:
             try:
-                found = redis.Redis(node, SENTINEL_PORT, socket_timeout=ASK_TIMEOUT,
-                                    socket_connect_timeout=ASK_TIMEOUT
-                                    ).sentinel_get_master_addr_by_name(MASTER_NAME)
+                found = _ask(node, SENTINEL_PORT).sentinel_get_master_addr_by_name(MASTER_NAME)
             except redis.RedisError:
                 continue
             if found:
@@ -218,8 +232,7 @@ class Node:
         return os.path.isdir(folder) and bool(os.listdir(folder))
 
     def _redis(self, node: str) -> redis.Redis:
-        return redis.Redis(node, REDIS_PORT, socket_timeout=ASK_TIMEOUT * 4,
-                           socket_connect_timeout=ASK_TIMEOUT)
+        return _ask(node, REDIS_PORT)
 
     def _spawn_redis(self, master: str | None) -> subprocess.Popen:
         folder = os.path.join(self.dir, "redis")
@@ -323,6 +336,13 @@ gearhorn node {self.me} is up (peers {', '.join(self.peers)}; data in {self.dir}
             of every node, loses nothing acknowledged
 Every part is started again when it dies; Ctrl-C or SIGTERM stops them all.
 """
+
+
+def _ask(node: str, port: int) -> redis.Redis:
+    """A client for one question to a node: no retry (redis-py's default
+    tries a node that is away three more times, with growing pauses)."""
+    return redis.Redis(node, port, socket_timeout=ASK_TIMEOUT * 4,
+                       socket_connect_timeout=ASK_TIMEOUT, retry=Retry(NoBackoff(), 0))
 
 
 def _binary(name: str, package: str) -> str:

@@ -2,16 +2,13 @@
 tests/integration/test_node_loss.py's partition test
 (``python -m tests.integration.minority --json``).
 
-The three nodes of tests/integration/node_loss.py, each in a network
-namespace of its own (10.0.2.2, 10.0.3.2, 10.0.4.2, joined through the
-namespace this script runs in, which forwards between them), so that
-nftables can drop what crosses between one node and the others: on one
-loopback every client connects from 127.0.0.1, and a node's traffic could
-not be told from another's. The producer, here, reaches every node
-throughout. While the master's node is cut off, the other two promote a
-replica; fanouts sent to the cut-off node must not be acknowledged (its
-Redis has no replica to confirm them), and after the heal every
-acknowledged id must reach both subscribers.
+The three nodes of tests/integration/node_loss.py (``gearhorn node`` each,
+in a network namespace of its own: tests/integration/netns.py), so that
+nftables can drop what crosses between one node and the others. The
+producer, here, reaches every node throughout. While the master's node is
+cut off, the other two promote a replica; fanouts sent to the cut-off node
+must not be acknowledged (its Redis has no replica to confirm them), and
+after the heal every acknowledged id must reach both subscribers.
 """
 
 from __future__ import annotations
@@ -27,55 +24,11 @@ import tempfile
 import threading
 import time
 
+from tests.integration import netns
 from tests.integration import node_loss as nl
-from tests.integration.node_loss import NODES_IN_NAMESPACES, Acknowledged, Node
+from tests.integration.node_loss import NODES, Acknowledged, Node
 
-TABLE = "gearhorn_minority"
 GIVE_UP_AFTER = 10.0  # s a producer waits for one fanout's answer (barrier_timeout is 5)
-
-
-def make_namespaces(tag: str) -> list[str]:
-    """A namespace per node with a veth to this one; forwarding between them."""
-    subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
-    subprocess.run(["sysctl", "-qw", "net.ipv4.ip_forward=1"], check=True)
-    names = []
-    for address in NODES_IN_NAMESPACES:
-        n = address.split(".")[2]
-        name = f"gh{tag}-{n}"
-        commands = [
-            ["ip", "netns", "add", name],
-            ["ip", "link", "add", f"gh{n}", "type", "veth", "peer", "name", "eth0", "netns", name],
-            ["ip", "addr", "add", f"10.0.{n}.1/24", "dev", f"gh{n}"],
-            ["ip", "link", "set", f"gh{n}", "up"],
-            ["ip", "netns", "exec", name, "ip", "link", "set", "lo", "up"],
-            ["ip", "netns", "exec", name, "ip", "addr", "add", f"{address}/24", "dev", "eth0"],
-            ["ip", "netns", "exec", name, "ip", "link", "set", "eth0", "up"],
-            ["ip", "netns", "exec", name, "ip", "route", "add", "default", "via", f"10.0.{n}.1"]]
-        names.append(name)
-        for command in commands:
-            subprocess.run(command, check=True)
-    return names
-
-
-def remove_namespaces(names: list[str]) -> None:
-    for name in names:
-        subprocess.run(["ip", "netns", "del", name], capture_output=True)
-
-
-def cut_off(address: str) -> None:
-    """Drop what crosses between ``address`` and the other nodes (not this
-    namespace's own traffic to it: the producer still reaches it)."""
-    others = "{ " + ", ".join(a for a in NODES_IN_NAMESPACES if a != address) + " }"
-    rules = [f"add table inet {TABLE}",
-             f"add chain inet {TABLE} relay {{ type filter hook forward priority 0 ; }}",
-             f"add rule inet {TABLE} relay ip saddr {address} ip daddr {others} drop",
-             f"add rule inet {TABLE} relay ip saddr {others} ip daddr {address} drop"]
-    for rule in rules:
-        subprocess.run(["nft", rule], check=True)
-
-
-def heal() -> None:
-    subprocess.run(["nft", "delete", "table", "inet", TABLE], check=True)
 
 
 class Sent:
@@ -107,35 +60,29 @@ def producer(node: str, acked: Acknowledged, sent: Sent, stop: threading.Event) 
 
 def run(seconds: float, seed: int) -> dict:
     rng = random.Random(seed)
-    names = make_namespaces(str(os.getpid()))
+    names = netns.make_namespaces(str(os.getpid()))
     root = tempfile.mkdtemp(prefix="minority-")
-    nodes = [Node(a, root, True, netns=n) for a, n in zip(nl.NODES, names, strict=True)]
+    nodes = [Node(a, n, root) for a, n in zip(NODES, names, strict=True)]
+    keep = bool(os.environ.get("GEARHORN_NODE_LOSS_KEEP"))
     try:
-        for node in nodes:
-            node.start_redis(None if node is nodes[0] else nodes[0].address)
-        for node in nodes:
-            node.start_sentinel(nodes[0].address)
-        nl.wait_until(lambda: nl.role(nl.NODES[0]).get("min_slaves_good_slaves") == 2, 60,
-                      "both replicas to sync")
-        for node in nodes:
-            node.start_gearhorn(nl.sentinel_url())
-        nl.subscribe_all()
+        nl.start_three(nodes)
+        nl.subscribe_all(NODES[0])
         acked, sent, stop = Acknowledged(), Sent(), threading.Event()
         threads = [threading.Thread(target=producer, args=(a, acked, sent, stop), daemon=True)
-                   for a in nl.NODES]
+                   for a in NODES]
         for thread in threads:
             thread.start()
         nl.wait_until(lambda: len(acked.ids) >= 50, 120, "the first acknowledgements")
         time.sleep(rng.uniform(0.5, 3.0))
-        minority = nl.current_master(nodes)
-        majority = [n for n in nodes if n.address != minority]
-        cut_off(minority)
+        minority = nl.current_master(NODES)
+        majority = [a for a in NODES if a != minority]
+        netns.cut_off(minority)
         cut_at = time.monotonic()  # once every rule is in
         promoted = nl.wait_until(lambda: (m := nl.current_master(majority)) != minority and m,
                                  60, "the majority to promote a replica")
         time.sleep(seconds)
         healed_at = time.monotonic()
-        heal()
+        netns.heal()
         nl.wait_until(lambda: nl.role(minority).get("role") == "slave", 90,
                       f"{minority} to become a replica of {promoted}")
         time.sleep(3)
@@ -149,7 +96,7 @@ def run(seconds: float, seed: int) -> dict:
                          and cut_at + 1 < f[2] < healed_at]
         majority_after = [f[2] - cut_at for f in fanouts if f[0] != minority
                           and f[2] is not None and f[1] > cut_at and f[2] < healed_at]
-        figures = nl._delivered(acked, [], seed, [n.address for n in nodes])
+        figures = nl.delivered(acked, [], seed, "cut off")
         figures.update(minority=minority, promoted=promoted,
                        # fanouts to the cut-off node unanswered at the cut, or sent during it
                        minority_sent=sum(1 for f in fanouts if f[0] == minority and f[1] < healed_at
@@ -162,12 +109,15 @@ def run(seconds: float, seed: int) -> dict:
               f"{len(minority_acks)} acknowledged; the majority answered again after "
               f"{figures['majority_answered_after_s']}s", flush=True)
         return figures
-    finally:
-        subprocess.run(["nft", "delete", "table", "inet", TABLE], capture_output=True)
+    except BaseException:
         for node in nodes:
-            node.kill(keep=bool(os.environ.get("GEARHORN_NODE_LOSS_KEEP")))
-        remove_namespaces(names)
-        if not os.environ.get("GEARHORN_NODE_LOSS_KEEP"):
+            print(f"--- {node.address}\n{node.log()}", file=sys.stderr)
+        raise
+    finally:
+        for node in nodes:
+            node.kill(keep=keep)
+        netns.remove_namespaces(names)
+        if not keep:
             shutil.rmtree(root, ignore_errors=True)
 
 
@@ -186,7 +136,6 @@ def main() -> None:
                                *sys.argv[1:]], cwd=nl.ROOT,
                               env={**os.environ, "GEARHORN_MINORITY_NETNS": "1"})
         raise SystemExit(done.returncode)
-    nl.NODES = NODES_IN_NAMESPACES
     seed = args.seed if args.seed is not None else random.randrange(1 << 30)
     figures = run(args.seconds, seed)
     if args.json:

@@ -82,37 +82,56 @@ class Node:
         self.address, self.netns = address, netns_name
         self.dir = os.path.join(root, address)
         self.process: subprocess.Popen | None = None
+        self.parts: list[subprocess.Popen] = []  # started --only PART
 
-    def start(self) -> None:
+    def start(self, *only: str) -> subprocess.Popen:
+        """``gearhorn node`` for this node (``only``: ``--only PART``, as a
+        systemd unit runs it; several make several processes)."""
         os.makedirs(self.dir, exist_ok=True)
         others = [a for a in NODES if a != self.address]
         argv = ["ip", "netns", "exec", self.netns, sys.executable, "-m", "gearhorn", "node",
                 self.address, *others, "--data-dir", os.path.join(self.dir, "data"),
-                "--processes", "1"]
-        with open(os.path.join(self.dir, "node.log"), "ab") as log:
-            self.process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
-                                            stdin=subprocess.DEVNULL, cwd=ROOT,
-                                            env={**os.environ, **SETTINGS, "PYTHONPATH": ROOT},
-                                            preexec_fn=die_with_parent,
-                                            start_new_session=True)  # it and what it starts
+                "--processes", "1", *(["--only", *only] if only else [])]
+        with open(os.path.join(self.dir, f"node{'-' + only[0] if only else ''}.log"),
+                  "ab") as log:
+            process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
+                                       stdin=subprocess.DEVNULL, cwd=ROOT,
+                                       env={**os.environ, **SETTINGS, "PYTHONPATH": ROOT},
+                                       preexec_fn=die_with_parent,
+                                       start_new_session=True)  # it and what it starts
+        if only:
+            self.parts.append(process)
+        else:
+            self.process = process
+        return process
 
     def signal(self, sig: int) -> None:
-        if self.process is not None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.process.pid, sig)
+        for process in [self.process, *self.parts]:
+            if process is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(process.pid, sig)
 
     def kill(self, keep: bool = False) -> None:
         """Every process of the node with -9, then its disk (``keep``: not)."""
         self.signal(signal.SIGKILL)
-        if self.process is not None:
-            self.process.wait()
-        self.process = None
+        for process in [self.process, *self.parts]:
+            if process is not None:
+                process.wait()
+        self.process, self.parts = None, []
         if not keep:
             shutil.rmtree(os.path.join(self.dir, "data"), ignore_errors=True)
 
     def log(self) -> str:
-        with open(os.path.join(self.dir, "node.log"), errors="replace") as fp:
-            return fp.read()[-4000:]
+        return "".join(self.log_of(name)[-3000:] for name in
+                       ("", "worker", "bridge", "gearmand", "sentinel", "fsyncd", "redis"))
+
+    def log_of(self, part: str) -> str:
+        """What ``gearhorn node`` (``--only part``) said."""
+        path = os.path.join(self.dir, f"node{'-' + part if part else ''}.log")
+        if not os.path.exists(path):
+            return ""
+        with open(path, errors="replace") as fp:
+            return fp.read()
 
 
 def current_master(addresses) -> str | None:
@@ -138,6 +157,16 @@ def role(address: str) -> dict:
         return info
     except redis.RedisError:
         return {}
+
+
+def reaches_bridge(node: Node, address: str) -> bool:
+    """A STOMP client on ``node``'s host connects to the bridge at ``address``."""
+    probe = (f"import socket; s = socket.create_connection(({address!r}, {STOMP}), 5); "
+             "s.sendall(b'CONNECT\\naccept-version:1.2\\nhost:/\\n\\n\\0'); "
+             "print(s.recv(4096).split(b'\\n')[0].decode())")
+    done = subprocess.run(["ip", "netns", "exec", node.netns, sys.executable, "-c", probe],
+                          capture_output=True, text=True, timeout=30)
+    return done.stdout.strip() == "CONNECTED"
 
 
 def serving(address: str) -> bool:
@@ -344,9 +373,15 @@ def start_three(nodes: list[Node]) -> None:
     for node in nodes:
         wait_until(lambda node=node: node.process.poll() is None and serving(node.address),
                    120, f"{node.address} serving")
+    for node, other in zip(nodes, nodes[1:] + nodes[:1], strict=True):
+        if not reaches_bridge(node, other.address):
+            raise SystemExit(f"a client on {node.address} cannot reach {other.address}'s bridge")
 
 
-def run(mode: str, losses: int, seed: int) -> dict:
+def run(modes: list[str], seed: int, by_parts: bool = False) -> dict:
+    """A loss per mode in ``modes`` (kill or silent); with ``by_parts`` the
+    last lost node comes back a part at a time, its pool and bridge first,
+    as a service manager may start them (etc/systemd/)."""
     rng = random.Random(seed)
     names = netns.make_namespaces(str(os.getpid()))
     root = tempfile.mkdtemp(prefix="node-loss-")
@@ -361,12 +396,13 @@ def run(mode: str, losses: int, seed: int) -> dict:
         for thread in producers:
             thread.start()
         wait_until(lambda: len(acked.ids) >= 50, 120, "the first acknowledgements")
-        outages = [lose(nodes, loss, mode, acked, rng) for loss in range(losses)]
+        outages = [lose(nodes, loss, mode, acked, rng,
+                        by_parts and loss == len(modes) - 1) for loss, mode in enumerate(modes)]
         time.sleep(2)
         stop.set()
         for thread in producers:
             thread.join(60)
-        return delivered(acked, outages, seed, mode)
+        return delivered(acked, outages, seed, ",".join(modes))
     except BaseException:
         for node in nodes:
             print(f"--- {node.address}\n{node.log()}", file=sys.stderr)
@@ -379,10 +415,50 @@ def run(mode: str, losses: int, seed: int) -> dict:
             shutil.rmtree(root, ignore_errors=True)
 
 
+def cold_start_by_parts(seed: int) -> dict:
+    """Every node down (a power cut of all three), then one node started as
+    systemd starts it, a part per process, in the worst order: its pool,
+    bridge and gearmand before any Redis or Sentinel answers anywhere; the
+    other two with ``gearhorn node``. The first node's parts must come up
+    by themselves (its pool waits, started again), and a fanout through
+    it be answered."""
+    names = netns.make_namespaces(str(os.getpid()))
+    root = tempfile.mkdtemp(prefix="cold-start-")
+    nodes = [Node(a, n, root) for a, n in zip(NODES, names, strict=True)]
+    try:
+        first = nodes[0]
+        for part in ("worker", "bridge", "gearmand"):
+            first.start(part)
+        wait_until(lambda: "starting it again" in first.log_of("worker"), 60,
+                   "the pool to find no Redis, and be started again")
+        for part in ("sentinel", "fsyncd", "redis"):
+            first.start(part)
+        for node in nodes[1:]:
+            node.start()
+        wait_until(lambda: serving(first.address), 180, f"{first.address} serving")
+        subscribe_all(first.address)
+        answered = wait_until(lambda: fanout_once(first.address, f"cold-{time.time()}"), 120,
+                              "a fanout through the first node answered", every=0.5)
+        restarts = first.log_of("worker").count("starting it again")
+        print(f"cold start a part at a time: the first node's pool started before any Redis, "
+              f"was started again {restarts} times, came up and answered", flush=True)
+        return {"answered": bool(answered), "worker_restarts": restarts, "seed": seed}
+    except BaseException:
+        for node in nodes:
+            print(f"--- {node.address}\n{node.log()}", file=sys.stderr)
+        raise
+    finally:
+        for node in nodes:
+            node.kill()
+        netns.remove_namespaces(names)
+        shutil.rmtree(root, ignore_errors=True)
+
+
 def lose(nodes: list[Node], loss: int, mode: str, acked: Acknowledged,
-         rng: random.Random) -> dict:
+         rng: random.Random, by_parts: bool = False) -> dict:
     """The master's node (even losses) or a replica's, lost at a random
-    moment, then started again at once on an empty disk."""
+    moment, then started again at once on an empty disk (``by_parts``: a
+    part at a time, the pool first)."""
     time.sleep(rng.uniform(1.0, 4.0))  # a random moment under load
     master = current_master(NODES)
     victim = next(n for n in nodes if (n.address == master) == (loss % 2 == 0))
@@ -403,15 +479,25 @@ def lose(nodes: list[Node], loss: int, mode: str, acked: Acknowledged,
         time.sleep(max(0.0, SILENT_FOR - (time.monotonic() - struck)))
         victim.kill()
     netns.heal()
-    victim.start()  # at once: the command waits out the failover itself
-    outage = {"node": victim.address, "was_master": victim.address == master,
-              "failover_after_s": failover, "answered_again_after_s": answered}
-    print(f"{mode} {victim.address} ({'master' if outage['was_master'] else 'replica'}): "
+    if by_parts:  # the pool and the bridge before any part they need
+        for part in ("worker", "bridge", "gearmand", "sentinel", "fsyncd", "redis"):
+            victim.start(part)
+        alive = victim.parts
+    else:
+        victim.start()  # at once: the command waits out the failover itself
+        alive = [victim.process]
+    outage = {"mode": mode, "node": victim.address, "was_master": victim.address == master,
+              "failover_after_s": failover, "answered_again_after_s": answered,
+              "by_parts": by_parts}
+    print(f"{mode} {victim.address} ({'master' if outage['was_master'] else 'replica'})"
+          f"{', back a part at a time' if by_parts else ''}: "
           f"answered again {'never' if answered is None else f'after {answered}s'}"
           f"{'' if failover is None else f' (a replica promoted after {failover}s)'}",
           flush=True)
-    wait_until(lambda: victim.process.poll() is None and serving(victim.address), 180,
+    wait_until(lambda: all(p.poll() is None for p in alive) and serving(victim.address), 180,
                f"{victim.address} serving again")
+    if by_parts:
+        outage["worker_restarts"] = victim.log_of("worker").count("starting it again")
     return outage
 
 
@@ -443,8 +529,14 @@ def delivered(acked: Acknowledged, outages: list[dict], seed: int, mode: str) ->
 
 def main() -> None:
     parser = argparse.ArgumentParser(description="three nodes, one lost with its disk at a time")
-    parser.add_argument("--mode", choices=("kill", "silent"), default="kill")
-    parser.add_argument("--losses", type=int, default=3)
+    parser.add_argument("--modes", default="kill,silent,silent",
+                        help="how each node is lost, in turn: kill or silent (the master's "
+                             "node, a replica's, the master's again...)")
+    parser.add_argument("--by-parts", action="store_true",
+                        help="the last lost node comes back a part at a time, its pool first")
+    parser.add_argument("--cold-start", action="store_true",
+                        help="instead: every node down, one started a part at a time, its "
+                             "pool before any Redis")
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
@@ -458,7 +550,8 @@ def main() -> None:
                               env={**os.environ, "GEARHORN_NODE_LOSS_NETNS": "1"})
         raise SystemExit(done.returncode)
     seed = args.seed if args.seed is not None else random.randrange(1 << 30)
-    figures = run(args.mode, args.losses, seed)
+    figures = (cold_start_by_parts(seed) if args.cold_start
+               else run(args.modes.split(","), seed, args.by_parts))
     if args.json:
         print(json.dumps(figures))
 
