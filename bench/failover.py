@@ -1,16 +1,20 @@
-"""Seconds without acknowledgements after the master's node is killed -9:
-gearhorn on three nodes (min_replicas = 1, Sentinel) against RabbitMQ
-quorum queues on three nodes, in the same run.
+"""Seconds without acknowledgements after the master's node is lost, two
+ways: killed (-9: its sockets close at once) and silent (frozen, and every
+packet to and from it dropped: a power loss or a pulled cable, as the
+others see it). gearhorn on three nodes (``gearhorn node``: Sentinel,
+min_replicas = 1) against RabbitMQ quorum queues on three nodes, in the
+same run.
 
-    python bench/failover.py              # 3 rounds of each (about 10 minutes)
+    python bench/failover.py              # 3 rounds of each (about 20 minutes)
     python bench/failover.py --rounds 1
 
-gearhorn: the scenario of tests/integration/node_loss.py with one kill, run
-as its own command (three nodes on 127.0.0.2-4 in a network namespace of
-its own, every server a node runs; the master's node is killed -9 and its
-data deleted while producers send foreground fanouts and STOMP SENDs). The
-figure is its ``answered_again_after_s``: from the kill to the first
-acknowledgement after it.
+gearhorn: the scenario of tests/integration/node_loss.py with one loss, run
+as its own command (three nodes, a network namespace each, every server a
+node runs; the master's node is lost while producers send foreground
+fanouts and STOMP SENDs to every node). The figure is its
+``answered_again_after_s``: from the loss to the first acknowledgement of
+a message sent after it; beside it, when the Sentinels named a new master,
+and the copies received twice.
 
 RabbitMQ: bench/rabbit_cluster.py's three nodes on this machine; one quorum
 queue led by the first node (declared there); a producer on the second node
@@ -24,6 +28,7 @@ message at a time, when the node that held the writes is lost.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -42,23 +47,25 @@ import rabbit_cluster  # noqa: E402
 import stomp_bridge  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TABLE = "gearhorn_bench_silent"
 
 
-def gearhorn_round(seed: int) -> float | None:
-    """One master's node lost: seconds until the next acknowledgement."""
-    done = subprocess.run([sys.executable, "-m", "tests.integration.node_loss", "--kills", "1",
+def gearhorn_round(seed: int, mode: str) -> dict:
+    """One master's node lost (``mode``: kill or silent): its outage's
+    figures and the copies received twice."""
+    done = subprocess.run([sys.executable, "-m", "tests.integration.node_loss", "--modes", mode,
                            "--seed", str(seed), "--json"], cwd=ROOT, capture_output=True,
                           text=True, timeout=900)
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
     if done.returncode != 0 or not lines:
         raise SystemExit(f"node_loss failed: {done.stderr[-2000:]}")
     for line in done.stdout.splitlines():
-        if line.startswith("killed"):
+        if line.startswith(mode):
             print(f"    node_loss --seed {seed}: {line}", flush=True)
     figures = json.loads(lines[-1])
     if any(figures["lost"].values()):
         raise SystemExit(f"gearhorn lost acknowledged copies: {figures['lost']}")
-    return figures["outages"][0]["answered_again_after_s"]
+    return {**figures["outages"][0], "twice": sum(figures["twice"].values())}
 
 
 class Receipts(stomp.ConnectionListener):
@@ -89,65 +96,101 @@ def connect(port: int, listener: stomp.ConnectionListener | None = None) -> stom
     return connection
 
 
-def rabbitmq_round(kill_after: float) -> float | None:
-    """The quorum queue's leader node lost: seconds until the next receipt."""
+def silence(node: rabbit_cluster.Node) -> None:
+    """Freeze ``node`` and drop every packet to and from its ports."""
+    os.killpg(node.process.pid, signal.SIGSTOP)
+    ports = ", ".join(str(p) for p in node.ports)
+    subprocess.run(["nft", f"add table inet {TABLE}"], check=True)
+    for hook in ("input", "output"):
+        subprocess.run(["nft", f"add chain inet {TABLE} {hook} "
+                               f"{{ type filter hook {hook} priority 0 ; }}"], check=True)
+        for side in ("sport", "dport"):
+            subprocess.run(["nft", f"add rule inet {TABLE} {hook} tcp {side} {{ {ports} }} "
+                                   "drop"], check=True)
+
+
+def heal() -> None:
+    subprocess.run(["nft", "delete", "table", "inet", TABLE], capture_output=True)
+
+
+def rabbitmq_round(kill_after: float, mode: str) -> float | None:
+    """The quorum queue's leader node lost (``mode``: kill or silent):
+    seconds until the next receipt."""
     with rabbit_cluster.Brokers(3) as cluster:
         leader, survivor = cluster.nodes[0], cluster.nodes[1]
-        setup = connect(leader.port)  # declared on the first node: it leads the queue
-        setup.subscribe("/queue/failover", id="declare", ack="client",
-                        headers={"durable": "true", "auto-delete": "false",
-                                 "x-queue-type": "quorum"})
-        setup.disconnect()
-        receipts = Receipts()
-        producer = connect(survivor.port, receipts)
-        killed_at: float | None = None
-        started = time.monotonic()
-        count = 0
-        deadline = started + kill_after + 120
-        while time.monotonic() < deadline:
-            count += 1
-            receipt = f"m{count}"
-            try:
-                producer.send("/amq/queue/failover", b"x" * 100,
-                              headers={"persistent": "true", "receipt": receipt})
-            except stomp.exception.StompException as error:
-                print(f"  RabbitMQ: the producer's SEND failed: {error!r}", flush=True)
-                break
-            answered = receipts.wait(receipt, 60)
-            if killed_at is not None and answered:
-                producer.disconnect()
-                return receipts.times[receipt] - killed_at
-            if killed_at is None and time.monotonic() - started > kill_after:
+        try:
+            return _rabbitmq_loss(cluster, leader, survivor, kill_after, mode)
+        finally:
+            heal()
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(leader.process.pid, signal.SIGCONT)
+
+
+def _rabbitmq_loss(cluster, leader, survivor, kill_after: float, mode: str) -> float | None:
+    setup = connect(leader.port)  # declared on the first node: it leads the queue
+    setup.subscribe("/queue/failover", id="declare", ack="client",
+                    headers={"durable": "true", "auto-delete": "false",
+                             "x-queue-type": "quorum"})
+    setup.disconnect()
+    receipts = Receipts()
+    producer = connect(survivor.port, receipts)
+    killed_at: float | None = None
+    started = time.monotonic()
+    count = 0
+    deadline = started + kill_after + 180
+    while time.monotonic() < deadline:
+        count += 1
+        receipt = f"m{count}"
+        try:
+            producer.send("/amq/queue/failover", b"x" * 100,
+                          headers={"persistent": "true", "receipt": receipt})
+        except stomp.exception.StompException as error:
+            print(f"  RabbitMQ: the producer's SEND failed: {error!r}", flush=True)
+            break
+        answered = receipts.wait(receipt, 180)
+        if killed_at is not None and answered:
+            producer.disconnect()
+            return receipts.times[receipt] - killed_at
+        if killed_at is None and time.monotonic() - started > kill_after:
+            if mode == "silent":
+                silence(leader)
+            else:
                 os.killpg(leader.process.pid, signal.SIGKILL)
-                killed_at = time.monotonic()
-        print(f"  RabbitMQ: no receipt after the kill in {deadline - started:.0f} s "
-              f"(errors: {receipts.errors or 'none'})", flush=True)
-        producer.disconnect()
-        return None
+            killed_at = time.monotonic()
+    print(f"  RabbitMQ: no receipt after the loss in {deadline - started:.0f} s "
+          f"(errors: {receipts.errors or 'none'})", flush=True)
+    producer.disconnect()
+    return None
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--modes", default="kill,silent")
     args = parser.parse_args()
-    print(f"seconds without acknowledgements after the master's node is killed -9 "
-          f"({os.cpu_count()} cores, one producer, one message at a time)", flush=True)
-    ours, theirs = [], []
-    for turn in range(args.rounds):  # alternating: noise shows in both
-        ours.append(gearhorn_round(seed=turn + 1))
-        print(f"  round {turn + 1}: gearhorn (Sentinel, min_replicas = 1) {ours[-1]} s",
-              flush=True)
-        if rabbit_cluster.installed():
-            theirs.append(rabbitmq_round(kill_after=5.0))
-            print(f"  round {turn + 1}: RabbitMQ quorum queue (3 nodes) {theirs[-1]} s",
-                  flush=True)
-    known = [s for s in ours if s is not None]
-    line = f"  median: gearhorn {statistics.median(known):.2f} s" if known else "  gearhorn: none"
-    if theirs and all(s is not None for s in theirs):
-        line += f", RabbitMQ {statistics.median(theirs):.2f} s"
-    elif not rabbit_cluster.installed():
-        line += "; RabbitMQ: not installed (apt-get install rabbitmq-server), no comparison"
-    print(line)
+    print(f"seconds without acknowledgements after the master's node is lost "
+          f"({os.cpu_count()} cores, producers sending one message at a time)", flush=True)
+    for mode in args.modes.split(","):
+        ours, theirs = [], []
+        for turn in range(args.rounds):  # alternating: noise shows in both
+            ours.append(gearhorn_round(turn + 1, mode))
+            o = ours[-1]
+            print(f"  {mode}, round {turn + 1}: gearhorn (Sentinel, min_replicas = 1) "
+                  f"{o['answered_again_after_s']} s (a replica promoted after "
+                  f"{o['failover_after_s']} s; {o['twice']} copies twice)", flush=True)
+            if rabbit_cluster.installed():
+                theirs.append(rabbitmq_round(5.0, mode))
+                print(f"  {mode}, round {turn + 1}: RabbitMQ quorum queue (3 nodes) "
+                      f"{theirs[-1]} s", flush=True)
+        known = [o["answered_again_after_s"] for o in ours
+                 if o["answered_again_after_s"] is not None]
+        line = (f"  {mode}: median gearhorn {statistics.median(known):.2f} s" if known
+                else f"  {mode}: gearhorn none")
+        if theirs and all(s is not None for s in theirs):
+            line += f", RabbitMQ {statistics.median(theirs):.2f} s"
+        elif not rabbit_cluster.installed():
+            line += "; RabbitMQ: not installed (apt-get install rabbitmq-server)"
+        print(line, flush=True)
 
 
 if __name__ == "__main__":

@@ -47,6 +47,7 @@ class Node:
         self.name = f"{name}@localhost"
         self.port, self.ws_port = servers.free_port(), servers.free_port()
         amqp, dist = servers.free_port(), servers.free_port()
+        self.ports = (self.port, self.ws_port, amqp, dist)  # every port it listens on
         with open(os.path.join(self.folder, "rabbitmq.conf"), "w") as fp:
             fp.write(f"listeners.tcp.1 = 127.0.0.1:{amqp}\n"
                      f"stomp.listeners.tcp.1 = 127.0.0.1:{self.port}\n"

@@ -265,8 +265,7 @@ class Node:
         if not os.path.exists(path):  # Sentinel keeps what it learns in its file
             master = self._named_master() or self._master_of_own_redis()
             self._write(folder, "sentinel.conf", sentinel_conf(self.me, folder, master))
-        process = self._spawn("sentinel", [_binary("redis-server", "redis-server"), path,
-                                           "--sentinel"])
+        process = self._spawn("sentinel", [_binary("redis-sentinel", "redis-sentinel"), path])
         self._wait_listening(SENTINEL_PORT, "Sentinel", process)
         return process
 

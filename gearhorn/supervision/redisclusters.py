@@ -1,6 +1,6 @@
 """Redis Cluster and Sentinel on loopback, for the tests, benchmarks and
-recipes that need them (``gearhorn up`` runs one Redis; etc/three-nodes
-starts Sentinels by hand)."""
+recipes that need them (``gearhorn up`` runs one Redis; ``gearhorn node``
+runs a Sentinel on each of three nodes)."""
 
 from __future__ import annotations
 
