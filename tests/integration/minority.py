@@ -29,6 +29,7 @@ from tests.integration import node_loss as nl
 from tests.integration.node_loss import NODES, Acknowledged, Node
 
 GIVE_UP_AFTER = 10.0  # s a producer waits for one fanout's answer (barrier_timeout is 5)
+PROBE_EVERY = 0.25  # s between the probes of the majority after the cut
 
 
 class Sent:
@@ -58,6 +59,40 @@ def producer(node: str, acked: Acknowledged, sent: Sent, stop: threading.Event) 
             time.sleep(0.02)
 
 
+class Probes:
+    """Fanouts to the majority's gearmand, a new one every PROBE_EVERY
+    seconds from the cut on, each on a thread of its own: a producer whose
+    fanout the cut-off node's worker had grabbed waits GIVE_UP_AFTER for it,
+    and when every producer of the majority was caught so, the first answer
+    measured the producers' patience instead of the majority's."""
+
+    def __init__(self, majority: list[str], acked: Acknowledged) -> None:
+        self.majority, self.acked = majority, acked
+        self.answered: list[float] = []
+        self.threads: list[threading.Thread] = []
+        self.lock = threading.Lock()
+
+    def run(self, stop: threading.Event) -> None:
+        count = 0
+        while not stop.is_set() and not self.answered:
+            count += 1
+            node = self.majority[count % len(self.majority)]
+            thread = threading.Thread(target=self._one, args=(node, f"p{count}"), daemon=True)
+            thread.start()
+            self.threads.append(thread)
+            stop.wait(PROBE_EVERY)
+
+    def join(self) -> None:
+        for thread in self.threads:
+            thread.join(GIVE_UP_AFTER + 5)
+
+    def _one(self, node: str, message_id: str) -> None:
+        if nl.fanout_once(node, message_id, wait=GIVE_UP_AFTER):
+            self.acked.add(message_id)
+            with self.lock:
+                self.answered.append(time.monotonic())
+
+
 def run(seconds: float, seed: int) -> dict:
     rng = random.Random(seed)
     names = netns.make_namespaces(str(os.getpid()))
@@ -78,9 +113,14 @@ def run(seconds: float, seed: int) -> dict:
         majority = [a for a in NODES if a != minority]
         netns.cut_off(minority)
         cut_at = time.monotonic()  # once every rule is in
+        probes, probing = Probes(majority, acked), threading.Event()
+        prober = threading.Thread(target=probes.run, args=(probing,), daemon=True)
+        prober.start()
         promoted = nl.wait_until(lambda: (m := nl.current_master(majority)) != minority and m,
                                  60, "the majority to promote a replica")
         time.sleep(seconds)
+        probing.set()
+        prober.join(10)
         healed_at = time.monotonic()
         netns.heal()
         nl.wait_until(lambda: nl.role(minority).get("role") == "slave", 90,
@@ -89,13 +129,14 @@ def run(seconds: float, seed: int) -> dict:
         stop.set()
         for thread in threads:
             thread.join(60)
+        probes.join()
         with sent.lock:
             fanouts = list(sent.fanouts)
         # Answered by the cut-off node from a second after the cut to the heal.
         minority_acks = [f for f in fanouts if f[0] == minority and f[2] is not None
                          and cut_at + 1 < f[2] < healed_at]
-        majority_after = [f[2] - cut_at for f in fanouts if f[0] != minority
-                          and f[2] is not None and f[1] > cut_at and f[2] < healed_at]
+        with probes.lock:
+            majority_after = [t - cut_at for t in probes.answered if t < healed_at]
         figures = nl.delivered(acked, [], seed, "cut off")
         figures.update(minority=minority, promoted=promoted,
                        # fanouts to the cut-off node unanswered at the cut, or sent during it
