@@ -199,6 +199,9 @@ def cmd_ledger(config: Config, args: argparse.Namespace) -> int:
 
 
 def cmd_audit(config: Config, args: argparse.Namespace) -> int:
+    from gearhorn.pipeline.needs import require_spark
+
+    require_spark()  # one line, not an import's traceback
     from gearhorn.pipeline.audit import AuditSettings, run
     from gearhorn.store import redisconn
     from gearhorn.store.keys import Keys

@@ -313,6 +313,11 @@ def _service_errors() -> tuple[type[BaseException], ...]:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["report"]:  # the Spark job parses its own options
+        from gearhorn.pipeline.needs import spark_missing
+
+        if (reason := spark_missing()) is not None and "-h" not in argv and "--help" not in argv:
+            print(f"gearhorn report: {reason}", file=sys.stderr)
+            return 2
         from gearhorn.pipeline.job import main as report
 
         return report(argv[1:])

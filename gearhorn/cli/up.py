@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 import threading
 import time
 from urllib.parse import urlparse
@@ -20,6 +19,7 @@ import redis
 
 from gearhorn import gearman
 from gearhorn.config import UP_STORE_BOUND, Config, to_env
+from gearhorn.pipeline.needs import spark_missing
 from gearhorn.runtime import ports
 from gearhorn.store import durability, redisconn
 from gearhorn.store.heldcopies import HeldCopies
@@ -46,6 +46,10 @@ class Embedded:
         self.started: list[servers.Managed] = []
         self.notes: dict[str, str] = {}
         self.gearmand: servers.Managed | None = None
+        self.audit: servers.Managed | None = None
+        self.audit_folder = os.path.join(config.data_dir, "audit")
+        self.audit_restarts = 0
+        self.audit_due = 0.0  # monotonic time of its next start after it stopped
         self._stopping = threading.Event()
 
     def run(self) -> int:
@@ -72,8 +76,10 @@ class Embedded:
 
     def _restart_crashed(self) -> None:
         """Start gearmand again when it crashed (a clean exit is a stop
-        someone asked for); the held copies it had go to it again."""
+        someone asked for; the held copies it had go to it again), and the
+        live audit whenever it stopped (the banner says it is live)."""
         while not self._stopping.wait(0.5):
+            self._restart_audit()
             if not _crashed(self.gearmand):
                 continue
             log.warning("gearmand crashed: starting it again")
@@ -85,6 +91,25 @@ class Embedded:
                 log.warning("gearmand started again on port %s", self.gearmand.port)
             except (servers.ServerError, gearman.GearmanError) as exc:
                 log.error("could not restart gearmand: %s (trying again)", exc)
+
+    def _restart_audit(self) -> None:
+        """Again after 1, 2, 4 ... 60 s: an audit that cannot start (its
+        Redis away) is not started in a loop."""
+        if self.audit is None or self.audit.process.poll() is None:
+            return
+        now = time.monotonic()
+        if not self.audit_due:
+            self.audit_due = now + min(60.0, 2.0 ** self.audit_restarts)
+            log.warning("the live audit stopped (exit status %s): starting it again in %g s",
+                        self.audit.process.returncode, self.audit_due - now)
+            return
+        if now < self.audit_due or self._stopping.is_set():
+            return
+        self.audit_restarts += 1
+        self.audit_due = 0.0
+        new = servers.start_audit(to_env(self.config), self.audit_folder)
+        self.started[self.started.index(self.audit)] = new
+        self.audit = new
 
     def _ensure_redis(self) -> None:
         url = urlparse(self.config.redis_url)
@@ -204,11 +229,12 @@ class Embedded:
         if not self.config.audit_enabled:
             self.notes["audit"] = "off (gearhorn up --audit starts it)"
             return
-        if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
-            self.notes["audit"] = "off: Spark needs Java (apt-get install default-jre-headless)"
+        if (reason := spark_missing()) is not None:
+            self.notes["audit"] = f"off: {reason}"
             return
-        folder = os.path.join(self.config.data_dir, "audit")
-        self.started.append(servers.start_audit(to_env(self.config), folder))
+        folder = self.audit_folder
+        self.audit = servers.start_audit(to_env(self.config), folder)
+        self.started.append(self.audit)
         self.notes["audit"] = (f"live: a copy not delivered within "
                                f"{self.config.audit_deadline:g} s while its subscriber takes "
                                f"others is a finding (here, at /metrics, in {folder}/findings)")

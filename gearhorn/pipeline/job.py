@@ -13,7 +13,6 @@ import argparse
 import glob
 import json
 import os
-import shutil
 import sys
 import time
 from dataclasses import dataclass
@@ -22,6 +21,7 @@ if __package__ in (None, ""):  # run as a file by spark-submit
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
 
 from gearhorn.errors import GearhornError
+from gearhorn.pipeline import needs
 from gearhorn.pipeline import transforms as T  # noqa: E402
 from gearhorn.store.redisconn import REDIS_ERRORS
 
@@ -53,12 +53,10 @@ class Options:
 
 
 def check_java() -> None:
-    java_home = os.environ.get("JAVA_HOME")
-    if java_home and os.access(os.path.join(java_home, "bin", "java"), os.X_OK):
-        return
-    if shutil.which("java") is None:
-        raise PipelineError("Java is not installed, and Spark needs it: "
-                            "apt-get install default-jre-headless (Java 17 or newer)")
+    """Java (and pyspark) present, or one line that says what to install."""
+    reason = needs.spark_missing()
+    if reason is not None:
+        raise PipelineError(reason)
 
 
 def ledger_files(path: str, fmt: str = "auto") -> tuple[str, list[str]]:
