@@ -192,7 +192,8 @@ class Judge:
                 topic = (row.subscriber or "").rpartition("_")[0] or None
                 finding = state.duplicate(str(row.copy_key), Finding(
                     verdicts.DUPLICATE, topic, row.subscriber, None, row.unique,
-                    row.settled_ts, "delivered more than once as new"))
+                    row.settled_ts, "delivered more than once as new (or, held, completed "
+                    "in two hand-outs)"))
             else:
                 if row.outcome == "streamed":
                     runs.setdefault(row.subscriber, []).append(row.unique)

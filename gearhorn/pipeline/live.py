@@ -66,16 +66,23 @@ def copy_outcomes(events: DataFrame, deadline_ms: int, lateness_ms: int) -> Data
 
 def duplicate_deliveries(events: DataFrame, window_ms: int) -> DataFrame:
     """One ``duplicate`` row per pair of first deliveries of one copy within
-    ``window_ms`` of each other (each pair once: the later row by ledger id
-    names it)."""
+    ``window_ms`` of each other, or of complete answers of one held copy in
+    two generations (transforms.complete_answer); each pair once: the later
+    row by ledger id, or generation, names it."""
+    answer = T.complete_answer()
+
     def firsts(suffix: str) -> DataFrame:
-        return events.filter(_kept(T.first_delivery() & F.col("copy_key").isNotNull())).select(
+        return events.filter(_kept((T.first_delivery() | answer)
+                                   & F.col("copy_key").isNotNull())).select(
             F.col("copy_key").alias(f"key{suffix}"), F.col("at").alias(f"at{suffix}"),
-            F.concat_ws("/", "stream_id", "source").alias(f"id{suffix}"),
+            answer.alias(f"answer{suffix}"),
+            F.when(answer, F.col("count").cast("string"))
+            .otherwise(F.concat_ws("/", "stream_id", "source")).alias(f"id{suffix}"),
             F.col("subscriber").alias(f"subscriber{suffix}"),
             F.col("unique").alias(f"unique{suffix}"), F.col("ts").alias(f"ts{suffix}"))
 
     pairs = firsts("1").join(firsts("2"), (F.col("key1") == F.col("key2"))
+                             & (F.col("answer1") == F.col("answer2"))
                              & (F.col("id2") > F.col("id1"))
                              & _within("at2", "at1", window_ms, window_ms))
     return pairs.select(F.lit(DUPLICATE).alias("outcome"), F.col("subscriber1").alias("subscriber"),

@@ -64,6 +64,15 @@ def first_delivery() -> Column:
     return (F.col("event") == E.DELIVERED) & ~F.coalesce(F.col("redelivered"), F.lit(False))
 
 
+def complete_answer() -> Column:
+    """A held copy's receiver completed it, in the generation ``count``
+    names: two in two generations are a ``duplicate`` (it was handed again,
+    its holder taken for dead, and the receiver ran it twice). Two in one
+    generation are one run of one job that two holders heard end."""
+    return ((F.col("event") == E.ANSWERED) & (F.col("reason") == "complete")
+            & F.col("count").isNotNull())
+
+
 def _of(events: DataFrame, event: str) -> DataFrame:
     return events.filter(F.col("event") == event)
 
@@ -214,8 +223,10 @@ _LOW20 = (1 << 20) - 1
 
 
 def copy_problems(events: DataFrame) -> DataFrame:
-    """copy_key, deliveries, first_deliveries of every copy that was never
-    delivered or delivered more than once without the ``redelivered`` flag.
+    """copy_key, deliveries, first_deliveries, answered_twice of every copy
+    that was never delivered, delivered more than once without the
+    ``redelivered`` flag, or completed in two generations
+    (:func:`complete_answer`).
 
     Keyed events (:func:`with_keys`) in. Only ``enqueued`` rows and those
     that settle a copy (:func:`settles_copy`) are read; queue messages
@@ -234,12 +245,17 @@ def copy_problems(events: DataFrame) -> DataFrame:
     firsts = total.bitwiseAND(_LOW20)
     enqueues = F.shiftright(total, 40).bitwiseAND(_LOW20)
     dropped = F.shiftright(total, 60)
+    generation = F.when(complete_answer(), F.col("count"))
+    answered_twice = F.coalesce(F.col("answer_lo") < F.col("answer_hi"), F.lit(False))
     return (events.filter(((event == E.ENQUEUED) | settles_copy())
                           & F.col("copy_key").isNotNull())
-            .groupBy("copy_key").agg(F.sum(counted).alias("total"))
-            .filter((enqueues > 0) & (((deliveries == 0) & (dropped == 0)) | (firsts > 1)))
+            .groupBy("copy_key").agg(F.sum(counted).alias("total"),
+                                     F.min(generation).alias("answer_lo"),
+                                     F.max(generation).alias("answer_hi"))
+            .filter((enqueues > 0) & (((deliveries == 0) & (dropped == 0)) | (firsts > 1)
+                                      | answered_twice))
             .select("copy_key", deliveries.alias("deliveries"),
-                    firsts.alias("first_deliveries")))
+                    firsts.alias("first_deliveries"), answered_twice.alias("answered_twice")))
 
 
 def _made_or_refused() -> Column:
@@ -315,13 +331,16 @@ def name_problems(events: DataFrame, copies_wrong: DataFrame, widths_wrong: Data
              .filter(F.col("wrong_copy").isNotNull() | F.col("wrong_message").isNotNull())
              .join(tracked, "subscriber", "left"))
     deliveries, firsts = F.col("deliveries"), F.col("first_deliveries")
+    twice = F.coalesce(F.col("answered_twice"), F.lit(False))
     kind = (F.when(F.col("wrong_message").isNotNull(), F.lit("width_mismatch"))
-            .when(firsts > 1, F.lit("duplicate"))
+            .when((firsts > 1) | twice, F.lit("duplicate"))
             .when((deliveries == 0) & F.col("tracked"), F.lit("never_delivered")))
     detail = (F.when(F.col("wrong_message").isNotNull(),
                      F.format_string("published to %d subscribers, %d copies enqueued",
                                      "published_count", E.ENQUEUED))
               .when(firsts > 1, F.format_string("delivered %d times", deliveries))
+              .when(twice, F.lit("completed by its receiver twice, handed again after its "
+                                 "holder was taken for dead"))
               .otherwise(F.lit("enqueued, no delivery recorded")))
     width_row = F.col("wrong_message").isNotNull()
     return (named.select(kind.alias("kind"), "message_id", "topic",

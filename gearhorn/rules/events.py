@@ -19,7 +19,9 @@ class Event(enum.StrEnum):
     DELIVERED = "delivered"  # the bridge gave a copy to a STOMP client
     ACKED = "acked"  # the STOMP client acknowledged it
     # A held copy's receiver answered its job (copies = held; reason: complete,
-    # failed or exception): any Gearman consumer's delivery, seen by gearhorn.
+    # failed or exception; count: the generation it was handed in): any
+    # Gearman consumer's delivery, seen by gearhorn. Two complete answers in
+    # two generations are a duplicate: the receiver ran it twice.
     ANSWERED = "answered"
     FAILED = "failed"  # a fanout or a copy failed (reason)
     # A copy not kept by the subscription's limits (reason: maxlen, maxbytes,

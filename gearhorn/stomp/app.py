@@ -143,8 +143,8 @@ def build_bridge(config: Config) -> Bridge:
     acks = durability.for_config(config, client)
     holding = None
     if config.copies == "held":  # the bridge's background jobs are copies it holds
-        def answered(queue: str, unique: str, status: str) -> None:
-            ledger.record(Event.ANSWERED, queue, unique, reason=status)
+        def answered(queue: str, unique: str, status: str, generation: int) -> None:
+            ledger.record(Event.ANSWERED, queue, unique, reason=status, generation=generation)
             flusher.recorded()
 
         holding = HoldingClient(gearman.Client(servers, tls=tls), HeldCopies(client, keys),

@@ -53,13 +53,14 @@ class HoldingClient:
     def __init__(self, client: gearman.Client, store: HeldCopies, holders: Holders,
                  process: str, ttl: float, interval: float,
                  tls: gearman.TlsFiles | None = None,
-                 record: Callable[[str, str, str], None] | None = None,
+                 record: Callable[[str, str, str, int], None] | None = None,
                  durability: Durability = NO_DURABILITY,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.client, self.store = client, store
         self._clock = clock
-        # (queue, copy key, status) of each answer, for the ledger
-        self.record = record or (lambda queue, key, status: None)
+        # (queue, copy key, status, generation) of each answer, for the ledger:
+        # two answers in two generations are the receiver running it twice
+        self.record = record or (lambda queue, key, status, generation: None)
         self.tls = tls
         self.durability = durability  # takes, hands again and forgets wait for its fsync
         self.lease = HolderLease(holders, process, ttl, interval, self._fenced, clock)
@@ -227,7 +228,7 @@ class HoldingClient:
             # a given-back one is still awaited (it comes again).
             waiting = None if given_back else self._waiting.pop(held, None)
         if not (refused or given_back):
-            self.record(copy.function, own, outcome.status)
+            self.record(copy.function, own, outcome.status, mark_of(copy.unique))
         if waiting is not None:  # after the record's forgetting is queued: a retry follows it
             waiting.settle(held, outcome)
         self._wake.set()

@@ -92,14 +92,20 @@ class Ledger:
                    "topic": topic, "sub": queue, "u": unique, "mid": message_id})
 
     def record(self, event: str, subscriber: str, unique: str = "",
-               redelivered: bool = False, reason: str = "") -> None:
+               redelivered: bool = False, reason: str = "",
+               generation: int | None = None) -> None:
         """A bridge event (attached, delivered, acked) or a held copy's
-        answer (answered, ``reason`` its status). These are many (two per
-        message and subscriber), so they travel as lines of one ``batch``
-        entry per flush instead of an entry each."""
+        answer (answered, ``reason`` its status, ``generation`` the one it
+        was handed in). These are many (two per message and subscriber), so
+        they travel as lines of one ``batch`` entry per flush instead of an
+        entry each."""
         if self.enabled:
             line = f"{event}\t{now_ms()}\t{subscriber}\t{unique}\t{'1' if redelivered else ''}"
-            self._lines.append(f"{line}\t{reason}" if reason else line)
+            if generation is not None:
+                line = f"{line}\t{reason}\t{generation}"
+            elif reason:
+                line = f"{line}\t{reason}"
+            self._lines.append(line)
 
     def _add(self, fields: dict[str, str]) -> None:
         if self.enabled:

@@ -145,12 +145,14 @@ def _published_rows(stream_id: str, fields: dict[str, str]) -> Iterator[dict]:
 
 def _batch_rows(stream_id: str, fields: dict[str, str]) -> Iterator[dict]:
     """Lines ``event TAB ts TAB subscriber TAB unique TAB redelivered``, and
-    ``TAB reason`` after them for an answer."""
+    ``TAB reason TAB generation`` after them for an answer (the generation
+    goes to ``count``: the hand-out of the held copy that was answered)."""
     source = fields.get("src") or None
     for line in filter(None, fields.get("events", "").split("\n")):
-        parts = (line.split("\t") + [""] * 6)[:6]
+        parts = (line.split("\t") + [""] * 7)[:7]
         yield {"event": parts[0], "ts": _int(parts[1]), "message_id": None, "topic": None,
-               "subscriber": parts[2] or None, "unique": parts[3] or None, "count": None,
+               "subscriber": parts[2] or None, "unique": parts[3] or None,
+               "count": _int(parts[6] or None),
                "reason": parts[5] or None, "redelivered": parts[4] == "1", "source": source,
                "stream_id": stream_id, "copy_key": copy_key(parts[2], parts[3]),
                "message_key": None}

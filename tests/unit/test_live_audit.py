@@ -74,6 +74,21 @@ def test_two_first_deliveries_of_a_copy_are_a_duplicate_and_a_redelivery_is_not(
         ("duplicate", "twice:x", True)]
 
 
+def answer(name, ts, generation, reason="complete", seq=0):
+    row = settled("answered", name, ts, seq=seq)
+    row.update(reason=reason, count=generation)
+    return row
+
+
+def test_a_held_copy_completed_in_two_generations_is_a_duplicate(spark):
+    rows = [answer("again", BASE, 0, seq=1), answer("again", BASE + S, 1, seq=2),
+            answer("tried", BASE, 0, reason="failed", seq=1), answer("tried", BASE + S, 1, seq=2),
+            answer("attached", BASE, 3, seq=1), answer("attached", BASE, 3, seq=2),
+            settled("delivered", "bridge", BASE, seq=1), answer("bridge", BASE + S, 0, seq=2)]
+    assert outcomes(spark, rows, lambda f: live.duplicate_deliveries(f, DEADLINE)) == [
+        ("duplicate", "again:x", True)]
+
+
 def test_stream_runs_and_ticks_pass_through(spark):
     rows = [ev("streamed", BASE, "news_+s", "e:0-4"), ev("tick", BASE + S),
             ev("acked", BASE, "news_a", "m:x")]

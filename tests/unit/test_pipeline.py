@@ -379,3 +379,27 @@ def test_a_held_copys_answer_tracks_a_plain_gearman_subscriber_and_counts_as_del
     assert all(subs[s].tracked for s in ("jobs_worker", "jobs_php", "jobs_stomp"))
     assert (subs["jobs_worker"].acked, subs["jobs_worker"].backlog) == (2, 0)
     assert (subs["jobs_php"].acked, subs["jobs_php"].backlog) == (1, 1)
+
+
+def test_a_held_copy_completed_in_two_generations_is_a_duplicate(spark):
+    """A copy handed again after its holder was taken for dead, and
+    completed by its receiver both times, is a duplicate; two holders that
+    heard the one job of one generation end (a taker attached to it) are
+    not, nor is a failed try before a complete one."""
+    rows = published("d1", "jobs", 1000, ["worker", "php", "pause"])
+    rows += [ev("answered", 1010, subscriber="jobs_worker", unique="d1:worker",
+                reason="complete", count=0),
+             ev("answered", 1900, subscriber="jobs_worker", unique="d1:worker",
+                reason="complete", count=1),  # handed again: run twice
+             ev("answered", 1020, subscriber="jobs_php", unique="d1:php", reason="failed",
+                count=0),
+             ev("answered", 1030, subscriber="jobs_php", unique="d1:php", reason="complete",
+                count=1),
+             ev("answered", 1040, subscriber="jobs_pause", unique="d1:pause",
+                reason="complete", count=2),
+             ev("answered", 1041, subscriber="jobs_pause", unique="d1:pause",
+                reason="complete", count=2)]  # the paused holder and its taker
+    events = T.with_keys(frame(spark, rows))
+    found = [(r.kind, r.message_id, r.subscriber, r.detail) for r in reconcile(events).collect()]
+    assert found == [("duplicate", "d1", "jobs_worker", "completed by its receiver twice, "
+                      "handed again after its holder was taken for dead")]
