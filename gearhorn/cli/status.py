@@ -51,8 +51,7 @@ def render(snap: dict) -> str:
         lines.append(f"delayed messages waiting: {snap['delayed']}")
     lines += _retention_lines(snap)
     if audit := snap.get("audit"):
-        age = max(0.0, snap.get("at", 0) - audit["updated_ms"] / 1000)
-        lines.append(f"{audit['line']} (updated {age:.0f} s ago)")
+        lines += _audit_lines(audit, snap.get("at", 0))
     workers = snap.get("workers", [])
     lines.append(f"live workers ({len(workers)}):")
     lines += [f"  {w['id']:40} pid {w.get('pid', '?'):>7} jobs {w.get('jobs', '?')}"
@@ -68,6 +67,30 @@ def render(snap: dict) -> str:
             continue
         lines += _queue_lines(server["functions"])
     return "\n".join(lines)
+
+
+AUDIT_NAMED = 10  # findings named (the newest), and topics listed (the most findings)
+
+
+def _audit_lines(audit: dict, now_s: float) -> list[str]:
+    """The audit's line, then where its findings are: per topic, and the
+    newest by message id and subscriber (the findings folder has them all)."""
+    age = max(0.0, now_s - audit["updated_ms"] / 1000)
+    lines = [f"{audit['line']} (updated {age:.0f} s ago)"]
+    topics = [(topic, kinds) for topic, kinds in audit.get("topics", {}).items()
+              if any(kinds.values())][:AUDIT_NAMED]
+    if topics:
+        lines.append("  findings by topic:")
+        lines += [f"    {topic or '-':40} " + ", ".join(f"{kind} {n}" for kind, n in
+                                                        sorted(kinds.items()) if n)
+                  for topic, kinds in topics]
+    recent = audit.get("recent", [])[-AUDIT_NAMED:]
+    if recent:
+        lines.append("  newest findings:")
+        lines += [f"    {f['kind']}: message {f.get('message_id') or '-'} for "
+                  f"{f.get('subscriber')} (topic {f.get('topic')}): {f.get('detail', '')}"
+                  for f in reversed(recent)]
+    return lines
 
 
 def _queue_lines(queues: list[dict]) -> list[str]:

@@ -283,3 +283,17 @@ def test_status_renders_the_consoles_snapshot(fake_redis):
     assert "queues over all 2 gearmand:" in lines
     assert lines[-2:] == ["gearmand b:2:", "  unreachable: refused"]
     assert sum(line.split()[:2] == ["news_alice", "3"] for line in lines) == 2
+
+
+def test_status_names_the_audits_findings_by_topic_and_by_message(fake_redis):
+    from gearhorn.cli.status import render
+
+    found = {"kind": "never_delivered", "topic": "news", "subscriber": "news_a",
+             "message_id": "m7", "unique": "m7:a", "enqueued_ts": 1, "found_ms": 2,
+             "detail": "not delivered within 30 s while copies enqueued after it were"}
+    fake_redis.set(KEYS.audit, json.dumps({**AUDIT_VERDICT, "recent": [found]}))
+    text = render(Collector(Registry(fake_redis, KEYS), servers=(), top=10).collect())
+    assert "audit: FINDINGS" in text
+    assert "news                                     never_delivered 1, overdue 2" in text
+    assert ("never_delivered: message m7 for news_a (topic news): not delivered within "
+            "30 s") in text
