@@ -44,6 +44,9 @@ log = logging.getLogger(__name__)
 
 # Topics whose finding counts go to Redis (the metrics' labels).
 TOP_TOPICS = 100
+# The JVM's log: errors only (its start-up warnings buried the findings).
+QUIET_LOG4J = os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                           "log4j2-audit.properties")
 
 
 @dataclass(frozen=True)
@@ -121,7 +124,8 @@ def spark_session(settings: AuditSettings):
         # A bigger stack: stopping a query mid-batch overflowed the default
         # one in a regular expression of Spark's.
         builder = builder.config("spark.driver.extraJavaOptions",
-                                 job.LOCAL_JAVA_OPTIONS + " -Xss8m")
+                                 f"{job.LOCAL_JAVA_OPTIONS} -Xss8m "
+                                 f"-Dlog4j2.configurationFile={QUIET_LOG4J}")
     return builder.getOrCreate()
 
 
@@ -314,6 +318,18 @@ def run(client: redis.Redis, keys: Keys, settings: AuditSettings, say=print) -> 
             state.state_rows = _state_rows(query.lastProgress)
     finally:
         stop.set()
-        query.stop()
+        _stop(query)
         exporter.join(timeout=30)
     return 0
+
+
+def _stop(query) -> None:
+    """Stop the query, unless its JVM stopped first: Ctrl-C reaches the
+    whole process group, and the JVM's own shutdown then ends Spark before
+    this process gets to (nothing is left to stop; no traceback for it)."""
+    from py4j.protocol import Py4JError
+
+    try:
+        query.stop()
+    except (Py4JError, ConnectionError) as exc:
+        log.info("audit: Spark had stopped already (%s)", str(exc).splitlines()[0])
