@@ -64,7 +64,9 @@ def gearhorn_round(seed: int, mode: str) -> dict:
             print(f"    node_loss --seed {seed}: {line}", flush=True)
     figures = json.loads(lines[-1])
     if any(figures["lost"].values()):
-        raise SystemExit(f"gearhorn lost acknowledged copies: {figures['lost']}")
+        raise SystemExit(f"gearhorn lost acknowledged copies: {figures['lost']}, among them "
+                         f"{figures['missing']} (GEARHORN_NODE_LOSS_KEEP=1 keeps the nodes' "
+                         f"logs)\n{done.stderr[-4000:]}")
     return {**figures["outages"][0], "twice": sum(figures["twice"].values())}
 
 

@@ -120,6 +120,8 @@ class Node:
             while not self.stopping.wait(0.5):
                 for part in self.parts:  # --only too: a pool before its Redis comes up
                     self._look_after(part)
+                if self.only in (None, "redis"):
+                    self._follow_named_master()
             return 0
         finally:
             self._stop()
@@ -194,6 +196,35 @@ class Node:
                 return self._chose(self._spawn_redis(master), decision)
             self.stopping.wait(1.0)
         raise ServerError("stopped while waiting to start Redis")
+
+    def _follow_named_master(self) -> None:
+        """A replica of a master the Sentinels no longer name follows the
+        one they name, at once. The Sentinel that led a failover points the
+        other replicas at the new master only if it had seen them in the old
+        master's INFO (read every 10 s): a replica that joined after that
+        went on asking the lost master until a Sentinel's periodic check
+        fixed it (+fix-slave-config), 5 s later in the node-loss test, and
+        the new master took no write meanwhile (min-replicas-to-write)."""
+        try:
+            info = self._redis(self.me).info("replication")
+            found = _ask(self.me, SENTINEL_PORT).sentinel_get_master_addr_by_name(MASTER_NAME)
+        except redis.RedisError:
+            return
+        named = found[0].decode() if found and isinstance(found[0], bytes) else (
+            found[0] if found else None)
+        following = info.get("master_host")
+        if info.get("role") != "slave" or named in (None, self.me, following):
+            return  # the common case: one question to each, every half second
+        try:
+            named_role = self._redis(named).info("replication").get("role")
+            master = noderole.master_to_follow(self.me, info.get("role"), following, named,
+                                               named_role)
+            if master is not None:
+                self._redis(self.me).replicaof(master, REDIS_PORT)
+                log.warning("node %s: the Sentinels name %s the master: this replica "
+                            "follows it (it followed %s)", self.me, master, following)
+        except redis.RedisError as exc:
+            log.warning("node %s: could not follow the master %s: %s", self.me, named, exc)
 
     def _chose(self, process: subprocess.Popen, decision: noderole.Decision) -> subprocess.Popen:
         self._said = ""

@@ -80,6 +80,26 @@ def decide(me: str, seen: Seen) -> Decision:
     return Decision(MASTER, me) if leader == me else Decision(REPLICA, leader)
 
 
+def master_to_follow(me: str, role: str, following: str | None, named: str | None,
+                     named_role: str | None) -> str | None:
+    """The master a running Redis of this node should follow now, or None
+    to leave it: a replica whose master the Sentinels no longer name
+    follows the one they name, if that one says it is a master (this
+    node's Sentinel may be behind the others). A master is the Sentinels'
+    to demote.
+
+    >>> master_to_follow("b", "slave", "a", "c", "master")
+    'c'
+    >>> master_to_follow("b", "slave", "a", "c", "slave") is None  # its Sentinel is behind
+    True
+    >>> master_to_follow("b", "master", None, "c", "master") is None
+    True
+    """
+    if role != "slave" or named in (None, me, following) or named_role != "master":
+        return None
+    return named
+
+
 def leader_of(candidates: Mapping[str, Candidate]) -> str:
     """The candidate with the most keys; among equals, the first address.
 
