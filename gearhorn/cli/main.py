@@ -317,7 +317,7 @@ def main(argv: list[str] | None = None) -> int:
 
         if (reason := spark_missing()) is not None and "-h" not in argv and "--help" not in argv:
             print(f"gearhorn report: {reason}", file=sys.stderr)
-            return 2
+            return 1
         from gearhorn.pipeline.job import main as report
 
         return report(argv[1:])

@@ -109,6 +109,24 @@ def _option_answer(packet: Packet) -> bool:
 # must not hold a worker's fanout or a bridge's SEND for TCP's 10 s
 # (docs/reliability.rst, "Partitions").
 REPLY_TIMEOUT = 1.5
+# How long a new TCP connection may take to be accepted before a silence is
+# confirmed (see :func:`reachable`).
+CONFIRM_TIMEOUT = 0.5
+
+
+def reachable(host: str, port: int, timeout: float = CONFIRM_TIMEOUT) -> bool:
+    """Whether a new TCP connection to ``host``:``port`` is accepted within
+    ``timeout``. It confirms a silence before jobs are taken from a
+    connection: the kernel of a lost or cut-off node answers nothing, while
+    that of a server only slow (a loaded machine, a Python gear.Server with
+    TLS on two busy cores) accepts at once, whatever its process is doing.
+    Judged by REPLY_TIMEOUT alone, a slow server's held copies went again
+    under new uniques: a receiver running one would run it twice."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
 
 
 class Connection:

@@ -12,7 +12,13 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 
-from gearhorn.gearman.connection import REPLY_TIMEOUT, Connection, TlsFiles, foreground_jobs
+from gearhorn.gearman.connection import (
+    REPLY_TIMEOUT,
+    Connection,
+    TlsFiles,
+    foreground_jobs,
+    reachable,
+)
 from gearhorn.gearman.packets import (
     Answers,
     Copy,
@@ -99,19 +105,27 @@ class Holder:
             except GearmanError as exc:
                 self._lose(str(exc))
                 raise Unavailable(str(exc)) from None
-        with self._changed:
-            reason, created = "", -1
-            while not (self._created >= target or self.broken):
-                if self._created == created:  # nothing for a whole timeout
-                    reason = f"gearmand created no job for {timeout:.3g}s: taken for gone"
-                    break
-                created = self._created
-                self._changed.wait_for(lambda seen=created: self._created >= target
-                                       or self.broken or self._created != seen, timeout)
-            reason = reason or self.broken
+        reason = self._wait_created(target, timeout)
         if reason:
             self.close(reason)
             raise Unavailable(reason)
+
+    def _wait_created(self, target: int, timeout: float) -> str:
+        """"" once gearmand created the jobs up to ``target``; else why not:
+        the connection broke, or nothing came for ``timeout`` and gearmand's
+        host takes no new connection either (a slow one is waited for)."""
+        while True:
+            with self._changed:
+                seen = self._created
+                self._changed.wait_for(lambda seen=seen: self._created >= target
+                                       or self.broken or self._created != seen, timeout)
+                if self._created >= target or self.broken:
+                    return self.broken
+                if self._created != seen:
+                    continue
+            if not reachable(self.conn.host, self.conn.port):
+                return (f"gearmand created no job for {timeout:.3g}s and its host takes no "
+                        f"connection: taken for gone")
 
     def live(self) -> list[str]:
         """The uniques of the jobs this connection holds or is handing now."""
@@ -148,7 +162,11 @@ class Holder:
             return
         if probe is not None and not probe.done.is_set():
             if time.monotonic() - probe.sent > timeout:
-                self.close(f"gearmand answered no echo for {timeout:g}s: taken for gone")
+                if reachable(self.conn.host, self.conn.port):
+                    probe.sent = time.monotonic()  # only slow: its echo is awaited again
+                    return
+                self.close(f"gearmand answered no echo for {timeout:g}s and its host takes "
+                           f"no connection: taken for gone")
             return
         if probe is None or time.monotonic() - probe.sent >= every:
             with contextlib.suppress(Unavailable):

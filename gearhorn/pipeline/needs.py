@@ -20,9 +20,7 @@ NO_JAVA = ("Java is not installed, and Spark needs it: apt-get install "
 
 
 class SparkMissing(GearhornError):
-    """pyspark or Java is not on this machine."""
-
-    exit_code = 2
+    """pyspark or Java is not on this machine (exit status 1, as before)."""
 
 
 def spark_missing() -> str | None:

@@ -55,6 +55,11 @@ class Holders:
         taken over at once."""
         self._call("retire", holder)
 
+    def others_alive(self, holder: str) -> int:
+        """How many holders besides ``holder`` hold a running lease now (by
+        Redis's clock): those that can take its copies over."""
+        return int(self._call("others", holder))
+
     def drop(self, holder: str) -> bool:
         """Forget a fenced holder whose index is empty."""
         return bool(self._script(keys=[self.keys.holders, self.keys.holder_queues(holder)],

@@ -118,9 +118,12 @@ class HoldingClient:
         name, holders = self.holder_id, self.takeover.holders
         try:
             holders.retire(name)
-            others = [h for h, ends in holders.leases().items() if h != name and ends > 0]
-            deadline = self._clock() + (self.lease.ttl if others else 0)
-            while self._clock() < deadline and holders.listed(name):
+            # Waited for while another holder lives to take them over: when the
+            # whole pool stops at once, the last ones to retire have none (each
+            # waited a whole ttl for a taker that was itself stopping).
+            deadline = self._clock() + self.lease.ttl
+            while (self._clock() < deadline and holders.listed(name)
+                   and holders.others_alive(name)):
                 self._stopping.wait(0.1)
         except REDIS_ERRORS as exc:  # its lease ends by itself
             log.warning("could not retire holder %s: %s", name, exc)

@@ -262,7 +262,8 @@ def test_a_holder_takes_a_gearmand_that_creates_nothing_for_a_while_for_gone(mon
     fake.reply((g.P.JOB_CREATED, (b"H:1",)))  # then silence
     with pytest.raises(g.Unavailable, match="created no job for 0.3s"):
         held.hold([g.Copy("f", "u", b""), g.Copy("f", "v", b"")], timeout=0.3)
-    assert lost == [(2, "gearmand created no job for 0.3s: taken for gone")]
+    assert lost == [(2, "gearmand created no job for 0.3s and its host takes no connection: "
+                        "taken for gone")]
 
 
 def test_a_holder_waits_as_long_as_gearmand_keeps_creating(monkeypatch):
@@ -282,3 +283,25 @@ def test_a_holder_waits_as_long_as_gearmand_keeps_creating(monkeypatch):
     held.hold([g.Copy("f", f"u{n}", b"") for n in range(8)], timeout=0.3)  # 0.8 s in all
     thread.join()
     assert held.held() == 8 and lost == []
+
+
+def test_a_holder_waits_for_a_silent_gearmand_whose_host_still_takes_connections(monkeypatch):
+    """Silent for longer than the timeout, but its host accepts a new
+    connection: a slow server on a loaded machine, not a lost node. Its jobs
+    stay (taken for gone, a running one would have run twice)."""
+    import threading
+
+    from gearhorn.gearman import holder
+
+    fake = FakeGearmand(monkeypatch)
+    held, lost = holder_on(fake)
+    asked = threading.Event()
+
+    def reachable(host, port, timeout=0.5):
+        if not asked.is_set():
+            asked.set()
+            fake.reply((g.P.JOB_CREATED, (b"H:1",)))  # it answers while we ask
+        return True
+    monkeypatch.setattr(holder, "reachable", reachable)
+    held.hold([g.Copy("f", "u", b"")], timeout=0.2)
+    assert asked.is_set() and held.held() == 1 and lost == []

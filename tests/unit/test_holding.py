@@ -192,3 +192,29 @@ def test_a_held_foreground_copy_gearmand_refuses_is_told_at_once_and_stays_held(
     held._forget()
     assert held.store.count("news_alice") == 1  # handed again in a while
     assert held._again == [("news_alice", "m1:alice", 0)]
+
+
+def test_a_holder_stopping_waits_for_a_taker_only_while_one_lives(holder):
+    """A pool stopping at once: each holder retires and waits for another to
+    take its copies over, but not for one that is itself retiring (each then
+    waited a whole ttl: ten-second teardowns in the suite)."""
+    import threading
+
+    redis = fakeredis.FakeRedis()
+    keys = Keys()
+
+    def made(name):
+        held = holding.HoldingClient(FakeClient((1,)), HeldCopies(redis, keys),
+                                     Holders(redis, keys), name, ttl=60, interval=2)
+        held.lease.register()
+        return held
+    first, second = made("w1"), made("w2")
+    assert Holders(redis, keys).others_alive(first.holder_id) == 1
+    stopping = threading.Thread(target=first.stop)
+    stopping.start()
+    stopping.join(0.5)
+    assert stopping.is_alive()  # the second lives: it may take the first's copies over
+    second.stop()  # retires too, and waits for nobody
+    stopping.join(30)
+    assert not stopping.is_alive()  # not the 60 s ttl
+    assert Holders(redis, keys).others_alive(first.holder_id) == 0

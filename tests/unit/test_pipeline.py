@@ -246,9 +246,14 @@ def test_a_ledger_of_old_and_new_exports_reconciles_as_one(spark, tmp_path):
 
     day = tmp_path / "ledger" / "date=2026-11-22"
     day.mkdir(parents=True)
-    old = [dict(zip(T.EVENT_SCHEMA.names[:11], row[:11], strict=True))
+    from gearhorn.rules.events import FIELDS
+
+    # The columns an export had before the keys, typed as the export typed them.
+    types = {"string": pa.string(), "int64": pa.int64(), "bool": pa.bool_()}
+    before_keys = pa.schema([(name, types[kind]) for name, kind in FIELDS[:11]])
+    old = [dict(zip(before_keys.names, row[:11], strict=True))
            for row in published("m1", "news", 1000, ["a", "b"])]
-    pq.write_table(pa.Table.from_pylist(old), day / "part-old.parquet")
+    pq.write_table(pa.Table.from_pylist(old, schema=before_keys), day / "part-old.parquet")
     entries = [("2-0", {"e": "batch", "events": "attached\t1\tnews_a\n"
                         "delivered\t2000\tnews_a\tm1:a\t\nattached\t1\tnews_b"})]
     _write_parquet(str(day / "part-new.parquet"), list(rows_from_entries(entries)))

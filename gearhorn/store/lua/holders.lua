@@ -13,6 +13,7 @@
 --             first). Returns the fenced holders (those still listed).
 --   retire    (nothing) A clean stop: the holder fences itself.
 --   drop      (nothing) A fenced holder whose index is empty is forgotten.
+--   others    (nothing) How many other holders' leases run now.
 local mode, holder = ARGV[1], ARGV[2]
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -34,6 +35,11 @@ elseif mode == 'judge' then
   return redis.call('ZRANGEBYSCORE', KEYS[1], -1, -1)
 elseif mode == 'retire' then
   return redis.call('ZADD', KEYS[1], 'XX', -1, holder)
+elseif mode == 'others' then
+  local alive = redis.call('ZCOUNT', KEYS[1], '(' .. now, '+inf')
+  local own = tonumber(redis.call('ZSCORE', KEYS[1], holder))
+  if own and own > now then alive = alive - 1 end
+  return alive
 elseif mode == 'drop' then
   if tonumber(redis.call('ZSCORE', KEYS[1], holder)) == -1
       and redis.call('EXISTS', KEYS[2]) == 0 then
