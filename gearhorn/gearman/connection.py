@@ -112,6 +112,10 @@ REPLY_TIMEOUT = 1.5
 # How long a new TCP connection may take to be accepted before a silence is
 # confirmed (see :func:`reachable`).
 CONFIRM_TIMEOUT = 0.5
+# How long a server whose host still accepts connections is waited for in
+# all: a frozen gearmand's kernel acknowledges what is sent to it, so TCP's
+# own timeout never ends that wait.
+SLOW_LIMIT = 10.0
 
 
 def reachable(host: str, port: int, timeout: float = CONFIRM_TIMEOUT) -> bool:

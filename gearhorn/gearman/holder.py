@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 
 from gearhorn.gearman.connection import (
     REPLY_TIMEOUT,
+    SLOW_LIMIT,
     Connection,
     TlsFiles,
     foreground_jobs,
@@ -46,7 +47,7 @@ class _Ask:
         self.uniques, self.verify = list(uniques), verify
         self.found: dict[str, Status] = {}
         self.done = threading.Event()
-        self.sent = time.monotonic()
+        self.sent = self.first_sent = time.monotonic()
 
 
 class Holder:
@@ -114,6 +115,7 @@ class Holder:
         """"" once gearmand created the jobs up to ``target``; else why not:
         the connection broke, or nothing came for ``timeout`` and gearmand's
         host takes no new connection either (a slow one is waited for)."""
+        started = time.monotonic()
         while True:
             with self._changed:
                 seen = self._created
@@ -126,6 +128,8 @@ class Holder:
             if not reachable(self.conn.host, self.conn.port):
                 return (f"gearmand created no job for {timeout:.3g}s and its host takes no "
                         f"connection: taken for gone")
+            if time.monotonic() - started > SLOW_LIMIT:
+                return f"gearmand created no job for {SLOW_LIMIT:g}s: taken for gone"
 
     def live(self) -> list[str]:
         """The uniques of the jobs this connection holds or is handing now."""
@@ -154,19 +158,23 @@ class Holder:
 
     def probe(self, every: float, timeout: float = REPLY_TIMEOUT) -> None:
         """An echo every ``every`` seconds; one unanswered for ``timeout``
-        means a silent gearmand (its node lost, its cable pulled): the
-        connection is let go at once, not after TCP's 10 s, so no copy is
-        handed to it meanwhile (its copies go to the others)."""
+        while gearmand's host takes no new connection means a silent
+        gearmand (its node lost, its cable pulled): the connection is let go
+        at once, not after TCP's 10 s, so no copy is handed to it meanwhile
+        (its copies go to the others). A host that takes one has a slow
+        server: let go only after SLOW_LIMIT."""
         probe = self._probe
         if self.broken or not self.conn.is_open:
             return
         if probe is not None and not probe.done.is_set():
             if time.monotonic() - probe.sent > timeout:
-                if reachable(self.conn.host, self.conn.port):
+                if time.monotonic() - probe.first_sent >= SLOW_LIMIT:
+                    self.close(f"gearmand answered no echo for {SLOW_LIMIT:g}s: taken for gone")
+                elif reachable(self.conn.host, self.conn.port):
                     probe.sent = time.monotonic()  # only slow: its echo is awaited again
-                    return
-                self.close(f"gearmand answered no echo for {timeout:g}s and its host takes "
-                           f"no connection: taken for gone")
+                else:
+                    self.close(f"gearmand answered no echo for {timeout:g}s and its host "
+                               f"takes no connection: taken for gone")
             return
         if probe is None or time.monotonic() - probe.sent >= every:
             with contextlib.suppress(Unavailable):

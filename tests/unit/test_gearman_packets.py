@@ -305,3 +305,17 @@ def test_a_holder_waits_for_a_silent_gearmand_whose_host_still_takes_connections
     monkeypatch.setattr(holder, "reachable", reachable)
     held.hold([g.Copy("f", "u", b"")], timeout=0.2)
     assert asked.is_set() and held.held() == 1 and lost == []
+
+
+def test_a_holder_gives_up_on_a_frozen_gearmand_whose_host_takes_connections(monkeypatch):
+    """A gearmand frozen on a live host: its kernel takes connections and
+    acknowledges what is sent, so only a bound in all ends the wait."""
+    from gearhorn.gearman import holder
+
+    fake = FakeGearmand(monkeypatch)
+    held, lost = holder_on(fake)
+    monkeypatch.setattr(holder, "reachable", lambda host, port, timeout=0.5: True)
+    monkeypatch.setattr(holder, "SLOW_LIMIT", 0.3)
+    with pytest.raises(g.Unavailable, match="created no job for 0.3s: taken for gone"):
+        held.hold([g.Copy("f", "u", b"")], timeout=0.1)
+    assert lost == [(1, "gearmand created no job for 0.3s: taken for gone")]
