@@ -40,7 +40,7 @@ log = logging.getLogger(__name__)
 
 Pending = tuple[str, str, int]  # a copy's queue, key and generation mark (modulo WRAP)
 
-AGAIN_EVERY = 1.0  # seconds before copies refused (or not handed) are handed again
+AGAIN_EVERY = 1.0  # seconds before copies refused (or not handed) are handed (again)
 FORGET_EVERY = 0.05  # seconds an answered copy's record may wait to be dropped
 PROBE_EVERY = 0.5  # seconds between echoes that tell a silent gearmand
 NO_DURABILITY = Durability()
@@ -70,9 +70,13 @@ class HoldingClient:
         self._fencing = threading.Lock()  # one new name at a time
         self.forgets = Forgets(store, durability, clock)  # answered: records to drop
         # (queue, key, generation mark) of copies to hand again in a while:
-        # gearmand refused them, their write failed half-way, their lease was
-        # not fresh, or their job vanished; only if still at that generation
+        # gearmand refused them, or their job vanished; only if still at that
+        # generation
         self._again: list[Pending] = []
+        # The same of copies written but not handed (a write that failed
+        # half-way, a lease not fresh): handed at that generation, so that
+        # a retried fanout handing them too makes one job, not two
+        self._unhanded: list[Pending] = []
         # The same of copies a bridge gave back, in order: handed again at once
         self._given_back: list[Pending] = []
         self._said_again = -60.0  # when the last warning of copies handed again went
@@ -172,18 +176,18 @@ class HoldingClient:
                 # Some records may be written: a retry of the fanout leaves them
                 # to their holder (this one), which hands them in a while.
                 self.lease.troubled()
-                self._hand_later_all(held)
+                self._hand_unhanded_later(held)
                 raise
             if self.lease.fresh():
                 self.hand(kept)
             else:  # a lease not renewed in time may be another's: hand once it is
-                self._hand_later_all(kept)
+                self._hand_unhanded_later(kept)
             return
         raise Fenced(f"holder {self.holder_id} keeps being fenced")
 
-    def _hand_later_all(self, held: Sequence[HeldCopy]) -> None:
+    def _hand_unhanded_later(self, held: Sequence[HeldCopy]) -> None:
         with self._lock:
-            self._again += [(c.queue, c.key, c.generation % WRAP) for c in held]
+            self._unhanded += [(c.queue, c.key, c.generation % WRAP) for c in held]
 
     def hand(self, held: Sequence[HeldCopy], precedence: str | None = None,
              servers: Sequence[int | None] | None = None) -> None:
@@ -272,6 +276,7 @@ class HoldingClient:
         with self._lock:
             self._again.clear()
             self._given_back.clear()
+            self._unhanded.clear()
         log.warning("holder %s was taken for dead (paused, or cut off from Redis, for over "
                     "its lease of %gs): its copies are another holder's now; it holds on as "
                     "a new holder, and lets go of its old connections once they are taken "
@@ -391,20 +396,47 @@ class HoldingClient:
         self._next_generation(self._given_back, precedence="high")
 
     def _hand_later(self) -> None:
-        """The copies gearmand refused (its queue full: ``maxqueue``), or
-        that were written but not handed, as their next generation, once a
-        while: the records wait meanwhile. Only those still this holder's."""
+        """Once a while, the copies written but not handed, at their
+        generation; those gearmand refused (its queue full: ``maxqueue``) or
+        lost unanswered, as their next: the records wait meanwhile. Only
+        those still this holder's."""
         now = self._clock()
         if now < self._next_again or not self.lease.fresh():
             return
         self._next_again = now + AGAIN_EVERY
+        self._hand_unhanded()
         moved = self._next_generation(self._again)
         if moved:  # said once a minute while a queue stays full, not every second
             loud = now - self._said_again >= 60
             self._said_again = now if loud else self._said_again
             log.log(logging.WARNING if loud else logging.DEBUG,
                     "%d held copies handed again (refused by gearmand: a full queue?, "
-                    "or not handed when written)", len(moved))
+                    "or vanished unanswered)", len(moved))
+
+    def _hand_unhanded(self) -> None:
+        """The copies written but not handed, still this holder's at the
+        generation written, that no connection holds: at that generation. A
+        fanout retried after its write failed kept the same records and
+        handed them itself; a second generation would be a second job."""
+        with self._lock:
+            wanted = self._unhanded[:]
+            self._unhanded.clear()
+        if not wanted:
+            return
+        name, marks = self.holder_id, {(q, k): m for q, k, m in wanted}
+        try:
+            mine = [c for c in self.store.find([(q, k) for q, k, _ in wanted])
+                    if c.holder == name and c.generation % WRAP == marks[c.queue, c.key]]
+        except REDIS_ERRORS:
+            with self._lock:
+                self._unhanded[:0] = wanted
+            raise
+        live = self.gearmands.live()  # read after the records: none handed before is missed
+        unhanded = [c for c in mine if c.key not in live]
+        if unhanded:
+            log.info("%d held copies written but not handed (their write failed half-way, or "
+                     "the lease was not fresh): handed now", len(unhanded))
+            self.hand(unhanded)
 
     def _next_generation(self, pending: list[Pending],
                          precedence: str | None = None) -> list[HeldCopy]:

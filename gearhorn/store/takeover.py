@@ -56,6 +56,10 @@ class Takeover:
         self._pending: set[str] = set()  # queues moved to this holder, not all taken yet
         # Taken copies not yet answered: (queue, key) -> (server, handed unique)
         self._taken: OrderedDict[tuple[str, str], tuple[int, str]] = OrderedDict()
+        # Taken copies not handed: their job, live when first asked, was
+        # not by the time of the take (answered meanwhile?): as read from
+        # their old owner, to be decided again
+        self._unsure: dict[tuple[str, str], HeldCopy] = {}
         self._walker: Iterator | None = None
         # Old owners first seen with no connection left, by name: their
         # unknown copies go again one look later, once what they read
@@ -78,6 +82,7 @@ class Takeover:
             return
         for queue in sorted(self._pending):
             self._take_queue(queue, me)
+        self._decide_unsure(me)
         for dead in fenced:
             if dead != me:
                 self._take_holder(dead, me)
@@ -94,6 +99,7 @@ class Takeover:
         with self._lock:
             self._pending.clear()
             self._taken.clear()
+            self._unsure.clear()
             self._gone.clear()
 
     def _take_holder(self, dead: str, me: str) -> None:
@@ -130,19 +136,82 @@ class Takeover:
             marks = self.holding.durability.marks()
             taken = self.store.take(queue, me, [(c, g) for c, g, _ in decided])
             self.holding.durability.wait(marks)  # on disk before it is handed
-            server = {c.key: s for c, _, s in decided}
-            servers = [server[c.key] for c in taken]
-            self.holding.hand(taken, servers=servers)
-            with self._lock:
-                for copy, at_server in zip(taken, servers, strict=True):
-                    home = self.holding.client.home(queue) if at_server is None else at_server
-                    self._taken[(queue, copy.key)] = (home, copy.handed().unique)
+            read = {c.key: (c, s) for c, _, s in decided}
+            taken, servers = self._still_live(taken, read)
+            self._hand(queue, taken, servers)
             live = sum(1 for at_server in servers if at_server is not None)
             attached, again = attached + live, again + len(taken) - live
         if not waiting:
             with self._lock:
                 self._pending.discard(queue)
         return attached, again
+
+    def _hand(self, queue: str, taken: Sequence[HeldCopy],
+              servers: Sequence[int | None]) -> None:
+        """Hand ``taken`` (each to its server: None for its home), and ask
+        after each until it is answered."""
+        self.holding.hand(taken, servers=servers)
+        with self._lock:
+            for copy, at_server in zip(taken, servers, strict=True):
+                home = self.holding.client.home(queue) if at_server is None else at_server
+                self._taken[(queue, copy.key)] = (home, copy.handed().unique)
+
+    def _still_live(self, taken: Sequence[HeldCopy], read: dict[str, tuple[HeldCopy, int | None]]
+                    ) -> tuple[list[HeldCopy], list[int | None]]:
+        """The copies to hand now, and their servers. A job found live is
+        asked after again just before the attach: the take and its fsync
+        came between, and a job a receiver answered meanwhile is gone, so
+        its unique submitted again would be a new job, run twice. Such a
+        copy is not handed but decided again later (its old owner, paused,
+        forgets it once back). What is left is a round trip's window."""
+        servers = [read[c.key][1] for c in taken]
+        attaching = [c.handed().unique for c, s in zip(taken, servers, strict=True)
+                     if s is not None]
+        if not attaching:
+            return list(taken), servers
+        said = self.holding.gearmands.status(attaching)
+        hand, where = [], []
+        for copy, server in zip(taken, servers, strict=True):
+            known, clients = said[server].get(copy.handed().unique, (True, 1)) \
+                if server is not None else (True, 1)
+            if known and clients > 0:
+                hand.append(copy)
+                where.append(server)
+            else:
+                with self._lock:
+                    self._unsure[(copy.queue, copy.key)] = read[copy.key][0].at(copy.generation)
+        return hand, where
+
+    def _decide_unsure(self, me: str) -> None:
+        """The copies taken but not handed, while still this holder's at
+        the generation taken: decided as the orphans are (their old owner
+        forgets them once back; if it goes instead, they go again)."""
+        with self._lock:
+            unsure = dict(self._unsure)
+        if not unsure:
+            return
+        current = {(c.queue, c.key): c for c in self.store.find(list(unsure))}
+        by_queue: dict[str, list[HeldCopy]] = {}
+        for held, copy in unsure.items():
+            now = current.get(held)
+            if now is not None and now.holder == me and now.generation == copy.generation:
+                by_queue.setdefault(copy.queue, []).append(copy)
+            else:  # forgotten by its old owner, or gone on
+                with self._lock:
+                    self._unsure.pop(held, None)
+        for queue, copies in by_queue.items():
+            decided = [d for d in self._decide(copies, self._waited_for_long(queue))
+                       if d[1] >= 0]
+            same = [(c.at(g), s) for c, g, s in decided if g == c.generation]
+            marks = self.holding.durability.marks()
+            newer = self.store.hand_again([c for c, g, _ in decided if g != c.generation], me)
+            self.holding.durability.wait(marks)  # on disk before it is handed
+            with self._lock:
+                for copy, _, _ in decided:
+                    self._unsure.pop((queue, copy.key), None)
+            mine = [HeldCopy(c.queue, c.unique, c.data, me, c.precedence, c.generation)
+                    for c, _ in same]
+            self._hand(queue, mine + newer, [s for _, s in same] + [None] * len(newer))
 
     def _decide(self, copies: Sequence[HeldCopy], connected: dict[int, set[str] | None]
                 ) -> list[tuple[HeldCopy, int, int | None]]:

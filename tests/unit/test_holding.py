@@ -218,3 +218,35 @@ def test_a_holder_stopping_waits_for_a_taker_only_while_one_lives(holder):
     stopping.join(30)
     assert not stopping.is_alive()  # not the 60 s ttl
     assert Holders(redis, keys).others_alive(first.holder_id) == 0
+
+
+def keep_that_breaks(held, monkeypatch, writes: bool):
+    """The store's next keep fails as a Redis node going mid-call does: with
+    its records written (``writes``) or not."""
+    import redis
+    keep = held.store.keep
+
+    def broken(some):
+        monkeypatch.setattr(held.store, "keep", keep)
+        if writes:
+            keep(some)
+        raise redis.ConnectionError("the node went mid-call")
+    monkeypatch.setattr(held.store, "keep", broken)
+
+
+@pytest.mark.parametrize("written_before", [True, False])
+def test_a_fanout_retried_after_its_write_broke_makes_one_job_per_copy(
+        holder, monkeypatch, written_before):
+    """The CI failure of 2026-12-07: a cluster master killed mid-keep, the
+    fanout retried, and every copy handed under two generations."""
+    import redis
+    held = holder()
+    keep_that_breaks(held, monkeypatch, writes=written_before)
+    with pytest.raises(redis.ConnectionError):
+        held.submit_background(copies("m1:alice", "m2:alice"))
+    held.submit_background(copies("m1:alice", "m2:alice"))  # the worker's retry
+    held._next_again = 0.0
+    held._hand_later()
+    handed = [u for h in FakeHolder.made for u, _ in h.handed]
+    assert sorted(handed) == ["m1:alice^0", "m2:alice^0"]
+    assert held.store.count("news_alice") == 2

@@ -21,6 +21,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
+from gearhorn.store.heldcopies import HeldCopies
 from tests.ownership_world import QUEUES, Process, make_world
 
 EXAMPLES = int(os.environ.get("GEARHORN_OWNERSHIP_EXAMPLES", "40"))
@@ -29,6 +30,7 @@ MOST_PROCESSES = 4
 pytestmark = pytest.mark.timeout(max(300, EXAMPLES))
 
 processes = st.integers(0, MOST_PROCESSES - 1)
+TAKE = HeldCopies.take  # before any example wraps it
 
 
 class Ownership(RuleBasedStateMachine):
@@ -39,6 +41,16 @@ class Ownership(RuleBasedStateMachine):
         self.world = make_world(self.monkeypatch, processes=2, gearmands=2,
                                 skews=[0.0, -10.0])
         self.names = itertools.count()
+        self.answer_in_take = False
+        self.monkeypatch.setattr(HeldCopies, "take", self._take_with_an_answer())
+
+    def _take_with_an_answer(self):
+        def take(store, queue, taker, copies):
+            if self.answer_in_take and self.world.take(queue):
+                self.world.complete(-1)  # the copy just taken: after the taker looked
+            self.answer_in_take = False
+            return TAKE(store, queue, taker, copies)
+        return take
 
     def process(self, n: int) -> Process:
         return self.world.processes[n % len(self.world.processes)]
@@ -64,6 +76,10 @@ class Ownership(RuleBasedStateMachine):
     @rule(index=st.integers(0, 5))
     def receiver_answers(self, index):
         self.world.complete(index)
+
+    @rule()
+    def a_receiver_answers_during_the_next_take(self):
+        self.answer_in_take = True
 
     @rule(n=processes)
     def pause(self, n):
