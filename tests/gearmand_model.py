@@ -130,13 +130,14 @@ class ModelHolder:
             self._opened = True
             self.server.connections.append(self)
 
-    def hold(self, copies, precedence="normal", timeout=60.0) -> None:
+    def hold(self, copies, precedence="normal", timeout=60.0, ask_after=False) -> dict:
         if self.broken:
             raise Unavailable(f"gone: {self.broken}")
         self._open()
         for copy in copies:
             handle = self.server.submit(self, copy.function, copy.unique, copy.data)
             self._held[handle] = copy
+        return {c.unique: self.server.status(c.unique) for c in copies} if ask_after else {}
 
     def live(self) -> list[str]:
         return [c.unique for c in self._held.values()]

@@ -79,14 +79,19 @@ class Holder:
         self._reader: threading.Thread | None = None
 
     def hold(self, copies: Sequence[Copy], precedence: str = "normal",
-             timeout: float = REPLY_TIMEOUT) -> None:
+             timeout: float = REPLY_TIMEOUT, ask_after: bool = False) -> dict[str, Status]:
         """Submit ``copies`` as foreground jobs in one write; return once
         gearmand created (or refused) every one. Raises Unavailable when the
         connection is gone or breaks first, or gearmand creates none for
         ``timeout`` seconds (a silent gearmand: see connection.REPLY_TIMEOUT):
-        the copies not created are then among those :attr:`on_lost` is told."""
+        the copies not created are then among those :attr:`on_lost` is told.
+
+        ``ask_after``: GET_STATUS_UNIQUE of each goes in the same write, right
+        behind the submissions, and what gearmand said is returned: how many
+        clients wait for the job just after this one's submission joined it."""
         if not copies:
-            return
+            return {}
+        ask = _Ask([c.unique for c in copies], verify=False) if ask_after else None
         with self._writing:
             if self.broken:
                 raise Unavailable(f"holder of gearmand {self.conn.host}:{self.conn.port} "
@@ -97,12 +102,16 @@ class Holder:
                 self._lose(str(exc))
                 raise Unavailable(str(exc)) from None
             self._start_reader()
+            packets = foreground_jobs(copies, precedence)
             with self._changed:
                 self._awaiting.extend(copies)
                 self._sent += len(copies)
                 target = self._sent
+                if ask is not None:
+                    self._asks.append(ask)
+                    packets += _status_packets(ask.uniques)
             try:
-                self.conn.send(foreground_jobs(copies, precedence))
+                self.conn.send(packets)
             except GearmanError as exc:
                 self._lose(str(exc))
                 raise Unavailable(str(exc)) from None
@@ -110,6 +119,10 @@ class Holder:
         if reason:
             self.close(reason)
             raise Unavailable(reason)
+        if ask is None:
+            return {}
+        ask.done.wait(timeout)
+        return dict(ask.found)
 
     def _wait_created(self, target: int, timeout: float) -> str:
         """"" once gearmand created the jobs up to ``target``; else why not:
@@ -185,7 +198,7 @@ class Holder:
         if not uniques and not probe:
             ask.done.set()
             return ask
-        packets = b"".join(encode(P.GET_STATUS_UNIQUE, u.encode()) for u in ask.uniques)
+        packets = _status_packets(ask.uniques)
         with self._writing:
             if self.broken:
                 raise Unavailable(f"holder of gearmand {self.conn.host}:{self.conn.port} "
@@ -195,7 +208,7 @@ class Holder:
                 self._start_reader()
                 with self._changed:
                     self._asks.append(ask)
-                self.conn.send(packets + encode(P.ECHO_REQ, ECHO_MARK))
+                self.conn.send(packets)
             except GearmanError as exc:
                 self._lose(str(exc))
                 raise Unavailable(str(exc)) from None
@@ -293,3 +306,9 @@ class Holder:
                     "go again under new uniques", self.conn.host, self.conn.port,
                     len(lost), reason)
         self.on_lost(lost, self.broken)
+
+
+def _status_packets(uniques: Sequence[str]) -> bytes:
+    """GET_STATUS_UNIQUE of each, then the echo that ends the ask."""
+    return (b"".join(encode(P.GET_STATUS_UNIQUE, u.encode()) for u in uniques)
+            + encode(P.ECHO_REQ, ECHO_MARK))

@@ -36,16 +36,21 @@ class Gearmands:
         # jobs: (name, connections)
         self._retiring: list[tuple[str, list[Holder]]] = []
 
-    def hold(self, home: int, jobs: Sequence[gearman.Copy], precedence: str) -> bool:
+    def hold(self, home: int, jobs: Sequence[gearman.Copy], precedence: str,
+             said: dict[str, tuple[bool, int]] | None = None) -> bool:
         """``jobs`` to ``home``, or the next server up while it is lost; False
         when none took them (each server away, or the connection broke: it
-        is lost now, and its copies are handed again once it answers)."""
+        is lost now, and its copies are handed again once it answers).
+        ``said``: filled with what ``home`` says of each job just after
+        (Holder.hold's ``ask_after``), when they went there."""
         index = self.up_from(home)
         holder = None if index is None else self.holder(index, jobs)
         if holder is None:
             return False  # every server is away: the copies wait in Redis
         try:
-            holder.hold(jobs, precedence)
+            found = holder.hold(jobs, precedence, ask_after=said is not None and index == home)
+            if said is not None:
+                said.update(found)
             return True
         except gearman.GearmanError:
             self.lose(index)

@@ -74,6 +74,11 @@ class HeldCopy:
         """The job gearmand is given for this generation of the copy."""
         return Copy(self.queue, handed_unique(self.key, self.generation), self.data)
 
+    def pending(self) -> tuple[str, str, int]:
+        """(queue, key, generation mark): what a list of copies to hand later
+        names it by (gearhorn/store/later.py)."""
+        return self.queue, self.key, self.generation % WRAP
+
     def again(self, holder: str) -> HeldCopy:
         """The next generation, held by ``holder``."""
         return HeldCopy(self.queue, self.unique, self.data, holder, self.precedence,
@@ -254,6 +259,13 @@ class HeldCopies:
         return [HeldCopy.decode(queue, record)
                 for queue, records in zip(by_queue, pipe.execute(), strict=True)
                 for record in records if record is not None]
+
+    def still_held(self, wanted: Sequence[tuple[str, str, int]], holder: str) -> list[HeldCopy]:
+        """The records of ``wanted``, each (queue, record key, generation
+        mark modulo WRAP), still ``holder``'s at that generation."""
+        marks = {(q, k): m for q, k, m in wanted}
+        return [c for c in self.find(list(marks))
+                if c.holder == holder and c.generation % WRAP == marks[c.queue, c.key]]
 
     def owners(self, queue: str) -> dict[str, int]:
         """Who may hold copies of ``queue`` (0), and who is fenced there

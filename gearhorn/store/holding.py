@@ -17,13 +17,13 @@ from gearhorn import gearman
 from gearhorn.gearman import Holder
 from gearhorn.rules.naming import GIVEN_BACK
 from gearhorn.runtime.background import Backoff, Outage
+from gearhorn.store.beside import Beside
 from gearhorn.store.durability import Durability
 from gearhorn.store.forgets import Forgets
 from gearhorn.store.fsync import ERRORS as BARRIER_ERRORS
 from gearhorn.store.gearmands import Gearmands
 from gearhorn.store.heldanswers import HeldAnswers
 from gearhorn.store.heldcopies import (
-    WRAP,
     Fenced,
     HeldCopies,
     HeldCopy,
@@ -32,15 +32,13 @@ from gearhorn.store.heldcopies import (
     record_key,
 )
 from gearhorn.store.holders import Holders
+from gearhorn.store.later import Later
 from gearhorn.store.lease import HolderLease
 from gearhorn.store.redisconn import REDIS_ERRORS
 from gearhorn.store.takeover import Takeover
 
 log = logging.getLogger(__name__)
 
-Pending = tuple[str, str, int]  # a copy's queue, key and generation mark (modulo WRAP)
-
-AGAIN_EVERY = 1.0  # seconds before copies refused (or not handed) are handed (again)
 FORGET_EVERY = 0.05  # seconds an answered copy's record may wait to be dropped
 PROBE_EVERY = 0.5  # seconds between echoes that tell a silent gearmand
 NO_DURABILITY = Durability()
@@ -69,18 +67,7 @@ class HoldingClient:
         self._lock = threading.Lock()
         self._fencing = threading.Lock()  # one new name at a time
         self.forgets = Forgets(store, durability, clock)  # answered: records to drop
-        # (queue, key, generation mark) of copies to hand again in a while:
-        # gearmand refused them, or their job vanished; only if still at that
-        # generation
-        self._again: list[Pending] = []
-        # The same of copies written but not handed (a write that failed
-        # half-way, a lease not fresh): handed at that generation, so that
-        # a retried fanout handing them too makes one job, not two
-        self._unhanded: list[Pending] = []
-        # The same of copies a bridge gave back, in order: handed again at once
-        self._given_back: list[Pending] = []
-        self._said_again = -60.0  # when the last warning of copies handed again went
-        self._next_again = 0.0  # when copies waiting to go again are handed next
+        self.later = Later(self, clock)  # copies to hand in a while
         # The copy's own unique, by the one gearmand was given, where that is
         # a digest (a long unique): the ledger names a copy as its fanout did.
         self._own: dict[str, str] = {}
@@ -176,24 +163,22 @@ class HoldingClient:
                 # Some records may be written: a retry of the fanout leaves them
                 # to their holder (this one), which hands them in a while.
                 self.lease.troubled()
-                self._hand_unhanded_later(held)
+                self.later.unhanded(held)
                 raise
             if self.lease.fresh():
                 self.hand(kept)
             else:  # a lease not renewed in time may be another's: hand once it is
-                self._hand_unhanded_later(kept)
+                self.later.unhanded(kept)
             return
         raise Fenced(f"holder {self.holder_id} keeps being fenced")
 
-    def _hand_unhanded_later(self, held: Sequence[HeldCopy]) -> None:
-        with self._lock:
-            self._unhanded += [(c.queue, c.key, c.generation % WRAP) for c in held]
-
     def hand(self, held: Sequence[HeldCopy], precedence: str | None = None,
-             servers: Sequence[int | None] | None = None) -> None:
+             servers: Sequence[int | None] | None = None,
+             said: dict[str, tuple[bool, int]] | None = None) -> None:
         """``held`` to gearmand: each to ``servers``' entry where given (the
         server its job is on), else its home; at its own precedence unless
-        ``precedence`` is given."""
+        ``precedence`` is given. ``said``: filled with what gearmand says of
+        each job just after (Gearmands.hold)."""
         parts: dict[tuple[int, str], list[gearman.Copy]] = {}
         for n, copy in enumerate(held):
             handed = copy.handed()
@@ -204,7 +189,7 @@ class HoldingClient:
             home = self.client.home(copy.queue) if server is None else server
             parts.setdefault((home, precedence or copy.precedence), []).append(handed)
         for (home, precedence), jobs in parts.items():
-            if not self.gearmands.hold(home, jobs, precedence):
+            if not self.gearmands.hold(home, jobs, precedence, said):
                 # However it broke (even before this call, unnoticed), the
                 # server's copies are handed again once it answers: these too.
                 self._wake.set()
@@ -226,9 +211,9 @@ class HoldingClient:
         with self._lock:
             own = self._own.pop(copy.unique, None) or held[1]
             if refused:
-                self._again.append(pending)
+                self.later.again([pending])
             elif given_back:  # a bridge's client left it unacked: first in line again
-                self._given_back.append(pending)
+                self.later.given_back(pending)
             else:
                 self.forgets.add(copy.function, copy.unique)
             # A refused one is told at once (not after the fanout's timeout);
@@ -244,8 +229,7 @@ class HoldingClient:
         """Jobs gearmand lost unanswered (attached to as they were abandoned)."""
         log.info("%d held copies vanished from gearmand unanswered: handed again",
                  len(copies))
-        with self._lock:
-            self._again += [(c.function, key_of(c.unique), mark_of(c.unique)) for c in copies]
+        self.later.again((c.function, key_of(c.unique), mark_of(c.unique)) for c in copies)
         self._wake.set()
 
     def _lost_on(self, index: int, name: str) -> Callable[[list[gearman.Copy], str], None]:
@@ -273,10 +257,7 @@ class HoldingClient:
         # Its connections stay open until its taker attached to their jobs
         # (closed, they would let gearmand drop the jobs receivers run).
         self.gearmands.retire(name)
-        with self._lock:
-            self._again.clear()
-            self._given_back.clear()
-            self._unhanded.clear()
+        self.later.clear()
         log.warning("holder %s was taken for dead (paused, or cut off from Redis, for over "
                     "its lease of %gs): its copies are another holder's now; it holds on as "
                     "a new holder, and lets go of its old connections once they are taken "
@@ -317,10 +298,10 @@ class HoldingClient:
             self.lease.register()
         self._forget()
         self.gearmands.probe(PROBE_EVERY)
-        self._hand_given_back()
+        self.later.hand_given_back()
         self._hand_again()
         self.takeover.tick()
-        self._hand_later()
+        self.later.hand_due()
         if self.gearmands.close_retired(self.takeover.holders.listed):
             self._forget()  # what they read last: before a taker hands those again
 
@@ -374,101 +355,5 @@ class HoldingClient:
         live = self.gearmands.live()  # read after the records: none handed before is missed
         with self._lock:
             copies = [c for c in found if c.key not in live and c.key not in fresh]
-        self._hand_next(copies, name)
+        self.later.hand_next(copies, name)
         return len(copies)
-
-    def _hand_next(self, copies: Sequence[HeldCopy], name: str,
-                   precedence: str | None = None) -> list[HeldCopy]:
-        """``copies`` (``name``'s) as their next generation, written and on
-        disk before they go to gearmand."""
-        moved: list[HeldCopy] = []
-        for at in range(0, len(copies), 1000):
-            marks = self.durability.marks()
-            written = self.store.hand_again(copies[at:at + 1000], name)
-            self.durability.wait(marks)
-            self.hand(written, precedence)
-            moved += written
-        return moved
-
-    def _hand_given_back(self) -> None:
-        """The copies bridges gave back, as their next generation, ahead of
-        newer ones (high precedence) and in the order given back."""
-        self._next_generation(self._given_back, precedence="high")
-
-    def _hand_later(self) -> None:
-        """Once a while, the copies written but not handed, at their
-        generation; those gearmand refused (its queue full: ``maxqueue``) or
-        lost unanswered, as their next: the records wait meanwhile. Only
-        those still this holder's."""
-        now = self._clock()
-        if now < self._next_again or not self.lease.fresh():
-            return
-        self._next_again = now + AGAIN_EVERY
-        self._hand_unhanded()
-        moved = self._next_generation(self._again)
-        if moved:  # said once a minute while a queue stays full, not every second
-            loud = now - self._said_again >= 60
-            self._said_again = now if loud else self._said_again
-            log.log(logging.WARNING if loud else logging.DEBUG,
-                    "%d held copies handed again (refused by gearmand: a full queue?, "
-                    "or vanished unanswered)", len(moved))
-
-    def _hand_unhanded(self) -> None:
-        """The copies written but not handed, still this holder's at the
-        generation written, that no connection holds: at that generation. A
-        fanout retried after its write failed kept the same records and
-        handed them itself; a second generation would be a second job."""
-        with self._lock:
-            wanted = self._unhanded[:]
-            self._unhanded.clear()
-        if not wanted:
-            return
-        name, marks = self.holder_id, {(q, k): m for q, k, m in wanted}
-        try:
-            mine = [c for c in self.store.find([(q, k) for q, k, _ in wanted])
-                    if c.holder == name and c.generation % WRAP == marks[c.queue, c.key]]
-        except REDIS_ERRORS:
-            with self._lock:
-                self._unhanded[:0] = wanted
-            raise
-        live = self.gearmands.live()  # read after the records: none handed before is missed
-        unhanded = [c for c in mine if c.key not in live]
-        if unhanded:
-            log.info("%d held copies written but not handed (their write failed half-way, or "
-                     "the lease was not fresh): handed now", len(unhanded))
-            self.hand(unhanded)
-
-    def _next_generation(self, pending: list[Pending],
-                         precedence: str | None = None) -> list[HeldCopy]:
-        """The copies listed in ``pending``, emptied, that are still this
-        holder's at the generation listed (not handed again since), handed
-        as their next generation; on an error they stay listed."""
-        with self._lock:
-            wanted = pending[:]
-            pending.clear()
-        if not wanted:
-            return []
-        name, marks = self.holder_id, {(q, k): m for q, k, m in wanted}
-        try:
-            mine = [c for c in self.store.find([(q, k) for q, k, _ in wanted])
-                    if c.holder == name and c.generation % WRAP == marks[c.queue, c.key]]
-            return self._hand_next(mine, name, precedence)
-        except (*REDIS_ERRORS, *BARRIER_ERRORS):
-            with self._lock:
-                pending[:0] = wanted
-            raise
-
-
-class Beside:
-    """A thread's own ``gearman.Client`` whose background copies go to a
-    shared :class:`HoldingClient` (one holder per process)."""
-
-    def __init__(self, holding: HoldingClient, client: gearman.Client) -> None:
-        self.holding, self.client = holding, client
-
-    def __getattr__(self, name: str) -> object:
-        return getattr(self.client, name)
-
-    def submit_background(self, copies: Sequence[gearman.Copy],
-                          precedence: str = "normal") -> int:
-        return self.holding.submit_background(copies, precedence)

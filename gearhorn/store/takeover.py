@@ -40,7 +40,8 @@ class Holding(Protocol):
     durability: Durability
 
     def hand(self, held: Sequence[HeldCopy], precedence: str | None = None,
-             servers: Sequence[int | None] | None = None) -> None: ...
+             servers: Sequence[int | None] | None = None,
+             said: dict[str, tuple[bool, int]] | None = None) -> None: ...
 
 
 class Takeover:
@@ -150,11 +151,27 @@ class Takeover:
               servers: Sequence[int | None]) -> None:
         """Hand ``taken`` (each to its server: None for its home), and ask
         after each until it is answered."""
-        self.holding.hand(taken, servers=servers)
+        attaching = [c for c, s in zip(taken, servers, strict=True) if s is not None]
+        said: dict[str, tuple[bool, int]] = {}
+        self.holding.hand(taken, servers=servers, said=said if attaching else None)
+        self._made_again([c.handed().unique for c in attaching], said)
         with self._lock:
             for copy, at_server in zip(taken, servers, strict=True):
                 home = self.holding.client.home(queue) if at_server is None else at_server
                 self._taken[(queue, copy.key)] = (home, copy.handed().unique)
+
+    def _made_again(self, uniques: Sequence[str], said: dict[str, tuple[bool, int]]) -> None:
+        """Say which attaches found one client, their own, just after: the
+        job was answered in the instant before (a round trip's window
+        after the last look) and made again, so it runs once more; or it
+        was abandoned in that instant (it vanishes, and goes again).
+        docs/design/held-copies.rst, "The bounds"."""
+        alone = [u for u in uniques if said.get(u, (False, 0)) == (True, 1)]
+        if alone:
+            log.warning("%d held copies taken over had one client after the attach, the "
+                        "taker: answered just before and made again (they come once more), or "
+                        "abandoned (they go again); their jobs: %s", len(alone),
+                        " ".join(alone[:20]))
 
     def _still_live(self, taken: Sequence[HeldCopy], read: dict[str, tuple[HeldCopy, int | None]]
                     ) -> tuple[list[HeldCopy], list[int | None]]:

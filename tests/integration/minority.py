@@ -17,16 +17,14 @@ import argparse
 import json
 import os
 import random
-import shutil
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 
 from tests.integration import netns
 from tests.integration import node_loss as nl
-from tests.integration.node_loss import NODES, Acknowledged, Node
+from tests.integration.node_loss import NODES, Acknowledged
 
 GIVE_UP_AFTER = 10.0  # s a producer waits for one fanout's answer (barrier_timeout is 5)
 PROBE_EVERY = 0.25  # s between the probes of the majority after the cut
@@ -95,11 +93,7 @@ class Probes:
 
 def run(seconds: float, seed: int) -> dict:
     rng = random.Random(seed)
-    names = netns.make_namespaces(str(os.getpid()))
-    root = tempfile.mkdtemp(prefix="minority-")
-    nodes = [Node(a, n, root) for a, n in zip(NODES, names, strict=True)]
-    keep = bool(os.environ.get("GEARHORN_NODE_LOSS_KEEP"))
-    try:
+    with nl.three_nodes("minority-") as nodes:
         nl.start_three(nodes)
         nl.subscribe_all(NODES[0])
         acked, sent, stop = Acknowledged(), Sent(), threading.Event()
@@ -150,16 +144,6 @@ def run(seconds: float, seed: int) -> dict:
               f"{len(minority_acks)} acknowledged; the majority answered again after "
               f"{figures['majority_answered_after_s']}s", flush=True)
         return figures
-    except BaseException:
-        for node in nodes:
-            print(f"--- {node.address}\n{node.log()}", file=sys.stderr)
-        raise
-    finally:
-        for node in nodes:
-            node.kill(keep=keep)
-        netns.remove_namespaces(names)
-        if not keep:
-            shutil.rmtree(root, ignore_errors=True)
 
 
 def main() -> None:

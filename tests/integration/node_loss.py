@@ -378,16 +378,36 @@ def start_three(nodes: list[Node]) -> None:
             raise SystemExit(f"a client on {node.address} cannot reach {other.address}'s bridge")
 
 
+@contextlib.contextmanager
+def three_nodes(prefix: str):
+    """Three nodes, each in a network namespace of its own, with their data
+    under a new directory named ``prefix``...; their logs printed on a
+    failure, and all of it gone afterwards (kept with
+    GEARHORN_NODE_LOSS_KEEP=1, to read their logs)."""
+    names = netns.make_namespaces(str(os.getpid()))
+    root = tempfile.mkdtemp(prefix=prefix)
+    nodes = [Node(a, n, root) for a, n in zip(NODES, names, strict=True)]
+    keep = bool(os.environ.get("GEARHORN_NODE_LOSS_KEEP"))
+    try:
+        yield nodes
+    except BaseException:
+        for node in nodes:
+            print(f"--- {node.address}\n{node.log()}", file=sys.stderr)
+        raise
+    finally:
+        for node in nodes:
+            node.kill(keep=keep)
+        netns.remove_namespaces(names)
+        if not keep:
+            shutil.rmtree(root, ignore_errors=True)
+
+
 def run(modes: list[str], seed: int, by_parts: bool = False) -> dict:
     """A loss per mode in ``modes`` (kill or silent); with ``by_parts`` the
     last lost node comes back a part at a time, its pool and bridge first,
     as a service manager may start them (etc/systemd/)."""
     rng = random.Random(seed)
-    names = netns.make_namespaces(str(os.getpid()))
-    root = tempfile.mkdtemp(prefix="node-loss-")
-    nodes = [Node(a, n, root) for a, n in zip(NODES, names, strict=True)]
-    keep = bool(os.environ.get("GEARHORN_NODE_LOSS_KEEP"))
-    try:
+    with three_nodes("node-loss-") as nodes:
         start_three(nodes)
         subscribe_all(NODES[0])
         acked, stop = Acknowledged(), threading.Event()
@@ -403,16 +423,6 @@ def run(modes: list[str], seed: int, by_parts: bool = False) -> dict:
         for thread in producers:
             thread.join(60)
         return delivered(acked, outages, seed, ",".join(modes))
-    except BaseException:
-        for node in nodes:
-            print(f"--- {node.address}\n{node.log()}", file=sys.stderr)
-        raise
-    finally:
-        for node in nodes:
-            node.kill(keep=keep)
-        netns.remove_namespaces(names)
-        if not keep:
-            shutil.rmtree(root, ignore_errors=True)
 
 
 def cold_start_by_parts(seed: int) -> dict:
@@ -422,10 +432,7 @@ def cold_start_by_parts(seed: int) -> dict:
     other two with ``gearhorn node``. The first node's parts must come up
     by themselves (its pool waits, started again), and a fanout through
     it be answered."""
-    names = netns.make_namespaces(str(os.getpid()))
-    root = tempfile.mkdtemp(prefix="cold-start-")
-    nodes = [Node(a, n, root) for a, n in zip(NODES, names, strict=True)]
-    try:
+    with three_nodes("cold-start-") as nodes:
         first = nodes[0]
         for part in ("worker", "bridge", "gearmand"):
             first.start(part)
@@ -443,15 +450,6 @@ def cold_start_by_parts(seed: int) -> dict:
         print(f"cold start a part at a time: the first node's pool started before any Redis, "
               f"was started again {restarts} times, came up and answered", flush=True)
         return {"answered": bool(answered), "worker_restarts": restarts, "seed": seed}
-    except BaseException:
-        for node in nodes:
-            print(f"--- {node.address}\n{node.log()}", file=sys.stderr)
-        raise
-    finally:
-        for node in nodes:
-            node.kill()
-        netns.remove_namespaces(names)
-        shutil.rmtree(root, ignore_errors=True)
 
 
 def lose(nodes: list[Node], loss: int, mode: str, acked: Acknowledged,

@@ -137,3 +137,19 @@ def test_a_copy_gearmand_refuses_is_reported_refused_and_the_rest_are_held(gearm
     assert (unique, status) == ("m2", "refused") and "gearmand refused it" in reason
     holder.close()
     assert heard.lost == [(["m1"], "closed")]
+
+
+def test_an_attach_says_whether_it_joined_the_job_or_made_it_again(gearmand):
+    """A taker's attach (the same unique from a second connection) asks
+    after the job in the same write: two clients when it joined the live
+    job; one, its own, when the job had been answered just before and the
+    submission made it again (docs/design/held-copies.rst, "The bounds")."""
+    function = unique_topic("q_")
+    owner, taker = holder_on(gearmand, Heard()), holder_on(gearmand, Heard())
+    owner.hold([Copy(function, "m1", b"x")])
+    assert taker.hold([Copy(function, "m1", b"x")], ask_after=True) == {"m1": (True, 2)}
+    (job,) = consume(gearmand, function, 1, lambda worker, job: worker.complete(job.handle))
+    assert job.unique == "m1"
+    assert taker.hold([Copy(function, "m1", b"x")], ask_after=True) == {"m1": (True, 1)}
+    owner.close()
+    taker.close()

@@ -30,9 +30,10 @@ class FakeHolder:
         self.conn = types.SimpleNamespace(open=lambda: None, host=host, port=port)
         FakeHolder.made.append(self)
 
-    def hold(self, copies, precedence="normal"):
+    def hold(self, copies, precedence="normal", ask_after=False):
         self.handed += [(c.unique, precedence) for c in copies]
         self.copies = list(copies)
+        return {}
 
     def live(self):
         return [u for u, _ in self.handed]
@@ -80,7 +81,7 @@ def test_copies_a_bridge_gives_back_are_handed_again_first_in_line_and_in_order(
     for copy in conn.copies[:2]:  # the bridge's client left m1 and m2 unacked
         held._answered_by(copy, gearman.Outcome("exception", GIVEN_BACK))
     held._forget()
-    held._hand_given_back()
+    held.later.hand_given_back()
     assert conn.handed[3:] == [("m1:alice^1", "high"), ("m2:alice^1", "high")]
     assert held.store.count("news_alice") == 3  # given back is not answered: all kept
 
@@ -92,7 +93,7 @@ def test_an_answer_other_than_given_back_forgets_the_copy(holder):
     held._answered_by(conn.copies[0], gearman.Outcome("exception", b"a worker's own error"))
     held._answered_by(conn.copies[1], gearman.Outcome("complete"))
     held._forget()
-    held._hand_given_back()
+    held.later.hand_given_back()
     assert held.store.count("news_alice") == 0 and len(conn.handed) == 2
 
 
@@ -191,7 +192,8 @@ def test_a_held_foreground_copy_gearmand_refuses_is_told_at_once_and_stays_held(
     assert (outcome.status, outcome.reason) == ("refused", "queue full")
     held._forget()
     assert held.store.count("news_alice") == 1  # handed again in a while
-    assert held._again == [("news_alice", "m1:alice", 0)]
+    held.later.hand_due()
+    assert conn.handed[-1] == ("m1:alice^1", "normal")
 
 
 def test_a_holder_stopping_waits_for_a_taker_only_while_one_lives(holder):
@@ -245,8 +247,7 @@ def test_a_fanout_retried_after_its_write_broke_makes_one_job_per_copy(
     with pytest.raises(redis.ConnectionError):
         held.submit_background(copies("m1:alice", "m2:alice"))
     held.submit_background(copies("m1:alice", "m2:alice"))  # the worker's retry
-    held._next_again = 0.0
-    held._hand_later()
+    held.later.hand_due()
     handed = [u for h in FakeHolder.made for u, _ in h.handed]
     assert sorted(handed) == ["m1:alice^0", "m2:alice^0"]
     assert held.store.count("news_alice") == 2

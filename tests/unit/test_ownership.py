@@ -140,12 +140,12 @@ def test_a_job_attached_to_in_the_instant_it_was_abandoned_is_handed_again(monke
     a.pause()
     hand = b.holding.hand
 
-    def death_then_hand(held, precedence=None, servers=None):
+    def death_then_hand(held, precedence=None, servers=None, said=None):
         # b saw them live, a's connection open, even just before; a dies
         # before b attaches: b attaches to abandoned jobs
         if a.alive:
             a.kill()
-        return hand(held, precedence, servers)
+        return hand(held, precedence, servers, said)
     monkeypatch.setattr(b.holding, "hand", death_then_hand)
     run(world, 3 * TTL, b)
     assert not world.take("news_alice"), "the abandoned jobs are freed, not run"
