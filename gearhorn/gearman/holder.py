@@ -37,6 +37,7 @@ Answered = Callable[[Copy, Outcome], None]
 Lost = Callable[[list[Copy], str], None]
 Status = tuple[bool, int]  # GET_STATUS_UNIQUE: is the job known, how many clients wait for it
 ECHO_MARK = b"gearhorn-status"  # ends each ask: gear.Server answers no status, but an echo
+STATUS_TIMEOUT = 30.0  # seconds an ask waits for its echo (a broken connection ends it)
 
 
 class _Ask:
@@ -121,7 +122,7 @@ class Holder:
             raise Unavailable(reason)
         if ask is None:
             return {}
-        ask.done.wait(timeout)
+        ask.done.wait(STATUS_TIMEOUT)  # what gearmand knows follows its JOB_CREATED
         return dict(ask.found)
 
     def _wait_created(self, target: int, timeout: float) -> str:
@@ -154,7 +155,8 @@ class Holder:
         with self._changed:
             return len(self._held)
 
-    def status(self, uniques: Sequence[str], timeout: float = 30.0) -> dict[str, Status]:
+    def status(self, uniques: Sequence[str],
+               timeout: float = STATUS_TIMEOUT) -> dict[str, Status]:
         """What gearmand says of each job (by its unique): (known, clients
         waiting). A unique left out: the server does not answer
         GET_STATUS_UNIQUE (gear.Server), or did not in ``timeout``."""

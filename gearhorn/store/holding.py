@@ -179,6 +179,7 @@ class HoldingClient:
         server its job is on), else its home; at its own precedence unless
         ``precedence`` is given. ``said``: filled with what gearmand says of
         each job just after (Gearmands.hold)."""
+        self.later.handed(held)
         parts: dict[tuple[int, str], list[gearman.Copy]] = {}
         for n, copy in enumerate(held):
             handed = copy.handed()

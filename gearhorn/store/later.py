@@ -13,7 +13,6 @@ from typing import Protocol
 
 from gearhorn.store.durability import Durability
 from gearhorn.store.fsync import ERRORS as BARRIER_ERRORS
-from gearhorn.store.gearmands import Gearmands
 from gearhorn.store.heldcopies import HeldCopies, HeldCopy
 from gearhorn.store.lease import HolderLease
 from gearhorn.store.redisconn import REDIS_ERRORS
@@ -30,7 +29,6 @@ class Holding(Protocol):
 
     store: HeldCopies
     lease: HolderLease
-    gearmands: Gearmands
     durability: Durability
 
     @property
@@ -49,9 +47,8 @@ class Later:
         self._again: list[Pending] = []  # refused or vanished: the next generation
         self._given_back: list[Pending] = []  # in order: the next generation, at once
         # Written but not handed (a write that failed half-way, a lease not
-        # fresh): at that generation, so that a retried fanout handing them
-        # too makes one job, not two
-        self._unhanded: list[Pending] = []
+        # fresh), by (queue, key): at that generation, unless handed since
+        self._unhanded: dict[tuple[str, str], int] = {}
         self._said = -60.0  # when the last warning of copies handed again went
         self._next = 0.0  # when the copies waiting are handed next
 
@@ -65,7 +62,16 @@ class Later:
 
     def unhanded(self, held: Sequence[HeldCopy]) -> None:
         with self._lock:
-            self._unhanded += [c.pending() for c in held]
+            self._unhanded.update({(q, k): m for q, k, m in (c.pending() for c in held)})
+
+    def handed(self, held: Sequence[HeldCopy]) -> None:
+        """``held`` went to gearmand (a retried fanout handed them, say): not
+        unhanded any more. Handed again later, one its receiver answered
+        already would be a new job."""
+        if self._unhanded:
+            with self._lock:
+                for copy in held:
+                    self._unhanded.pop((copy.queue, copy.key), None)
 
     def clear(self) -> None:
         """Fenced: they are another holder's now."""
@@ -110,19 +116,22 @@ class Later:
         return moved
 
     def _hand_unhanded(self) -> None:
-        """Those no connection holds, at the generation written: a fanout
-        retried after its write failed kept the same records and handed
-        them itself; a second generation would be a second job."""
-        wanted = self._take(self._unhanded)
+        """Those still unhanded, at the generation written: a fanout retried
+        after its write failed hands what it writes itself, and leaves the
+        records written before to their holder; a second generation of
+        those would be a second job (CI, 2026-12-07: 64 per subscriber)."""
+        with self._lock:
+            wanted = [(q, k, m) for (q, k), m in self._unhanded.items()]
+            self._unhanded.clear()
         if not wanted:
             return
         try:
-            mine = self.holding.store.still_held(wanted, self.holding.holder_id)
+            unhanded = self.holding.store.still_held(wanted, self.holding.holder_id)
         except REDIS_ERRORS:
-            self._put_back(self._unhanded, wanted)
+            with self._lock:
+                for q, k, m in wanted:
+                    self._unhanded.setdefault((q, k), m)
             raise
-        live = self.holding.gearmands.live()  # read after the records: none handed is missed
-        unhanded = [c for c in mine if c.key not in live]
         if unhanded:
             log.info("%d held copies written but not handed (their write failed half-way, or "
                      "the lease was not fresh): handed now", len(unhanded))

@@ -219,16 +219,17 @@ class Takeover:
         for queue, copies in by_queue.items():
             decided = [d for d in self._decide(copies, self._waited_for_long(queue))
                        if d[1] >= 0]
-            same = [(c.at(g), s) for c, g, s in decided if g == c.generation]
-            marks = self.holding.durability.marks()
-            newer = self.store.hand_again([c for c, g, _ in decided if g != c.generation], me)
-            self.holding.durability.wait(marks)  # on disk before it is handed
             with self._lock:
                 for copy, _, _ in decided:
                     self._unsure.pop((queue, copy.key), None)
-            mine = [HeldCopy(c.queue, c.unique, c.data, me, c.precedence, c.generation)
-                    for c, _ in same]
-            self._hand(queue, mine + newer, [s for _, s in same] + [None] * len(newer))
+            # The same generation first: nothing between the look and the attach
+            same = [(c, s) for c, g, s in decided if g == c.generation]
+            self._hand(queue, [HeldCopy(c.queue, c.unique, c.data, me, c.precedence,
+                                        c.generation) for c, _ in same], [s for _, s in same])
+            marks = self.holding.durability.marks()
+            newer = self.store.hand_again([c for c, g, _ in decided if g != c.generation], me)
+            self.holding.durability.wait(marks)  # on disk before it is handed
+            self._hand(queue, newer, [None] * len(newer))
 
     def _decide(self, copies: Sequence[HeldCopy], connected: dict[int, set[str] | None]
                 ) -> list[tuple[HeldCopy, int, int | None]]:
