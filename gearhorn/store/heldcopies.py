@@ -158,7 +158,10 @@ class HeldCopies:
         """Write the records of ``copies`` (one round trip; their
         acknowledgement waits for the fsync that covers this write); the
         copies written, to be handed. A copy whose record is there already
-        (its fanout ran before) is held already and left out. Raises
+        (its fanout ran before) is held already and left out, unless the
+        record is exactly this copy's (this call, run twice by a cluster
+        client after a failover, or a retry by its own holder: handed
+        again, gearmand makes one job of the unique while it lives). Raises
         Fenced when a holder of theirs is fenced in one of their queues."""
         calls: list[ScriptCall] = []
         by_queue = _by_queue(copies, by_holder=True)

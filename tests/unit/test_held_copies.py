@@ -128,3 +128,16 @@ def test_a_long_unique_that_names_its_headers_keeps_them_when_held():
     handed = copy.handed().unique
     assert len(handed) <= 63 and header_id_of(handed) == header_id
     assert key_of(handed) == copy.key != copy.unique
+
+
+def test_a_keep_run_twice_reports_what_it_wrote_both_times(store):
+    """CI, 2026-12-07: a cluster master killed after it applied a keep and
+    before its reply; the client ran the call again on the promoted replica,
+    which had the records, and the copies, reported held already, were
+    never handed (64 acknowledged copies stranded). Another holder's record,
+    or another body, is still left alone."""
+    copy = HeldCopy("q", "m1:alice", b"a", "w1")
+    assert store.keep([copy]) == [copy]
+    assert store.keep([copy]) == [copy]
+    assert store.keep([HeldCopy("q", "m1:alice", b"a", "w2")]) == []
+    assert store.keep([HeldCopy("q", "m1:alice", b"other", "w1")]) == []

@@ -7,7 +7,10 @@
 -- ARGV[1] the mode, ARGV[2] the holder writing; then, by mode:
 --   keep    four per copy: field, head (holder NUL precedence NUL), the
 --           generation, tail (NUL unique NUL body). A record there already
---           stays as it is (a retried fanout's copy is held already).
+--           stays as it is (a retried fanout's copy is held already), and
+--           is -1, unless it is exactly this one: the same call may run
+--           twice (a cluster client sends it again when the reply was lost
+--           with a failed master), and what it wrote must still be handed.
 --           Returns each copy's generation, -1 where none was written.
 --   again   two per copy: field, the generation it was handed at. Only a
 --           record still the writer's, still at that generation, goes to
@@ -41,7 +44,9 @@ if mode == 'keep' then  -- the common case first, with no more than it needs
   local written = {}
   for i = 3, #ARGV, 4 do
     local generation = tonumber(ARGV[i + 2])
-    if redis.call('HSETNX', copies, ARGV[i], ARGV[i + 1] .. generation .. ARGV[i + 3]) == 0 then
+    local record = ARGV[i + 1] .. generation .. ARGV[i + 3]
+    if redis.call('HSETNX', copies, ARGV[i], record) == 0
+        and redis.call('HGET', copies, ARGV[i]) ~= record then
       generation = -1
     end
     written[#written + 1] = generation
