@@ -172,6 +172,11 @@ class History:
         return (text(epoch) if epoch else None,
                 [_stored(entry_id, fields) for entry_id, fields in found])
 
+    def epoch(self, topic: str) -> str | None:
+        """The topic's epoch now (None: no history)."""
+        epoch = self.redis.hget(self.keys.history_meta(topic), "epoch")
+        return text(epoch) if epoch else None
+
     def wait(self, topic: str, after: int, block_ms: int, count: int) -> list[Stored]:
         """Messages after offset ``after``, waiting up to ``block_ms`` for one."""
         found = self.direct.xread({self.keys.history(topic): f"{after}-1"}, count, block_ms)

@@ -156,6 +156,12 @@ class TopicFeed:
         if self.last is None:
             self.epoch, _, self.last = self.history.position(self.topic)
         found = self.history.wait(self.topic, self.last, BLOCK_MS, PAGE)
+        if found and self.epoch is not None and self.history.epoch(self.topic) != self.epoch:
+            # A new epoch's offsets start again at 1: what XREAD found past
+            # the old epoch's last is the new one's, read from 1 instead. An
+            # epoch is never taken twice, so the same epoch after the read
+            # says what was read is this epoch's.
+            found = []
         if not found or self.epoch is None:
             self._check_epoch()
         self._forget_stale()
