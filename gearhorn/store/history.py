@@ -164,13 +164,21 @@ class History:
 
     def entries(self, topic: str, after: int, count: int) -> tuple[str | None, list[Stored]]:
         """The topic's epoch, and up to ``count`` messages after offset
-        ``after`` as stored (read together: offsets mean nothing without it)."""
-        pipe = self.redis.pipeline(transaction=False)
-        pipe.hget(self.keys.history_meta(topic), "epoch")
-        pipe.xrange(self.keys.history(topic), min=f"{after + 1}-0", max="+", count=count)
-        epoch, found = pipe.execute()
-        return (text(epoch) if epoch else None,
-                [_stored(entry_id, fields) for entry_id, fields in found])
+        ``after`` as stored. Offsets mean nothing without their epoch, so
+        the epoch is read before and after the messages, in one round trip:
+        the same both times (an epoch is never taken twice) says no new
+        epoch lent the messages the old one's name; else it reads again.
+        (Not a MULTI: redis-py's cluster transactions leave XRANGE's reply
+        unparsed.)"""
+        while True:
+            pipe = self.redis.pipeline(transaction=False)
+            pipe.hget(self.keys.history_meta(topic), "epoch")
+            pipe.xrange(self.keys.history(topic), min=f"{after + 1}-0", max="+", count=count)
+            pipe.hget(self.keys.history_meta(topic), "epoch")
+            epoch, found, epoch_after = pipe.execute()
+            if epoch == epoch_after:
+                return (text(epoch) if epoch else None,
+                        [_stored(entry_id, fields) for entry_id, fields in found])
 
     def epoch(self, topic: str) -> str | None:
         """The topic's epoch now (None: no history)."""

@@ -363,3 +363,38 @@ def test_a_realtime_history_keeps_its_size_exactly_and_nothing_older_than_its_tt
     monkeypatch.setattr(time_module, "time", lambda: now + 61)  # the five are old now
     short.append([("rt", [("late", b"y", None)])])
     assert [m["message_id"] for m in short.read("rt")["messages"]] == ["late"]
+
+
+def test_entries_read_as_a_new_epoch_begins_are_read_again_in_it(history, registry):
+    """Offsets mean nothing without their epoch: messages read while a new
+    epoch began (the epoch read before them is not the one after) are not
+    handed out under the old name, but read again."""
+    history.append([("news", [("m1", b"old", None)])])
+    old = history.position("news")[0]
+    real_pipeline, reads = registry.redis.pipeline, []
+
+    def new_epoch():
+        registry.redis.pipeline = real_pipeline
+        registry.redis.delete(registry.keys.history("news"), registry.keys.history_meta("news"))
+        history.append([("news", [("n1", b"new", None)])])
+        registry.redis.pipeline = pipeline
+
+    def pipeline(transaction=True):
+        pipe = real_pipeline(transaction=transaction)
+        execute = pipe.execute
+
+        def execute_with_a_new_epoch_between(**kwargs):
+            replies = execute(**kwargs)
+            reads.append(replies[0])
+            if len(reads) == 1:  # after the epoch, before the messages: a new epoch
+                new_epoch()
+                replies[1:] = [registry.redis.xrange(registry.keys.history("news")),
+                               registry.redis.hget(registry.keys.history_meta("news"), "epoch")]
+            return replies
+        pipe.execute = execute_with_a_new_epoch_between
+        return pipe
+
+    registry.redis.pipeline = pipeline
+    epoch, found = history.entries("news", 0, 10)
+    assert reads[0].decode() == old and len(reads) == 2 and epoch != old
+    assert [(offset, body) for offset, _, body, _ in found] == [(1, b"new")]
