@@ -3,6 +3,7 @@ is still live in gearmand (docs/design/held-copies.rst)."""
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 import time
@@ -308,22 +309,22 @@ class Takeover:
             self.holding.gearmands.verify(server, uniques)
 
     def _walk(self, me: str) -> None:
-        """The backstop: a page of ``<p>owners:*`` a look. A queue where a
-        holder dead for good was never fenced may hold a record no index
-        lists (a Redis Cluster, a holder killed between the two writes of
-        one pipeline): it is taken like the others."""
+        """The backstop: a page of ``<p>owners:*`` a look, read in one round
+        trip. A queue where a holder dead for good was never fenced may
+        hold a record no index lists (a Redis Cluster, a holder killed
+        between the two writes of one pipeline): it is taken like the
+        others."""
         if self._walker is None:
             self._walker = self.store.redis.scan_iter(match=self.store.keys.owners_pattern,
                                                       count=WALK_EACH)
-        leases = None
-        for _ in range(WALK_EACH):
-            key = next(self._walker, None)
-            if key is None:
-                self._walker = None
-                return
-            queue = text(key)[len(self.store.keys.owners("")) - 1:-1]
-            owners = self.store.owners(queue)
-            leases = self.holders.leases() if leases is None else leases
+        prefix = len(self.store.keys.owners("")) - 1
+        queues = [text(key)[prefix:-1] for key in itertools.islice(self._walker, WALK_EACH)]
+        if len(queues) < WALK_EACH:
+            self._walker = None  # walked through: from the start next look
+        if not queues:
+            return
+        leases = self.holders.leases()
+        for queue, owners in zip(queues, self.store.owners_of(queues), strict=True):
             if any(h != me and not state and leases.get(h, FENCED) <= 0
                    for h, state in owners.items()):
                 self.holders.add_queue(me, queue)  # in our index before we take
