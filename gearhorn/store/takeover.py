@@ -323,8 +323,13 @@ class Takeover:
             self._walker = None  # walked through: from the start next look
         if not queues:
             return
+        owners_of = self.store.owners_of(queues)
+        # Read after the owners: a holder registers its lease before it can
+        # write a queue's owners, so one listed there is in these leases
+        # unless it was fenced since (read before, a holder new meanwhile
+        # would be taken for dead).
         leases = self.holders.leases()
-        for queue, owners in zip(queues, self.store.owners_of(queues), strict=True):
+        for queue, owners in zip(queues, owners_of, strict=True):
             if any(h != me and not state and leases.get(h, FENCED) <= 0
                    for h, state in owners.items()):
                 self.holders.add_queue(me, queue)  # in our index before we take
