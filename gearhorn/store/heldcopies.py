@@ -276,7 +276,7 @@ class HeldCopies:
     def owners(self, queue: str) -> dict[str, int]:
         """Who may hold copies of ``queue`` (0), and who is fenced there
         (when, Redis ms)."""
-        return {text(h): int(v) for h, v in self.redis.hgetall(self.keys.owners(queue)).items()}
+        return self.owners_of([queue])[0]
 
     def owners_of(self, queues: Sequence[str]) -> list[dict[str, int]]:
         """:meth:`owners` of each of ``queues``, in one round trip."""
