@@ -235,12 +235,12 @@ class Config:
     ledger_maxlen: int = 1_000_000
     # Streams the ledger is spread over (one per writer; hash slots on a cluster).
     ledger_shards: int = 8
-    # The live audit (gearhorn audit, gearhorn up --audit): a copy nothing
+    # The live audit (gearhorn audit; gearhorn up runs it): a copy nothing
     # delivered, answered or dropped within audit_deadline seconds of its
     # enqueue, while its subscriber took others, is a finding. Events may
     # reach the ledger audit_lateness seconds late (a writer's flush, clocks
     # of two hosts); the ledger is read every audit_interval seconds.
-    audit_enabled: bool = False  # gearhorn up starts the audit (gearhorn up --audit)
+    audit_enabled: bool = True  # gearhorn up starts the audit (gearhorn up --no-audit: not)
     audit_deadline: float = 60.0
     audit_lateness: float = 5.0
     audit_interval: float = 2.0

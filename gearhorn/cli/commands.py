@@ -199,10 +199,7 @@ def cmd_ledger(config: Config, args: argparse.Namespace) -> int:
 
 
 def cmd_audit(config: Config, args: argparse.Namespace) -> int:
-    from gearhorn.pipeline.needs import require_spark
-
-    require_spark()  # one line, not an import's traceback
-    from gearhorn.pipeline.audit import AuditSettings, run
+    from gearhorn.pipeline.audit import AuditSettings
     from gearhorn.store import redisconn
     from gearhorn.store.keys import Keys
 
@@ -211,8 +208,17 @@ def cmd_audit(config: Config, args: argparse.Namespace) -> int:
         deadline_ms=int(config.audit_deadline * 1000),
         lateness_ms=int(config.audit_lateness * 1000), interval_s=config.audit_interval,
         master=args.master, from_start=args.from_start, shards=config.ledger_shards)
-    return run(redisconn.for_config(config, socket_timeout=30), Keys.for_config(config),
-               settings)
+    client, keys = redisconn.for_config(config, socket_timeout=30), Keys.for_config(config)
+    if args.master is None:  # count first: no Spark, no Java (docs/design/audit.rst)
+        from gearhorn.pipeline import countaudit
+
+        return countaudit.run(client, keys, settings)
+    from gearhorn.pipeline.needs import require_spark
+
+    require_spark()  # one line, not an import's traceback
+    from gearhorn.pipeline.audit import run
+
+    return run(client, keys, settings)
 
 
 def _queued_now(config: Config) -> dict[str, int] | None:

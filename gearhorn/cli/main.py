@@ -90,8 +90,10 @@ def _add_up(sub, common) -> None:
                     const="none", help="gearmand keeps the jobs submitted straight to it "
                                        "in memory only")
     up.add_argument("--audit", dest="audit_enabled", action="store_const", const=True,
-                    help="start the live delivery audit too (gearhorn audit: Spark, "
-                         "local; its findings on this terminal and at /metrics)")
+                    help="start the live delivery audit (the default: gearhorn audit; its "
+                         "findings on this terminal and at /metrics)")
+    up.add_argument("--no-audit", dest="audit_enabled", action="store_const", const=False,
+                    help="do not start the live delivery audit")
     _durability(up)
     up.set_defaults(func=cmd_up)
 
@@ -200,12 +202,14 @@ def _add_ledger(sub, common) -> None:
 
 def _add_audit(sub, common) -> None:
     audit = sub.add_parser("audit", parents=[common],
-                           help="Spark streaming job: the live delivery audit (is anything "
-                                "lost right now?), until Ctrl-C")
+                           help="the live delivery audit (is anything lost right now?), "
+                                "until Ctrl-C")
     audit.add_argument("--dir", metavar="DIR",
                        help="its inbox, checkpoints, state and findings (default "
                             "DATA_DIR/audit)")
-    audit.add_argument("--master", help="Spark master URL (default: Spark's own, local)")
+    audit.add_argument("--master", help="run it as a Spark Structured Streaming job on this "
+                                        "Spark master (local[*]: Spark's own); without "
+                                        "it, counts first, in this process")
     audit.add_argument("--deadline", type=float, dest="audit_deadline", metavar="SECONDS",
                        help="a copy not delivered this long after its enqueue, while its "
                             "subscriber takes others, is a finding (default 60)")

@@ -19,7 +19,6 @@ import redis
 
 from gearhorn import gearman
 from gearhorn.config import UP_STORE_BOUND, Config, to_env
-from gearhorn.pipeline.needs import spark_missing
 from gearhorn.runtime import ports
 from gearhorn.store import durability, redisconn
 from gearhorn.store.heldcopies import HeldCopies
@@ -227,10 +226,7 @@ class Embedded:
 
     def _ensure_audit(self) -> None:
         if not self.config.audit_enabled:
-            self.notes["audit"] = "off (gearhorn up --audit starts it)"
-            return
-        if (reason := spark_missing()) is not None:
-            self.notes["audit"] = f"off: {reason}"
+            self.notes["audit"] = "off (--no-audit)"
             return
         folder = self.audit_folder
         self.audit = servers.start_audit(to_env(self.config), folder)

@@ -103,6 +103,10 @@ class AuditState:
     last_finding_ms: int = 0
     recent: deque = field(default_factory=lambda: deque(maxlen=RECENT))
     lags_ms: deque = field(default_factory=lambda: deque(maxlen=LAGS))
+    # The count-first audit's (gearhorn/pipeline/countaudit.py): the counts
+    # streams' positions, and its books (balance.Books.to_json)
+    positions: dict[str, str] = field(default_factory=dict)
+    books: dict = field(default_factory=dict)
 
     # -- judging ---------------------------------------------------------------
 

@@ -130,7 +130,8 @@ def build_bridge(config: Config) -> Bridge:
     headers = HeaderStore(client, keys, config.headers_ttl)
     bounds = QueueBounds(registry)
     ledger = Ledger(client, keys, config.ledger_maxlen, config.ledger_enabled,
-                    source=f"bridge-{bridge_id}", shards=config.ledger_shards)
+                    source=f"bridge-{bridge_id}", shards=config.ledger_shards,
+                    held=config.copies == "held")
     # Counts of the SENDs no worker fans out (gearhorn/stomp/topics/appending.py).
     stats = Stats(client, keys, config.metrics_enabled, buffered=True)
     flusher = LedgerFlusher(ledger, bounds, stats)
@@ -149,7 +150,8 @@ def build_bridge(config: Config) -> Bridge:
 
         holding = HoldingClient(gearman.Client(servers, tls=tls), HeldCopies(client, keys),
                                 Holders(client, keys), bridge_id, config.worker_ttl,
-                                config.heartbeat_interval, tls, answered, durability=acks)
+                                config.heartbeat_interval, tls, answered, durability=acks,
+                                counts=ledger.counts if ledger.enabled else None)
     publisher = Publisher(servers, tls, headers,
                           Scheduler(client, keys, config.delay_shard_seconds,
                                     config.delay_lease, config.delay_lanes),

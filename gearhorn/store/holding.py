@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 
 from gearhorn import gearman
 from gearhorn.gearman import Holder
+from gearhorn.rules.auditcounts import Counts, bucket_of
 from gearhorn.rules.naming import GIVEN_BACK
 from gearhorn.runtime.background import Backoff, Outage
 from gearhorn.store.beside import Beside
@@ -39,6 +40,9 @@ from gearhorn.store.takeover import Takeover
 
 log = logging.getLogger(__name__)
 
+# Enqueue buckets remembered for the audit's counts: past this many copies
+# held at once, an answer counts as of an unknown bucket (a closer look).
+MOST_BORN = 1_000_000
 FORGET_EVERY = 0.05  # seconds an answered copy's record may wait to be dropped
 PROBE_EVERY = 0.5  # seconds between echoes that tell a silent gearmand
 NO_DURABILITY = Durability()
@@ -53,7 +57,8 @@ class HoldingClient:
                  tls: gearman.TlsFiles | None = None,
                  record: Callable[[str, str, str, int], None] | None = None,
                  durability: Durability = NO_DURABILITY,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 counts: Counts | None = None) -> None:
         self.client, self.store = client, store
         self._clock = clock
         # (queue, copy key, status, generation) of each answer, for the ledger:
@@ -73,6 +78,11 @@ class HoldingClient:
         self._own: dict[str, str] = {}
         # Foreground fanouts waiting for their copies' answers, by (queue, key)
         self._waiting: dict[tuple[str, str], HeldAnswers] = {}
+        # The live audit's counts (gearhorn/rules/auditcounts.py): each copy
+        # kept here counts as made in its enqueue bucket, remembered by
+        # (queue, key) until its answer counts it settled in the same one.
+        self.counts = counts
+        self._born: dict[tuple[str, str], int] = {}
         self._wake = threading.Event()
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._run, name="gearhorn-holding", daemon=True)
@@ -165,12 +175,23 @@ class HoldingClient:
                 self.lease.troubled()
                 self.later.unhanded(held)
                 raise
+            if self.counts is not None:
+                self._count_made(kept)
             if self.lease.fresh():
                 self.hand(kept)
             else:  # a lease not renewed in time may be another's: hand once it is
                 self.later.unhanded(kept)
             return
         raise Fenced(f"holder {self.holder_id} keeps being fenced")
+
+    def _count_made(self, kept: Sequence[HeldCopy]) -> None:
+        bucket, born, counts = bucket_of(time.time_ns() // 1_000_000), self._born, self.counts
+        for copy in kept:
+            key = (copy.queue, copy.key)
+            if key not in born:  # a retry's copy counts once
+                if len(born) < MOST_BORN:
+                    born[key] = bucket
+                counts.enqueued(copy.queue, bucket)
 
     def hand(self, held: Sequence[HeldCopy], precedence: str | None = None,
              servers: Sequence[int | None] | None = None,
@@ -222,6 +243,9 @@ class HoldingClient:
             waiting = None if given_back else self._waiting.pop(held, None)
         if not (refused or given_back):
             self.record(copy.function, own, outcome.status, mark_of(copy.unique))
+            if self.counts is not None:
+                self.counts.settled(copy.function, self._born.pop(held, None),
+                                    time.time_ns() // 1_000_000)
         if waiting is not None:  # after the record's forgetting is queued: a retry follows it
             waiting.settle(held, outcome)
         self._wake.set()
@@ -259,6 +283,7 @@ class HoldingClient:
         # (closed, they would let gearmand drop the jobs receivers run).
         self.gearmands.retire(name)
         self.later.clear()
+        self._born.clear()  # its copies are a taker's now: their answers' buckets unknown
         log.warning("holder %s was taken for dead (paused, or cut off from Redis, for over "
                     "its lease of %gs): its copies are another holder's now; it holds on as "
                     "a new holder, and lets go of its old connections once they are taken "

@@ -61,6 +61,11 @@ class Keys:
     def ledger(self, shard: int) -> str:
         return f"{{{self.prefix}ledger:{shard}}}"
 
+    def audit_counts(self, shard: int) -> str:
+        """The live audit's counts of ledger shard ``shard``: in its hash
+        slot, so a flush writes both in one MULTI."""
+        return f"{self.ledger(shard)}:counts"
+
     @property
     def workers(self) -> str:
         return self.prefix + "workers"

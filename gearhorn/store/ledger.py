@@ -15,6 +15,8 @@ from collections.abc import Sequence
 
 import redis
 
+from gearhorn.rules import auditcounts
+from gearhorn.rules.auditcounts import Counts, bucket_of
 from gearhorn.rules.events import Event
 from gearhorn.runtime.background import Outage, StoppableThread
 from gearhorn.store.keys import Keys
@@ -46,12 +48,22 @@ class Ledger:
     """
 
     def __init__(self, client: redis.Redis, keys: Keys, maxlen: int = 1_000_000,
-                 enabled: bool = True, source: str = "", shards: int = 1) -> None:
+                 enabled: bool = True, source: str = "", shards: int = 1,
+                 held: bool = True) -> None:
         self.redis = client
         # One stream per writer keeps its events in order; writers spread
         # over ``shards`` streams (and so over a cluster's nodes).
-        self.stream = keys.ledger(zlib.crc32(source.encode()) % shards)
+        shard = zlib.crc32(source.encode()) % shards
+        self.stream = keys.ledger(shard)
         self.maxlen = max(1, maxlen // shards)
+        # The live audit's counts (gearhorn/rules/auditcounts.py), written
+        # with each flush. With held copies (``held``) the holder counts
+        # the copies it keeps and their answers; else this ledger counts
+        # the copies gearmand accepted, and the bridge's deliveries.
+        self.counts = Counts()
+        self.counts_stream = keys.audit_counts(shard)
+        self.counts_maxlen = max(1000, self.maxlen // 10)
+        self.held = held
         self.enabled = enabled
         self.source = source
         # deques: append and popleft are atomic, so threads (the workers'
@@ -76,8 +88,12 @@ class Ledger:
         look-up's answer) and went to ``copies`` (queue, unique) that gearmand
         accepted; the reconciliation checks the one against the other."""
         if self.enabled:
+            ts = now_ms()
             self._published.append(published_line(
-                now_ms(), message_id, topic, len(copies) if width is None else width, copies))
+                ts, message_id, topic, len(copies) if width is None else width, copies))
+            if not self.held:
+                for queue, _ in copies:
+                    self.counts.enqueued(queue, bucket_of(ts))
 
     def failed(self, reason: str, topic: str = "", subscriber: str = "", unique: str = "",
                message_id: str = "") -> None:
@@ -88,6 +104,8 @@ class Ledger:
                 message_id: str = "") -> None:
         """A copy the queue's limits did not keep (``message_id``: only for
         one never made, ``full``; the reconciliation counts it in the width)."""
+        if self.enabled and not message_id:  # one never made was never counted made
+            self.counts.settled(queue, None, now_ms())
         self._add({"e": Event.DROPPED.value, "ts": str(now_ms()), "reason": reason,
                    "topic": topic, "sub": queue, "u": unique, "mid": message_id})
 
@@ -100,7 +118,12 @@ class Ledger:
         they travel as lines of one ``batch`` entry per flush instead of an
         entry each."""
         if self.enabled:
-            line = f"{event}\t{now_ms()}\t{subscriber}\t{unique}\t{'1' if redelivered else ''}"
+            ts = now_ms()
+            if event == Event.STREAMED:
+                self.counts.streamed(subscriber, unique, ts)
+            elif event == Event.DELIVERED and not (self.held or redelivered):
+                self.counts.settled(subscriber, None, ts)
+            line = f"{event}\t{ts}\t{subscriber}\t{unique}\t{'1' if redelivered else ''}"
             if generation is not None:
                 line = f"{line}\t{reason}\t{generation}"
             elif reason:
@@ -116,7 +139,7 @@ class Ledger:
     @property
     def buffered(self) -> int:
         return (len(self._buffer) + len(self._lines) + len(self._published)
-                + len(self._unwritten))
+                + len(self._unwritten) + len(self.counts))
 
     def flush(self) -> None:
         """Write what is buffered in one round trip, all or nothing (one
@@ -132,12 +155,19 @@ class Ledger:
             events.insert(0, batch_entry(PUBLISHED_BATCH, published, self.source))
         if lines:
             events.append(batch_entry(BATCH, lines, self.source))
+        counted = self.counts.take() if self.enabled else []
+        if counted:
+            events.append(auditcounts.entry(counted, self.source))
         events, self._unwritten = self._unwritten + events, []
         if not events:
             return
         pipe = self.redis.pipeline(transaction=True)
         for fields in events:
-            pipe.xadd(self.stream, fields, maxlen=self.maxlen, approximate=True)
+            if fields.get("e") == auditcounts.COUNTS:
+                pipe.xadd(self.counts_stream, fields, maxlen=self.counts_maxlen,
+                          approximate=True)
+            else:
+                pipe.xadd(self.stream, fields, maxlen=self.maxlen, approximate=True)
         try:
             pipe.execute()
         except REDIS_ERRORS as exc:

@@ -332,7 +332,7 @@ def start_bridge(env: dict[str, str], host: str, port: int) -> Managed:
 
 
 def start_audit(env: dict[str, str], folder: str) -> Managed:
-    """``gearhorn audit`` (Spark, local) with its state in ``folder``; it
+    """``gearhorn audit`` (count first, no Spark) with its state in ``folder``; it
     listens on nothing and prints its findings to our terminal."""
     process = subprocess.Popen([sys.executable, "-m", "gearhorn", "audit", "--dir", folder],
                                stdin=subprocess.DEVNULL, env={**os.environ, **env},

@@ -114,7 +114,8 @@ def build_worker(config: Config, worker_id: str, functions: tuple[str, ...]) -> 
 
     client, release_client = gearman_client(), gearman_client()
     ledger = Ledger(client_redis, keys, config.ledger_maxlen, config.ledger_enabled,
-                    source=worker_id, shards=config.ledger_shards)
+                    source=worker_id, shards=config.ledger_shards,
+                    held=config.copies == "held")
     # Answers wait for an fsync that covers them (gearhorn/store/durability.py):
     # held copies are in the registry's Redis alone, gearmand's queue gets none.
     acks = durability.for_config(config, client_redis)
@@ -127,7 +128,8 @@ def build_worker(config: Config, worker_id: str, functions: tuple[str, ...]) -> 
         holding = HoldingClient(client, HeldCopies(client_redis, keys),
                                 Holders(client_redis, keys), worker_id, config.worker_ttl,
                                 config.heartbeat_interval, config.gearman_tls, answered,
-                                durability=acks)
+                                durability=acks,
+                                counts=ledger.counts if ledger.enabled else None)
         client, release_client = holding, holding.beside(release_client)
     stats = Stats(client_redis, keys, config.metrics_enabled,
                   buffered=not config.metrics_write_through)

@@ -1,8 +1,9 @@
-"""The live delivery audit (``gearhorn audit``) on real servers and real Spark:
-a minute of clean traffic has no finding, a planted loss is found once
-(naming the message and the subscriber) within the deadline plus the lag,
-also across a kill -9 and restart of the audit, and the same on a Spark
-standalone cluster."""
+"""The live delivery audit (``gearhorn audit``) on real servers: a minute of
+clean traffic has no finding, a planted loss is found once (naming the
+message and the subscriber) within the deadline plus the lag, also across a
+kill -9 and restart of the audit; counting first (the default, no Spark),
+and as a Spark Structured Streaming job on a standalone cluster
+(``--master``)."""
 
 import contextlib
 import glob
@@ -17,7 +18,6 @@ import redis
 
 from gearhorn import gearman
 from gearhorn.store.keys import Keys
-from tests.needs import require_binary
 
 from .helpers import ChildProcess, GearClient, nothing_held, unique_topic, wait_for
 
@@ -56,9 +56,13 @@ class AuditFolder:
                  message="the audit's clock")
 
     def findings(self):
+        """Both audits': Spark's Parquet files and the count-first one's JSON Lines."""
         rows = []
         for path in sorted(glob.glob(os.path.join(self.folder, "findings", "*.parquet"))):
             rows += pq.read_table(path).to_pylist()
+        for path in sorted(glob.glob(os.path.join(self.folder, "findings", "*.jsonl"))):
+            with open(path, encoding="utf-8") as fp:
+                rows += [json.loads(line) for line in fp]
         return rows
 
 
@@ -190,7 +194,6 @@ def losses(audit):
 
 def test_clean_traffic_has_no_finding_and_a_planted_loss_is_found_once_across_a_restart(
         gearmand, redis_url, start_pool, start_bridge, stomp_clients, tmp_path, traffic_to):
-    require_binary("java", "default-jre-headless")
     start_pool([gearmand])
     bridge = start_bridge([gearmand])
     audit = AuditProcess(redis_url, str(tmp_path / "audit"), str(tmp_path))
@@ -311,17 +314,16 @@ def test_the_audit_runs_on_a_spark_standalone_cluster(gearmand, redis_url, start
     gear.close()
 
 
-def test_up_with_one_flag_runs_the_audit_and_its_findings_reach_metrics_and_terminal(
+def test_up_runs_the_audit_by_default_and_its_findings_reach_metrics_and_terminal(
         ups, tmp_path, traffic_to):
-    """``gearhorn up --audit``, as a newcomer runs it: the banner says it is
+    """``gearhorn up``, as a newcomer runs it: the banner says the audit is
     live, and a planted loss is on up's terminal and at /metrics."""
     import urllib.request
 
     from gearhorn.supervision import servers
 
-    require_binary("java", "default-jre-headless")
     web_port = servers.free_port()
-    up = ups(tmp_path, extra=["--audit"], env={
+    up = ups(tmp_path, env={
         "GEARHORN_WEB_PORT": str(web_port), "GEARHORN_AUDIT_DEADLINE": str(DEADLINE),
         "GEARHORN_AUDIT_LATENESS": str(LATENESS), "GEARHORN_AUDIT_INTERVAL": str(INTERVAL)})
     assert "audit     live: a copy not delivered within 5 s" in up.text()

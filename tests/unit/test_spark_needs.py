@@ -1,5 +1,6 @@
 """Spark's needs (pyspark, Java) said in one line, and `gearhorn up`
-starting a live audit again when it stopped: without Spark or servers."""
+running the live audit (which needs neither) and starting it again when it
+stopped: without Spark or servers."""
 
 import subprocess
 import sys
@@ -34,17 +35,28 @@ def test_java_missing_is_said_when_pyspark_is_there(monkeypatch):
     assert needs.spark_missing() is None
 
 
-@pytest.mark.parametrize("argv", [["audit"], ["report", "--ledger", "x", "--out", "y"]])
-def test_audit_and_report_without_pyspark_say_one_line(no_pyspark, capsys, argv):
+@pytest.mark.parametrize("argv", [["audit", "--master", "local[*]"],
+                                  ["report", "--ledger", "x", "--out", "y"]])
+def test_audit_on_spark_and_report_without_pyspark_say_one_line(no_pyspark, capsys, argv):
     assert cli.main(argv) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [f"gearhorn {argv[0]}: {needs.NO_PYSPARK}"]
 
 
-def test_up_says_the_audit_is_off_and_why(no_pyspark, tmp_path):
-    embedded = up.Embedded(Config(audit_enabled=True, data_dir=str(tmp_path)))
+def test_up_runs_the_count_first_audit_by_default_without_pyspark(no_pyspark, tmp_path,
+                                                                    monkeypatch):
+    monkeypatch.setattr(up.servers, "start_audit",
+                        lambda env, folder: Managed("live audit", _ended(), 0))
+    embedded = up.Embedded(Config(data_dir=str(tmp_path)))
     embedded._ensure_audit()
-    assert embedded.notes["audit"] == f"off: {needs.NO_PYSPARK}"
+    assert embedded.notes["audit"].startswith("live: a copy not delivered within 60 s")
+    assert embedded.started == [embedded.audit]
+
+
+def test_up_without_the_audit_says_so(tmp_path):
+    embedded = up.Embedded(Config(audit_enabled=False, data_dir=str(tmp_path)))
+    embedded._ensure_audit()
+    assert embedded.notes["audit"] == "off (--no-audit)"
     assert embedded.audit is None and embedded.started == []
 
 

@@ -1,0 +1,167 @@
+"""``gearhorn audit`` without ``--master``: the live audit, count first.
+
+The writers count what they make and settle per queue and enqueue bucket
+(gearhorn/rules/auditcounts.py) into small counts streams beside the
+ledger's. Every ``audit_interval`` this process reads what is new there,
+adds it up (gearhorn/pipeline/balance.py) and, for the few buckets whose
+counts do not balance once due, reads those queues' ledger rows and names
+the copies (gearhorn/pipeline/closer.py). Its cost grows with queues and
+buckets, not with copies per second; it needs no Spark and no Java, so
+``gearhorn up`` runs it by default. Why: docs/design/audit.rst.
+
+Restart-safe as the Spark audit is: a round's findings are written under
+its number, then the state (the streams' positions, the books, what was
+reported) is saved with that number, and only then told. A round run again
+after a kill -9 rewrites the same file and is told once.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import threading
+from collections.abc import Callable
+
+import redis
+
+from gearhorn.pipeline import closer, verdicts
+from gearhorn.pipeline.audit import AuditSettings, Publisher
+from gearhorn.pipeline.balance import Books, Look
+from gearhorn.pipeline.verdicts import AuditState, Finding
+from gearhorn.rules.auditcounts import STREAMED, bucket_of
+from gearhorn.store.auditfeed import CountsFeed, ledger_rows
+from gearhorn.store.keys import Keys
+from gearhorn.store.ledger import now_ms
+from gearhorn.store.redisconn import REDIS_ERRORS
+
+log = logging.getLogger(__name__)
+
+
+class CountAudit:
+    """One audit: its state, its feed, and a :meth:`round` at a time."""
+
+    def __init__(self, client: redis.Redis, keys: Keys, settings: AuditSettings,
+                 tell: Callable[[AuditState, list[Finding]], None],
+                 clock: Callable[[], int] = now_ms) -> None:
+        self.redis, self.keys, self.settings, self.tell = client, keys, settings, tell
+        self.clock = clock
+        self.state = verdicts.load(settings.state, settings.deadline_ms, clock())
+        self.books = Books.from_json(self.state.books, settings.deadline_ms,
+                                     settings.lateness_ms)
+        self.feed = CountsFeed(client, keys, settings.shards, self.state.positions)
+
+    def begin(self) -> None:
+        """A first start reads from the streams' ends (``from_start``: from
+        their beginnings, the counts kept). Buckets before the one it starts
+        in are not judged; in that one, copies made before the start and
+        settled after it only ever count as too many (never a finding)."""
+        if self.state.positions:
+            return
+        if not self.settings.from_start:
+            self.feed.start_at_heads()
+            log.info("audit: first start, judging what happens from now on")
+        self.books.floor = bucket_of(self.clock())
+
+    def round(self) -> bool:
+        """Read, add up, judge, look closer where needed, save, tell;
+        whether the streams were read to their ends."""
+        started = self.clock()
+        read, drained = self.feed.read()
+        runs: dict[str, list[str]] = {}
+        for at_ms, counts in read:
+            self.books.add(counts, at_ms)
+            for count in counts:
+                if count.kind == STREAMED:
+                    runs.setdefault(count.queue, []).append(count.span)
+        clock = started if drained else max((at for at, _ in read), default=started)
+        state = self.state
+        state.clock_ms = max(state.clock_ms, clock)
+        found: list[Finding] = []
+        for subscriber, spans in runs.items():
+            found += state.streamed(subscriber, spans)
+        away = self.books.away
+        looks = self.books.judge(state.clock_ms)
+        if self.books.away > away:
+            log.info("audit: %d copies away (their subscribers settled nothing since)",
+                     self.books.away - away)
+        if looks:
+            found += self._look_closer(looks, state.clock_ms)
+        self._save(found)
+        return drained
+
+    def _look_closer(self, looks: list[Look], clock_ms: int) -> list[Finding]:
+        settings = self.settings
+        queues = {look.queue for look in looks}
+        topics = {queue.rpartition("_")[0] or queue for queue in queues}
+        rows = closer.group(ledger_rows(self.redis, self.keys, settings.shards,
+                                       closer.span_start(looks, settings.lateness_ms),
+                                       topics), queues)
+        found = []
+        for look in looks:
+            for finding in closer.findings(look, rows[look.queue], clock_ms,
+                                           settings.deadline_ms, settings.lateness_ms):
+                key = f"{finding.kind == verdicts.DUPLICATE}\t{look.queue}\t{finding.unique}"
+                if self.state.duplicate(key, finding) is not None:  # reported once
+                    found.append(finding)
+        log.info("audit: %d closer looks (%s), %d findings", len(looks),
+                 ", ".join(sorted(queues))[:200], len(found))
+        return found
+
+    def _save(self, found: list[Finding]) -> None:
+        state, books, now = self.state, self.books, self.clock()
+        state.count(found, now)
+        state.forget_settled()
+        state.settled, state.away = books.settled, books.away
+        state.state_rows = books.open_rows()
+        state.lags_ms.append(max(0, now - state.clock_ms))
+        state.batch += 1
+        write_findings(self.settings.findings, state.batch, found, now)
+        state.positions, state.books = dict(self.feed.positions), books.to_json()
+        verdicts.save(self.settings.state, state)
+        self.tell(state, found)
+
+
+def write_findings(folder: str, number: int, findings: list[Finding], found_ms: int) -> None:
+    """``round-<n>.jsonl`` (replaced if the round runs again); none without findings."""
+    if not findings:
+        return
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, f"round-{number:09d}.jsonl")
+    with open(path + ".tmp", "w", encoding="utf-8") as fp:
+        for f in findings:
+            fp.write(json.dumps({**f.__dict__, "found_ts": found_ms, "batch": number}) + "\n")
+        fp.flush()
+        os.fsync(fp.fileno())
+    os.replace(path + ".tmp", path)
+
+
+def run(client: redis.Redis, keys: Keys, settings: AuditSettings, say=print) -> int:
+    """Until SIGTERM or Ctrl-C."""
+    os.makedirs(settings.folder, exist_ok=True)
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    audit = CountAudit(client, keys, settings, Publisher(client, keys, settings, say))
+    while not stop.is_set():
+        try:
+            audit.begin()
+            break
+        except REDIS_ERRORS as exc:
+            log.warning("audit: redis unavailable at start (%s); trying again", exc)
+            stop.wait(settings.interval_s)
+    say(f"audit: counting the ledger every {settings.interval_s:g} s; a copy not "
+        f"delivered within {settings.deadline_ms / 1000:g} s is a finding; state in "
+        f"{settings.folder}")
+    while not stop.is_set():
+        try:
+            drained = audit.round()
+        except REDIS_ERRORS as exc:
+            # What the round read and judged is dropped: from the state saved.
+            log.warning("audit: redis unavailable (%s); trying again", exc)
+            audit = CountAudit(client, keys, settings, audit.tell)
+            drained = True
+        if drained:
+            stop.wait(settings.interval_s)
+    return 0
