@@ -2,6 +2,12 @@
 
     python bench/audit.py            # 1,000 and 10,000 copies/s (90 s each), 4 turns, the report
     python bench/audit.py --quick    # 30 s each, 2 turns
+    python bench/audit.py --engines count,spark   # the count-first audit beside Spark's
+
+``--engines``: ``count`` is ``gearhorn audit`` (count first, the default
+since issue 79), ``spark`` is ``gearhorn audit --master local[*]`` (the
+Spark Structured Streaming job it was before), each measured in turn on the
+same servers in the same run.
 
 Starts redis-server and gearmand (memory queue) on free loopback ports, a
 ``gearhorn worker`` pool (held copies, the default), 10 subscribers of one
@@ -67,11 +73,12 @@ def now_ms() -> int:
 class Audit:
     """``gearhorn audit`` in a process group of its own."""
 
-    def __init__(self, redis_url: str, folder: str) -> None:
+    def __init__(self, redis_url: str, folder: str, engine: str = "count") -> None:
         self.folder = folder
+        spark = ["--master", "local[*]"] if engine == "spark" else []
         self.process = subprocess.Popen(
             [sys.executable, "-m", "gearhorn", "audit", "--dir", folder, "--redis-url",
-             redis_url, "--log-level", "WARNING"],
+             redis_url, "--log-level", "WARNING", *spark],
             stdout=open(os.path.join(folder + ".log"), "ab"), stderr=subprocess.STDOUT,  # noqa: SIM115
             start_new_session=True, preexec_fn=die_with_parent)
 
@@ -165,16 +172,23 @@ def lag_and_memory(gm, audit: Audit, rate: int, seconds: float) -> dict:
             "findings": sum(sum(k.values()) for k in state["totals"].values())}
 
 
-def in_turns(gm, audit: Audit, turns: int, seconds: float) -> tuple[list[float], list[float]]:
-    on, off = [], []
+def in_turns(gm, audit: Audit, turns: int,
+             seconds: float) -> tuple[list[float], list[float], list[int]]:
+    """Unpaced copies/s with the audit on and off, and its lags while on
+    (a round's lag behind the counts it read: unpaced is its hardest test)."""
+    on, off, lags = [], [], []
     for _ in range(turns):
         audit.pause(True)
         off.append(unpaced(gm, seconds))
         audit.pause(False)
         audit.caught_up()
+        first = audit.state()["batch"]
         on.append(unpaced(gm, seconds))
+        state = audit.state()
+        rounds = state["batch"] - first
+        lags += state["lags_ms"][-rounds:] if rounds > 0 else []
         audit.caught_up()
-    return on, off
+    return on, off, lags
 
 
 def batch_report(redis_url: str, tmp: str) -> tuple[float, float, str]:
@@ -196,6 +210,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--rates", default="1000,10000", help="copies/s to pace at")
+    parser.add_argument("--engines", default="count", help="count, spark, or both in turn")
+    parser.add_argument("--no-report", action="store_true", help="skip the batch report")
     args = parser.parse_args()
     seconds, turns, turn = (30.0, 2, 10.0) if args.quick else (90.0, 4, 20.0)
     tmp = tempfile.mkdtemp(prefix="gearhorn-audit-bench-")
@@ -210,32 +226,43 @@ def main() -> None:
     consumers = [subprocess.Popen([sys.executable, "-c", CONSUMER, gm.host, str(gm.port),
                                    *queues[half::2]], preexec_fn=die_with_parent)
                  for half in (0, 1)]
-    audit = Audit(redis_url, f"{tmp}/audit")
+    audits: list[Audit] = []
     try:
-        audit.caught_up()
-        for rate in (int(r) for r in args.rates.split(",")):
-            got = lag_and_memory(gm, audit, rate, seconds)
-            print(f"paced {got['rate']:>6,} copies/s (reached {got['reached']:,.0f}): audit lag "
-                  f"p50 {got['p50']:.2f} s, p99 {got['p99']:.2f} s over {got['batches']} "
-                  f"micro-batches; audit memory {got['rss_mib']:,.0f} MiB (peak "
-                  f"{got['peak_mib']:,.0f}), Spark state {got['state_rows']:,} rows; "
-                  f"findings {got['findings']}", flush=True)
-        on, off = in_turns(gm, audit, turns, turn)
-        print(f"pool copies/s, audit off: {', '.join(f'{r:,.0f}' for r in off)}")
-        print(f"pool copies/s, audit on:  {', '.join(f'{r:,.0f}' for r in on)}")
-        ratios = [a / b for a, b in zip(on, off, strict=True)]
-        print(f"ratios (same run): on/off {', '.join(f'{r:.3f}' for r in ratios)}; median "
-              f"{statistics.median(ratios):.3f}", flush=True)
-        audit.stop()
-        exported, took, line = batch_report(redis_url, tmp)
-        print(f"batch report on the same ledger: export {exported:.1f} s, report {took:.1f} s: "
-              f"{line}")
+        for engine in args.engines.split(","):
+            audits.append(Audit(redis_url, f"{tmp}/audit-{engine}", engine))
+            measure(gm, audits[-1], engine, args.rates, seconds, turns, turn)
+            audits[-1].stop()
+        if not args.no_report:
+            exported, took, line = batch_report(redis_url, tmp)
+            print(f"batch report on the same ledger: export {exported:.1f} s, report "
+                  f"{took:.1f} s: {line}")
     finally:
-        audit.stop()
+        for audit in audits:
+            audit.stop()
         for process in (*consumers, pool):
             process.terminate()
         gm.stop()
         redis_server.stop()
+
+
+def measure(gm, audit: Audit, engine: str, rates: str, seconds: float, turns: int,
+            turn: float) -> None:
+    audit.caught_up()
+    for rate in (int(r) for r in rates.split(",")):
+        got = lag_and_memory(gm, audit, rate, seconds)
+        print(f"{engine}: paced {got['rate']:>6,} copies/s (reached {got['reached']:,.0f}): "
+              f"audit lag p50 {got['p50']:.2f} s, p99 {got['p99']:.2f} s over "
+              f"{got['batches']} rounds; audit memory {got['rss_mib']:,.0f} MiB (peak "
+              f"{got['peak_mib']:,.0f}), state {got['state_rows']:,} rows; "
+              f"findings {got['findings']}", flush=True)
+    on, off, lags = in_turns(gm, audit, turns, turn)
+    print(f"{engine}: pool copies/s, audit off: {', '.join(f'{r:,.0f}' for r in off)}")
+    print(f"{engine}: pool copies/s, audit on:  {', '.join(f'{r:,.0f}' for r in on)}")
+    ratios = [a / b for a, b in zip(on, off, strict=True)]
+    print(f"{engine}: ratios (same run): on/off {', '.join(f'{r:.3f}' for r in ratios)}; "
+          f"median {statistics.median(ratios):.3f}; audit lag while on, unpaced: p50 "
+          f"{quantile(lags, 0.5) if lags else float('nan'):.2f} s, p99 "
+          f"{quantile(lags, 0.99) if lags else float('nan'):.2f} s", flush=True)
 
 
 if __name__ == "__main__":

@@ -53,10 +53,11 @@ class Book:
     credit_since: int = 0  # ms of the oldest of them
     last_ms: int = 0  # when the subscriber last settled anything
     away: list[int] | None = None  # [first bucket, last bucket, made, settled]
+    away_since: int = 0  # ms: a settlement after it ends the away span (a closer look)
 
     def to_list(self) -> list:
         return [[[b, *v] for b, v in self.buckets.items()], self.floor, self.credit,
-                self.credit_since, self.last_ms, self.away]
+                self.credit_since, self.last_ms, self.away, self.away_since]
 
     @classmethod
     def from_list(cls, saved: list) -> Book:
@@ -130,15 +131,11 @@ class Books:
             short = made - settled - _use_credit(book, made - settled)
             if short <= 0:
                 continue
-            if book.last_ms >= (bucket + 1) * BUCKET_MS:  # settled something after them
+            if book.last_ms >= bucket * BUCKET_MS:  # settled something since: the rows tell
                 looks.append(Look(LOOK_MISSING, queue, bucket * BUCKET_MS,
                                   (bucket + 1) * BUCKET_MS, short))
-            elif book.away:
-                book.away = [book.away[0], bucket, book.away[2] + short, book.away[3]]
-                self.away += short
             else:
-                book.away = [bucket, bucket, short, 0]
-                self.away += short
+                self._keep_away(book, bucket, bucket, short, (bucket + 1) * BUCKET_MS)
         if book.credit and not book.buckets and not book.away:
             # Every copy made is settled, and settlements are left: some
             # copy may have been settled twice (handed again, answered twice).
@@ -148,6 +145,23 @@ class Books:
             book.credit = 0
         return looks
 
+    def reopen(self, look: Look, away: int, clock_ms: int) -> None:
+        """``away`` copies of ``look`` its rows found unsettled while their
+        subscriber settled nothing after them: kept open, looked at again
+        once it settles something after ``clock_ms``."""
+        if away > 0:
+            book = self.queues.setdefault(look.queue, Book(floor=self.floor))
+            self._keep_away(book, look.first_ms // BUCKET_MS,
+                            (look.last_ms - 1) // BUCKET_MS, away, clock_ms)
+
+    def _keep_away(self, book: Book, first: int, last: int, short: int, since: int) -> None:
+        self.away += short
+        if book.away:
+            first, last = min(first, book.away[0]), max(last, book.away[1])
+            short += book.away[2] - book.away[3]
+        book.away = [first, last, short, 0]
+        book.away_since = max(book.away_since, since)
+
     def _judge_away(self, queue: str, book: Book) -> list[Look]:
         first, last, made, settled = book.away
         short = made - settled - _use_credit(book, made - settled)
@@ -155,8 +169,8 @@ class Books:
             book.away = None
             return []
         book.away = [first, last, short, 0]
-        if book.last_ms < (last + 1) * BUCKET_MS:
-            return []  # still away
+        if book.last_ms < book.away_since:
+            return []  # still away: it settled nothing since
         book.away = None
         return [Look(LOOK_MISSING, queue, first * BUCKET_MS, (last + 1) * BUCKET_MS, short)]
 

@@ -61,17 +61,19 @@ def group(rows: Iterable[dict], queues: set[str]) -> dict[str, QueueRows]:
 
 
 def findings(look: Look, rows: QueueRows, clock_ms: int, deadline_ms: int,
-             lateness_ms: int) -> list[Finding]:
-    """What ``look`` finds in its queue's rows, judged at ``clock_ms``."""
+             lateness_ms: int) -> tuple[list[Finding], int]:
+    """What ``look`` finds in its queue's rows, judged at ``clock_ms``, and
+    how many of its copies are away by the rows (unsettled, and nothing
+    settled after them: judged again once their subscriber settles more)."""
     if look.kind == LOOK_DUPLICATES:
-        return _duplicates(look.queue, rows)
+        return _duplicates(look.queue, rows), 0
     if look.kind == LOOK_MISSING:
         return _missing(look, rows, clock_ms, deadline_ms, lateness_ms)
     raise ValueError(f"no such look: {look.kind}")
 
 
 def _missing(look: Look, rows: QueueRows, clock_ms: int, deadline_ms: int,
-             lateness_ms: int) -> list[Finding]:
+             lateness_ms: int) -> tuple[list[Finding], int]:
     # The writers' bucket and the ledger's row differ by a few ms (the keep
     # and the fanout's entry): a bucket's edges are read a little wider.
     first, last = look.first_ms - lateness_ms, look.last_ms + lateness_ms
@@ -79,7 +81,7 @@ def _missing(look: Look, rows: QueueRows, clock_ms: int, deadline_ms: int,
     settled_enqueues = [rows.enqueued[u]["ts"] for u in rows.settled if u in rows.enqueued]
     newest_enqueued = max(settled_enqueues, default=0)
     newest_settled = max(rows.settled.values(), default=0)
-    out = []
+    out, away = [], 0
     for unique, row in rows.enqueued.items():
         ts = row["ts"]
         if unique in rows.settled or not first <= ts < last or ts > due:
@@ -91,10 +93,11 @@ def _missing(look: Look, rows: QueueRows, clock_ms: int, deadline_ms: int,
             kind, detail = OVERDUE, (f"not delivered within {deadline_ms / 1000:g} s; "
                                      f"its subscriber took only older copies meanwhile")
         else:
-            continue  # away, by the rows
+            away += 1
+            continue
         out.append(Finding(kind, row["topic"] or _topic(look.queue), look.queue,
                            row["message_id"], unique, ts, detail))
-    return sorted(out, key=lambda f: (f.enqueued_ts or 0, f.unique or ""))
+    return sorted(out, key=lambda f: (f.enqueued_ts or 0, f.unique or "")), away
 
 
 def _duplicates(queue: str, rows: QueueRows) -> list[Finding]:

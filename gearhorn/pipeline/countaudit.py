@@ -59,9 +59,11 @@ class CountAudit:
         settled after it only ever count as too many (never a finding)."""
         if self.state.positions:
             return
-        if not self.settings.from_start:
-            self.feed.start_at_heads()
-            log.info("audit: first start, judging what happens from now on")
+        if self.settings.from_start:
+            self.books.floor = 0  # every bucket whose counts are kept
+            return
+        self.feed.start_at_heads()
+        log.info("audit: first start, judging what happens from now on")
         self.books.floor = bucket_of(self.clock())
 
     def round(self) -> bool:
@@ -100,8 +102,10 @@ class CountAudit:
                                        topics), queues)
         found = []
         for look in looks:
-            for finding in closer.findings(look, rows[look.queue], clock_ms,
-                                           settings.deadline_ms, settings.lateness_ms):
+            seen, away = closer.findings(look, rows[look.queue], clock_ms,
+                                         settings.deadline_ms, settings.lateness_ms)
+            self.books.reopen(look, away, clock_ms)
+            for finding in seen:
                 key = f"{finding.kind == verdicts.DUPLICATE}\t{look.queue}\t{finding.unique}"
                 if self.state.duplicate(key, finding) is not None:  # reported once
                     found.append(finding)

@@ -120,10 +120,17 @@ def audit_findings(spark, folder: str | None) -> dict:
     ``folder`` (gearhorn/pipeline/audit.py), or nothing without findings."""
     if folder is None:
         return {}
-    if "://" not in folder and not glob.glob(os.path.join(folder, "*.parquet")):
-        return {"audit_findings": spark.createDataFrame([], _findings_schema())}
-    return {"audit_findings": spark.read.schema(_findings_schema()).parquet(folder)
-            .orderBy("found_ts")}
+    schema = _findings_schema()
+    found = spark.createDataFrame([], schema)
+    # Spark's audit writes Parquet; the count-first one, JSON Lines.
+    remote = "://" in folder
+    if remote or glob.glob(os.path.join(folder, "*.parquet")):
+        found = spark.read.schema(schema).parquet(
+            folder if remote else os.path.join(folder, "*.parquet"))
+    if not remote and glob.glob(os.path.join(folder, "*.jsonl")):
+        found = found.unionByName(spark.read.schema(schema).json(
+            os.path.join(folder, "*.jsonl")))
+    return {"audit_findings": found.orderBy("found_ts")}
 
 
 def _findings_schema():

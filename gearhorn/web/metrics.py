@@ -135,8 +135,9 @@ def _audit(verdict: dict | None, now: float) -> Iterator[Metric]:
                                   value=verdict.get("totals", {}).get(kind, 0))
     yield CounterMetricFamily("gearhorn_audit_copies_settled", "live audit: copies seen "
                               "delivered, answered or dropped in time", value=verdict["settled"])
-    yield _gauge("gearhorn_audit_state_rows", "live audit: rows in Spark's state (bounded by "
-                 "the watermark: copies/s x the deadline)", verdict.get("state_rows", 0))
+    yield _gauge("gearhorn_audit_state_rows", "live audit: rows of state it keeps (counting "
+                 "first: open queue buckets; on Spark: its join's rows)",
+                 verdict.get("state_rows", 0))
     lag = verdict.get("lag") or {}
     if lag.get("p50_s") is not None:
         family = GaugeMetricFamily("gearhorn_audit_lag_seconds", "live audit: how far its "

@@ -148,7 +148,7 @@ def test_a_closer_look_names_the_copy_passed_over_and_the_one_overdue():
             enqueued("m4:b", T0 + 10, queue="t_b"), enqueued("m5:a", T0 + BUCKET_MS + 9000)]
     grouped = closer.group(rows, {"t_a"})
     look = Look(LOOK_MISSING, "t_a", T0, T0 + BUCKET_MS, 2)
-    found = closer.findings(look, grouped["t_a"], due_clock(T0), DEADLINE, LATENESS)
+    found, _ = closer.findings(look, grouped["t_a"], due_clock(T0), DEADLINE, LATENESS)
     assert [(f.kind, f.message_id, f.subscriber, f.unique) for f in found] == [
         ("never_delivered", "m1", "t_a", "m1:a"), ("overdue", "m3", "t_a", "m3:a")]
 
@@ -161,5 +161,15 @@ def test_a_closer_look_finds_a_held_copy_completed_in_two_generations():
             settled("m3:a", T0 + 6, event="delivered", redelivered=True)]
     grouped = closer.group(rows, {"t_a"})
     look = Look(LOOK_DUPLICATES, "t_a", T0 - DEADLINE, T0 + 10, 1)
-    found = closer.findings(look, grouped["t_a"], due_clock(T0), DEADLINE, LATENESS)
+    found, _ = closer.findings(look, grouped["t_a"], due_clock(T0), DEADLINE, LATENESS)
     assert [(f.kind, f.message_id, f.unique) for f in found] == [("duplicate", "m1", "m1:a")]
+
+
+def test_copies_a_closer_look_found_away_are_looked_at_again_once_their_subscriber_settles():
+    b = books()
+    bucket = T0 // BUCKET_MS
+    look = Look(LOOK_MISSING, "t_a", T0, T0 + BUCKET_MS, 1)
+    b.reopen(look, 1, T0 + 20_000)  # unsettled, and nothing settled after it
+    assert b.judge(T0 + 21_000) == [] and b.away == 1
+    b.add([Count("e", bucket + 5, "t_a", 1), Count("s", bucket + 5, "t_a", 1)], T0 + 22_000)
+    assert b.judge(T0 + 23_000) == [look]

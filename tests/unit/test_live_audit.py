@@ -223,15 +223,21 @@ def test_the_report_shows_the_live_audits_findings_beside_its_reconciliation(spa
     found = verdicts.Finding(verdicts.LOST, "news", "news_a", "m9", "m9:a", BASE,
                              "not delivered within 60 s while copies enqueued after it were")
     audit.write_findings(str(tmp_path / "findings"), 3, [found], BASE + 70 * S)
+    from gearhorn.pipeline import countaudit  # the count-first audit's, JSON Lines
+
+    late = verdicts.Finding(verdicts.OVERDUE, "news", "news_b", "m8", "m8:b", BASE,
+                            "not delivered within 60 s; its subscriber took only older")
+    countaudit.write_findings(str(tmp_path / "findings"), 4, [late], BASE + 71 * S)
     options = job.Options(str(tmp_path / "ledger"), str(tmp_path / "out"), quiet=True,
                           findings=str(tmp_path / "findings"))
     summary = job.run(options)
-    assert summary["audit_findings"] == {"never_delivered": 1}
+    assert summary["audit_findings"] == {"never_delivered": 1, "overdue": 1}
     assert summary["reconciliation"] == {}  # the ledger given is clean: two views, one word
     html = (tmp_path / "out" / "report.html").read_text()
     assert "Live audit findings" in html and "m9" in html
     table = spark.read.parquet(str(tmp_path / "out" / "tables" / "audit_findings")).collect()
-    assert [(r.kind, r.message_id, r.batch) for r in table] == [("never_delivered", "m9", 3)]
+    assert sorted((r.kind, r.message_id, r.batch) for r in table) == [
+        ("never_delivered", "m9", 3), ("overdue", "m8", 4)]
     empty = job.run(job.Options(str(tmp_path / "ledger"), str(tmp_path / "out2"), quiet=True,
                                 findings=str(tmp_path / "none")))
     assert empty["audit_findings"] == {}
