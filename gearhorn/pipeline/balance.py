@@ -52,7 +52,11 @@ class Book:
     credit: int = 0  # settlements of unknown bucket not given to a bucket yet
     credit_since: int = 0  # ms of the oldest of them
     last_ms: int = 0  # when the subscriber last settled anything
-    away: list[int] | None = None  # [first bucket, last bucket, made, settled]
+    # [first bucket, last bucket, made, settled, by rows]: by rows (1), it
+    # holds copies a closer look found unsettled, and only another look,
+    # not counts, may settle them (a late settlement of a copy reported
+    # already in the same bucket would).
+    away: list[int] | None = None
     away_since: int = 0  # ms: a settlement after it ends the away span (a closer look)
 
     def to_list(self) -> list:
@@ -68,6 +72,10 @@ class Book:
         """Copies made and not (yet) settled, over every open bucket."""
         open_ = sum(max(0, m - s) for m, s in self.buckets.values())
         return open_ + (max(0, self.away[2] - self.away[3]) if self.away else 0)
+
+    @property
+    def away_by_rows(self) -> bool:
+        return bool(self.away and len(self.away) > 4 and self.away[4])
 
 
 @dataclass
@@ -102,7 +110,8 @@ class Books:
                 self.settled += count.n
             if count.bucket < book.floor:
                 away = book.away
-                if count.kind == SETTLED and away and away[0] <= count.bucket <= away[1]:
+                if count.kind == SETTLED and away and not book.away_by_rows \
+                        and away[0] <= count.bucket <= away[1]:
                     away[3] += count.n  # an away subscriber back at its copies
                 continue  # else judged already (a late settlement of an overdue copy)
             made_settled = book.buckets.setdefault(count.bucket, [0, 0])
@@ -135,7 +144,7 @@ class Books:
                 looks.append(Look(LOOK_MISSING, queue, bucket * BUCKET_MS,
                                   (bucket + 1) * BUCKET_MS, short))
             else:
-                self._keep_away(book, bucket, bucket, short, (bucket + 1) * BUCKET_MS)
+                self._keep_away(book, bucket, bucket, short, (bucket + 1) * BUCKET_MS, False)
         if book.credit and not book.buckets and not book.away:
             # Every copy made is settled, and settlements are left: some
             # copy may have been settled twice (handed again, answered twice).
@@ -152,23 +161,27 @@ class Books:
         if away > 0:
             book = self.queues.setdefault(look.queue, Book(floor=self.floor))
             self._keep_away(book, look.first_ms // BUCKET_MS,
-                            (look.last_ms - 1) // BUCKET_MS, away, clock_ms)
+                            (look.last_ms - 1) // BUCKET_MS, away, clock_ms, True)
 
-    def _keep_away(self, book: Book, first: int, last: int, short: int, since: int) -> None:
+    def _keep_away(self, book: Book, first: int, last: int, short: int, since: int,
+                   by_rows: bool) -> None:
         self.away += short
         if book.away:
             first, last = min(first, book.away[0]), max(last, book.away[1])
             short += book.away[2] - book.away[3]
-        book.away = [first, last, short, 0]
+            by_rows = by_rows or book.away_by_rows
+        book.away = [first, last, short, 0, int(by_rows)]
         book.away_since = max(book.away_since, since)
 
     def _judge_away(self, queue: str, book: Book) -> list[Look]:
-        first, last, made, settled = book.away
-        short = made - settled - _use_credit(book, made - settled)
-        if short <= 0:
-            book.away = None
-            return []
-        book.away = [first, last, short, 0]
+        first, last, made, settled = book.away[:4]
+        if not book.away_by_rows:
+            short = made - settled - _use_credit(book, made - settled)
+            if short <= 0:
+                book.away = None
+                return []
+            book.away = [first, last, short, 0, 0]
+        short = book.away[2]
         if book.last_ms < book.away_since:
             return []  # still away: it settled nothing since
         book.away = None

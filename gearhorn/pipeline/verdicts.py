@@ -42,6 +42,7 @@ FINDING_FIELDS = (("kind", "string"), ("topic", "string"), ("subscriber", "strin
 RECENT = 50  # findings kept for the console
 STREAM_IDLE_MS = 24 * 3600 * 1000  # a stream subscription's furthest offset is kept this long
 LAGS = 600  # micro-batch lags kept for p50/p99
+REPORTED_KEPT_MS = 3600 * 1000  # a finding's copy is reported once within this
 
 
 @dataclass(frozen=True)
@@ -181,7 +182,10 @@ class AuditState:
         past the window in which the query can pair deliveries."""
         horizon = self.clock_ms - 2 * self.deadline_ms
         self.subscribers = {s: v for s, v in self.subscribers.items() if v[1] >= horizon}
-        self.duplicates = {k: ts for k, ts in self.duplicates.items() if ts >= horizon}
+        # An hour at least: the count-first audit may look at a copy again
+        # (a neighbouring bucket's look, an away span) long after its enqueue.
+        reported = self.clock_ms - max(2 * self.deadline_ms, REPORTED_KEPT_MS)
+        self.duplicates = {k: ts for k, ts in self.duplicates.items() if ts >= reported}
         idle = self.clock_ms - STREAM_IDLE_MS
         self.streams = {k: v for k, v in self.streams.items() if v[1] >= idle}
 
