@@ -212,8 +212,12 @@ def main() -> None:
     parser.add_argument("--rates", default="1000,10000", help="copies/s to pace at")
     parser.add_argument("--engines", default="count", help="count, spark, or both in turn")
     parser.add_argument("--no-report", action="store_true", help="skip the batch report")
+    parser.add_argument("--turns", type=int, help="on/off turns (default 4; --quick 2)")
+    parser.add_argument("--turn", type=float, help="seconds of each turn (default 20; "
+                        "300 for the 5-minute unpaced run)")
     args = parser.parse_args()
     seconds, turns, turn = (30.0, 2, 10.0) if args.quick else (90.0, 4, 20.0)
+    turns, turn = args.turns or turns, args.turn or turn
     tmp = tempfile.mkdtemp(prefix="gearhorn-audit-bench-")
     redis_server = servers.start_redis(data_dir=f"{tmp}/redis")
     gm = servers.start_gearmand(data_dir=f"{tmp}/gearmand")

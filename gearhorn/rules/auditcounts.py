@@ -9,17 +9,20 @@ stream subscription's runs of offsets travel as they are (``r``). The audit
 (gearhorn/pipeline/balance.py) compares ``e`` with ``s``: a bucket whose
 counts agree costs it no row of the ledger. Why: docs/design/audit.rst.
 
-Writers append from several threads (and greenlets): a deque's append is
-atomic, so counting takes no lock; :meth:`Counts.take` sums at flush time.
+Writers count from several threads (and greenlets) into dicts under a lock
+taken once a call; the ledger writes what they counted at most once a
+second (COUNTS_EVERY): at 1,000 subscribers a line per queue and flush
+cost the pool more than the counting (bench/durable.py, 12-07).
 """
 
 from __future__ import annotations
 
-from collections import deque
+import threading
 from collections.abc import Iterable, Iterator
 from typing import NamedTuple
 
 BUCKET_MS = 5_000
+COUNTS_EVERY = 1.0  # seconds between two counts entries of a writer
 COUNTS = "counts"  # a counts entry's "e" (its own stream: Keys.audit_counts)
 
 ENQUEUED, SETTLED, UNKNOWN, STREAMED = "e", "s", "u", "r"
@@ -45,42 +48,57 @@ class Count(NamedTuple):
 
 
 class Counts:
-    """A writer's counts since its last flush."""
+    """A writer's counts since its last :meth:`take`, summed as they come:
+    per kind, bucket and queue (a dict each, under one lock a call: a keep
+    of many copies takes it once)."""
 
-    __slots__ = ("_seen",)
+    __slots__ = ("_lock", "_made", "_settled", "_unknown", "_runs")
 
     def __init__(self) -> None:
-        self._seen: deque[tuple] = deque()  # (kind, bucket, queue, n or span)
+        self._lock = threading.Lock()
+        self._made: dict[int, dict[str, int]] = {}  # bucket -> queue -> copies
+        self._settled: dict[int, dict[str, int]] = {}
+        self._unknown: dict[int, dict[str, int]] = {}
+        self._runs: list[str] = []  # STREAMED lines
 
     def enqueued(self, queue: str, bucket: int, n: int = 1) -> None:
-        self._seen.append((ENQUEUED, bucket, queue, n))
+        self.made_many((queue,) * n, bucket)
+
+    def made_many(self, queues: Iterable[str], bucket: int) -> None:
+        """A copy made in each of ``queues`` (one per copy), in ``bucket``."""
+        with self._lock:
+            made = self._made.get(bucket)
+            if made is None:
+                made = self._made[bucket] = {}
+            for queue in queues:
+                made[queue] = made.get(queue, 0) + 1
 
     def settled(self, queue: str, bucket: int | None, now_ms: int) -> None:
         """One copy of ``queue`` settled; ``bucket``: its enqueue bucket, if known."""
-        if bucket is None:
-            self._seen.append((UNKNOWN, bucket_of(now_ms), queue, 1))
-        else:
-            self._seen.append((SETTLED, bucket, queue, 1))
+        into, bucket = ((self._unknown, bucket_of(now_ms)) if bucket is None
+                        else (self._settled, bucket))
+        with self._lock:
+            per_queue = into.get(bucket)
+            if per_queue is None:
+                per_queue = into[bucket] = {}
+            per_queue[queue] = per_queue.get(queue, 0) + 1
 
     def streamed(self, queue: str, span: str, ts: int) -> None:
-        self._seen.append((STREAMED, ts, queue, span))
+        line = Count(STREAMED, ts, queue, span=span).line()
+        with self._lock:
+            self._runs.append(line)
 
     def __len__(self) -> int:
-        return len(self._seen)
+        return len(self._made) + len(self._settled) + len(self._unknown) + len(self._runs)
 
     def take(self) -> list[str]:
-        """The lines of what was counted since the last take (summed)."""
-        seen = self._seen
-        summed: dict[tuple[str, int, str], int] = {}
-        runs: list[str] = []
-        for _ in range(len(seen)):  # what others append meanwhile stays
-            kind, bucket, queue, n = seen.popleft()
-            if kind == STREAMED:
-                runs.append(Count(kind, bucket, queue, span=n).line())
-            else:
-                key = (kind, bucket, queue)
-                summed[key] = summed.get(key, 0) + n
-        return [Count(k, b, q, n).line() for (k, b, q), n in summed.items()] + runs
+        """The lines of what was counted since the last take."""
+        with self._lock:
+            taken = ((ENQUEUED, self._made), (SETTLED, self._settled), (UNKNOWN, self._unknown))
+            runs = self._runs
+            self._made, self._settled, self._unknown, self._runs = {}, {}, {}, []
+        return [f"{kind}\t{bucket}\t{queue}\t{n}" for kind, buckets in taken
+                for bucket, per_queue in buckets.items() for queue, n in per_queue.items()] + runs
 
 
 def parse(text: str) -> Iterator[Count]:

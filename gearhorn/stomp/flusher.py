@@ -35,9 +35,9 @@ class LedgerFlusher:
             self._flush_soon = True
             gevent.spawn(self.flush)
 
-    def flush(self) -> None:
+    def flush(self, everything: bool = False) -> None:
         self._flush_soon = False
-        self.ledger.flush()
+        self.ledger.flush(everything)
         self.bounds.flush()
         if self.stats is not None:
             self.stats.flush()
@@ -50,7 +50,7 @@ class LedgerFlusher:
         self._stopped = True
         if self._flusher is not None:
             self._flusher.join(timeout=5)
-        self.flush()
+        self.flush(everything=True)  # the audit's counts too
 
     def _flush_forever(self) -> None:
         while not self._stopped:

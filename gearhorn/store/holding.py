@@ -185,13 +185,15 @@ class HoldingClient:
         raise Fenced(f"holder {self.holder_id} keeps being fenced")
 
     def _count_made(self, kept: Sequence[HeldCopy]) -> None:
-        bucket, born, counts = bucket_of(time.time_ns() // 1_000_000), self._born, self.counts
+        bucket, born, made = bucket_of(time.time_ns() // 1_000_000), self._born, []
+        room = len(born) < MOST_BORN
         for copy in kept:
             key = (copy.queue, copy.key)
             if key not in born:  # a retry's copy counts once
-                if len(born) < MOST_BORN:
+                if room:
                     born[key] = bucket
-                counts.enqueued(copy.queue, bucket)
+                made.append(copy.queue)
+        self.counts.made_many(made, bucket)
 
     def hand(self, held: Sequence[HeldCopy], precedence: str | None = None,
              servers: Sequence[int | None] | None = None,

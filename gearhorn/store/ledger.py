@@ -63,6 +63,7 @@ class Ledger:
         self.counts = Counts()
         self.counts_stream = keys.audit_counts(shard)
         self.counts_maxlen = max(1000, self.maxlen // 10)
+        self._counts_due = 0.0
         self.held = held
         self.enabled = enabled
         self.source = source
@@ -141,23 +142,25 @@ class Ledger:
         return (len(self._buffer) + len(self._lines) + len(self._published)
                 + len(self._unwritten) + len(self.counts))
 
-    def flush(self) -> None:
+    def flush(self, everything: bool = False) -> None:
         """Write what is buffered in one round trip, all or nothing (one
         stream, so one MULTI even on a cluster). On a Redis error the
-        entries wait for the next flush; it is logged, never raised."""
+        entries wait for the next flush; it is logged, never raised. The
+        audit's counts go once a second, or now with ``everything``."""
         with self._flushing:
-            self._flush()
+            self._flush(everything)
 
-    def _flush(self) -> None:
+    def _flush(self, everything: bool = False) -> None:
         published, events, lines = (_take(self._published), _take(self._buffer),
                                      _take(self._lines))
         if published:  # first: a fanout's failed entries follow its message
             events.insert(0, batch_entry(PUBLISHED_BATCH, published, self.source))
         if lines:
             events.append(batch_entry(BATCH, lines, self.source))
-        counted = self.counts.take() if self.enabled else []
-        if counted:
-            events.append(auditcounts.entry(counted, self.source))
+        if self.enabled and (everything or time.monotonic() >= self._counts_due):
+            self._counts_due = time.monotonic() + auditcounts.COUNTS_EVERY
+            if counted := self.counts.take():
+                events.append(auditcounts.entry(counted, self.source))
         events, self._unwritten = self._unwritten + events, []
         if not events:
             return
@@ -214,11 +217,14 @@ class Flusher(StoppableThread):
                 break
             self.poked.clear()  # before the flush: a poke during it is not lost
             self._flush()
-        self._flush()  # what the last jobs before the stop buffered
+        self._flush(everything=True)  # what the last jobs before the stop buffered
 
-    def _flush(self) -> None:
+    def _flush(self, everything: bool = False) -> None:
         for buffer in self.buffers:
-            buffer.flush()
+            if everything and isinstance(buffer, Ledger):
+                buffer.flush(everything=True)
+            else:
+                buffer.flush()
 
     def stop(self, timeout: float | None = 5.0) -> None:
         self.stopping.set()
