@@ -280,7 +280,7 @@ def test_what_is_buffered_without_a_poke_is_written_after_idle(book, fake_redis)
 def test_an_unpoked_flusher_sleeps(book, fake_redis, monkeypatch):
     flushes = []
     flusher = L.Flusher(book, interval=0.001, idle=3600)
-    monkeypatch.setattr(flusher, "_flush", lambda: flushes.append(1))
+    monkeypatch.setattr(flusher, "_flush", lambda everything=False: flushes.append(1))
     flusher.start()
     flusher.poke()
     import time
@@ -358,3 +358,19 @@ def test_an_outage_keeps_the_newest_events_however_they_are_batched(book, monkey
     book.flush()
     kept = entries_mod.rows_from_entries((str(n), entry) for n, entry in enumerate(book._unwritten))
     assert book.lost == 3 and [r["message_id"] for r in kept] == ["b0", "b1", "b2"]
+
+
+def test_the_audits_counts_go_at_most_once_a_second_beside_the_ledger_and_all_at_a_stop(
+        book, fake_redis):
+    counts_stream = Keys("t:").audit_counts(0)
+    assert counts_stream.startswith(book.stream)  # its hash slot: one MULTI
+    book.counts.enqueued("news_a", 7)
+    book.flush()
+    book.counts.enqueued("news_a", 7)
+    book.record("answered", "news_a", "m1:a", reason="complete", generation=0)
+    book.flush()  # the ledger's line now, the counts within the second
+    entries = [fields for _, fields in fake_redis.xrange(counts_stream)]
+    assert [e[b"lines"] for e in entries] == [b"e\t7\tnews_a\t1"]
+    assert len(fake_redis.xrange(book.stream)) == 1
+    book.flush(everything=True)
+    assert [f[b"lines"] for _, f in fake_redis.xrange(counts_stream)][1:] == [b"e\t7\tnews_a\t1"]
