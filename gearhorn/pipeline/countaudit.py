@@ -70,14 +70,16 @@ class CountAudit:
         """Read, add up, judge, look closer where needed, save, tell;
         whether the streams were read to their ends."""
         started = self.clock()
-        read, drained = self.feed.read()
+        read, upto = self.feed.read()
         runs: dict[str, list[str]] = {}
         for at_ms, counts in read:
             self.books.add(counts, at_ms)
             for count in counts:
                 if count.kind == STREAMED:
                     runs.setdefault(count.queue, []).append(count.span)
-        clock = started if drained else max((at for at, _ in read), default=started)
+        # Judged up to when every stream was read: now, or, while behind,
+        # the oldest of the last entries read from the streams with more.
+        clock = started if upto is None else upto
         state = self.state
         state.clock_ms = max(state.clock_ms, clock)
         found: list[Finding] = []
@@ -91,7 +93,7 @@ class CountAudit:
         if looks:
             found += self._look_closer(looks, state.clock_ms)
         self._save(found)
-        return drained
+        return upto is None
 
     def _look_closer(self, looks: list[Look], clock_ms: int) -> list[Finding]:
         settings = self.settings

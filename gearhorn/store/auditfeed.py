@@ -37,10 +37,12 @@ class CountsFeed:
             last = self.redis.xrevrange(stream, count=1)
             self.positions[stream] = text(last[0][0]) if last else "0-0"
 
-    def read(self) -> tuple[list[tuple[int, list[Count]]], bool]:
+    def read(self) -> tuple[list[tuple[int, list[Count]]], int | None]:
         """The entries after the positions, (time written, counts) each, and
-        whether every stream was read to its end."""
-        read, drained, moved = [], True, {}
+        None when every stream was read to its end, else the time up to
+        which all were read (the oldest of the last entries read from a
+        stream with more)."""
+        read, upto, moved = [], None, {}
         for stream in self.streams:
             after = self.positions.get(stream, "0-0")
             page = self.redis.xrange(stream, min="(" + after, max="+", count=PAGE)
@@ -49,9 +51,11 @@ class CountsFeed:
                 read.append((stream_ms(text(stream_id)), list(auditcounts.parse(lines))))
             if page:
                 moved[stream] = text(page[-1][0])
-            drained = drained and len(page) < PAGE
+            if len(page) >= PAGE:
+                last = stream_ms(text(page[-1][0]))
+                upto = last if upto is None else min(upto, last)
         self.positions.update(moved)  # all streams read, or none moves on
-        return read, drained
+        return read, upto
 
 
 def ledger_rows(client: redis.Redis, keys: Keys, shards: int, from_ms: int,
