@@ -18,10 +18,10 @@ from dataclasses import dataclass, field
 from gearhorn.pipeline.balance import LOOK_DUPLICATES, LOOK_MISSING, Look
 from gearhorn.pipeline.verdicts import DUPLICATE, LOST, OVERDUE, Finding
 from gearhorn.rules.auditcounts import BUCKET_MS
+from gearhorn.rules.events import SETTLING
 from gearhorn.rules.events import Event as E
 
-# What settles a copy: the report's definition (pipeline/transforms.SETTLING).
-SETTLING = frozenset((E.DELIVERED.value, E.ANSWERED.value, E.DROPPED.value))
+SETTLES = frozenset(SETTLING)  # the report's definition (rules/events.py)
 
 
 @dataclass
@@ -40,7 +40,7 @@ class QueueRows:
         if event == E.ENQUEUED:
             self.enqueued.setdefault(unique, row)
             return
-        if event not in SETTLING:
+        if event not in SETTLES:
             return
         ts = row["ts"] or 0
         self.settled[unique] = min(ts, self.settled.get(unique, ts))

@@ -15,7 +15,9 @@ from pyspark.sql.types import (
     StructType,
 )
 
-from gearhorn.rules.events import FIELDS, STREAM_SPAN
+# SETTLING (rules/events.py): what settles a copy; a copy no such row follows
+# is never_delivered.
+from gearhorn.rules.events import FIELDS, SETTLING, STREAM_SPAN
 from gearhorn.rules.events import Event as E
 
 EVENT_TYPES = tuple(e.value for e in E)
@@ -42,12 +44,6 @@ def with_keys(events: DataFrame) -> DataFrame:
     return (events.withColumn("copy_key", F.coalesce(F.col("copy_key"), computed_copy))
             .withColumn("message_key", F.coalesce(F.col("message_key"), computed_message)))
 
-
-# What settles a copy, for the report and the live audit alike: it was
-# delivered (the bridge gave it to a client), answered (any Gearman consumer
-# of a held copy), or dropped by its subscription's limits (not delivered by
-# policy, which is not lost). A copy no such row follows is never_delivered.
-SETTLING = (E.DELIVERED, E.ANSWERED, E.DROPPED)
 
 
 def settles_copy() -> Column:

@@ -38,6 +38,12 @@ class Event(enum.StrEnum):
     TICK = "tick"
 
 
+# What settles a copy, for the report, the Spark audit and the count-first
+# audit's closer look alike: delivered (the bridge gave it to a client),
+# answered (any Gearman consumer of a held copy), or dropped by its
+# subscription's limits (not delivered by policy, which is not lost).
+SETTLING = (Event.DELIVERED, Event.ANSWERED, Event.DROPPED)
+
 # (name, type) of every row field, in order; types are "string", "int64", "bool".
 FIELDS: tuple[tuple[str, str], ...] = (
     ("event", "string"), ("ts", "int64"), ("message_id", "string"), ("topic", "string"),

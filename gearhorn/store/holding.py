@@ -41,7 +41,7 @@ from gearhorn.store.takeover import Takeover
 log = logging.getLogger(__name__)
 
 # Enqueue buckets remembered for the audit's counts: past this many copies
-# held at once, an answer counts as of an unknown bucket (a closer look).
+# held at once, an answer counts as of an unknown bucket (credit: balance.py).
 MOST_BORN = 500_000
 FORGET_EVERY = 0.05  # seconds an answered copy's record may wait to be dropped
 PROBE_EVERY = 0.5  # seconds between echoes that tell a silent gearmand
@@ -79,8 +79,8 @@ class HoldingClient:
         # Foreground fanouts waiting for their copies' answers, by (queue, key)
         self._waiting: dict[tuple[str, str], HeldAnswers] = {}
         # The live audit's counts (gearhorn/rules/auditcounts.py): each copy
-        # kept here counts as made in its enqueue bucket, remembered by
-        # (queue, key) until its answer counts it settled in the same one.
+        # kept here counts as made in its enqueue bucket, remembered by its
+        # record key until its answer counts it settled in the same one.
         self.counts = counts
         # Keyed by the record's key alone (unique across queues: it holds the
         # message id), a str: a dict of str to int is never tracked by the
