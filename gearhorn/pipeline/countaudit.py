@@ -22,6 +22,7 @@ import logging
 import os
 import signal
 import threading
+import time
 from collections.abc import Callable
 
 import redis
@@ -96,12 +97,11 @@ class CountAudit:
         return upto is None
 
     def _look_closer(self, looks: list[Look], clock_ms: int) -> list[Finding]:
-        settings = self.settings
+        settings, started = self.settings, time.monotonic()
         queues = {look.queue for look in looks}
-        topics = {queue.rpartition("_")[0] or queue for queue in queues}
         rows = closer.group(ledger_rows(self.redis, self.keys, settings.shards,
                                        closer.span_start(looks, settings.lateness_ms),
-                                       topics), queues)
+                                       queues), queues)
         found = []
         for look in looks:
             seen, away = closer.findings(look, rows[look.queue], clock_ms,
@@ -111,8 +111,10 @@ class CountAudit:
                 key = f"{finding.kind == verdicts.DUPLICATE}\t{look.queue}\t{finding.unique}"
                 if self.state.duplicate(key, finding) is not None:  # reported once
                     found.append(finding)
-        log.info("audit: %d closer looks (%s), %d findings", len(looks),
-                 ", ".join(sorted(queues))[:200], len(found))
+        log.info("audit: %d closer looks in %.2f s (%s), %d findings", len(looks),
+                 time.monotonic() - started,
+                 ", ".join(f"{look.queue} {look.kind} {look.short}" for look in looks)[:300],
+                 len(found))
         return found
 
     def _save(self, found: list[Finding]) -> None:

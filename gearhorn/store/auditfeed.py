@@ -11,7 +11,7 @@ import redis
 from gearhorn.rules import auditcounts
 from gearhorn.rules.auditcounts import Count
 from gearhorn.store.keys import Keys
-from gearhorn.store.ledgerentries import rows_from_entries
+from gearhorn.store.ledgerentries import QueuePicker
 from gearhorn.store.redisutil import text
 
 PAGE = 1000  # entries read at once from a stream
@@ -59,21 +59,16 @@ class CountsFeed:
 
 
 def ledger_rows(client: redis.Redis, keys: Keys, shards: int, from_ms: int,
-                topics: set[str]) -> Iterator[dict]:
-    """The ledger's rows written from ``from_ms`` on, of entries that name
-    one of ``topics`` (a cheap test on the raw text: the rows are filtered
-    by queue after)."""
+                queues: set[str]) -> Iterator[dict]:
+    """The rows of ``queues`` in the ledger's entries written from
+    ``from_ms`` on (only those lines are parsed: ledgerentries.QueuePicker)."""
+    picker = QueuePicker(queues)
     for shard in range(shards):
         start = f"{max(0, from_ms)}-0"
         while True:
             page = client.xrange(keys.ledger(shard), min=start, max="+", count=PAGE)
-            entries = []
-            for stream_id, raw in page:
-                fields = {text(k): text(v) for k, v in raw.items()}
-                body = fields.get("events", "") + fields.get("sub", "") + fields.get("topic", "")
-                if any(topic in body for topic in topics):
-                    entries.append((text(stream_id), fields))
-            yield from rows_from_entries(entries)
+            yield from picker.rows((text(stream_id), {text(k): text(v) for k, v in raw.items()})
+                                   for stream_id, raw in page)
             if len(page) < PAGE:
                 break
             start = "(" + text(page[-1][0])
