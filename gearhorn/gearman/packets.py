@@ -171,7 +171,8 @@ class Outcome:
     ``data`` is WORK_COMPLETE's data; ``reason`` the exception's text, or
     the last WORK_WARNING before a WORK_FAIL; ``warnings``, ``partial``
     (WORK_DATA, joined in order) and ``progress`` (the last WORK_STATUS)
-    are what came before the end."""
+    are what came before the end. ``handle`` is gearmand's handle of the
+    job that ended: two ends of one unique under two handles are two runs."""
 
     status: str
     data: bytes = b""
@@ -179,6 +180,7 @@ class Outcome:
     warnings: tuple[bytes, ...] = ()
     partial: bytes = b""
     progress: tuple[int, int] | None = None
+    handle: bytes = b""
 
     @property
     def ok(self) -> bool:
@@ -221,7 +223,7 @@ class Answers:
 def _ended(kind: int, args: tuple[bytes, ...], said: dict) -> Outcome:
     warnings = tuple(said["warnings"])
     common = {"warnings": warnings, "partial": b"".join(said["partial"]),
-              "progress": said["progress"]}
+              "progress": said["progress"], "handle": args[0] if args else b""}
     if kind == P.WORK_COMPLETE:
         return Outcome("complete", args[1], **common)
     if kind == P.WORK_EXCEPTION:

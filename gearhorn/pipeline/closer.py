@@ -7,7 +7,8 @@ The definitions are the report's: what settles a copy (delivered, answered,
 dropped), a copy passed over (``never_delivered``: its subscriber settled a
 copy enqueued after it) against one late (``overdue``: it settled only
 older ones), and a ``duplicate`` (two first deliveries of a copy, or two
-complete answers of a held copy in two generations).
+complete answers of a held copy in two runs: two generations, or two of
+gearmand's job handles).
 """
 
 from __future__ import annotations
@@ -30,7 +31,8 @@ class QueueRows:
 
     enqueued: dict[str, dict] = field(default_factory=dict)  # unique -> its row
     settled: dict[str, int] = field(default_factory=dict)  # unique -> first settlement ts
-    answers: dict[str, set[int]] = field(default_factory=dict)  # unique -> complete generations
+    # unique -> the runs that completed it: (generation, gearmand's job handle)
+    answers: dict[str, set[tuple[int, str]]] = field(default_factory=dict)
     firsts: dict[str, int] = field(default_factory=dict)  # unique -> first deliveries
 
     def add(self, row: dict) -> None:
@@ -45,7 +47,7 @@ class QueueRows:
         ts = row["ts"] or 0
         self.settled[unique] = min(ts, self.settled.get(unique, ts))
         if event == E.ANSWERED and row["reason"] == "complete" and row["count"] is not None:
-            self.answers.setdefault(unique, set()).add(row["count"])
+            self.answers.setdefault(unique, set()).add((row["count"], row.get("handle") or ""))
         elif event == E.DELIVERED and not row["redelivered"]:
             self.firsts[unique] = self.firsts.get(unique, 0) + 1
 
@@ -103,14 +105,14 @@ def _missing(look: Look, rows: QueueRows, clock_ms: int, deadline_ms: int,
 def _duplicates(queue: str, rows: QueueRows) -> list[Finding]:
     out = []
     for unique in sorted(set(rows.answers) | set(rows.firsts)):
-        generations = rows.answers.get(unique, ())
-        if len(generations) < 2 and rows.firsts.get(unique, 0) < 2:
+        runs = rows.answers.get(unique, ())
+        if len(runs) < 2 and rows.firsts.get(unique, 0) < 2:
             continue
         made = rows.enqueued.get(unique, {})
         out.append(Finding(DUPLICATE, made.get("topic") or _topic(queue), queue,
                            made.get("message_id"), unique, made.get("ts"),
                            "delivered more than once as new (or, held, completed in two "
-                           "hand-outs)"))
+                           "runs: hand-outs, or jobs at gearmand)"))
     return out
 
 

@@ -67,8 +67,8 @@ def copy_outcomes(events: DataFrame, deadline_ms: int, lateness_ms: int) -> Data
 def duplicate_deliveries(events: DataFrame, window_ms: int) -> DataFrame:
     """One ``duplicate`` row per pair of first deliveries of one copy within
     ``window_ms`` of each other, or of complete answers of one held copy in
-    two generations (transforms.complete_answer); each pair once: the later
-    row by ledger id, or generation, names it."""
+    two runs (transforms.answer_run); each pair once: the later row by
+    ledger id, or run, names it."""
     answer = T.complete_answer()
 
     def firsts(suffix: str) -> DataFrame:
@@ -76,7 +76,7 @@ def duplicate_deliveries(events: DataFrame, window_ms: int) -> DataFrame:
                                    & F.col("copy_key").isNotNull())).select(
             F.col("copy_key").alias(f"key{suffix}"), F.col("at").alias(f"at{suffix}"),
             answer.alias(f"answer{suffix}"),
-            F.when(answer, F.col("count").cast("string"))
+            F.when(answer, T.answer_run())
             .otherwise(F.concat_ws("/", "stream_id", "source")).alias(f"id{suffix}"),
             F.col("subscriber").alias(f"subscriber{suffix}"),
             F.col("unique").alias(f"unique{suffix}"), F.col("ts").alias(f"ts{suffix}"))

@@ -62,11 +62,20 @@ def first_delivery() -> Column:
 
 def complete_answer() -> Column:
     """A held copy's receiver completed it, in the generation ``count``
-    names: two in two generations are a ``duplicate`` (it was handed again,
-    its holder taken for dead, and the receiver ran it twice). Two in one
-    generation are one run of one job that two holders heard end."""
+    names: two in two runs (:func:`answer_run`) are a ``duplicate`` (it was
+    handed again, its holder taken for dead, and the receiver ran it twice).
+    Two of one run are one job that two holders heard end."""
     return ((F.col("event") == E.ANSWERED) & (F.col("reason") == "complete")
             & F.col("count").isNotNull())
+
+
+def answer_run() -> Column:
+    """Which run of a held copy an answer ended: its generation and
+    gearmand's job handle (``generation/handle``; rows written before the
+    handle was: the generation alone). The same generation under two
+    handles is a job made again after it was answered (a taker's attach in
+    the instant after: docs/design/held-copies.rst, "The bounds")."""
+    return F.concat_ws("/", F.col("count").cast("string"), F.col("handle"))
 
 
 def _of(events: DataFrame, event: str) -> DataFrame:
@@ -221,8 +230,7 @@ _LOW20 = (1 << 20) - 1
 def copy_problems(events: DataFrame) -> DataFrame:
     """copy_key, deliveries, first_deliveries, answered_twice of every copy
     that was never delivered, delivered more than once without the
-    ``redelivered`` flag, or completed in two generations
-    (:func:`complete_answer`).
+    ``redelivered`` flag, or completed in two runs (:func:`complete_answer`).
 
     Keyed events (:func:`with_keys`) in. Only ``enqueued`` rows and those
     that settle a copy (:func:`settles_copy`) are read; queue messages
@@ -241,13 +249,13 @@ def copy_problems(events: DataFrame) -> DataFrame:
     firsts = total.bitwiseAND(_LOW20)
     enqueues = F.shiftright(total, 40).bitwiseAND(_LOW20)
     dropped = F.shiftright(total, 60)
-    generation = F.when(complete_answer(), F.col("count"))
+    run = F.when(complete_answer(), answer_run())
     answered_twice = F.coalesce(F.col("answer_lo") < F.col("answer_hi"), F.lit(False))
     return (events.filter(((event == E.ENQUEUED) | settles_copy())
                           & F.col("copy_key").isNotNull())
             .groupBy("copy_key").agg(F.sum(counted).alias("total"),
-                                     F.min(generation).alias("answer_lo"),
-                                     F.max(generation).alias("answer_hi"))
+                                     F.min(run).alias("answer_lo"),
+                                     F.max(run).alias("answer_hi"))
             .filter((enqueues > 0) & (((deliveries == 0) & (dropped == 0)) | (firsts > 1)
                                       | answered_twice))
             .select("copy_key", deliveries.alias("deliveries"),
@@ -336,7 +344,7 @@ def name_problems(events: DataFrame, copies_wrong: DataFrame, widths_wrong: Data
                                      "published_count", E.ENQUEUED))
               .when(firsts > 1, F.format_string("delivered %d times", deliveries))
               .when(twice, F.lit("completed by its receiver twice, handed again after its "
-                                 "holder was taken for dead"))
+                                 "holder was taken for dead (two generations, or two jobs)"))
               .otherwise(F.lit("enqueued, no delivery recorded")))
     width_row = F.col("wrong_message").isNotNull()
     return (named.select(kind.alias("kind"), "message_id", "topic",

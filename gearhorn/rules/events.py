@@ -21,7 +21,8 @@ class Event(enum.StrEnum):
     # A held copy's receiver answered its job (copies = held; reason: complete,
     # failed or exception; count: the generation it was handed in): any
     # Gearman consumer's delivery, seen by gearhorn. Two complete answers in
-    # two generations are a duplicate: the receiver ran it twice.
+    # two generations, or under two of gearmand's job handles (``handle``),
+    # are a duplicate: the receiver ran it twice (complete_answers below).
     ANSWERED = "answered"
     FAILED = "failed"  # a fanout or a copy failed (reason)
     # A copy not kept by the subscription's limits (reason: maxlen, maxbytes,
@@ -50,6 +51,7 @@ FIELDS: tuple[tuple[str, str], ...] = (
     ("subscriber", "string"), ("unique", "string"), ("count", "int64"),
     ("reason", "string"), ("redelivered", "bool"), ("source", "string"),
     ("stream_id", "string"), ("copy_key", "int64"), ("message_key", "int64"),
+    ("handle", "string"),  # an answer's job handle at gearmand (older rows: none)
 )
 ROW_FIELDS = tuple(name for name, _ in FIELDS)
 

@@ -144,8 +144,10 @@ def build_bridge(config: Config) -> Bridge:
     acks = durability.for_config(config, client)
     holding = None
     if config.copies == "held":  # the bridge's background jobs are copies it holds
-        def answered(queue: str, unique: str, status: str, generation: int) -> None:
-            ledger.record(Event.ANSWERED, queue, unique, reason=status, generation=generation)
+        def answered(queue: str, unique: str, status: str, generation: int,
+                     handle: str) -> None:
+            ledger.record(Event.ANSWERED, queue, unique, reason=status, generation=generation,
+                          handle=handle)
             flusher.recorded()
 
         holding = HoldingClient(gearman.Client(servers, tls=tls), HeldCopies(client, keys),

@@ -55,15 +55,16 @@ class HoldingClient:
     def __init__(self, client: gearman.Client, store: HeldCopies, holders: Holders,
                  process: str, ttl: float, interval: float,
                  tls: gearman.TlsFiles | None = None,
-                 record: Callable[[str, str, str, int], None] | None = None,
+                 record: Callable[[str, str, str, int, str], None] | None = None,
                  durability: Durability = NO_DURABILITY,
                  clock: Callable[[], float] = time.monotonic,
                  counts: Counts | None = None) -> None:
         self.client, self.store = client, store
         self._clock = clock
-        # (queue, copy key, status, generation) of each answer, for the ledger:
-        # two answers in two generations are the receiver running it twice
-        self.record = record or (lambda queue, key, status, generation: None)
+        # (queue, copy key, status, generation, job handle) of each answer,
+        # for the ledger: two answers in two generations, or under two job
+        # handles, are the receiver running it twice
+        self.record = record or (lambda queue, key, status, generation, handle: None)
         self.tls = tls
         self.durability = durability  # takes, hands again and forgets wait for its fsync
         self.lease = HolderLease(holders, process, ttl, interval, self._fenced, clock)
@@ -248,7 +249,8 @@ class HoldingClient:
             # a given-back one is still awaited (it comes again).
             waiting = None if given_back else self._waiting.pop(held, None)
         if not (refused or given_back):
-            self.record(copy.function, own, outcome.status, mark_of(copy.unique))
+            self.record(copy.function, own, outcome.status, mark_of(copy.unique),
+                        outcome.handle.decode(errors="replace"))
             if self.counts is not None:
                 self.counts.settled(copy.function, self._born.pop(held[1], None),
                                     time.time_ns() // 1_000_000)

@@ -112,12 +112,12 @@ class Ledger:
 
     def record(self, event: str, subscriber: str, unique: str = "",
                redelivered: bool = False, reason: str = "",
-               generation: int | None = None) -> None:
+               generation: int | None = None, handle: str = "") -> None:
         """A bridge event (attached, delivered, acked) or a held copy's
         answer (answered, ``reason`` its status, ``generation`` the one it
-        was handed in). These are many (two per message and subscriber), so
-        they travel as lines of one ``batch`` entry per flush instead of an
-        entry each."""
+        was handed in, ``handle`` gearmand's of the job). These are many
+        (two per message and subscriber), so they travel as lines of one
+        ``batch`` entry per flush instead of an entry each."""
         if self.enabled:
             ts = now_ms()
             if event == Event.STREAMED:
@@ -126,7 +126,7 @@ class Ledger:
                 self.counts.settled(subscriber, None, ts)
             line = f"{event}\t{ts}\t{subscriber}\t{unique}\t{'1' if redelivered else ''}"
             if generation is not None:
-                line = f"{line}\t{reason}\t{generation}"
+                line = f"{line}\t{reason}\t{generation}\t{handle}"
             elif reason:
                 line = f"{line}\t{reason}"
             self._lines.append(line)

@@ -113,7 +113,7 @@ def rows_from_entries(entries: Iterable[tuple[str, dict[str, str]]]) -> Iterator
                 "subscriber": fields.get("sub") or None, "unique": fields.get("u") or None,
                 "count": None, "reason": fields.get("reason") or None,
                 "redelivered": fields.get("r") == "1", "source": fields.get("src") or None,
-                "stream_id": stream_id}
+                "stream_id": stream_id, "handle": None}
         base["message_key"] = message_key(base["message_id"])
         if event != Event.PUBLISHED:
             yield {**base, "copy_key": copy_key(base["subscriber"], base["unique"])}
@@ -149,7 +149,8 @@ def _published_row(ts: int, message_id: str, topic: str, count: int, stream_id: 
     return {"event": Event.PUBLISHED.value, "ts": ts, "message_id": message_id,
             "topic": topic, "subscriber": None, "unique": None, "count": count,
             "reason": None, "redelivered": False, "source": source,
-            "stream_id": stream_id, "copy_key": None, "message_key": message_key(message_id)}
+            "stream_id": stream_id, "copy_key": None, "message_key": message_key(message_id),
+            "handle": None}
 
 
 def _enqueued_row(published: dict, queue: str, unique: str) -> dict:
@@ -159,21 +160,22 @@ def _enqueued_row(published: dict, queue: str, unique: str) -> dict:
 
 def _batch_rows(stream_id: str, fields: dict[str, str]) -> Iterator[dict]:
     """Lines ``event TAB ts TAB subscriber TAB unique TAB redelivered``, and
-    ``TAB reason TAB generation`` after them for an answer (the generation
-    goes to ``count``: the hand-out of the held copy that was answered)."""
+    ``TAB reason TAB generation TAB handle`` after them for an answer (the
+    generation goes to ``count``: the hand-out of the held copy that was
+    answered; ``handle``: gearmand's job handle of the run that ended)."""
     source = fields.get("src") or None
     for line in filter(None, fields.get("events", "").split("\n")):
         yield _batch_row(line, stream_id, source)
 
 
 def _batch_row(line: str, stream_id: str, source: str | None) -> dict:
-    parts = (line.split("\t") + [""] * 7)[:7]
+    parts = (line.split("\t") + [""] * 8)[:8]
     return {"event": parts[0], "ts": _int(parts[1]), "message_id": None, "topic": None,
             "subscriber": parts[2] or None, "unique": parts[3] or None,
             "count": _int(parts[6] or None),
             "reason": parts[5] or None, "redelivered": parts[4] == "1", "source": source,
             "stream_id": stream_id, "copy_key": copy_key(parts[2], parts[3]),
-            "message_key": None}
+            "message_key": None, "handle": parts[7] or None}
 
 
 class QueuePicker:

@@ -121,8 +121,10 @@ def build_worker(config: Config, worker_id: str, functions: tuple[str, ...]) -> 
     acks = durability.for_config(config, client_redis)
     holding = None
     if config.copies == "held":  # gearhorn keeps the copies; gearmand dispatches them
-        def answered(queue: str, unique: str, status: str, generation: int) -> None:
-            ledger.record(Event.ANSWERED, queue, unique, reason=status, generation=generation)
+        def answered(queue: str, unique: str, status: str, generation: int,
+                     handle: str) -> None:
+            ledger.record(Event.ANSWERED, queue, unique, reason=status, generation=generation,
+                          handle=handle)
             flusher.poke()  # written within 0.1 s, as a fanout's entries are
 
         holding = HoldingClient(client, HeldCopies(client_redis, keys),

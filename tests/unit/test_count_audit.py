@@ -136,10 +136,10 @@ def enqueued(unique, ts, queue="t_a", message_id=None):
 
 
 def settled(unique, ts, event="answered", queue="t_a", generation=0, reason="complete",
-            redelivered=False):
+            redelivered=False, handle=None):
     return {"event": event, "ts": ts, "subscriber": queue, "unique": unique,
             "message_id": None, "topic": None, "reason": reason, "count": generation,
-            "redelivered": redelivered}
+            "redelivered": redelivered, "handle": handle}
 
 
 def test_a_closer_look_names_the_copy_passed_over_and_the_one_overdue():
@@ -153,16 +153,22 @@ def test_a_closer_look_names_the_copy_passed_over_and_the_one_overdue():
         ("never_delivered", "m1", "t_a", "m1:a"), ("overdue", "m3", "t_a", "m3:a")]
 
 
-def test_a_closer_look_finds_a_held_copy_completed_in_two_generations():
+def test_a_closer_look_finds_a_held_copy_completed_in_two_runs():
+    """Two generations, or one under two job handles (made again at a
+    taker's attach); not one job two holders heard end, nor a redelivery."""
     rows = [enqueued("m1:a", T0), settled("m1:a", T0 + 5, generation=0),
             settled("m1:a", T0 + 9, generation=1), enqueued("m2:a", T0),
-            settled("m2:a", T0 + 5, generation=0), settled("m2:a", T0 + 6, generation=0),
+            settled("m2:a", T0 + 5, generation=0, handle="H:g:1"),
+            settled("m2:a", T0 + 6, generation=0, handle="H:g:1"),
             settled("m3:a", T0 + 5, event="delivered"),
-            settled("m3:a", T0 + 6, event="delivered", redelivered=True)]
+            settled("m3:a", T0 + 6, event="delivered", redelivered=True),
+            enqueued("m4:a", T0), settled("m4:a", T0 + 5, generation=0, handle="H:g:2"),
+            settled("m4:a", T0 + 7, generation=0, handle="H:g:9")]
     grouped = closer.group(rows, {"t_a"})
     look = Look(LOOK_DUPLICATES, "t_a", T0 - DEADLINE, T0 + 10, 1)
     found, _ = closer.findings(look, grouped["t_a"], due_clock(T0), DEADLINE, LATENESS)
-    assert [(f.kind, f.message_id, f.unique) for f in found] == [("duplicate", "m1", "m1:a")]
+    assert [(f.kind, f.message_id, f.unique) for f in found] == [
+        ("duplicate", "m1", "m1:a"), ("duplicate", "m4", "m4:a")]
 
 
 def test_copies_a_closer_look_found_away_are_looked_at_again_once_their_subscriber_settles():

@@ -64,6 +64,7 @@ def test_everything_a_worker_says_before_the_end_is_kept_with_it():
         assert answers.heard(packet) is None
     done = answers.heard(g.Packet(g.P.WORK_COMPLETE, (b"h", b"result")))
     assert (done.data, done.partial, done.progress) == (b"result", b"part", (1, 4))
+    assert done.handle == b"h"  # which job ended: two of one unique are two runs
 
 
 @pytest.mark.parametrize("wire, status, reason", [

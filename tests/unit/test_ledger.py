@@ -45,16 +45,17 @@ def test_a_held_copys_answer_keeps_its_status_beside_the_bridges_events(book, fa
     assert rows == [("answered", "news_a", "exception", False), ("acked", "news_b", None, False)]
 
 
-def test_a_held_copys_answer_keeps_the_generation_it_was_handed_in(book, fake_redis):
-    book.record("answered", "news_a", "m1:a", reason="complete", generation=0)
+def test_a_held_copys_answer_keeps_its_generation_and_job_handle(book, fake_redis):
+    book.record("answered", "news_a", "m1:a", reason="complete", generation=0,
+                handle="H:gm:12")
     book.record("answered", "news_a", "m1:a", reason="complete", generation=37)
     book.record("answered", "news_b", "m1:b", reason="complete")  # written before it had one
     book.flush()
     entries = [(i.decode(), X._decode(f)) for i, f in fake_redis.xrange("{t:ledger:0}")]
-    rows = [(r["subscriber"], r["reason"], r["count"])
+    rows = [(r["subscriber"], r["reason"], r["count"], r["handle"])
             for r in entries_mod.rows_from_entries(entries)]
-    assert rows == [("news_a", "complete", 0), ("news_a", "complete", 37),
-                    ("news_b", "complete", None)]
+    assert rows == [("news_a", "complete", 0, "H:gm:12"), ("news_a", "complete", 37, None),
+                    ("news_b", "complete", None, None)]
 
 
 def test_disabled_ledger_writes_nothing(fake_redis):

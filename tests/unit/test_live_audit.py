@@ -74,19 +74,24 @@ def test_two_first_deliveries_of_a_copy_are_a_duplicate_and_a_redelivery_is_not(
         ("duplicate", "twice:x", True)]
 
 
-def answer(name, ts, generation, reason="complete", seq=0):
+def answer(name, ts, generation, reason="complete", seq=0, handle=None):
     row = settled("answered", name, ts, seq=seq)
-    row.update(reason=reason, count=generation)
+    row.update(reason=reason, count=generation, handle=handle)
     return row
 
 
-def test_a_held_copy_completed_in_two_generations_is_a_duplicate(spark):
+def test_a_held_copy_completed_in_two_runs_is_a_duplicate(spark):
+    """Two generations, or one generation under two job handles (made again
+    at a taker's attach); not one job two holders heard end."""
     rows = [answer("again", BASE, 0, seq=1), answer("again", BASE + S, 1, seq=2),
             answer("tried", BASE, 0, reason="failed", seq=1), answer("tried", BASE + S, 1, seq=2),
-            answer("attached", BASE, 3, seq=1), answer("attached", BASE, 3, seq=2),
+            answer("attached", BASE, 3, seq=1, handle="H:g:1"),
+            answer("attached", BASE, 3, seq=2, handle="H:g:1"),
+            answer("remade", BASE, 0, seq=1, handle="H:g:2"),
+            answer("remade", BASE + S, 0, seq=2, handle="H:g:5"),
             settled("delivered", "bridge", BASE, seq=1), answer("bridge", BASE + S, 0, seq=2)]
     assert outcomes(spark, rows, lambda f: live.duplicate_deliveries(f, DEADLINE)) == [
-        ("duplicate", "again:x", True)]
+        ("duplicate", "again:x", True), ("duplicate", "remade:x", True)]
 
 
 def test_stream_runs_and_ticks_pass_through(spark):

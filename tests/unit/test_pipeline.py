@@ -19,9 +19,9 @@ H = 3_600_000  # one hour in ms
 
 
 def ev(event, ts, message_id=None, topic=None, subscriber=None, unique=None, count=None,
-       reason=None, redelivered=False):
+       reason=None, redelivered=False, handle=None):
     return (event, ts, message_id, topic, subscriber, unique, count, reason, redelivered,
-            "test", None, None, None)  # keys: filled in by T.with_keys, as for old exports
+            "test", None, None, None, handle)  # keys: filled in by T.with_keys (old exports)
 
 
 def published(mid, topic, ts, subs):
@@ -161,9 +161,9 @@ def test_a_copy_with_an_exported_key_meets_its_delivery_without_one(spark):
     from gearhorn.rules.events import copy_key, message_key
 
     enqueued = list(ev("enqueued", 1, "m1", "news", "news_a", "m1:a"))
-    enqueued[-2:] = [copy_key("news_a", "m1:a"), message_key("m1")]
+    enqueued[-3:-1] = [copy_key("news_a", "m1:a"), message_key("m1")]
     published_row = list(ev("published", 1, "m1", "news", count=1))
-    published_row[-1] = message_key("m1")
+    published_row[-2] = message_key("m1")
     rows = [tuple(published_row), tuple(enqueued),
             ev("delivered", 5, subscriber="news_a", unique="m1:a")]
     assert reconcile(T.with_keys(frame(spark, rows))).collect() == []
@@ -386,12 +386,14 @@ def test_a_held_copys_answer_tracks_a_plain_gearman_subscriber_and_counts_as_del
     assert (subs["jobs_php"].acked, subs["jobs_php"].backlog) == (1, 1)
 
 
-def test_a_held_copy_completed_in_two_generations_is_a_duplicate(spark):
+def test_a_held_copy_completed_in_two_runs_is_a_duplicate(spark):
     """A copy handed again after its holder was taken for dead, and
-    completed by its receiver both times, is a duplicate; two holders that
-    heard the one job of one generation end (a taker attached to it) are
-    not, nor is a failed try before a complete one."""
-    rows = published("d1", "jobs", 1000, ["worker", "php", "pause"])
+    completed by its receiver both times, is a duplicate: in two
+    generations, or in one under two of gearmand's job handles (made again
+    at a taker's attach, just after it was answered). Two holders that heard
+    the one job of one generation end (a taker attached to it) are not, nor
+    is a failed try before a complete one."""
+    rows = published("d1", "jobs", 1000, ["worker", "php", "pause", "again"])
     rows += [ev("answered", 1010, subscriber="jobs_worker", unique="d1:worker",
                 reason="complete", count=0),
              ev("answered", 1900, subscriber="jobs_worker", unique="d1:worker",
@@ -401,10 +403,17 @@ def test_a_held_copy_completed_in_two_generations_is_a_duplicate(spark):
              ev("answered", 1030, subscriber="jobs_php", unique="d1:php", reason="complete",
                 count=1),
              ev("answered", 1040, subscriber="jobs_pause", unique="d1:pause",
-                reason="complete", count=2),
+                reason="complete", count=2, handle="H:g:7"),
              ev("answered", 1041, subscriber="jobs_pause", unique="d1:pause",
-                reason="complete", count=2)]  # the paused holder and its taker
+                reason="complete", count=2, handle="H:g:7"),  # the paused holder and its taker
+             ev("answered", 1050, subscriber="jobs_again", unique="d1:again",
+                reason="complete", count=0, handle="H:g:8"),
+             ev("answered", 1090, subscriber="jobs_again", unique="d1:again",
+                reason="complete", count=0, handle="H:g:12")]  # made again: run twice
     events = T.with_keys(frame(spark, rows))
-    found = [(r.kind, r.message_id, r.subscriber, r.detail) for r in reconcile(events).collect()]
-    assert found == [("duplicate", "d1", "jobs_worker", "completed by its receiver twice, "
-                      "handed again after its holder was taken for dead")]
+    found = sorted((r.kind, r.message_id, r.subscriber, r.detail)
+                   for r in reconcile(events).collect())
+    twice = ("completed by its receiver twice, handed again after its holder was taken for "
+             "dead (two generations, or two jobs)")
+    assert found == [("duplicate", "d1", "jobs_again", twice),
+                     ("duplicate", "d1", "jobs_worker", twice)]
