@@ -73,12 +73,13 @@ def now_ms() -> int:
 class Audit:
     """``gearhorn audit`` in a process group of its own."""
 
-    def __init__(self, redis_url: str, folder: str, engine: str = "count") -> None:
+    def __init__(self, redis_url: str, folder: str, engine: str = "count",
+                 log_level: str = "WARNING") -> None:
         self.folder = folder
         spark = ["--master", "local[*]"] if engine == "spark" else []
         self.process = subprocess.Popen(
             [sys.executable, "-m", "gearhorn", "audit", "--dir", folder, "--redis-url",
-             redis_url, "--log-level", "WARNING", *spark],
+             redis_url, "--log-level", log_level, *spark],
             stdout=open(os.path.join(folder + ".log"), "ab"), stderr=subprocess.STDOUT,  # noqa: SIM115
             start_new_session=True, preexec_fn=die_with_parent)
 
@@ -215,6 +216,9 @@ def main() -> None:
     parser.add_argument("--turns", type=int, help="on/off turns (default 4; --quick 2)")
     parser.add_argument("--turn", type=float, help="seconds of each turn (default 20; "
                         "300 for the 5-minute unpaced run)")
+    parser.add_argument("--audit-log-level", default="WARNING",
+                        help="the audit's (INFO: each round's closer looks, their time and "
+                        "cause; the log is <tmp>/audit-<engine>.log)")
     args = parser.parse_args()
     seconds, turns, turn = (30.0, 2, 10.0) if args.quick else (90.0, 4, 20.0)
     turns, turn = args.turns or turns, args.turn or turn
@@ -233,9 +237,11 @@ def main() -> None:
     audits: list[Audit] = []
     try:
         for engine in args.engines.split(","):
-            audits.append(Audit(redis_url, f"{tmp}/audit-{engine}", engine))
+            audits.append(Audit(redis_url, f"{tmp}/audit-{engine}", engine,
+                                args.audit_log_level))
             measure(gm, audits[-1], engine, args.rates, seconds, turns, turn)
             audits[-1].stop()
+            print(f"{engine}: the audit's log: {tmp}/audit-{engine}.log", flush=True)
         if not args.no_report:
             exported, took, line = batch_report(redis_url, tmp)
             print(f"batch report on the same ledger: export {exported:.1f} s, report "
