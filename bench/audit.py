@@ -3,6 +3,7 @@
     python bench/audit.py            # 1,000 and 10,000 copies/s (90 s each), 4 turns, the report
     python bench/audit.py --quick    # 30 s each, 2 turns
     python bench/audit.py --engines count,spark   # the count-first audit beside Spark's
+    python bench/audit.py --spark-workers 1,2      # Spark's capacity on a standalone cluster
 
 ``--engines``: ``count`` is ``gearhorn audit`` (count first, the default
 since issue 79), ``spark`` is ``gearhorn audit --master local[*]`` (the
@@ -25,6 +26,13 @@ audit`` with its defaults (a read of the ledger every 2 s, 5 s lateness, a
    after it has caught up with what came while it was stopped.
 3. The batch report on the same ledger, for comparison: ``gearhorn ledger
    export`` of all of it, then ``gearhorn report``, timed.
+
+``--spark-workers 1,2`` measures instead ``gearhorn audit --master`` on a
+Spark standalone cluster (gearhorn/supervision/sparkcluster.py) of that
+many workers of ``--spark-cores`` cores each, one cluster after the other:
+its capacity, the copies/s it judges while behind (traffic paced above it
+for ``--capacity-seconds``: copies/s reached x the event time it judged per
+second of wall time).
 """
 
 from __future__ import annotations
@@ -50,6 +58,7 @@ from gearhorn.store import redisconn  # noqa: E402
 from gearhorn.store.keys import Keys  # noqa: E402
 from gearhorn.store.registry import Registry  # noqa: E402
 from gearhorn.supervision import servers
+from gearhorn.supervision.sparkcluster import SparkStandalone  # noqa: E402
 
 TOPIC, WIDTH = "audited", 10
 CONSUMER = """
@@ -74,14 +83,16 @@ class Audit:
     """``gearhorn audit`` in a process group of its own."""
 
     def __init__(self, redis_url: str, folder: str, engine: str = "count",
-                 log_level: str = "WARNING") -> None:
+                 log_level: str = "WARNING", master: str | None = None) -> None:
         self.folder = folder
-        spark = ["--master", "local[*]"] if engine == "spark" else []
+        master = master or ("local[*]" if engine == "spark" else None)
+        spark = ["--master", master] if master else []
         self.process = subprocess.Popen(
             [sys.executable, "-m", "gearhorn", "audit", "--dir", folder, "--redis-url",
              redis_url, "--log-level", log_level, *spark],
             stdout=open(os.path.join(folder + ".log"), "ab"), stderr=subprocess.STDOUT,  # noqa: SIM115
-            start_new_session=True, preexec_fn=die_with_parent)
+            start_new_session=True, preexec_fn=die_with_parent,
+            env={**os.environ, "SPARK_LOCAL_IP": "127.0.0.1"})
 
     def state(self) -> dict:
         try:
@@ -216,6 +227,12 @@ def main() -> None:
     parser.add_argument("--turns", type=int, help="on/off turns (default 4; --quick 2)")
     parser.add_argument("--turn", type=float, help="seconds of each turn (default 20; "
                         "300 for the 5-minute unpaced run)")
+    parser.add_argument("--spark-workers", help="e.g. 1,2: Spark's capacity on a standalone "
+                        "cluster of that many workers, instead of the rest")
+    parser.add_argument("--spark-cores", type=int, default=1, help="cores of each worker")
+    parser.add_argument("--capacity-rate", type=int, default=10_000,
+                        help="copies/s paced while its capacity is measured (above it)")
+    parser.add_argument("--capacity-seconds", type=float, default=120.0)
     parser.add_argument("--audit-log-level", default="WARNING",
                         help="the audit's (INFO: each round's closer looks, their time and "
                         "cause; the log is <tmp>/audit-<engine>.log)")
@@ -236,6 +253,10 @@ def main() -> None:
                  for half in (0, 1)]
     audits: list[Audit] = []
     try:
+        if args.spark_workers:
+            for workers in (int(n) for n in args.spark_workers.split(",")):
+                on_cluster(gm, redis_url, f"{tmp}/cluster-{workers}", workers, args)
+            return
         for engine in args.engines.split(","):
             audits.append(Audit(redis_url, f"{tmp}/audit-{engine}", engine,
                                 args.audit_log_level))
@@ -253,6 +274,40 @@ def main() -> None:
             process.terminate()
         gm.stop()
         redis_server.stop()
+
+
+def on_cluster(gm: servers.Managed, redis_url: str, folder: str, workers: int,
+               args: argparse.Namespace) -> None:
+    """The Spark audit on a standalone cluster of ``workers`` workers: its
+    capacity, paced above it, twice (the first includes its start)."""
+    os.makedirs(folder)
+    cluster = SparkStandalone(folder, workers=workers, cores=args.spark_cores).wait_ready()
+    audit = Audit(redis_url, f"{folder}/audit", "spark", args.audit_log_level, cluster.url)
+    try:
+        for _ in range(2):
+            got = capacity(gm, audit, args.capacity_rate, args.capacity_seconds)
+            print(f"spark on {workers} worker(s) x {args.spark_cores} core(s): paced "
+                  f"{args.capacity_rate:,} (reached {got['reached']:,.0f}) copies/s for "
+                  f"{args.capacity_seconds:g} s: judged {got['judged']:.2f} s of event time "
+                  f"per second, capacity {got['capacity']:,.0f} copies/s; lag at the end "
+                  f"{got['lag_s']:.1f} s; memory {got['rss_mib']:,.0f} MiB", flush=True)
+    finally:
+        audit.stop()
+        cluster.stop()
+    print(f"the audit's log: {folder}/audit.log", flush=True)
+
+
+def capacity(gm: servers.Managed, audit: Audit, rate: int, seconds: float) -> dict:
+    """Traffic at ``rate`` for ``seconds``; how fast the audit's event-time
+    clock moved meanwhile, against the wall's (1.0: it kept up), and the
+    copies/s that makes (a lower bound when it kept up)."""
+    audit.caught_up(timeout=1800)
+    clock, wall = audit.state()["clock_ms"], now_ms()
+    reached = paced(gm, rate, seconds)
+    judged = (audit.state()["clock_ms"] - clock) / (now_ms() - wall)
+    return {"reached": reached, "judged": judged, "capacity": reached * min(1.0, judged),
+            "lag_s": (now_ms() - audit.state()["clock_ms"]) / 1000,
+            "rss_mib": tree_rss(audit.process.pid) / 2**20}
 
 
 def measure(gm, audit: Audit, engine: str, rates: str, seconds: float, turns: int,

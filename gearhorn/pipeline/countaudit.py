@@ -9,6 +9,12 @@ the copies (gearhorn/pipeline/closer.py). Its cost grows with queues and
 buckets, not with copies per second; it needs no Spark and no Java, so
 ``gearhorn up`` runs it by default. Why: docs/design/audit.rst.
 
+A closer look reads a minute of the ledger (every queue's rows: they are
+not kept by queue), seconds of work at the pool's full rate: it runs in a
+thread of its own while the rounds go on counting, and what it finds is
+told in the first round after it ends. The looks not yet done are saved
+with the state, and run again after a restart.
+
 Restart-safe as the Spark audit is: a round's findings are written under
 its number, then the state (the streams' positions, the books, what was
 reported) is saved with that number, and only then told. A round run again
@@ -24,6 +30,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import astuple
 
 import redis
 
@@ -48,10 +55,17 @@ class CountAudit:
                  clock: Callable[[], int] = now_ms) -> None:
         self.redis, self.keys, self.settings, self.tell = client, keys, settings, tell
         self.clock = clock
+        os.makedirs(settings.folder, exist_ok=True)
         self.state = verdicts.load(settings.state, settings.deadline_ms, clock())
         self.books = Books.from_json(self.state.books, settings.deadline_ms,
                                      settings.lateness_ms)
         self.feed = CountsFeed(client, keys, settings.shards, self.state.positions)
+        self._look: Looking | None = None  # the closer look in its thread
+
+    @property
+    def looking(self) -> bool:
+        """Whether closer looks are still to be done (or running)."""
+        return bool(self.state.looking)
 
     def begin(self) -> None:
         """A first start reads from the streams' ends (``from_start``: from
@@ -68,9 +82,11 @@ class CountAudit:
         self.books.floor = bucket_of(self.clock())
 
     def round(self) -> bool:
-        """Read, add up, judge, look closer where needed, save, tell;
-        whether the streams were read to their ends."""
+        """Take what a closer look that ended found; read, add up, judge,
+        start a closer look where needed; save, tell. Whether the streams
+        were read to their ends."""
         started = self.clock()
+        found = self._looked()
         read, upto = self.feed.read()
         runs: dict[str, list[str]] = {}
         for at_ms, counts in read:
@@ -83,7 +99,6 @@ class CountAudit:
         clock = started if upto is None else upto
         state = self.state
         state.clock_ms = max(state.clock_ms, clock)
-        found: list[Finding] = []
         for subscriber, spans in runs.items():
             found += state.streamed(subscriber, spans)
         away = self.books.away
@@ -91,31 +106,39 @@ class CountAudit:
         if self.books.away > away:
             log.info("audit: %d copies away (their subscribers settled nothing since)",
                      self.books.away - away)
-        if looks:
-            found += self._look_closer(looks, state.clock_ms)
+        state.looking += [[*astuple(look), state.clock_ms] for look in looks]
+        if state.looking and self._look is None:
+            self._look = Looking(self, [(Look(*saved[:5]), saved[5]) for saved in state.looking])
         self._save(found)
         return upto is None
 
-    def _look_closer(self, looks: list[Look], clock_ms: int) -> list[Finding]:
-        settings, started = self.settings, time.monotonic()
-        queues = {look.queue for look in looks}
-        rows = closer.group(ledger_rows(self.redis, self.keys, settings.shards,
-                                       closer.span_start(looks, settings.lateness_ms),
-                                       queues), queues)
+    def _looked(self) -> list[Finding]:
+        """What the closer look that ended found (each copy reported once);
+        a Redis error it met is raised here (the looks stay to be done)."""
+        look = self._look
+        if look is None or look.is_alive():
+            return []
+        self._look = None
+        if look.error is not None:
+            raise look.error
         found = []
-        for look in looks:
-            seen, away = closer.findings(look, rows[look.queue], clock_ms,
-                                         settings.deadline_ms, settings.lateness_ms)
-            self.books.reopen(look, away, clock_ms)
+        for (done, clock_ms), (seen, away) in zip(look.looks, look.results, strict=True):
+            self.books.reopen(done, away, clock_ms)
             for finding in seen:
-                key = f"{finding.kind == verdicts.DUPLICATE}\t{look.queue}\t{finding.unique}"
+                key = f"{finding.kind == verdicts.DUPLICATE}\t{done.queue}\t{finding.unique}"
                 if self.state.duplicate(key, finding) is not None:  # reported once
                     found.append(finding)
-        log.info("audit: %d closer looks in %.2f s (%s), %d findings", len(looks),
-                 time.monotonic() - started,
-                 ", ".join(f"{look.queue} {look.kind} {look.short}" for look in looks)[:300],
-                 len(found))
+        del self.state.looking[:len(look.looks)]
+        log.info("audit: %d closer looks in %.2f s (%s), %d findings", len(look.looks),
+                 look.took_s, ", ".join(f"{done.queue} {done.kind} {done.short}"
+                                        for done, _ in look.looks)[:300], len(found))
         return found
+
+    def wait_for_looks(self, timeout: float) -> None:
+        """Until the closer look running has ended (tests; a round takes
+        what it found)."""
+        if self._look is not None:
+            self._look.join(timeout)
 
     def _save(self, found: list[Finding]) -> None:
         state, books, now = self.state, self.books, self.clock()
@@ -131,12 +154,45 @@ class CountAudit:
         self.tell(state, found)
 
 
+class Looking(threading.Thread):
+    """Closer looks, each with the clock it was judged at, in a thread:
+    the ledger's rows read once for them all, then each one's findings and
+    copies away (``results``, in order), or the Redis ``error`` met."""
+
+    def __init__(self, audit: CountAudit, looks: list[tuple[Look, int]]) -> None:
+        super().__init__(name="gearhorn-audit-look", daemon=True)
+        self.redis, self.keys, self.settings = audit.redis, audit.keys, audit.settings
+        self.looks = looks
+        self.results: list[tuple[list[Finding], int]] = []
+        self.error: Exception | None = None
+        self.took_s = 0.0
+        self.start()
+
+    def run(self) -> None:
+        started, settings = time.monotonic(), self.settings
+        queues = {look.queue for look, _ in self.looks}
+        try:
+            rows = closer.group(ledger_rows(
+                self.redis, self.keys, settings.shards,
+                closer.span_start([look for look, _ in self.looks], settings.lateness_ms),
+                queues), queues)
+            self.results = [closer.findings(look, rows[look.queue], clock_ms,
+                                            settings.deadline_ms, settings.lateness_ms)
+                            for look, clock_ms in self.looks]
+        except Exception as exc:  # noqa: BLE001 (raised again by the round that takes it)
+            self.error = exc
+        self.took_s = time.monotonic() - started
+
+
 def write_findings(folder: str, number: int, findings: list[Finding], found_ms: int) -> None:
-    """``round-<n>.jsonl`` (replaced if the round runs again); none without findings."""
+    """``round-<n>.jsonl`` (replaced if the round runs again, removed if it
+    then finds nothing: a closer look may end in another round)."""
+    path = os.path.join(folder, f"round-{number:09d}.jsonl")
     if not findings:
+        if os.path.exists(path):
+            os.remove(path)
         return
     os.makedirs(folder, exist_ok=True)
-    path = os.path.join(folder, f"round-{number:09d}.jsonl")
     with open(path + ".tmp", "w", encoding="utf-8") as fp:
         for f in findings:
             fp.write(json.dumps({**f.__dict__, "found_ts": found_ms, "batch": number}) + "\n")

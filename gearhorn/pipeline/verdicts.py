@@ -108,6 +108,9 @@ class AuditState:
     # streams' positions, and its books (balance.Books.to_json)
     positions: dict[str, str] = field(default_factory=dict)
     books: dict = field(default_factory=dict)
+    # its closer looks not yet done: [kind, queue, first ms, last ms, short,
+    # the clock they were judged at] each (run again after a restart)
+    looking: list = field(default_factory=list)
 
     # -- judging ---------------------------------------------------------------
 

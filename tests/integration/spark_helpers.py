@@ -3,14 +3,10 @@ from the installed pyspark (``spark-class``) on loopback."""
 
 from __future__ import annotations
 
-import json
-import os
 import subprocess
 import sys
-import urllib.request
 
-from gearhorn.runtime.children import die_with_parent
-from gearhorn.supervision import servers
+from gearhorn.supervision import sparkcluster
 from tests.needs import require_module
 
 from .helpers import wait_for
@@ -79,65 +75,18 @@ def local_spark():
     return session
 
 
-def spark_class():
-    pyspark = require_module("pyspark")
-    return os.path.join(os.path.dirname(pyspark.__file__), "bin", "spark-class")
-
-
-class SparkCluster:
+class SparkCluster(sparkcluster.SparkStandalone):
     """A standalone master and one worker (1 core, 1 GiB) on 127.0.0.1."""
 
     def __init__(self, log_dir):
-        """Starts both and returns at once (the worker retries until the
-        master listens); :meth:`wait_ready` waits for them."""
-        self.port, self.ui_port = servers.free_port(), servers.free_port()
-        self.env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", "SPARK_NO_DAEMONIZE": "1"}
-        launcher = spark_class()
-        self.processes = [
-            self._start(log_dir, "master", [
-                launcher, "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
-                "--port", str(self.port), "--webui-port", str(self.ui_port)]),
-            self._start(log_dir, "worker", [
-                launcher, "org.apache.spark.deploy.worker.Worker", self.url, "--host",
-                "127.0.0.1", "--cores", "1", "--memory", "1g", "--webui-port",
-                str(servers.free_port())])]
+        require_module("pyspark")
+        super().__init__(log_dir, workers=1, cores=1, memory="1g")
 
     def wait_ready(self):
-        wait_for(lambda: self._read_state().get("aliveworkers") == 1, timeout=120,
+        wait_for(lambda: self.read_state().get("aliveworkers") == 1, timeout=120,
                  message="a Spark master with its worker")
         return self
 
-    def _start(self, log_dir, name, argv):
-        with open(os.path.join(log_dir, f"spark-{name}.log"), "ab") as log:
-            return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=self.env,
-                                    preexec_fn=die_with_parent)
-
-    @property
-    def url(self):
-        return f"spark://127.0.0.1:{self.port}"
-
     def state(self):
         """The master's own view (its web UI's /json/)."""
-        return wait_for(self._read_state, timeout=60, message="the Spark master's /json/")
-
-    def _read_state(self):
-        """The master's view, or {} while it cannot give it: not listening
-        yet, or (seen in CI) its UI answering /json with the HTML page of
-        its status while it starts."""
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.ui_port}/json/",
-                                        timeout=10) as response:
-                return json.loads(response.read())
-        except (OSError, ValueError):
-            return {}
-
-    def stop(self):
-        for process in reversed(self.processes):
-            process.terminate()
-            try:
-                process.wait(30)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
-
-
+        return wait_for(self.read_state, timeout=60, message="the Spark master's /json/")

@@ -124,7 +124,6 @@ def audit_until_found(client, tmp_path):
     (the writers' counts go out once a second)."""
     settings = AuditSettings(str(tmp_path / "audit"), deadline_ms=30_000, lateness_ms=5_000,
                              interval_s=1, from_start=True, shards=SHARDS)
-    os.makedirs(settings.folder, exist_ok=True)
     told = []
     audit = CountAudit(client, Keys(), settings, lambda state, found: told.extend(found),
                        clock=lambda: now_ms() + 60_000)
@@ -132,6 +131,7 @@ def audit_until_found(client, tmp_path):
     deadline = time.monotonic() + 60
     while not told and time.monotonic() < deadline:
         audit.round()
+        audit.wait_for_looks(60)  # a closer look's findings: told in the next round
         time.sleep(0.2)  # the next counts entry comes within a second
     queue = {f.subscriber for f in told}
     return {"findings": sorted((f.kind, f.message_id, f.subscriber, f.unique) for f in told),
