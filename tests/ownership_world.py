@@ -88,7 +88,8 @@ class Process:
             clock=lambda: world.clock.now + skew)
         self.holding.lease.register()
 
-    def _answered(self, queue: str, key: str, status: str, generation: int) -> None:
+    def _answered(self, queue: str, key: str, status: str, generation: int,
+                  handle: str) -> None:
         self.world.answers[key] += 1
 
     def connections(self) -> list[ModelHolder]:
