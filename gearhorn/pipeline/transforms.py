@@ -15,8 +15,6 @@ from pyspark.sql.types import (
     StructType,
 )
 
-# SETTLING (rules/events.py): what settles a copy; a copy no such row follows
-# is never_delivered.
 from gearhorn.rules.events import FIELDS, SETTLING, STREAM_SPAN
 from gearhorn.rules.events import Event as E
 
@@ -45,9 +43,9 @@ def with_keys(events: DataFrame) -> DataFrame:
             .withColumn("message_key", F.coalesce(F.col("message_key"), computed_message)))
 
 
-
 def settles_copy() -> Column:
-    """Rows that settle the copy they name (``SETTLING``)."""
+    """Rows that settle the copy they name (``SETTLING``, rules/events.py);
+    a copy no such row follows is never_delivered."""
     return F.col("event").isin(*SETTLING)
 
 

@@ -22,7 +22,7 @@ class Event(enum.StrEnum):
     # failed or exception; count: the generation it was handed in): any
     # Gearman consumer's delivery, seen by gearhorn. Two complete answers in
     # two generations, or under two of gearmand's job handles (``handle``),
-    # are a duplicate: the receiver ran it twice (complete_answers below).
+    # are a duplicate: the receiver ran it twice (pipeline/transforms.answer_run).
     ANSWERED = "answered"
     FAILED = "failed"  # a fanout or a copy failed (reason)
     # A copy not kept by the subscription's limits (reason: maxlen, maxbytes,

@@ -332,17 +332,13 @@ def self_signed_certificate(folder, name):
     return cert, key
 
 
-class GearmanTap:
-    """A loopback TCP proxy in front of a Gearman server that counts the
-    request packets passing through it by type: what a process pointed at
-    ``address`` asks gearmand for (admin text connections pass uncounted),
-    and the most of each type that came in one read. Stops with ``close``."""
+class LoopbackProxy:
+    """A loopback TCP proxy in front of a Gearman server: a process pointed
+    at ``address`` reaches the server through :meth:`_forward`, a thread
+    each way (``requests``: the process's side). Stops with ``close``."""
 
     def __init__(self, server):
         self.upstream = (server.host, server.port)
-        self.counts = Counter()
-        self.most_in_one_read = Counter()
-        self._lock = threading.Lock()
         self._listener = socket.create_server(("127.0.0.1", 0))
         self.host, self.port = self._listener.getsockname()
         self.address = f"{self.host}:{self.port}"
@@ -357,12 +353,34 @@ class GearmanTap:
                 return
             upstream = socket.create_connection(self.upstream)
             self._sockets += [downstream, upstream]
-            threading.Thread(target=self._pipe, args=(downstream, upstream, True),
+            threading.Thread(target=self._forward, args=(downstream, upstream, True),
                              daemon=True).start()
-            threading.Thread(target=self._pipe, args=(upstream, downstream, False),
+            threading.Thread(target=self._forward, args=(upstream, downstream, False),
                              daemon=True).start()
 
-    def _pipe(self, source, sink, requests):
+    def _forward(self, source, sink, requests):
+        raise NotImplementedError
+
+    def close(self):
+        for sock in self._sockets:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)  # wakes the threads blocked on it
+            sock.close()
+
+
+class GearmanTap(LoopbackProxy):
+    """A proxy (:class:`LoopbackProxy`) that counts the request packets
+    passing through it by type: what a process pointed at ``address`` asks
+    gearmand for (admin text connections pass uncounted), and the most of
+    each type that came in one read."""
+
+    def __init__(self, server):
+        self.counts = Counter()
+        self.most_in_one_read = Counter()
+        self._lock = threading.Lock()
+        super().__init__(server)
+
+    def _forward(self, source, sink, requests):
         reader = PacketReader() if requests else None
         first = True
         while True:
@@ -388,12 +406,6 @@ class GearmanTap:
     def count(self, packet_type):
         with self._lock:
             return self.counts[packet_type]
-
-    def close(self):
-        for sock in self._sockets:
-            with contextlib.suppress(OSError):
-                sock.shutdown(socket.SHUT_RDWR)  # wakes the threads blocked on it
-            sock.close()
 
 
 class Up:
